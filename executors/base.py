@@ -1,0 +1,145 @@
+"""The executor interface: what a runtime is handed and what it gives back.
+
+An executor knows how to run one program in a fresh sandbox. It knows nothing about
+sockets, tokens or JSON-RPC: everything it may reach of the daemon comes through the
+`ToolBridge` it is handed with the job. A failing program is not an exception: it is an
+`Outcome` whose `status` says what happened, with whatever output was produced.
+
+Exceptions an executor may raise are the `ExecutorError` family (`RuntimeMissing`,
+`SandboxCrashed`) for faults of the runtime itself, never of the program.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import trio
+
+__all__ = [
+    "CallbackAddress",
+    "ErrorInfo",
+    "Executor",
+    "ExecutorInfo",
+    "Job",
+    "Limits",
+    "Outcome",
+    "Status",
+    "ToolBridge",
+]
+
+
+class Status(enum.StrEnum):
+    """How an execution ended. Every limit has its own status."""
+
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    MEMORY_LIMIT = "memory_limit"
+    OUTPUT_LIMIT = "output_limit"
+    TOOL_LIMIT = "tool_limit"
+    CANCELLED = "cancelled"
+    CRASHED = "crashed"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Resource limits for one execution, already capped by the daemon's maxima."""
+
+    timeout_ms: int = 10_000
+    memory_mb: int = 128
+    output_bytes: int = 1_048_576
+    output_lines: int = 10_000
+    tool_calls: int = 100
+    result_bytes: int = 1_048_576
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One program to run. `code` is the program as the client meant it (fences removed)."""
+
+    execution_id: str
+    language: str
+    code: str
+    limits: Limits = field(default_factory=Limits)
+    inputs: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """Why a program failed, in the program's own terms."""
+
+    type: str
+    message: str
+    traceback: str = ""
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What came of an execution. Partial output is kept whatever the status."""
+
+    status: Status
+    result: Any = None
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = None
+    error: ErrorInfo | None = None
+    truncated_stdout: bool = False
+    truncated_stderr: bool = False
+    tool_calls: int = 0
+    memory_peak_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackAddress:
+    """Where a subprocess sandbox connects back to the daemon (one of the two is set)."""
+
+    unix_path: str | None = None
+    tcp_host: str | None = None
+    tcp_port: int | None = None
+
+
+@runtime_checkable
+class ToolBridge(Protocol):
+    """The sandbox's only way back into the daemon, scoped to one execution.
+
+    `session_token` authenticates the sandbox as its own least-privileged client;
+    `request` sends a JSON-RPC call through the daemon's one dispatcher under that token
+    (in-process executors such as Wasmtime use it directly; subprocess sandboxes connect
+    to `callback` and present the token instead).
+    """
+
+    session_token: str
+    callback: CallbackAddress | None
+
+    async def request(self, method: str, params: dict[str, Any]) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorInfo:
+    """A snapshot for `executors/list` and `conduit doctor`."""
+
+    name: str
+    languages: tuple[str, ...]
+    available: bool
+    version: str | None = None
+    reason: str | None = None
+    pool: dict[str, Any] | None = None
+
+
+class Executor(Protocol):
+    """A runtime that runs programs in fresh sandboxes.
+
+    `serve` runs the executor's background work (warm pools, tickers) until cancelled,
+    calling `task_status.started()` once the executor can take jobs; `run` runs one job.
+    """
+
+    name: str
+    languages: frozenset[str]
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None: ...
+
+    async def run(self, job: Job, bridge: ToolBridge) -> Outcome: ...
+
+    def info(self) -> ExecutorInfo: ...
