@@ -1,0 +1,170 @@
+"""Who is calling: tokens, Unix peer credentials, and the principals they map to.
+
+Three kinds of caller hold a token: the master (every scope), named clients (their
+configured scopes; stored as SHA-256 hashes only) and sandboxes (a session token per
+execution, minted and revoked by `SessionTokens`). Every comparison is constant-time.
+This module does not know about connections; `Connection` asks it and keeps the answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import socket
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conduit.daemon.config import SCOPES, AuthConfig
+from conduit.daemon.errors import ConfigError
+
+__all__ = [
+    "ALL_SCOPES",
+    "Authenticator",
+    "PeerCredentials",
+    "Principal",
+    "hash_token",
+    "new_token",
+    "peer_credentials",
+    "resolve_master_token",
+]
+
+log = logging.getLogger("conduit.auth")
+
+ALL_SCOPES = frozenset(SCOPES)
+# 32 bytes = 256 bits: unguessable, and short enough to paste.
+_TOKEN_BYTES = 32
+_TOKEN_PREFIX = "cdt_"
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """An authenticated caller. `kind` is master, client, peer or session."""
+
+    name: str
+    kind: str
+    scopes: frozenset[str]
+    # Session principals only: the execution they belong to and the tools it may call.
+    execution_id: str | None = None
+    allowed_tools: tuple[str, ...] = ()
+
+    @property
+    def is_admin(self) -> bool:
+        return "admin" in self.scopes
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "scopes": sorted(self.scopes)}
+
+
+@dataclass(frozen=True, slots=True)
+class PeerCredentials:
+    pid: int
+    uid: int
+    gid: int
+
+
+def new_token() -> str:
+    """A fresh random token, URL-safe."""
+    return _TOKEN_PREFIX + secrets.token_urlsafe(_TOKEN_BYTES)
+
+
+def hash_token(token: str) -> str:
+    """How client tokens are stored: tokens are random, so a plain SHA-256 suffices."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def peer_credentials(sock: socket.socket) -> PeerCredentials | None:
+    """The connecting process's pid/uid/gid on a Unix socket (Linux SO_PEERCRED)."""
+    if sock.family != socket.AF_UNIX or not hasattr(socket, "SO_PEERCRED"):
+        return None
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return PeerCredentials(pid, uid, gid)
+
+
+def _write_secret(path: Path, secret: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(secret + "\n")
+
+
+def resolve_master_token(config: AuthConfig, state_dir: str) -> tuple[str, str]:
+    """The master token and where it came from ("config", a file path).
+
+    Order: `auth.token` (which `CONDUIT_TOKEN` sets), `auth.token_file`, then
+    `<state_dir>/master.token`, created 0600 with a new token if absent. The token
+    itself is never logged; the file path is.
+    """
+    if config.token:
+        return config.token, "config"
+    path = Path(config.token_file) if config.token_file else Path(state_dir) / "master.token"
+    if not path.exists() and not config.token_file:
+        _write_secret(path, new_token())
+        log.info("created master token file", extra={"path": str(path)})
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the master token file {path}: {exc.strerror}") from None
+    if len(token) < 16:
+        raise ConfigError(f"the master token in {path} is shorter than 16 characters")
+    return token, str(path)
+
+
+@dataclass
+class Authenticator:
+    """Maps presented tokens and peer credentials to principals."""
+
+    master_token: str
+    config: AuthConfig
+    daemon_uid: int = field(default_factory=os.getuid)
+    _sessions: dict[str, Principal] = field(default_factory=dict)
+
+    def authenticate_token(self, token: str) -> Principal | None:
+        """The principal a token stands for, or None. Constant-time per candidate."""
+        presented = token.encode()
+        if hmac.compare_digest(presented, self.master_token.encode()):
+            return Principal("master", "master", ALL_SCOPES)
+        digest = hash_token(token)
+        for client in self.config.clients:
+            if hmac.compare_digest(digest, client.sha256):
+                return Principal(client.name, "client", frozenset(client.scopes))
+        return self._session(token)
+
+    def _session(self, token: str) -> Principal | None:
+        # Session tokens are looked up by hash so timing reveals nothing of a stored one.
+        return self._sessions.get(hash_token(token))
+
+    def authenticate_peer(self, creds: PeerCredentials | None) -> Principal | None:
+        """Same uid as the daemon: master scopes. A configured uid: client scopes."""
+        if creds is None or not self.config.peer_credentials:
+            return None
+        if creds.uid == self.daemon_uid:
+            return Principal(f"uid:{creds.uid}", "peer", ALL_SCOPES)
+        if creds.uid in self.config.peer_uids:
+            return Principal(f"uid:{creds.uid}", "peer", frozenset({"execute", "executions", "tools"}))
+        return None
+
+    def mint_session(self, execution_id: str, allowed_tools: tuple[str, ...]) -> str:
+        """A new session token for one execution; `revoke_session` ends it."""
+        token = new_token()
+        self._sessions[hash_token(token)] = Principal(
+            f"session:{execution_id}",
+            "session",
+            frozenset({"tools"}),
+            execution_id=execution_id,
+            allowed_tools=allowed_tools,
+        )
+        return token
+
+    def revoke_session(self, token: str) -> None:
+        self._sessions.pop(hash_token(token), None)
+
+    def reconfigure(self, master_token: str, config: AuthConfig) -> None:
+        """Apply a reloaded auth section; live sessions stay valid."""
+        self.master_token = master_token
+        self.config = config

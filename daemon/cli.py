@@ -1,0 +1,256 @@
+"""The `conduit` command: serve, exec, call, token, doctor.
+
+Exit codes: 0 success; 2 usage or configuration error; 3 daemon unreachable;
+1 an RPC error. `conduit exec` exits with the program's own status: its exit code when
+it ran, 124 on timeout (as timeout(1) does), 125 for any other limit, 126 when the
+sandbox crashed, 130 when cancelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from conduit.daemon.config import Config, load_config
+from conduit.daemon.errors import ConduitError, ConfigError, RpcError
+from conduit.daemon.version import VERSION
+
+__all__ = ["main"]
+
+_EXEC_EXIT = {"timeout": 124, "memory_limit": 125, "output_limit": 125, "tool_limit": 125}
+_EXEC_EXIT |= {"crashed": 126, "cancelled": 130}
+_EXTENSIONS = {".py": "python", ".ts": "typescript", ".mts": "typescript", ".js": "javascript"}
+_EXTENSIONS |= {".mjs": "javascript"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="conduit", description="Run untrusted programs in sandboxes, with tools."
+    )
+    parser.add_argument("--version", action="version", version=f"conduit {VERSION}")
+    parser.add_argument("--config", help="config file (default: $CONDUIT_CONFIG)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the daemon")
+    serve.add_argument("--socket", help="Unix socket path")
+    serve.add_argument("--tcp", help="also listen on HOST:PORT (loopback unless allowed)")
+    serve.add_argument("--state-dir", help="where tokens and caches live")
+
+    run = commands.add_parser("exec", help="run a program through the daemon")
+    _add_connection_flags(run)
+    run.add_argument("file", help="program file, or - for standard input")
+    run.add_argument("--lang", choices=["python", "typescript", "javascript"])
+    run.add_argument("--executor", help="override the language's default executor")
+    run.add_argument("--timeout-ms", type=int, help="wall-clock limit")
+    run.add_argument("--inputs", help="JSON value the program sees as `inputs`")
+    run.add_argument("--json", action="store_true", help="print the whole result as JSON")
+
+    call = commands.add_parser("call", help="call one JSON-RPC method and print the result")
+    _add_connection_flags(call)
+    call.add_argument("method")
+    call.add_argument("params", nargs="?", default="{}", help="params as a JSON object")
+
+    token = commands.add_parser("token", help="manage client tokens")
+    token_commands = token.add_subparsers(dest="token_command", required=True)
+    new = token_commands.add_parser("new", help="make a client token and its config entry")
+    new.add_argument("--name", default="client", help="the client's name")
+    new.add_argument("--scopes", default="execute,executions,tools", help="comma-separated")
+
+    commands.add_parser("doctor", help="check each executor and the daemon")
+    return parser
+
+
+def _add_connection_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--socket", help="Unix socket path (default from config)")
+    parser.add_argument("--tcp", help="connect over TCP to HOST:PORT instead")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except ConfigError as exc:
+        print(f"conduit: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except RpcError as exc:
+        print(f"conduit: error {exc.code}: {exc.message}", file=sys.stderr)
+        return 1
+    except ConduitError as exc:
+        print(f"conduit: {exc}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        return 130
+
+
+def _config(args: argparse.Namespace, **overrides: Any) -> Config:
+    return load_config(args.config, overrides=overrides)
+
+
+# ---- serve ---------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import trio
+
+    from conduit.daemon.logs import configure_logging
+    from conduit.daemon.server import serve
+
+    overrides = {
+        "server.socket": args.socket,
+        "server.tcp": args.tcp,
+        "server.state_dir": args.state_dir,
+    }
+    reload = partial(_config, args, **overrides)
+    config = reload()
+    configure_logging(config.server.log_level)
+    trio.run(partial(serve, config, reload=reload, handle_signals=True))
+    return 0
+
+
+# ---- clients -------------------------------------------------------------------
+
+
+def _connect(args: argparse.Namespace) -> Any:
+    from conduit.daemon.client import Client, find_token
+
+    config = _config(args, **{"server.socket": args.socket})
+    client = Client.connect(unix_path=config.server.socket, tcp=args.tcp)
+    token = find_token(config)
+    if token:
+        client.call("auth/login", {"token": token})
+    return client
+
+
+def _call(args: argparse.Namespace) -> int:
+    try:
+        params = json.loads(args.params)
+    except json.JSONDecodeError as exc:
+        print(f"conduit: params are not valid JSON: {exc}", file=sys.stderr)
+        return 2
+    with _connect(args) as client:
+        result = client.call(args.method, params)
+    print(json.dumps(result, indent=2, ensure_ascii=False))
+    return 0
+
+
+def _read_program(args: argparse.Namespace) -> tuple[str, str]:
+    if args.file == "-":
+        return sys.stdin.read(), args.lang or "typescript"
+    path = Path(args.file)
+    language = args.lang or _EXTENSIONS.get(path.suffix)
+    if language is None:
+        raise ConfigError(f"cannot tell the language of {path.name}: pass --lang")
+    try:
+        return path.read_text(), language
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _exec(args: argparse.Namespace) -> int:
+    code, language = _read_program(args)
+    params: dict[str, Any] = {"language": language, "code": code}
+    if args.executor:
+        params["executor"] = args.executor
+    if args.timeout_ms:
+        params["limits"] = {"timeout_ms": args.timeout_ms}
+    if args.inputs:
+        params["inputs"] = json.loads(args.inputs)
+    with _connect(args) as client:
+        result = client.call("execute", params)
+    if args.json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    else:
+        _print_result(result)
+    return _exit_status(result)
+
+
+def _print_result(result: dict[str, Any]) -> None:
+    sys.stdout.write(result["stdout"])
+    sys.stderr.write(result["stderr"])
+    if result["result"] is not None:
+        print(json.dumps(result["result"], ensure_ascii=False))
+    if result["status"] != "ok":
+        error = result["error"] or {}
+        detail = error.get("traceback") or f"{error.get('type')}: {error.get('message')}"
+        print(f"[{result['status']}] {detail}".rstrip(), file=sys.stderr)
+
+
+def _exit_status(result: dict[str, Any]) -> int:
+    status = result["status"]
+    if status in _EXEC_EXIT:
+        return _EXEC_EXIT[status]
+    exit_code = result["exit_code"] or 0
+    return exit_code if exit_code else (0 if status == "ok" else 1)
+
+
+# ---- token, doctor -------------------------------------------------------------
+
+
+def _token(args: argparse.Namespace) -> int:
+    from conduit.daemon.auth import hash_token, new_token
+
+    scopes = [s.strip() for s in args.scopes.split(",") if s.strip()]
+    token = new_token()
+    print(token)
+    print(
+        "\n# Add to conduit.toml (only the hash is stored), then reload the daemon:\n"
+        "[[auth.clients]]\n"
+        f'name = "{args.name}"\n'
+        f'sha256 = "{hash_token(token)}"\n'
+        f"scopes = {json.dumps(scopes)}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    import trio
+
+    from conduit.daemon.client import Client, ConnectionFailed
+    from conduit.daemon.server import build_registry
+
+    config = _config(args)
+    print(f"config: {config.source or '(built-in defaults)'}")
+    print(f"socket: {config.server.socket}")
+    print(f"state:  {config.server.state_dir}")
+    try:
+        with Client.connect(unix_path=config.server.socket) as client:
+            client.call("ping")
+        print("daemon: running")
+    except (ConnectionFailed, OSError):
+        print("daemon: not running")
+    registry = build_registry(config, callback=None)
+    infos = trio.run(_probe_executors, registry)
+    healthy = True
+    for info in infos:
+        state = f"ok ({info.version})" if info.available else f"unavailable: {info.reason}"
+        print(f"executor {info.name:12} {','.join(info.languages):22} {state}")
+    for language, name in registry.defaults().items():
+        usable = any(i.name == name and i.available for i in infos)
+        healthy &= usable
+        print(f"default  {language:12} -> {name}{'' if usable else '  (not available)'}")
+    return 0 if healthy else 1
+
+
+async def _probe_executors(registry: Any) -> list[Any]:
+    import trio
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(registry.serve)
+        infos = registry.infos()
+        nursery.cancel_scope.cancel()
+    return infos
+
+
+_COMMANDS = {
+    "serve": _serve,
+    "exec": _exec,
+    "call": _call,
+    "token": _token,
+    "doctor": _doctor,
+}

@@ -1,0 +1,92 @@
+"""A small synchronous client for the daemon's socket, used by the command line.
+
+One connection, one request at a time, NDJSON both ways. Notifications that arrive
+while waiting for a reply are handed to `on_notification`. Errors come back as the
+`RpcError` subclass for their code, so callers catch them by kind.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from conduit.daemon.config import Config, parse_tcp_address
+from conduit.daemon.errors import ConduitError, RpcError
+
+__all__ = ["Client", "ConnectionFailed", "find_token"]
+
+
+class ConnectionFailed(ConduitError):
+    """The daemon could not be reached; the message says where we looked."""
+
+
+def find_token(config: Config) -> str | None:
+    """`CONDUIT_TOKEN`, else the master token file if this user can read it."""
+    token = os.environ.get("CONDUIT_TOKEN") or config.auth.token
+    if token:
+        return token
+    path = Path(config.auth.token_file or Path(config.server.state_dir) / "master.token")
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+class Client:
+    """A blocking JSON-RPC client. Use as a context manager; `close()` is idempotent."""
+
+    def __init__(self, sock: socket.socket, *, timeout_s: float | None = None) -> None:
+        self._sock = sock
+        self._sock.settimeout(timeout_s)
+        self._reader = sock.makefile("rb")
+        self._ids = itertools.count(1)
+        self.on_notification: Callable[[dict[str, Any]], None] | None = None
+
+    @classmethod
+    def connect(cls, *, unix_path: str | None = None, tcp: str | None = None) -> Client:
+        try:
+            if tcp:
+                host, port = parse_tcp_address(tcp)
+                return cls(socket.create_connection((host, port)))
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(str(unix_path))
+        except OSError as exc:
+            where = tcp or unix_path
+            raise ConnectionFailed(
+                f"cannot reach the daemon at {where}: {exc.strerror or exc}; "
+                "is `conduit serve` running?"
+            ) from None
+        return cls(sock)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._reader.close()
+        self._sock.close()
+
+    def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
+        """Send one request and return its result; raises `RpcError` on an error reply."""
+        ident = next(self._ids)
+        message = {"jsonrpc": "2.0", "id": ident, "method": method, "params": params or {}}
+        self._sock.sendall(json.dumps(message).encode() + b"\n")
+        while True:
+            line = self._reader.readline()
+            if not line:
+                raise ConnectionFailed("the daemon closed the connection before answering")
+            reply = json.loads(line)
+            if reply.get("id") == ident or ("error" in reply and reply.get("id") is None):
+                break
+            if "method" in reply and self.on_notification:
+                self.on_notification(reply)
+        if "error" in reply:
+            raise RpcError.from_wire(reply["error"])
+        return reply.get("result")

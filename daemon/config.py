@@ -1,0 +1,291 @@
+"""The daemon's configuration: one TOML file, validated, with `${VAR:-default}` substitution.
+
+Precedence is file < environment < command line. `load_config` is the only way in;
+every failure is a `ConfigError` whose one-line message names the key and says what to
+do. This module knows nothing about sockets or executors beyond their settings.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from conduit.daemon.errors import ConfigError
+
+__all__ = [
+    "AuthConfig",
+    "ClientToken",
+    "Config",
+    "DenoConfig",
+    "ExecutorsConfig",
+    "LimitValues",
+    "LimitsConfig",
+    "ServerConfig",
+    "default_socket_path",
+    "default_state_dir",
+    "load_config",
+    "parse_tcp_address",
+]
+
+SCOPES = ("execute", "executions", "tools", "admin")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _runtime_dir() -> Path:
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return Path(runtime)
+    return Path("/tmp") / f"conduit-{os.getuid()}"
+
+
+def default_socket_path() -> str:
+    """`$XDG_RUNTIME_DIR/conduit/conduit.sock`, else `/tmp/conduit-<uid>/conduit.sock`."""
+    base = _runtime_dir()
+    # Under /tmp the per-uid directory is already ours alone; no extra level needed.
+    if base.name.startswith("conduit-"):
+        return str(base / "conduit.sock")
+    return str(base / "conduit" / "conduit.sock")
+
+
+def default_state_dir() -> str:
+    """`$XDG_STATE_HOME/conduit`, else `~/.local/state/conduit`."""
+    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return str(Path(state_home) / "conduit")
+
+
+def parse_tcp_address(value: str) -> tuple[str, int]:
+    """Split `HOST:PORT` (IPv6 as `[::1]:PORT`) into a host and a port."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"expected HOST:PORT such as 127.0.0.1:7780, got {value!r}")
+    host = host.removeprefix("[").removesuffix("]")
+    number = int(port)
+    if number > 65535:
+        raise ValueError(f"port {number} is out of range (0-65535)")
+    return host, number
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class ServerConfig(_Section):
+    socket: str = Field(default_factory=default_socket_path)
+    tcp: str = ""
+    allow_remote_tcp: bool = False
+    state_dir: str = Field(default_factory=default_state_dir)
+    # 8 MiB holds any sane program plus inputs; larger lines are refused, not buffered.
+    max_message_bytes: Annotated[int, Field(ge=1024, le=256 * 1024 * 1024)] = 8 * 1024 * 1024
+    # Enough for an agent pipelining tool discovery and a few executions at once.
+    max_in_flight_per_connection: Annotated[int, Field(ge=1, le=10_000)] = 64
+    max_connections: Annotated[int, Field(ge=1, le=100_000)] = 1024
+    # systemd's default stop timeout is 90 s; 30 s leaves room for the kill that follows.
+    grace_period_s: Annotated[float, Field(ge=0, le=3600)] = 30.0
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("tcp")
+    @classmethod
+    def _check_tcp(cls, value: str) -> str:
+        if value:
+            parse_tcp_address(value)
+        return value
+
+
+class ClientToken(_Section):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.@-]+$")]
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    scopes: tuple[Literal["execute", "executions", "tools", "admin"], ...] = (
+        "execute",
+        "executions",
+        "tools",
+    )
+
+
+class AuthConfig(_Section):
+    token: str = ""
+    token_file: str = ""
+    peer_credentials: bool = True
+    peer_uids: tuple[int, ...] = ()
+    # Five wrong tokens in a row is a script guessing, not a person mistyping.
+    max_failures_per_connection: Annotated[int, Field(ge=1, le=1000)] = 5
+    clients: tuple[ClientToken, ...] = ()
+
+
+class LimitValues(_Section):
+    timeout_ms: Annotated[int, Field(ge=1)] = 10_000
+    memory_mb: Annotated[int, Field(ge=16)] = 128
+    output_bytes: Annotated[int, Field(ge=0)] = 1_048_576
+    output_lines: Annotated[int, Field(ge=0)] = 10_000
+    tool_calls: Annotated[int, Field(ge=0)] = 100
+    result_bytes: Annotated[int, Field(ge=0)] = 1_048_576
+
+
+def _maxima() -> LimitValues:
+    return LimitValues(
+        timeout_ms=300_000,
+        memory_mb=2048,
+        output_bytes=16 * 1_048_576,
+        output_lines=1_000_000,
+        tool_calls=10_000,
+        result_bytes=16 * 1_048_576,
+    )
+
+
+class LimitsConfig(_Section):
+    # Two cores here: more concurrent sandboxes than that only queue inside the kernel.
+    max_concurrent_executions: Annotated[int, Field(ge=1, le=10_000)] = 4
+    queue_size: Annotated[int, Field(ge=0, le=100_000)] = 64
+    queue_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    # 0 turns the per-principal rate limit off; tool calls from sandboxes never count.
+    executions_per_minute: Annotated[float, Field(ge=0)] = 0.0
+    burst: Annotated[int, Field(ge=1)] = 10
+    max_code_bytes: Annotated[int, Field(ge=1, le=64 * 1024 * 1024)] = 1_048_576
+    defaults: LimitValues = LimitValues()
+    maxima: LimitValues = Field(default_factory=_maxima)
+
+
+class DenoConfig(_Section):
+    enabled: bool = True
+    binary: str = ""
+    # Two idle workers cover a burst of two on a two-core machine; each costs ~40 MB.
+    pool_size: Annotated[int, Field(ge=0, le=64)] = 2
+
+
+class ExecutorsConfig(_Section):
+    python: str = "wasm-python"
+    typescript: str = "deno"
+    javascript: str = "deno"
+    deno: DenoConfig = DenoConfig()
+
+
+class Config(_Section):
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    auth: AuthConfig = AuthConfig()
+    limits: LimitsConfig = LimitsConfig()
+    executors: ExecutorsConfig = ExecutorsConfig()
+    source: str = ""  # the file this came from, for messages and reloads
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def substitute(value: Any, environ: dict[str, str], key: str = "") -> Any:
+    """Replace `${VAR}` and `${VAR:-default}` in every string of a parsed TOML tree."""
+    if isinstance(value, dict):
+        return {k: substitute(v, environ, f"{key}.{k}" if key else k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [substitute(v, environ, key) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def replace(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        found = environ.get(name)
+        if found:
+            return found
+        if default is not None:
+            return default
+        raise ConfigError(
+            f"config key {key} uses ${{{name}}}, which is not set: "
+            f"set {name} or write ${{{name}:-default}}"
+        )
+
+    return _VAR.sub(replace, value)
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    for part in parents:
+        tree = tree.setdefault(part, {})
+    tree[last] = value
+
+
+_ENV_KEYS = {
+    "CONDUIT_SOCKET": "server.socket",
+    "CONDUIT_STATE_DIR": "server.state_dir",
+    "CONDUIT_TOKEN": "auth.token",
+}
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    first = error.errors()[0]
+    key = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    where = f" in {source}" if source else ""
+    if first["type"] == "extra_forbidden":
+        return f"unknown config key {key}{where}: remove it or check its spelling"
+    return f"bad value for config key {key}{where}: {first['msg']}"
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    environ: dict[str, str] | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Config:
+    """Read, substitute, layer and validate the configuration.
+
+    `path` (else `$CONDUIT_CONFIG`, else built-in defaults) < environment variables
+    (`CONDUIT_SOCKET`, `CONDUIT_STATE_DIR`, `CONDUIT_TOKEN`) < `overrides` (dotted keys,
+    from the command line). Raises `ConfigError` with one line naming the key.
+    """
+    env = dict(os.environ if environ is None else environ)
+    source = str(path or env.get("CONDUIT_CONFIG") or "")
+    tree: dict[str, Any] = substitute(_read_file(Path(source)), env) if source else {}
+    for variable, dotted in _ENV_KEYS.items():
+        if env.get(variable):
+            _set(tree, dotted, env[variable])
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            _set(tree, dotted, value)
+    tree["source"] = source
+    try:
+        config = Config.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, source)) from None
+    _check_consistency(config)
+    return config
+
+
+def _check_consistency(config: Config) -> None:
+    if config.server.tcp:
+        host, _ = parse_tcp_address(config.server.tcp)
+        if not is_loopback(host) and not config.server.allow_remote_tcp:
+            raise ConfigError(
+                f"config key server.tcp = {config.server.tcp!r} is not a loopback address: "
+                "use 127.0.0.1 or [::1], or set server.allow_remote_tcp = true"
+            )
+    for field in LimitValues.model_fields:
+        default = getattr(config.limits.defaults, field)
+        maximum = getattr(config.limits.maxima, field)
+        if default > maximum:
+            raise ConfigError(
+                f"config key limits.defaults.{field} = {default} exceeds "
+                f"limits.maxima.{field} = {maximum}: lower the default or raise the maximum"
+            )
+    names = [client.name for client in config.auth.clients]
+    if len(names) != len(set(names)):
+        raise ConfigError("config key auth.clients names a client twice: names must be unique")

@@ -1,0 +1,211 @@
+"""One client connection: its stream, its auth state and its in-flight requests.
+
+Requests on a connection run concurrently (one task each, at most
+`max_in_flight_per_connection` at a time; past that the connection simply stops reading
+until one finishes) and are answered by id, possibly out of order. Replies go through
+one writer task that coalesces whatever is ready into a single send.
+
+Resource handling: `run` owns the stream and closes it before returning. When the peer
+half-closes, in-flight requests still finish and are answered; when the peer is gone
+entirely, they are cancelled, and so are the executions they started.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from conduit.daemon.auth import PeerCredentials, Principal
+from conduit.daemon.dispatcher import CallContext, dispatch
+from conduit.daemon.errors import InvalidRequest, ParseError, RpcError, Unauthenticated
+from conduit.daemon.framing import OVERSIZE, LineReader
+from conduit.daemon.protocol import (
+    Request,
+    decode,
+    encode,
+    error_reply,
+    parse_request,
+    request_id,
+    result_reply,
+)
+
+if TYPE_CHECKING:
+    from conduit.daemon.server import Daemon
+
+__all__ = ["Connection"]
+
+log = logging.getLogger("conduit.connection")
+
+# Replies waiting for the writer; past this, request tasks wait (back-pressure on a
+# client that stops reading) instead of the daemon buffering without bound.
+_OUTBOX_SIZE = 256
+# A batch larger than this is a mistake or an attack, not a workload.
+_MAX_BATCH = 1000
+
+
+class Connection:
+    """Serves one accepted stream until the peer leaves or the daemon cancels it."""
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        daemon: Daemon,
+        *,
+        transport: str,
+        peer: PeerCredentials | None = None,
+    ) -> None:
+        self._stream = stream
+        self._daemon = daemon
+        self.transport = transport
+        self.peer = peer
+        self.principal: Principal | None = daemon.auth.authenticate_peer(peer)
+        self._failures = 0
+        self._slots = trio.Semaphore(daemon.config.server.max_in_flight_per_connection)
+        self._outbox_send, self._outbox = trio.open_memory_channel[bytes](_OUTBOX_SIZE)
+        self._reader_scope = trio.CancelScope()
+        self._scope = trio.CancelScope()
+
+    def __repr__(self) -> str:
+        who = self.principal.name if self.principal else "anonymous"
+        return f"<Connection {self.transport} {who}>"
+
+    async def run(self) -> None:
+        """Serve until the peer closes or the daemon cancels; always closes the stream."""
+        try:
+            with self._scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._write_loop)
+                    async with trio.open_nursery() as requests:
+                        with self._reader_scope:
+                            await self._read_loop(requests)
+                    self._outbox_send.close()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._stream.aclose()
+
+    def stop_reading(self) -> None:
+        """Read no more requests; answer those in flight, then close (for draining)."""
+        self._reader_scope.cancel()
+
+    async def notify(self, method: str, params: dict[str, Any]) -> None:
+        """Send a server-to-client notification on this connection."""
+        await self._send({"jsonrpc": "2.0", "method": method, "params": params})
+
+    def login(self, token: str) -> Principal:
+        """Authenticate the connection with `token`; raises `Unauthenticated`."""
+        principal = self.authenticate(token)
+        self.principal = principal
+        return principal
+
+    def authenticate(self, token: str) -> Principal:
+        """The principal for `token`, counting failures; too many close the connection."""
+        principal = self._daemon.auth.authenticate_token(token)
+        if principal is not None:
+            self._failures = 0
+            return principal
+        self._failures += 1
+        limit = self._daemon.config.auth.max_failures_per_connection
+        self._daemon.note_auth_failure()
+        if self._failures >= limit:
+            self._reader_scope.cancel()
+            raise Unauthenticated(
+                f"unauthenticated: the token is not valid; {limit} failures in a row, "
+                "closing the connection"
+            )
+        raise Unauthenticated(
+            "unauthenticated: the token is not valid; check CONDUIT_TOKEN or the "
+            "master token file named in the daemon's log"
+        )
+
+    async def _read_loop(self, requests: trio.Nursery) -> None:
+        max_bytes = self._daemon.config.server.max_message_bytes
+        async for line in LineReader(self._stream, max_bytes):
+            if line is OVERSIZE:
+                await self._send_error(
+                    None,
+                    InvalidRequest(
+                        f"message too large: a line may hold at most {max_bytes} bytes; "
+                        "the line was discarded"
+                    ),
+                )
+                continue
+            try:
+                message = decode(line)  # type: ignore[arg-type]
+            except ParseError as exc:
+                await self._send_error(None, exc)
+                continue
+            await self._slots.acquire()
+            requests.start_soon(self._serve_message, message)
+
+    async def _serve_message(self, message: Any) -> None:
+        try:
+            if isinstance(message, list):
+                reply = await self._answer_batch(message)
+            else:
+                reply = await self._answer(message)
+            if reply is not None:
+                await self._send(reply)
+        finally:
+            self._slots.release()
+
+    async def _answer_batch(self, batch: list[Any]) -> list[dict[str, Any]] | dict[str, Any] | None:
+        if not batch:
+            return error_reply(None, InvalidRequest("invalid request: empty batch"))
+        if len(batch) > _MAX_BATCH:
+            return error_reply(
+                None, InvalidRequest(f"invalid request: a batch may hold {_MAX_BATCH} calls")
+            )
+        replies: list[dict[str, Any] | None] = [None] * len(batch)
+
+        async def answer(index: int, message: Any) -> None:
+            replies[index] = await self._answer(message)
+
+        async with trio.open_nursery() as nursery:
+            for index, message in enumerate(batch):
+                nursery.start_soon(answer, index, message)
+        answered = [reply for reply in replies if reply is not None]
+        return answered or None
+
+    async def _answer(self, message: Any) -> dict[str, Any] | None:
+        try:
+            request = parse_request(message)
+        except InvalidRequest as exc:
+            return error_reply(request_id(message), exc)
+        try:
+            result = await dispatch(request.method, request.params, self._context(request))
+        except RpcError as exc:
+            return None if request.is_notification else error_reply(request.id, exc)
+        return None if request.is_notification else result_reply(request.id, result)
+
+    def _context(self, request: Request) -> CallContext:
+        principal = self.principal
+        if request.bearer_token is not None:
+            principal = self.authenticate(request.bearer_token)
+        return CallContext(self._daemon, principal, self, request.id)
+
+    async def _send_error(self, ident: Any, error: RpcError) -> None:
+        await self._send(error_reply(ident, error))
+
+    async def _send(self, message: Any) -> None:
+        try:
+            await self._outbox_send.send(encode(message) + b"\n")
+        except trio.ClosedResourceError:
+            pass  # the writer is gone with the peer; nobody is left to tell
+
+    async def _write_loop(self) -> None:
+        try:
+            async for first in self._outbox:
+                chunks = [first]
+                while True:
+                    try:
+                        chunks.append(self._outbox.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                await self._stream.send_all(b"".join(chunks))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            # The peer is gone: nothing we compute can reach it any more.
+            self._scope.cancel()

@@ -1,0 +1,182 @@
+"""The method table and the one place exceptions become wire errors.
+
+`@method(name, params=Model, scope=...)` registers a handler; registering a name twice
+fails at import. `dispatch` validates params (a failure is -32602 naming the field),
+checks the caller's scope, runs the handler and maps anything unexpected to -32603 with
+an error id that is also logged. It is deliberately not about streams or framing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from conduit.daemon.errors import (
+    Forbidden,
+    InternalError,
+    InvalidParams,
+    MethodNotFound,
+    RpcError,
+    Unauthenticated,
+)
+
+if TYPE_CHECKING:
+    from conduit.daemon.auth import Principal
+    from conduit.daemon.connection import Connection
+    from conduit.daemon.server import Daemon
+
+__all__ = [
+    "METHODS",
+    "CallContext",
+    "MethodSpec",
+    "NoParams",
+    "Params",
+    "dispatch",
+    "method",
+]
+
+log = logging.getLogger("conduit.dispatcher")
+
+
+class Params(BaseModel):
+    """Base of every params model: unknown members are errors, not silently dropped."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NoParams(Params):
+    pass
+
+
+@dataclass(slots=True)
+class CallContext:
+    """What a handler may know about its call."""
+
+    daemon: Daemon
+    principal: Principal | None
+    connection: Connection | None = None
+    request_id: Any = None
+
+    def require_principal(self) -> Principal:
+        if self.principal is None:
+            raise Unauthenticated(_LOGIN_HINT)
+        return self.principal
+
+
+Handler = Callable[[Any, CallContext], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class MethodSpec:
+    name: str
+    handler: Handler
+    params: type[Params]
+    # None: anyone may call it, authenticated or not.
+    scope: str | None
+    # Session tokens (sandboxes) may call only methods that say so.
+    session: bool
+    description: str
+
+
+METHODS: dict[str, MethodSpec] = {}
+
+_LOGIN_HINT = (
+    "unauthenticated: call auth/login with {\"token\": \"...\"} first, or add "
+    '"auth": {"bearerToken": "..."} to the request'
+)
+
+
+def method(
+    name: str,
+    *,
+    params: type[Params] = NoParams,
+    scope: str | None,
+    session: bool = False,
+    description: str | None = None,
+) -> Callable[[Handler], Handler]:
+    """Register `handler` under the wire name `name`. A duplicate name is an error."""
+
+    def register(handler: Handler) -> Handler:
+        if name in METHODS:
+            raise RuntimeError(f"method {name!r} is registered twice")
+        doc = description or (handler.__doc__ or "").strip().partition("\n")[0]
+        if not doc:
+            raise RuntimeError(f"method {name!r} needs a docstring: rpc/discover shows it")
+        METHODS[name] = MethodSpec(name, handler, params, scope, session, doc)
+        return handler
+
+    return register
+
+
+def _unknown_method(name: str) -> MethodNotFound:
+    close = difflib.get_close_matches(name, list(METHODS), n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return MethodNotFound(
+        f"method not found: {name!r}{hint} (rpc/discover lists every method)",
+        {"method": name},
+    )
+
+
+def invalid_params(exc: ValidationError, method_name: str) -> InvalidParams:
+    """-32602 naming the first failing field, in the caller's own dotted terms."""
+    first = exc.errors()[0]
+    field = ".".join(str(part) for part in first["loc"]) or "params"
+    if first["type"] == "extra_forbidden":
+        reason = "is not a parameter of this method"
+    elif first["type"] == "missing":
+        reason = "is required"
+    else:
+        reason = first["msg"]
+    return InvalidParams(
+        f"invalid params for {method_name}: {field} {reason} (rpc/discover shows the schema)",
+        {"field": field, "reason": reason},
+    )
+
+
+def _authorise(spec: MethodSpec, principal: Principal | None) -> None:
+    if spec.scope is None:
+        return
+    if principal is None:
+        raise Unauthenticated(_LOGIN_HINT)
+    if principal.kind == "session" and not spec.session:
+        raise Forbidden(
+            f"forbidden: a sandbox's session token cannot call {spec.name}",
+            {"method": spec.name},
+        )
+    if spec.scope not in principal.scopes:
+        raise Forbidden(
+            f"forbidden: {spec.name} needs the {spec.scope!r} scope, which "
+            f"{principal.name} does not have",
+            {"method": spec.name, "scope": spec.scope},
+        )
+
+
+async def dispatch(name: str, raw_params: dict[str, Any], ctx: CallContext) -> Any:
+    """Run one method and return its JSON-ready result; raise only `RpcError`."""
+    try:
+        spec = METHODS.get(name)
+        if spec is None:
+            raise _unknown_method(name)
+        _authorise(spec, ctx.principal)
+        try:
+            params = spec.params.model_validate(raw_params)
+        except ValidationError as exc:
+            raise invalid_params(exc, name) from None
+        result = await spec.handler(params, ctx)
+        return result.model_dump(mode="json") if isinstance(result, BaseModel) else result
+    except (RpcError, trio.Cancelled):
+        raise
+    except Exception as exc:
+        error_id = secrets.token_hex(6)
+        log.exception("internal error in %s", name, extra={"error_id": error_id})
+        raise InternalError(
+            f"internal error (id {error_id}); the daemon's log has the details",
+            {"error_id": error_id},
+        ) from exc

@@ -1,0 +1,202 @@
+"""Running executions: from a validated request to a result, and the table of those running.
+
+`Executions.execute` is the one path every way of running code takes (the `execute`
+method, the built-in `execute_*` tools, the seed aliases): it normalises the code, picks
+the executor, spends the caller's rate, waits for a slot, mints the session token, runs
+the job in a cancel scope of its own, and shapes the result. A failing program is a
+result with a non-ok status; only faults of the request itself are raised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import secrets
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from conduit.daemon.bridge import SessionBridge
+from conduit.daemon.errors import Forbidden, InvalidParams, NotFound, Overloaded
+from conduit.executors.base import ErrorInfo, Executor, Job, Limits, Outcome, Status
+from conduit.executors.source import unwrap_fence
+
+if TYPE_CHECKING:
+    from conduit.daemon.auth import Principal
+    from conduit.daemon.server import Daemon
+
+__all__ = ["ExecutionRequest", "Executions"]
+
+log = logging.getLogger("conduit.executions")
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionRequest:
+    language: str
+    code: str
+    executor: str | None = None
+    limits: dict[str, int] = dataclasses.field(default_factory=dict)
+    allowed_tools: tuple[str, ...] | None = None
+    inputs: Any = None
+
+
+@dataclass(slots=True)
+class _Running:
+    execution_id: str
+    principal: str
+    executor: str
+    started: float
+    scope: trio.CancelScope
+
+
+def _new_execution_id() -> str:
+    return "ex_" + secrets.token_hex(8)
+
+
+class Executions:
+    """Starts executions and keeps the table of running ones."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
+        self._running: dict[str, _Running] = {}
+        self._idle = trio.Event()
+        self._idle.set()
+        self.draining = False
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    async def execute(self, request: ExecutionRequest, principal: Principal) -> dict[str, Any]:
+        """Run one program for `principal` and return the wire result."""
+        if self.draining:
+            raise Overloaded("the daemon is shutting down; retry on its next start")
+        if principal.kind == "session":
+            raise Forbidden("forbidden: a sandbox cannot start executions")
+        daemon = self._daemon
+        code = self._checked_code(request.code)
+        limits = self._limits(request.limits)
+        executor = daemon.registry.pick(request.language, request.executor)
+        daemon.rate_limiter.check(principal.name)
+        async with daemon.admission.slot() as queue_wait_s:
+            execution_id = _new_execution_id()
+            job = Job(execution_id, request.language, code, limits, request.inputs)
+            allowed = request.allowed_tools if request.allowed_tools is not None else ("*",)
+            started = trio.current_time()
+            outcome = await self._run(job, executor, allowed, principal)
+            duration_s = trio.current_time() - started
+        log.info(
+            "execution finished",
+            extra={
+                "execution_id": execution_id,
+                "principal": principal.name,
+                "executor": executor.name,
+                "status": str(outcome.status),
+                "duration_ms": round(duration_s * 1000, 2),
+            },
+        )
+        return _wire_result(execution_id, executor.name, outcome, duration_s, queue_wait_s)
+
+    async def _run(
+        self, job: Job, executor: Executor, allowed: tuple[str, ...], principal: Principal
+    ) -> Outcome:
+        entry = _Running(
+            job.execution_id, principal.name, executor.name, trio.current_time(), trio.CancelScope()
+        )
+        self._running[job.execution_id] = entry
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+        try:
+            with SessionBridge(self._daemon, job.execution_id, allowed) as bridge, entry.scope:
+                return await executor.run(job, bridge)
+            return Outcome(Status.CANCELLED, error=_cancelled_error())
+        finally:
+            del self._running[job.execution_id]
+            if not self._running:
+                self._idle.set()
+
+    def cancel(self, execution_id: str, principal: Principal) -> None:
+        """Cancel a running execution the principal owns (the master owns all)."""
+        entry = self._running.get(execution_id)
+        if entry is None or not (principal.is_admin or entry.principal == principal.name):
+            raise NotFound(
+                f"not found: no running execution {execution_id!r} of yours; "
+                "it may have finished already",
+                {"execution_id": execution_id},
+            )
+        entry.scope.cancel()
+
+    def cancel_all(self) -> None:
+        for entry in self._running.values():
+            entry.scope.cancel()
+
+    async def wait_idle(self) -> None:
+        """Return once no execution is running."""
+        await self._idle.wait()
+
+    def running(self) -> list[dict[str, Any]]:
+        now = trio.current_time()
+        return [
+            {
+                "execution_id": e.execution_id,
+                "principal": e.principal,
+                "executor": e.executor,
+                "running_ms": round((now - e.started) * 1000, 1),
+            }
+            for e in self._running.values()
+        ]
+
+    def _checked_code(self, code: str) -> str:
+        code = unwrap_fence(code)
+        if not code.strip():
+            raise InvalidParams(
+                "invalid params: code is empty; send the program's source in code",
+                {"field": "code", "reason": "is empty"},
+            )
+        size = len(code.encode())
+        limit = self._daemon.config.limits.max_code_bytes
+        if size > limit:
+            raise InvalidParams(
+                f"invalid params: code is {size} bytes; the limit is {limit} "
+                "(limits.max_code_bytes)",
+                {"field": "code", "reason": f"larger than {limit} bytes"},
+            )
+        return code
+
+    def _limits(self, requested: dict[str, int]) -> Limits:
+        config = self._daemon.config.limits
+        values = config.defaults.model_dump()
+        for name, value in requested.items():
+            maximum = getattr(config.maxima, name)
+            if value > maximum:
+                raise InvalidParams(
+                    f"invalid params: limits.{name} = {value} exceeds the daemon's "
+                    f"maximum of {maximum}",
+                    {"field": f"limits.{name}", "reason": f"greater than {maximum}"},
+                )
+            values[name] = value
+        return Limits(**values)
+
+
+def _cancelled_error() -> ErrorInfo:
+    return ErrorInfo("Cancelled", "the execution was cancelled before it finished")
+
+
+def _wire_result(
+    execution_id: str, executor: str, outcome: Outcome, duration_s: float, queue_wait_s: float
+) -> dict[str, Any]:
+    error = dataclasses.asdict(outcome.error) if outcome.error else None
+    return {
+        "execution_id": execution_id,
+        "status": str(outcome.status),
+        "result": outcome.result,
+        "stdout": outcome.stdout,
+        "stderr": outcome.stderr,
+        "exit_code": outcome.exit_code,
+        "error": error,
+        "truncated": {"stdout": outcome.truncated_stdout, "stderr": outcome.truncated_stderr},
+        "tool_calls": outcome.tool_calls,
+        "duration_ms": round(duration_s * 1000, 3),
+        "queue_ms": round(queue_wait_s * 1000, 3),
+        "executor": executor,
+        "memory_peak_bytes": outcome.memory_peak_bytes,
+    }

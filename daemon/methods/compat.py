@@ -1,0 +1,110 @@
+"""The seed Conduit's method names, as rows of one alias table.
+
+Each alias runs the same execution path as `execute` and answers the seed's shape,
+`{stdout, stderr, exitCode}`. Where the seed reported a limit as an error (timeout
+-32008, memory -32009, output -32013, log lines -32014) so does the alias, with the
+partial output in the error's `data` rather than dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from pydantic import ConfigDict, Field
+
+from conduit.daemon.dispatcher import CallContext, Params, method
+from conduit.daemon.errors import LimitMemory, LimitOutput, LimitTimeout, RpcError
+from conduit.daemon.executions import ExecutionRequest
+
+__all__ = ["ALIASES", "Alias"]
+
+
+@dataclass(frozen=True, slots=True)
+class Alias:
+    language: str
+    target: str = "execute"
+
+    def describe(self) -> dict[str, Any]:
+        return {"target": self.target, "language": self.language, "shape": "seed"}
+
+
+ALIASES: dict[str, Alias] = {
+    "mcp.executeTypeScript": Alias("typescript"),
+    "mcp.executePython": Alias("python"),
+    "mcp.executeIsolate": Alias("javascript"),
+    "mcp_execute_typescript": Alias("typescript"),
+    "mcp_execute_python": Alias("python"),
+    "mcp_execute_isolate": Alias("javascript"),
+}
+
+
+class SeedLimits(Params):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    timeoutMs: int | None = Field(None, ge=1)  # noqa: N815 (wire names)
+    memoryLimitMb: int | None = Field(None, ge=16)  # noqa: N815
+    maxOutputBytes: int | None = Field(None, ge=0)  # noqa: N815
+    maxLogEntries: int | None = Field(None, ge=0)  # noqa: N815
+
+    def overrides(self) -> dict[str, int]:
+        names = {
+            "timeoutMs": "timeout_ms",
+            "memoryLimitMb": "memory_mb",
+            "maxOutputBytes": "output_bytes",
+            "maxLogEntries": "output_lines",
+        }
+        return {names[k]: v for k, v in self.model_dump().items() if v is not None}
+
+
+class SeedExecuteParams(Params):
+    # The seed's clients sent assorted extras; they are ignored, as the seed did.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    code: str
+    limits: SeedLimits | None = None
+    allowedTools: list[str] | None = None  # noqa: N815
+
+
+_LIMIT_ERRORS: dict[str, type[RpcError]] = {
+    "timeout": LimitTimeout,
+    "memory_limit": LimitMemory,
+    "output_limit": LimitOutput,
+}
+
+
+def _seed_shape(result: dict[str, Any]) -> dict[str, Any]:
+    stderr = result["stderr"]
+    if result["error"] and result["status"] == "error":
+        error = result["error"]
+        stderr += error.get("traceback") or f"{error['type']}: {error['message']}\n"
+    exit_code = result["exit_code"]
+    if exit_code is None:
+        exit_code = 0 if result["status"] == "ok" else 1
+    return {"stdout": result["stdout"], "stderr": stderr, "exitCode": exit_code}
+
+
+async def _execute_alias(
+    language: str, name: str, params: SeedExecuteParams, ctx: CallContext
+) -> dict[str, Any]:
+    request = ExecutionRequest(
+        language=language,
+        code=params.code,
+        limits=params.limits.overrides() if params.limits else {},
+        allowed_tools=tuple(params.allowedTools) if params.allowedTools is not None else None,
+    )
+    result = await ctx.daemon.executions.execute(request, ctx.require_principal())
+    shaped = _seed_shape(result)
+    error_class = _LIMIT_ERRORS.get(result["status"])
+    if error_class is not None:
+        message = result["error"]["message"] if result["error"] else result["status"]
+        raise error_class(f"{name}: {message}", {**shaped, "status": result["status"]})
+    return shaped
+
+
+for _name, _alias in ALIASES.items():
+    method(
+        _name,
+        params=SeedExecuteParams,
+        scope="execute",
+        description=f"Seed-compatible alias: run {_alias.language}, answer {{stdout, stderr, exitCode}}",
+    )(partial(_execute_alias, _alias.language, _name))

@@ -1,0 +1,79 @@
+"""`initialize`, `notifications/initialized`, `ping` and `rpc/discover`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ConfigDict
+
+from conduit.daemon.dispatcher import METHODS, CallContext, Params, method
+from conduit.daemon.version import VERSION
+
+__all__ = ["PROTOCOL_VERSIONS"]
+
+# Newest first; a client asking for one of these gets it, anything else gets the newest.
+PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+
+INSTRUCTIONS = (
+    "Conduit runs programs in fresh sandboxes. Call execute (or the execute_* tools) "
+    "with a language and code; the result carries status, result, stdout and stderr."
+)
+
+
+class InitializeParams(Params):
+    # MCP clients send more than we read; what we do not know we ignore here.
+    model_config = ConfigDict(extra="allow", frozen=True)
+    protocolVersion: str = PROTOCOL_VERSIONS[0]  # noqa: N815 (wire name)
+    capabilities: dict[str, Any] = {}
+    clientInfo: dict[str, Any] = {}  # noqa: N815
+
+
+@method("initialize", params=InitializeParams, scope=None)
+async def initialize(params: InitializeParams, ctx: CallContext) -> dict[str, Any]:
+    """Start an MCP session: negotiate the protocol version and state capabilities."""
+    version = params.protocolVersion
+    if version not in PROTOCOL_VERSIONS:
+        version = PROTOCOL_VERSIONS[0]
+    return {
+        "protocolVersion": version,
+        "capabilities": {"tools": {"listChanged": False}},
+        "serverInfo": {"name": "conduit", "version": VERSION},
+        "instructions": INSTRUCTIONS,
+    }
+
+
+class AnyParams(Params):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+@method("notifications/initialized", params=AnyParams, scope=None)
+async def initialized(params: AnyParams, ctx: CallContext) -> None:
+    """The client's acknowledgement of `initialize`; nothing to answer."""
+
+
+@method("ping", params=AnyParams, scope=None, session=True)
+async def ping(params: AnyParams, ctx: CallContext) -> dict[str, Any]:
+    """Check the daemon is alive; answers an empty object."""
+    return {}
+
+
+@method("rpc/discover", scope=None)
+async def discover(params: Params, ctx: CallContext) -> dict[str, Any]:
+    """Every method with its description, required scope and params schema."""
+    from conduit.daemon.methods.compat import ALIASES
+
+    return {
+        "version": VERSION,
+        "methods": [
+            {
+                "name": spec.name,
+                "description": spec.description,
+                "scope": spec.scope,
+                "session": spec.session,
+                "params": spec.params.model_json_schema(),
+            }
+            for spec in sorted(METHODS.values(), key=lambda s: s.name)
+            if spec.name not in ALIASES
+        ],
+        "aliases": {name: alias.describe() for name, alias in sorted(ALIASES.items())},
+    }

@@ -1,0 +1,18 @@
+"""`executors/list`: the runtimes, their versions, availability and pool state."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from conduit.daemon.dispatcher import CallContext, NoParams, method
+
+
+@method("executors/list", params=NoParams, scope="execute")
+async def list_executors(params: NoParams, ctx: CallContext) -> dict[str, Any]:
+    """Each executor: languages, version, available or why not, pool statistics."""
+    registry = ctx.daemon.registry
+    return {
+        "executors": [dataclasses.asdict(info) for info in registry.infos()],
+        "defaults": registry.defaults(),
+    }

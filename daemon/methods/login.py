@@ -1,0 +1,31 @@
+"""`auth/login` and `auth/whoami`: authenticating a connection, as a person with `nc` would."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from conduit.daemon.dispatcher import CallContext, NoParams, Params, method
+from conduit.daemon.errors import InvalidRequest
+
+
+class LoginParams(Params):
+    token: str = Field(min_length=1, description="the master token or a client token")
+
+
+@method("auth/login", params=LoginParams, scope=None)
+async def login(params: LoginParams, ctx: CallContext) -> dict[str, Any]:
+    """Authenticate this connection; later requests need no token."""
+    if ctx.connection is None:
+        raise InvalidRequest("auth/login authenticates a connection; there is none here")
+    principal = ctx.connection.login(params.token)
+    return {"principal": principal.describe()}
+
+
+@method("auth/whoami", params=NoParams, scope=None, session=True)
+async def whoami(params: NoParams, ctx: CallContext) -> dict[str, Any]:
+    """Who this connection (or this request's bearer token) is authenticated as."""
+    if ctx.principal is None:
+        return {"authenticated": False, "principal": None}
+    return {"authenticated": True, "principal": ctx.principal.describe()}

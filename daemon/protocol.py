@@ -1,0 +1,106 @@
+"""JSON-RPC 2.0 messages: turning decoded JSON into requests, and results into replies.
+
+Knows nothing about streams or methods. Deliberately lenient in one way: a request
+without `"jsonrpc"` is accepted, so a person typing into `nc` need not type it; a wrong
+version is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from conduit.daemon.errors import InvalidRequest, ParseError, RpcError
+
+__all__ = [
+    "Request",
+    "decode",
+    "encode",
+    "error_reply",
+    "parse_request",
+    "result_reply",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One call. `is_notification` requests are never answered."""
+
+    method: str
+    params: dict[str, Any]
+    id: str | int | float | None
+    is_notification: bool
+    bearer_token: str | None = None
+
+
+def decode(line: bytes) -> Any:
+    """Parse one line of JSON, or raise `ParseError` saying where it broke."""
+    try:
+        return json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ParseError(
+            f"parse error: {exc}; send one JSON object per line, "
+            'e.g. {"jsonrpc":"2.0","id":1,"method":"ping"}'
+        ) from None
+    except RecursionError:
+        raise ParseError("parse error: JSON nested too deeply") from None
+
+
+def encode(message: Any) -> bytes:
+    """Serialise a reply compactly; non-ASCII stays as UTF-8."""
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False, default=str).encode()
+
+
+def _bearer(message: dict[str, Any]) -> str | None:
+    auth = message.get("auth")
+    if auth is None:
+        return None
+    token = auth.get("bearerToken") if isinstance(auth, dict) else None
+    if not isinstance(token, str):
+        raise InvalidRequest('"auth" must be an object like {"bearerToken": "<token>"}')
+    return token
+
+
+def request_id(message: Any) -> str | int | float | None:
+    """The id to answer a broken request with: its own if readable, else null."""
+    if isinstance(message, dict):
+        value = message.get("id")
+        if isinstance(value, str | int | float) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def parse_request(message: Any) -> Request:
+    """Validate one decoded message as a JSON-RPC request; raise `InvalidRequest`."""
+    if not isinstance(message, dict):
+        raise InvalidRequest("invalid request: each message must be a JSON object")
+    version = message.get("jsonrpc", "2.0")
+    if version != "2.0":
+        raise InvalidRequest(f'invalid request: "jsonrpc" must be "2.0", not {version!r}')
+    method = message.get("method")
+    if not isinstance(method, str) or not method:
+        raise InvalidRequest('invalid request: "method" must be a non-empty string')
+    is_notification = "id" not in message
+    ident = message.get("id")
+    if not is_notification and (
+        isinstance(ident, bool) or not isinstance(ident, str | int | float | None)
+    ):
+        raise InvalidRequest('invalid request: "id" must be a string, a number or null')
+    params = message.get("params", {})
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise InvalidRequest(
+            'invalid request: "params" must be an object (named parameters); '
+            "rpc/discover lists each method's parameters"
+        )
+    return Request(method, params, ident, is_notification, _bearer(message))
+
+
+def result_reply(ident: Any, result: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": ident, "result": result}
+
+
+def error_reply(ident: Any, error: RpcError) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": ident, "error": error.to_wire()}

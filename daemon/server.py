@@ -1,0 +1,333 @@
+"""`serve()`: the daemon's root nursery and everything it owns.
+
+```
+serve(config, *, task_status)         root nursery
+├── registry.serve → each executor's pool
+├── watchdog, signal receiver
+└── connections nursery ← one Connection.run per accepted stream
+    (acceptors: one accept loop per listener, cancelled first on shutdown)
+```
+
+Shutdown drains the way hypercorn does: stop accepting, let connections finish their
+in-flight requests within `grace_period_s`, then cancel what is still running (those
+executions answer `cancelled` with their partial output), remove the socket file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from conduit.daemon import methods as _methods  # noqa: F401  (fills the method table)
+from conduit.daemon import systemd
+from conduit.daemon.auth import Authenticator, peer_credentials, resolve_master_token
+from conduit.daemon.config import Config, parse_tcp_address
+from conduit.daemon.connection import Connection
+from conduit.daemon.errors import ConfigError
+from conduit.daemon.executions import Executions
+from conduit.daemon.limits import Admission, RateLimiter
+from conduit.daemon.listeners import (
+    BoundListener,
+    open_tcp_listener,
+    open_unix_listener,
+    remove_socket_file,
+)
+from conduit.daemon.logs import redact
+from conduit.executors.base import CallbackAddress
+from conduit.executors.registry import ExecutorRegistry
+
+__all__ = ["Daemon", "ServingInfo", "serve"]
+
+log = logging.getLogger("conduit.server")
+
+# After the grace period, cancelled executions still need a moment to report back.
+_CANCEL_REPORT_S = 2.0
+# How long to back off when accept() fails for lack of file descriptors.
+_ACCEPT_BACKOFF_S = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class ServingInfo:
+    """Where the daemon listens, handed to whoever started it."""
+
+    unix_path: str | None
+    tcp_address: tuple[str, int] | None
+    token_source: str
+    listeners: tuple[str, ...] = field(default=())
+
+
+class Daemon:
+    """The daemon's shared state; `serve` runs it. Methods reach it as `ctx.daemon`."""
+
+    def __init__(self, config: Config, *, reload: Callable[[], Config] | None = None) -> None:
+        self.config = config
+        self._reload = reload
+        master_token, self.token_source = resolve_master_token(config.auth, config.server.state_dir)
+        redact(master_token)
+        self.auth = Authenticator(master_token, config.auth)
+        limits = config.limits
+        self.admission = Admission(
+            limits.max_concurrent_executions, limits.queue_size, limits.queue_timeout_s
+        )
+        self.rate_limiter = RateLimiter(limits.executions_per_minute, limits.burst)
+        self.executions = Executions(self)
+        self.registry = ExecutorRegistry([], {})
+        self.callback_address: CallbackAddress | None = None
+        self.auth_failures = 0
+        self.connections: set[Connection] = set()
+        self.started_at = trio.current_time() if _in_trio() else 0.0
+        self._notifier = systemd.Notifier(None)
+        self._acceptors: trio.CancelScope | None = None
+
+    def note_auth_failure(self) -> None:
+        self.auth_failures += 1
+
+    # ---- running -----------------------------------------------------------------
+
+    async def serve(
+        self,
+        *,
+        handle_signals: bool = False,
+        task_status: trio.TaskStatus[ServingInfo] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Serve until `shutdown()` (or SIGTERM with `handle_signals`); then drain."""
+        self.started_at = trio.current_time()
+        Path(self.config.server.state_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._notifier = systemd.Notifier.from_environ()
+        bound = await self._open_listeners()
+        try:
+            async with trio.open_nursery() as root:
+                self.callback_address = _callback_for(bound)
+                self.registry = build_registry(self.config, self.callback_address)
+                await root.start(self.registry.serve)
+                if handle_signals:
+                    root.start_soon(self._handle_signals)
+                interval = systemd.watchdog_interval_s()
+                if interval:
+                    root.start_soon(systemd.serve_watchdog, self._notifier, interval)
+                await self._serve_connections(bound, task_status)
+                root.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await _close_listeners(bound)
+            log.info("stopped")
+
+    async def _serve_connections(
+        self, bound: list[BoundListener], task_status: trio.TaskStatus[ServingInfo]
+    ) -> None:
+        async with trio.open_nursery() as connections:
+            async with trio.open_nursery() as acceptors:
+                self._acceptors = acceptors.cancel_scope
+                for listener in bound:
+                    acceptors.start_soon(self._accept_loop, listener, connections)
+                info = self._serving_info(bound)
+                self._announce(info)
+                task_status.started(info)
+                await self._notifier.ready(f"listening on {', '.join(info.listeners)}")
+            with trio.CancelScope(shield=True):
+                await _close_listeners(bound)
+            await self._drain(connections)
+
+    def shutdown(self) -> None:
+        """Stop accepting and drain; `serve` returns once drained."""
+        if self._acceptors is not None:
+            self._acceptors.cancel()
+
+    async def _drain(self, connections: trio.Nursery) -> None:
+        self.executions.draining = True
+        await self._notifier.stopping("draining")
+        log.info("draining", extra={"running": len(self.executions)})
+        for connection in list(self.connections):
+            connection.stop_reading()
+        with trio.move_on_after(self.config.server.grace_period_s):
+            await self.executions.wait_idle()
+        self.executions.cancel_all()
+        with trio.move_on_after(_CANCEL_REPORT_S):
+            await self.executions.wait_idle()
+        connections.cancel_scope.deadline = trio.current_time() + _CANCEL_REPORT_S
+
+    async def _accept_loop(self, bound: BoundListener, connections: trio.Nursery) -> None:
+        while True:
+            try:
+                stream = await bound.listener.accept()
+            except OSError as exc:
+                log.warning("accept failed", extra={"error": str(exc)})
+                await trio.sleep(_ACCEPT_BACKOFF_S)
+                continue
+            connections.start_soon(self._serve_stream, stream, bound.transport)
+
+    async def _serve_stream(self, stream: trio.SocketStream, transport: str) -> None:
+        if len(self.connections) >= self.config.server.max_connections:
+            log.warning("connection refused: too many connections")
+            await stream.aclose()
+            return
+        peer = peer_credentials(stream.socket) if transport == "unix" else None  # type: ignore[arg-type]
+        connection = Connection(stream, self, transport=transport, peer=peer)
+        self.connections.add(connection)
+        try:
+            await connection.run()
+        finally:
+            self.connections.discard(connection)
+
+    async def _handle_signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async for signum in signals:
+                if signum == signal.SIGHUP:
+                    await self.reload()
+                else:
+                    log.info("shutting down", extra={"signal": signal.Signals(signum).name})
+                    self.shutdown()
+
+    async def reload(self) -> Config:
+        """Re-read the configuration and apply it; a bad one is refused, the old kept."""
+        if self._reload is None:
+            raise ConfigError("this daemon was started without a configuration to reload")
+        await self._notifier.reloading()
+        try:
+            new = self._reload()
+            self._apply(new)
+        finally:
+            await self._notifier.ready()
+        log.info("configuration reloaded", extra={"source": new.source})
+        return new
+
+    def _apply(self, new: Config) -> None:
+        master_token, source = resolve_master_token(new.auth, new.server.state_dir)
+        redact(master_token)
+        self.auth.reconfigure(master_token, new.auth)
+        self.token_source = source
+        limits = new.limits
+        self.admission.reconfigure(
+            limits.max_concurrent_executions, limits.queue_size, limits.queue_timeout_s
+        )
+        self.rate_limiter.reconfigure(limits.executions_per_minute, limits.burst)
+        self.registry.set_defaults(_language_defaults(new))
+        if (new.server.socket, new.server.tcp) != (self.config.server.socket, self.config.server.tcp):
+            log.warning("listener changes take effect on restart")
+        self.config = new
+
+    # ---- set-up ------------------------------------------------------------------
+
+    async def _open_listeners(self) -> list[BoundListener]:
+        inherited = systemd.listen_fds()
+        if inherited:
+            return [_from_inherited(item) for item in inherited]
+        server = self.config.server
+        bound: list[BoundListener] = []
+        try:
+            if server.socket:
+                bound.append(await open_unix_listener(server.socket))
+            if server.tcp:
+                bound.append(await open_tcp_listener(*parse_tcp_address(server.tcp)))
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await _close_listeners(bound)
+            raise
+        if not bound:
+            raise ConfigError("no listener configured: set server.socket or server.tcp")
+        return bound
+
+    def _serving_info(self, bound: list[BoundListener]) -> ServingInfo:
+        unix = next((b.address for b in bound if b.transport == "unix"), None)
+        tcp = next((b.address for b in bound if b.transport == "tcp"), None)
+        return ServingInfo(
+            unix_path=unix,
+            tcp_address=parse_tcp_address(tcp) if tcp else None,
+            token_source=self.token_source,
+            listeners=tuple(f"{b.transport}:{b.address}" for b in bound),
+        )
+
+    def _announce(self, info: ServingInfo) -> None:
+        how = (
+            "peer credentials (same uid) or the master token"
+            if self.config.auth.peer_credentials
+            else "the master token"
+        )
+        log.info(
+            "conduit listening",
+            extra={
+                "listeners": ", ".join(info.listeners),
+                "auth": how,
+                "token": info.token_source,
+                "pid": os.getpid(),
+            },
+        )
+
+
+async def _close_listeners(bound: list[BoundListener]) -> None:
+    """Stop listening and remove our socket files; safe to call twice."""
+    for listener in bound:
+        remove_socket_file(listener)
+        await listener.listener.aclose()
+
+
+def _in_trio() -> bool:
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _from_inherited(item: systemd.InheritedSocket) -> BoundListener:
+    transport = "unix" if item.kind is systemd.SocketKind.UNIX_STREAM else "tcp"
+    return BoundListener(item.listener(), transport, item.address)
+
+
+def _callback_for(bound: list[BoundListener]) -> CallbackAddress | None:
+    for listener in bound:
+        if listener.transport == "unix":
+            return CallbackAddress(unix_path=listener.address)
+    for listener in bound:
+        host, port = parse_tcp_address(listener.address)
+        return CallbackAddress(tcp_host=host, tcp_port=port)
+    return None
+
+
+def _language_defaults(config: Config) -> dict[str, str]:
+    executors = config.executors
+    return {
+        "python": executors.python,
+        "typescript": executors.typescript,
+        "javascript": executors.javascript,
+    }
+
+
+def build_registry(config: Config, callback: CallbackAddress | None) -> ExecutorRegistry:
+    """The executors this configuration enables, with their language defaults."""
+    executors = []
+    deno = config.executors.deno
+    if deno.enabled:
+        from conduit.executors.deno import DenoExecutor
+
+        executors.append(
+            DenoExecutor(
+                binary=deno.binary or None,
+                pool_size=deno.pool_size,
+                memory_mb=config.limits.defaults.memory_mb,
+                cache_dir=Path(config.server.state_dir) / "deno",
+                callback=None,
+            )
+        )
+    return ExecutorRegistry(executors, _language_defaults(config))
+
+
+async def serve(
+    config: Config,
+    *,
+    reload: Callable[[], Config] | None = None,
+    handle_signals: bool = False,
+    task_status: trio.TaskStatus[ServingInfo] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run a daemon for `config` until cancelled or shut down.
+
+    `task_status.started()` receives a `ServingInfo` once every listener accepts.
+    """
+    daemon = Daemon(config, reload=reload)
+    await daemon.serve(handle_signals=handle_signals, task_status=task_status)

@@ -1,0 +1,100 @@
+"""The executor registry: which runtimes exist, which is each language's default.
+
+`serve` starts every executor's background work in a nursery the registry owns; an
+executor that cannot start is reported unavailable with its reason, never fatal to the
+daemon. `pick` chooses the executor for a request or says precisely why none fits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+
+import trio
+
+from conduit.daemon.errors import ExecutorUnavailable, InvalidParams
+from conduit.executors.base import Executor, ExecutorInfo
+
+__all__ = ["ExecutorRegistry"]
+
+log = logging.getLogger("conduit.executors")
+
+# Executors that DESIGN.md names but this build may not carry yet; asked for by name,
+# they are reported as unavailable rather than unknown.
+KNOWN_EXECUTORS = {
+    "deno": ("typescript", "javascript"),
+    "wasm-python": ("python",),
+    "wasm-js": ("javascript",),
+    "pyodide": ("python",),
+}
+
+
+class ExecutorRegistry:
+    """Executors by name, plus the default executor for each language."""
+
+    def __init__(self, executors: Iterable[Executor], defaults: Mapping[str, str]) -> None:
+        self._executors = {executor.name: executor for executor in executors}
+        self._defaults = dict(defaults)
+
+    def __repr__(self) -> str:
+        return f"<ExecutorRegistry {sorted(self._executors)}>"
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run every executor's background work until cancelled."""
+        async with trio.open_nursery() as nursery:
+            for executor in self._executors.values():
+                await nursery.start(executor.serve)
+            task_status.started()
+
+    def set_defaults(self, defaults: Mapping[str, str]) -> None:
+        self._defaults = dict(defaults)
+
+    def pick(self, language: str, name: str | None = None) -> Executor:
+        """The executor for `language` (or the one named); raises a wire error if none."""
+        chosen = name or self._defaults.get(language)
+        if chosen is None:
+            raise InvalidParams(
+                f"invalid params: no executor is configured for {language}",
+                {"field": "language", "reason": "no executor configured"},
+            )
+        executor = self._executors.get(chosen)
+        if executor is None:
+            self._raise_missing(chosen)
+        if language not in executor.languages:
+            raise InvalidParams(
+                f"invalid params: executor {chosen!r} runs "
+                f"{', '.join(sorted(executor.languages))}, not {language}",
+                {"field": "executor", "reason": f"does not run {language}"},
+            )
+        info = executor.info()
+        if not info.available:
+            raise ExecutorUnavailable(
+                f"executor {chosen!r} is unavailable: {info.reason}; run `conduit doctor`",
+                {"executor": chosen, "reason": info.reason},
+            )
+        return executor
+
+    def _raise_missing(self, name: str) -> None:
+        if name in KNOWN_EXECUTORS:
+            raise ExecutorUnavailable(
+                f"executor {name!r} is not available in this build yet; "
+                "executors/list shows what is",
+                {"executor": name, "reason": "not built"},
+            )
+        raise InvalidParams(
+            f"invalid params: unknown executor {name!r}; executors/list shows the executors",
+            {"field": "executor", "reason": "unknown executor"},
+        )
+
+    def infos(self) -> list[ExecutorInfo]:
+        """A snapshot of every known executor, including those not built."""
+        infos = [executor.info() for executor in self._executors.values()]
+        for name, languages in KNOWN_EXECUTORS.items():
+            if name not in self._executors:
+                infos.append(
+                    ExecutorInfo(name, languages, available=False, reason="not built yet")
+                )
+        return infos
+
+    def defaults(self) -> dict[str, str]:
+        return dict(self._defaults)

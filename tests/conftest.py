@@ -1,0 +1,162 @@
+"""Shared fixtures: a config factory, a real daemon in the test's nursery, raw clients."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from conduit.daemon.config import Config, load_config
+from conduit.daemon.server import Daemon, ServingInfo
+
+MASTER_TOKEN = "cdt_test-master-token-0123456789abcdef"
+# Generous: real Deno under a loaded 2-core CI machine.
+WAIT_S = 30
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short directory for Unix sockets (their paths are capped at 107 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="cd-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def make_config(tmp_path: Path, short_dir: Path) -> Callable[..., Config]:
+    """Build a validated config for a test: own socket and state dir, known token."""
+
+    def build(**sections: Any) -> Config:
+        tree: dict[str, Any] = {
+            "server": {"socket": str(short_dir / "conduit.sock"), "state_dir": str(tmp_path / "state")},
+            "auth": {"token": MASTER_TOKEN},
+            "executors": {"deno": {"pool_size": 1}},
+        }
+        for section, values in sections.items():
+            tree.setdefault(section, {}).update(values)
+        path = tmp_path / "conduit.toml"
+        path.write_text(_to_toml(tree))
+        return load_config(path, environ={})
+
+    return build
+
+
+def _to_toml(tree: dict[str, Any], prefix: str = "") -> str:
+    scalars = {k: v for k, v in tree.items() if not isinstance(v, dict)}
+    tables = {k: v for k, v in tree.items() if isinstance(v, dict)}
+    lines = [f"[{prefix}]"] if prefix and scalars else []
+    lines += [f"{k} = {json.dumps(v)}" for k, v in scalars.items()]
+    for key, value in tables.items():
+        lines.append(_to_toml(value, f"{prefix}.{key}" if prefix else key))
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+async def start_daemon(
+    nursery: trio.Nursery, make_config: Callable[..., Config]
+) -> Callable[..., Any]:
+    """Start a real daemon in the test's nursery; returns (Daemon, ServingInfo)."""
+
+    async def start(config: Config | None = None, **sections: Any) -> tuple[Daemon, ServingInfo]:
+        config = config or make_config(**sections)
+        daemon = Daemon(config, reload=lambda: load_config(config.source, environ={}))
+        with trio.fail_after(WAIT_S):
+            info = await nursery.start(daemon.serve)
+        return daemon, info
+
+    return start
+
+
+@pytest.fixture
+async def daemon(start_daemon: Callable[..., Any]) -> tuple[Daemon, ServingInfo]:
+    return await start_daemon()
+
+
+class RawClient:
+    """Speaks NDJSON over a real socket, line by line, as `nc` would."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self._buffer = b""
+        self._ids = itertools.count(1)
+
+    async def send_line(self, line: str | bytes) -> None:
+        data = line.encode() if isinstance(line, str) else line
+        await self.stream.send_all(data + b"\n")
+
+    async def send(self, message: Any) -> None:
+        await self.send_line(json.dumps(message))
+
+    async def recv(self) -> Any:
+        """The next JSON line from the daemon (fails the test after WAIT_S)."""
+        with trio.fail_after(WAIT_S):
+            while b"\n" not in self._buffer:
+                chunk = await self.stream.receive_some(65536)
+                if not chunk:
+                    raise EOFError("daemon closed the connection")
+                self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return json.loads(line)
+
+    async def expect_closed(self) -> None:
+        with trio.fail_after(WAIT_S):
+            while True:
+                chunk = await self.stream.receive_some(65536)
+                if not chunk:
+                    return
+
+    async def request(self, method: str, params: Any = None, **extra: Any) -> Any:
+        """Send a request and return the whole reply object."""
+        ident = next(self._ids)
+        message = {"jsonrpc": "2.0", "id": ident, "method": method, **extra}
+        if params is not None:
+            message["params"] = params
+        await self.send(message)
+        reply = await self.recv()
+        assert reply["id"] == ident, reply
+        return reply
+
+    async def call(self, method: str, params: Any = None, **extra: Any) -> Any:
+        """The result of a request; fails the test on an error reply."""
+        reply = await self.request(method, params, **extra)
+        assert "error" not in reply, reply
+        return reply["result"]
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+@pytest.fixture
+async def connect() -> AsyncIterator[Callable[..., Any]]:
+    """Open raw clients to a daemon over `unix` (default) or `tcp`; closed after the test."""
+    opened: list[RawClient] = []
+
+    async def open_client(info: ServingInfo, transport: str = "unix") -> RawClient:
+        if transport == "tcp":
+            assert info.tcp_address
+            stream: trio.abc.Stream = await trio.open_tcp_stream(*info.tcp_address)
+        else:
+            assert info.unix_path
+            stream = await trio.open_unix_socket(info.unix_path)
+        client = RawClient(stream)
+        opened.append(client)
+        return client
+
+    yield open_client
+    for client in opened:
+        await client.aclose()
+
+
+@pytest.fixture
+async def client(
+    daemon: tuple[Daemon, ServingInfo], connect: Callable[..., Any]
+) -> RawClient:
+    """A raw client on the fixture daemon's Unix socket (same uid: master by peer creds)."""
+    return await connect(daemon[1])
