@@ -266,7 +266,11 @@ class Notifier:
     ``Notifier`` holds no resources and needs no closing. Every send is awaited on the Trio
     loop, bounded by ``NOTIFY_SEND_TIMEOUT_S``, and never raises for delivery problems: a
     daemon that cannot reach systemd keeps serving, and the failure is logged. Only a
-    malformed message (a newline inside a value) raises, as that is a bug in the caller.
+    malformed message raises, as that is a bug in the caller.
+
+    A send is a Trio checkpoint: inside an already cancelled scope it raises ``Cancelled``
+    without sending. Send ``STOPPING=1`` before cancelling the work it announces, or under
+    ``CancelScope(shield=True)``, which is safe because every send is time-bounded.
 
     Send from the daemon's main process: the service uses ``NotifyAccess=main``, so systemd
     drops datagrams from any child.
@@ -311,7 +315,8 @@ class Notifier:
 
         Returns ``True`` once systemd's socket has the message, ``False`` when disabled or
         when delivery failed or timed out (logged as a warning). Raises ``ValueError`` if a
-        value contains a newline, which would smuggle in another field.
+        value contains a newline, which would smuggle in another field, or a NUL byte, which
+        makes systemd drop the whole message.
         """
         payload = _encode(fields)
         if self._address is None:
@@ -320,7 +325,7 @@ class Notifier:
         return await self._send(payload)
 
     async def ready(self, status: str | None = None) -> bool:
-        """``READY=1``: start-up (or a reload) finished; systemd starts ordering after us."""
+        """``READY=1``: start-up (or a reload) finished; units ordered after us may start."""
         return await self.notify(READY=1, **_status_field(status))
 
     async def reloading(self) -> bool:
@@ -385,8 +390,10 @@ def _encode(fields: dict[str, str | int]) -> bytes:
     lines = []
     for key, value in fields.items():
         text = str(value)
-        if "\n" in text:
-            raise ValueError(f"sd_notify value for {key} contains a newline: {text!r}")
+        if not key.isidentifier():
+            raise ValueError(f"sd_notify field name {key!r} is not a plain identifier")
+        if "\n" in text or "\0" in text:
+            raise ValueError(f"sd_notify value for {key} contains a newline or NUL: {text!r}")
         lines.append(f"{key}={text}")
     return "\n".join(lines).encode()
 
@@ -395,7 +402,7 @@ def _status_field(status: str | None) -> dict[str, str]:
     """A ``STATUS`` field on one line, since a newline would start a new field."""
     if status is None:
         return {}
-    return {"STATUS": " ".join(status.splitlines())}
+    return {"STATUS": " ".join(status.replace("\0", " ").splitlines())}
 
 
 # ---------------------------------------------------------------------------------------
