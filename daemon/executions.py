@@ -39,6 +39,9 @@ class ExecutionRequest:
     limits: dict[str, int] = dataclasses.field(default_factory=dict)
     allowed_tools: tuple[str, ...] | None = None
     inputs: Any = None
+    # (connection, request id) of the call that started it, so it can be cancelled by
+    # request id before its execution id is known.
+    origin: tuple[int, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -48,6 +51,7 @@ class _Running:
     executor: str
     started: float
     scope: trio.CancelScope
+    origin: tuple[int, Any] | None = None
 
 
 def _new_execution_id() -> str:
@@ -83,7 +87,7 @@ class Executions:
             job = Job(execution_id, request.language, code, limits, request.inputs)
             allowed = request.allowed_tools if request.allowed_tools is not None else ("*",)
             started = trio.current_time()
-            outcome = await self._run(job, executor, allowed, principal)
+            outcome = await self._run(job, executor, allowed, principal, request.origin)
             duration_s = trio.current_time() - started
         log.info(
             "execution finished",
@@ -98,10 +102,20 @@ class Executions:
         return _wire_result(execution_id, executor.name, outcome, duration_s, queue_wait_s)
 
     async def _run(
-        self, job: Job, executor: Executor, allowed: tuple[str, ...], principal: Principal
+        self,
+        job: Job,
+        executor: Executor,
+        allowed: tuple[str, ...],
+        principal: Principal,
+        origin: tuple[int, Any] | None,
     ) -> Outcome:
         entry = _Running(
-            job.execution_id, principal.name, executor.name, trio.current_time(), trio.CancelScope()
+            job.execution_id,
+            principal.name,
+            executor.name,
+            trio.current_time(),
+            trio.CancelScope(),
+            origin,
         )
         self._running[job.execution_id] = entry
         self._idle = trio.Event() if self._idle.is_set() else self._idle
@@ -114,16 +128,33 @@ class Executions:
             if not self._running:
                 self._idle.set()
 
-    def cancel(self, execution_id: str, principal: Principal) -> None:
-        """Cancel a running execution the principal owns (the master owns all)."""
-        entry = self._running.get(execution_id)
+    def cancel(
+        self,
+        principal: Principal,
+        *,
+        execution_id: str | None = None,
+        origin: tuple[int, Any] | None = None,
+    ) -> str:
+        """Cancel a running execution the principal owns (the master owns all).
+
+        Named by its execution id, or by the (connection, request id) that started it.
+        Returns the execution id; raises `NotFound` if no such execution is running.
+        """
+        entry = next(
+            (
+                e
+                for e in self._running.values()
+                if e.execution_id == execution_id or (origin is not None and e.origin == origin)
+            ),
+            None,
+        )
         if entry is None or not (principal.is_admin or entry.principal == principal.name):
             raise NotFound(
-                f"not found: no running execution {execution_id!r} of yours; "
-                "it may have finished already",
+                "not found: no such running execution of yours; it may have finished already",
                 {"execution_id": execution_id},
             )
         entry.scope.cancel()
+        return entry.execution_id
 
     def cancel_all(self) -> None:
         for entry in self._running.values():

@@ -1,11 +1,15 @@
-"""`config/reload`: re-read the configuration without dropping connections."""
+"""`config/reload` and `daemon/status`: operating the daemon over its own socket."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+import trio
 
 from conduit.daemon.dispatcher import CallContext, NoParams, method
 from conduit.daemon.errors import ConfigError, InvalidRequest
+from conduit.daemon.version import VERSION
 
 
 @method("config/reload", params=NoParams, scope="admin")
@@ -16,3 +20,25 @@ async def reload(params: NoParams, ctx: CallContext) -> dict[str, Any]:
     except ConfigError as exc:
         raise InvalidRequest(f"config not reloaded, the old one stays: {exc}") from None
     return {"reloaded": True, "source": config.source}
+
+
+@method("daemon/status", params=NoParams, scope="admin")
+async def status(params: NoParams, ctx: CallContext) -> dict[str, Any]:
+    """Uptime, connections, running executions, admission queue and config source."""
+    daemon = ctx.daemon
+    admission = daemon.admission.statistics()
+    return {
+        "version": VERSION,
+        "pid": os.getpid(),
+        "uptime_s": round(trio.current_time() - daemon.started_at, 3),
+        "config": daemon.config.source or None,
+        "connections": len(daemon.connections),
+        "executions": {
+            "running": admission.running,
+            "queued": admission.waiting,
+            "capacity": admission.capacity,
+            "queue_size": admission.queue_size,
+            "draining": daemon.executions.draining,
+        },
+        "auth_failures": daemon.auth_failures,
+    }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from conduit.daemon.dispatcher import CallContext, NoParams, Params, method
 from conduit.daemon.errors import InvalidParams
@@ -55,7 +55,7 @@ class ExecuteParams(Params):
     def _language(cls, value: Any) -> Any:
         return LANGUAGE_NAMES.get(value.lower(), value) if isinstance(value, str) else value
 
-    def to_request(self) -> ExecutionRequest:
+    def to_request(self, origin: tuple[int, Any] | None = None) -> ExecutionRequest:
         if self.stream:
             raise InvalidParams(
                 "invalid params: stream is not supported by this version; omit it",
@@ -68,24 +68,43 @@ class ExecuteParams(Params):
             limits=self.limits.overrides() if self.limits else {},
             allowed_tools=tuple(self.allowed_tools) if self.allowed_tools is not None else None,
             inputs=self.inputs,
+            origin=origin,
         )
 
 
 @method("execute", params=ExecuteParams, scope="execute")
 async def execute(params: ExecuteParams, ctx: CallContext) -> dict[str, Any]:
     """Run a program in a fresh sandbox and return its result, output and status."""
-    return await ctx.daemon.executions.execute(params.to_request(), ctx.require_principal())
+    request = params.to_request(origin=_origin(ctx, ctx.request_id))
+    return await ctx.daemon.executions.execute(request, ctx.require_principal())
+
+
+def _origin(ctx: CallContext, request_id: Any) -> tuple[int, Any] | None:
+    return (id(ctx.connection), request_id) if ctx.connection is not None else None
 
 
 class CancelParams(Params):
-    execution_id: str = Field(min_length=1, description="as returned by execute")
+    execution_id: str | None = Field(None, description="as listed by executions/running")
+    request_id: str | int | None = Field(
+        None, description="the id of the execute request on this connection"
+    )
+
+    @model_validator(mode="after")
+    def _one_of(self) -> CancelParams:
+        if (self.execution_id is None) == (self.request_id is None):
+            raise ValueError("give exactly one of execution_id or request_id")
+        return self
 
 
 @method("executions/cancel", params=CancelParams, scope="executions")
 async def cancel(params: CancelParams, ctx: CallContext) -> dict[str, Any]:
     """Stop a running execution; its execute call answers with status cancelled."""
-    ctx.daemon.executions.cancel(params.execution_id, ctx.require_principal())
-    return {"cancelled": True, "execution_id": params.execution_id}
+    execution_id = ctx.daemon.executions.cancel(
+        ctx.require_principal(),
+        execution_id=params.execution_id,
+        origin=_origin(ctx, params.request_id) if params.request_id is not None else None,
+    )
+    return {"cancelled": True, "execution_id": execution_id}
 
 
 @method("executions/running", params=NoParams, scope="executions")

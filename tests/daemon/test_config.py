@@ -1,0 +1,97 @@
+"""Configuration: the documented file, validation messages, substitution, precedence."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from conduit.daemon.config import Config, load_config
+from conduit.daemon.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _keys(model: type[BaseModel], prefix: str = "") -> set[str]:
+    keys: set[str] = set()
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            keys |= _keys(annotation, f"{prefix}{name}.")
+        elif name != "source":
+            keys.add(f"{prefix}{name}")
+    return keys
+
+
+def test_conduit_toml_is_the_defaults_and_documents_every_key() -> None:
+    loaded = load_config(ROOT / "conduit.toml", environ={})
+    assert loaded.model_dump(exclude={"source"}) == Config().model_dump(exclude={"source"})
+    text = (ROOT / "conduit.toml").read_text()
+    documented = set(re.findall(r"^#?\s*([a-z_]+)\s*=", text, re.MULTILINE))
+    documented |= set(re.findall(r"^#?\s*\[\[[a-z_]+\.([a-z_]+)\]\]", text, re.MULTILINE))
+    leaves = {key.rsplit(".", 1)[-1] for key in _keys(Config)}
+    assert leaves - documented == set()
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    return path
+
+
+def test_unknown_key_is_named(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[server]\nsockett = '/tmp/x'\n")
+    with pytest.raises(ConfigError, match=r"unknown config key server\.sockett"):
+        load_config(path, environ={})
+
+
+def test_bad_value_is_named(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[limits]\nmax_concurrent_executions = 0\n")
+    with pytest.raises(ConfigError, match=r"limits\.max_concurrent_executions"):
+        load_config(path, environ={})
+
+
+def test_invalid_toml_says_so(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[server\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(path, environ={})
+
+
+def test_substitution_with_defaults_and_missing_variables(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[server]\nsocket = "${SOCK_DIR:-/tmp/d}/c.sock"\n')
+    assert load_config(path, environ={}).server.socket == "/tmp/d/c.sock"
+    assert load_config(path, environ={"SOCK_DIR": "/run/x"}).server.socket == "/run/x/c.sock"
+    missing = _write(tmp_path, '[auth]\ntoken = "${NOPE}"\n')
+    with pytest.raises(ConfigError, match=r"auth\.token uses \$\{NOPE\}"):
+        load_config(missing, environ={})
+
+
+def test_precedence_file_then_environment_then_flags(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[server]\nsocket = "/tmp/file.sock"\n')
+    assert load_config(path, environ={}).server.socket == "/tmp/file.sock"
+    env = {"CONDUIT_SOCKET": "/tmp/env.sock"}
+    assert load_config(path, environ=env).server.socket == "/tmp/env.sock"
+    flags = {"server.socket": "/tmp/flag.sock"}
+    assert load_config(path, environ=env, overrides=flags).server.socket == "/tmp/flag.sock"
+    assert load_config(environ={"CONDUIT_CONFIG": str(path)}).source == str(path)
+
+
+def test_non_loopback_tcp_needs_explicit_permission(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[server]\ntcp = "0.0.0.0:7780"\n')
+    with pytest.raises(ConfigError, match="not a loopback address"):
+        load_config(path, environ={})
+    allowed = _write(tmp_path, '[server]\ntcp = "0.0.0.0:7780"\nallow_remote_tcp = true\n')
+    assert load_config(allowed, environ={}).server.tcp == "0.0.0.0:7780"
+
+
+def test_default_limit_above_its_maximum_is_refused(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[limits.defaults]\ntimeout_ms = 999999999\n")
+    with pytest.raises(ConfigError, match=r"limits\.defaults\.timeout_ms"):
+        load_config(path, environ={})
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml", environ={})

@@ -1,0 +1,60 @@
+"""The Unix socket's permissions, stale sockets, live daemons, and loopback-only TCP."""
+
+from __future__ import annotations
+
+import socket
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from conduit.daemon.errors import ConfigError
+from conduit.daemon.listeners import open_unix_listener
+
+NO_DENO = {"executors": {"deno": {"enabled": False}}}
+
+
+async def test_socket_is_0600_in_a_0700_directory(start_daemon: Any, short_dir: Path) -> None:
+    path = short_dir / "fresh" / "conduit.sock"
+    _, info = await start_daemon(server={"socket": str(path)}, **NO_DENO)
+    assert info.unix_path == str(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+
+
+async def test_stale_socket_file_is_replaced(
+    start_daemon: Any, short_dir: Path, connect: Any
+) -> None:
+    path = short_dir / "conduit.sock"
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(path))
+    dead.close()  # the file stays, nobody listens: a daemon killed with -9
+    _, info = await start_daemon(server={"socket": str(path)}, **NO_DENO)
+    client = await connect(info)
+    assert (await client.request("ping"))["result"] == {}
+
+
+async def test_live_daemon_on_the_same_path_is_refused(daemon: Any) -> None:
+    _, info = daemon
+    with pytest.raises(ConfigError, match="another daemon is already listening"):
+        await open_unix_listener(info.unix_path)
+
+
+async def test_a_non_socket_file_is_not_clobbered(short_dir: Path) -> None:
+    path = short_dir / "precious"
+    path.write_text("data")
+    with pytest.raises(ConfigError, match="is not a socket"):
+        await open_unix_listener(str(path))
+    assert path.read_text() == "data"
+
+
+async def test_socket_file_is_removed_on_shutdown(start_daemon: Any, short_dir: Path) -> None:
+    path = short_dir / "conduit.sock"
+    server, _ = await start_daemon(server={"socket": str(path)}, **NO_DENO)
+    assert path.exists()
+    server.shutdown()
+    with trio.fail_after(10):
+        while path.exists():
+            await trio.sleep(0.01)

@@ -1,0 +1,93 @@
+"""Running `conduit serve` as a real process, as systemd or a person would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+CONDUIT = str(Path(sys.executable).parent / "conduit")
+START_TIMEOUT_S = 30
+
+
+@dataclass
+class RunningDaemon:
+    process: trio.Process
+    socket_path: str
+    stderr_path: Path
+
+    def log(self) -> str:
+        return self.stderr_path.read_text()
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+
+def base_env(state_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CONDUIT_", "LISTEN_"))}
+    env["CONDUIT_STATE_DIR"] = str(state_dir)
+    return env
+
+
+async def wait_for_socket(path: str, process: trio.Process) -> None:
+    with trio.fail_after(START_TIMEOUT_S):
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"conduit serve exited with {process.returncode}")
+            try:
+                stream = await trio.open_unix_socket(path)
+            except OSError:
+                await trio.sleep(0.02)
+                continue
+            await stream.aclose()
+            return
+
+
+@asynccontextmanager
+async def conduit_serve(
+    tmp_path: Path, socket_path: str, *args: str, env: dict[str, str] | None = None
+) -> AsyncIterator[RunningDaemon]:
+    """Start `conduit serve`, wait until it accepts, and stop it (SIGKILL) on exit."""
+    stderr_path = tmp_path / "daemon.log"
+    command = [CONDUIT, *args, "serve", "--socket", socket_path]
+    with stderr_path.open("wb") as stderr:
+        process = await trio.lowlevel.open_process(
+            command,
+            env=env or base_env(tmp_path / "state"),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    try:
+        await wait_for_socket(socket_path, process)
+        yield RunningDaemon(process, socket_path, stderr_path)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+        with trio.CancelScope(shield=True), trio.move_on_after(10):
+            await process.wait()
+
+
+async def call(socket_path: str, method: str, params: Any = None) -> Any:
+    """One request on a fresh connection; returns the whole reply."""
+    stream = await trio.open_unix_socket(socket_path)
+    async with stream:
+        message = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params or {}}
+        await stream.send_all(json.dumps(message).encode() + b"\n")
+        data = b""
+        with trio.fail_after(START_TIMEOUT_S):
+            while not data.endswith(b"\n"):
+                chunk = await stream.receive_some(65536)
+                if not chunk:
+                    break
+                data += chunk
+    return json.loads(data)

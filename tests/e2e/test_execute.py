@@ -1,0 +1,207 @@
+"""Executions end to end: a real daemon, a real socket, real Deno."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+from conduit.daemon.errors import (
+    ExecutorUnavailable,
+    InvalidParams,
+    LimitTimeout,
+    NotFound,
+    Overloaded,
+    RateLimited,
+)
+
+
+async def execute(client: Any, code: str, **params: Any) -> dict[str, Any]:
+    return await client.call("execute", {"language": "typescript", "code": code, **params})
+
+
+async def test_result_output_and_shape(client: Any) -> None:
+    result = await execute(client, "console.log('hi'); console.error('warn'); return {a: [1, 2]}")
+    assert result["status"] == "ok"
+    assert result["result"] == {"a": [1, 2]}
+    assert result["stdout"] == "hi\n"
+    assert result["stderr"] == "warn\n"
+    assert result["exit_code"] == 0
+    assert result["error"] is None
+    assert result["truncated"] == {"stdout": False, "stderr": False}
+    assert result["executor"] == "deno"
+    assert result["execution_id"].startswith("ex_")
+    assert set(result) == {
+        "execution_id", "status", "result", "stdout", "stderr", "exit_code", "error",
+        "truncated", "tool_calls", "duration_ms", "queue_ms", "executor", "memory_peak_bytes",
+    }  # fmt: skip
+
+
+async def test_final_expression_inputs_and_typescript(client: Any) -> None:
+    code = "interface P { n: number }\nconst p: P = inputs as P;\np.n * 2"
+    result = await execute(client, code, inputs={"n": 21})
+    assert result["result"] == 42
+
+
+async def test_javascript_and_markdown_fence(client: Any) -> None:
+    fenced = "```js\nconst xs = [1, 2, 3];\nxs.map((x) => x * 2)\n```"
+    result = await client.call("execute", {"language": "js", "code": fenced})
+    assert result["result"] == [2, 4, 6]
+
+
+async def test_thrown_error_is_a_result_with_user_line_numbers(client: Any) -> None:
+    result = await execute(client, "console.log('before');\nthrow new TypeError('boom');")
+    assert result["status"] == "error"
+    assert result["stdout"] == "before\n"
+    assert result["error"]["type"] == "TypeError"
+    assert result["error"]["message"] == "boom"
+    assert ":2:" in result["error"]["traceback"]
+
+
+async def test_timeout_keeps_partial_output(client: Any) -> None:
+    code = "console.log('started'); while (true) {}"
+    result = await execute(client, code, limits={"timeout_ms": 500})
+    assert result["status"] == "timeout"
+    assert result["stdout"] == "started\n"
+    assert 400 <= result["duration_ms"] < 10_000
+
+
+async def test_params_errors_name_the_field(client: Any) -> None:
+    cases = [
+        ({"language": "cobol", "code": "1"}, "language"),
+        ({"language": "typescript"}, "code"),
+        ({"language": "typescript", "code": "   \n"}, "code"),
+        (
+            {"language": "typescript", "code": "1", "limits": {"timeout_ms": 10**9}},
+            "limits.timeout_ms",
+        ),
+        (
+            {"language": "typescript", "code": "1", "limits": {"timeout_ms": -1}},
+            "limits.timeout_ms",
+        ),
+        ({"language": "typescript", "code": "1", "executor": "nope"}, "executor"),
+        ({"language": "typescript", "code": "1", "colour": "red"}, "colour"),
+    ]
+    for params, field in cases:
+        reply = await client.request("execute", params)
+        assert reply["error"]["code"] == InvalidParams.code, params
+        assert reply["error"]["data"]["field"] == field, reply
+        assert field in reply["error"]["message"]
+
+
+async def test_oversize_code_is_refused(start_daemon: Any, connect: Any) -> None:
+    _, info = await start_daemon(limits={"max_code_bytes": 1000})
+    client = await connect(info)
+    reply = await client.request("execute", {"language": "typescript", "code": "1;" * 1000})
+    assert reply["error"]["code"] == InvalidParams.code
+    assert "2000 bytes; the limit is 1000" in reply["error"]["message"]
+
+
+async def test_python_without_its_executor_is_unavailable_with_a_reason(client: Any) -> None:
+    reply = await client.request("execute", {"language": "python", "code": "1"})
+    assert reply["error"]["code"] == ExecutorUnavailable.code
+    assert "wasm-python" in reply["error"]["message"]
+
+
+async def test_cancel_by_request_id_answers_cancelled(
+    client: Any, connect: Any, daemon: Any
+) -> None:
+    await client.send(
+        {"jsonrpc": "2.0", "id": "long", "method": "execute",
+         "params": {"language": "typescript", "code": "while (true) {}"}}
+    )  # fmt: skip
+    await _wait_running(daemon[0], 1)
+    cancelled = await client.request("executions/cancel", {"request_id": "long"})
+    replies = [cancelled, await client.recv()]
+    by_id = {reply["id"]: reply for reply in replies}
+    assert by_id[cancelled["id"]]["result"]["cancelled"] is True
+    assert by_id["long"]["result"]["status"] == "cancelled"
+    missing = await client.request("executions/cancel", {"execution_id": "ex_nope"})
+    assert missing["error"]["code"] == NotFound.code
+
+
+async def _wait_running(server: Any, count: int) -> None:
+    with trio.fail_after(20):
+        while len(server.executions) < count:
+            await trio.sleep(0.01)
+
+
+async def test_full_queue_answers_overloaded_with_the_request_id(
+    start_daemon: Any, connect: Any
+) -> None:
+    server, info = await start_daemon(limits={"max_concurrent_executions": 1, "queue_size": 0})
+    busy, other = await connect(info), await connect(info)
+    await busy.send(
+        {"id": 1, "method": "execute", "params": {"language": "ts", "code": "while (true) {}"}}
+    )
+    await _wait_running(server, 1)
+    reply = await other.request("execute", {"language": "typescript", "code": "1"})
+    assert reply["id"] == 1 and reply["error"]["code"] == Overloaded.code
+    assert "retry later" in reply["error"]["message"]
+    server.executions.cancel_all()
+    assert (await busy.recv())["result"]["status"] == "cancelled"
+
+
+async def test_rate_limit_applies_per_principal(start_daemon: Any, connect: Any) -> None:
+    _, info = await start_daemon(limits={"executions_per_minute": 1, "burst": 1})
+    client = await connect(info)
+    assert (await execute(client, "1"))["status"] == "ok"
+    reply = await client.request("execute", {"language": "typescript", "code": "1"})
+    assert reply["error"]["code"] == RateLimited.code
+    assert reply["error"]["data"]["retry_after_s"] > 0
+
+
+async def test_builtin_execution_tools_over_mcp(client: Any) -> None:
+    listed = await client.call("tools/list")
+    names = [tool["name"] for tool in listed["tools"]]
+    assert names == ["execute_python", "execute_typescript", "execute_javascript"]
+    schema = listed["tools"][1]["inputSchema"]
+    assert schema["required"] == ["code"] and "language" not in schema["properties"]
+    ok = await client.call(
+        "tools/call", {"name": "execute_typescript", "arguments": {"code": "2 + 3"}}
+    )
+    assert ok["isError"] is False
+    assert ok["structuredContent"]["result"] == 5
+    failed = await client.call(
+        "tools/call", {"name": "execute_typescript", "arguments": {"code": "throw new Error('x')"}}
+    )
+    assert failed["isError"] is True
+    missing = await client.request("tools/call", {"name": "nope", "arguments": {}})
+    assert missing["error"]["code"] == NotFound.code
+
+
+@pytest.mark.parametrize("alias", ["mcp.executeTypeScript", "mcp_execute_typescript"])
+async def test_seed_aliases_answer_the_seed_shape(client: Any, alias: str) -> None:
+    result = await client.call(alias, {"code": "console.log('x'); 1"})
+    assert result == {"stdout": "x\n", "stderr": "", "exitCode": 0}
+    reply = await client.request(
+        alias, {"code": "console.log('p'); while(true){}", "limits": {"timeoutMs": 300}}
+    )
+    assert reply["error"]["code"] == LimitTimeout.code
+    assert reply["error"]["data"]["stdout"] == "p\n"
+
+
+async def test_executors_list_reports_deno_and_its_pool(client: Any) -> None:
+    listed = await client.call("executors/list")
+    deno = next(e for e in listed["executors"] if e["name"] == "deno")
+    assert deno["available"] is True
+    assert deno["version"].startswith("2.")
+    assert deno["pool"] is not None
+    python = next(e for e in listed["executors"] if e["name"] == "wasm-python")
+    assert python["available"] is False and python["reason"]
+    assert listed["defaults"]["typescript"] == "deno"
+
+
+async def test_nc_style_session(client: Any) -> None:
+    """What a person types: typos, bad JSON, a batch, a notification, then real work."""
+    await client.send_line('{"id":1,"method":"pnig"}')
+    assert "did you mean 'ping'" in (await client.recv())["error"]["message"]
+    await client.send_line("{id:2}")
+    assert (await client.recv())["error"]["code"] == -32700
+    await client.send_line('{"method":"ping"}')  # a notification: nothing comes back
+    await client.send_line('[{"id":3,"method":"ping"},{"id":4,"method":"auth/whoami"}]')
+    batch = await client.recv()
+    assert sorted(item["id"] for item in batch) == [3, 4]
+    await client.send_line('{"id":5,"method":"execute","params":{"language":"ts","code":"6*7"}}')
+    assert (await client.recv())["result"]["result"] == 42
