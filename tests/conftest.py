@@ -35,7 +35,10 @@ def make_config(tmp_path: Path, short_dir: Path) -> Callable[..., Config]:
 
     def build(**sections: Any) -> Config:
         tree: dict[str, Any] = {
-            "server": {"socket": str(short_dir / "conduit.sock"), "state_dir": str(tmp_path / "state")},
+            "server": {
+                "socket": str(short_dir / "conduit.sock"),
+                "state_dir": str(tmp_path / "state"),
+            },
             "auth": {"token": MASTER_TOKEN},
             "executors": {"deno": {"pool_size": 1}},
         }
@@ -48,11 +51,19 @@ def make_config(tmp_path: Path, short_dir: Path) -> Callable[..., Config]:
     return build
 
 
+def _toml_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(value)
+
+
 def _to_toml(tree: dict[str, Any], prefix: str = "") -> str:
     scalars = {k: v for k, v in tree.items() if not isinstance(v, dict)}
     tables = {k: v for k, v in tree.items() if isinstance(v, dict)}
     lines = [f"[{prefix}]"] if prefix and scalars else []
-    lines += [f"{k} = {json.dumps(v)}" for k, v in scalars.items()]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in scalars.items()]
     for key, value in tables.items():
         lines.append(_to_toml(value, f"{prefix}.{key}" if prefix else key))
     return "\n".join(lines) + "\n"
@@ -155,8 +166,6 @@ async def connect() -> AsyncIterator[Callable[..., Any]]:
 
 
 @pytest.fixture
-async def client(
-    daemon: tuple[Daemon, ServingInfo], connect: Callable[..., Any]
-) -> RawClient:
+async def client(daemon: tuple[Daemon, ServingInfo], connect: Callable[..., Any]) -> RawClient:
     """A raw client on the fixture daemon's Unix socket (same uid: master by peer creds)."""
     return await connect(daemon[1])

@@ -86,9 +86,7 @@ async def test_batch_is_answered_as_an_array_without_notifications(raw: Any) -> 
     assert by_id[1] == {"jsonrpc": "2.0", "id": 1, "result": {}}
     assert by_id[2]["error"]["code"] == MethodNotFound.code
     assert "did you mean 'ping'" in by_id[2]["error"]["message"]
-    assert [item["error"]["code"] for item in reply if item["id"] is None] == [
-        InvalidRequest.code
-    ]
+    assert [item["error"]["code"] for item in reply if item["id"] is None] == [InvalidRequest.code]
     assert len(reply) == 3
 
 
