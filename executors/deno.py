@@ -1,0 +1,703 @@
+"""The Deno executor: TypeScript and JavaScript, each run in a fresh Deno process.
+
+Every execution gets a `deno run` process that has run nothing before and is killed
+after its one program. Speed comes from a `WarmPool` of such processes, started ahead
+of time and blocked reading their job; a job takes one (or starts one cold when the
+pool is empty or the job wants a different heap size) and the pool refills behind it.
+
+The process is the sandbox: Deno's permissions deny everything (no --allow-* flag
+unless a callback address is configured, and then only that address), remote, npm
+and config-file loading are off, the environment holds only what Deno needs, the
+process runs in its own process group under rlimits, with an empty working directory
+and a private DENO_DIR that is deleted with it (Deno keeps localStorage, the Web Cache
+and per-module analysis under DENO_DIR, which would otherwise carry state and
+programs from one execution to the next).
+
+Inside the process `shims/deno_worker.js` runs the program; the protocol is described
+there. The daemon's side: write one JSON job to stdin and close it; read stdout and
+stderr under the output budget while they stream; the result is the payload after a
+per-job 128-bit nonce, which only the daemon and the shim ever hold.
+
+The executor knows nothing about sockets or tokens: `bridge` is not used yet (the
+callback address for tool calls comes from the constructor, because warm workers are
+started before any job exists).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import json
+import logging
+import os
+import resource
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from conduit.daemon.errors import ExecutorError, RuntimeMissing, SandboxCrashed
+from conduit.executors.base import (
+    CallbackAddress,
+    ErrorInfo,
+    ExecutorInfo,
+    Job,
+    Limits,
+    Outcome,
+    Status,
+    ToolBridge,
+)
+from conduit.executors.js_source import prepare_module
+from conduit.executors.output import OutputCapture, ResultSplitter
+from conduit.executors.pool import WarmPool
+from conduit.executors.process import (
+    ProcessLimits,
+    cpu_backstop_s,
+    describe_returncode,
+    kill_process_group,
+    lower_rlimit,
+    minimal_env,
+    read_vm_data_bytes,
+    sandbox_process_options,
+    signal_process_group,
+)
+
+__all__ = ["DenoExecutor", "DenoWorker", "find_deno", "permission_flags"]
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+
+# Written by the shim once it is loaded and waiting for its job (see deno_worker.js).
+READY = b"\x1econduit-ready\n"
+# Starts the result line; followed by the job's nonce, so a program cannot forge it.
+RESULT_MARK = b"\x1e"
+# 128 bits: a program that prints untrusted data cannot guess it.
+NONCE_BYTES = 16
+
+# Flags every sandbox gets. --no-code-cache and --cached-only: the DENO_DIR is thrown
+# away with the process, so caching compiled code only costs writes, and nothing may
+# ever be downloaded. The --deny-* flags name permissions a sandbox must never get,
+# even if an --allow-* flag is added by mistake (deny wins in Deno).
+SANDBOX_FLAGS = (
+    "--no-prompt",
+    "--no-remote",
+    "--no-npm",
+    "--no-config",
+    "--no-lock",
+    "--cached-only",
+    "--no-code-cache",
+    "--deny-run",
+    "--deny-ffi",
+    "--deny-env",
+    "--deny-sys",
+)
+
+# Deno's own settings for the sandbox. The *_MODE variables keep caches that Deno
+# would write under DENO_DIR in memory or off: a transpiled copy of every program and
+# the Web Cache / KV store that programs can use without any permission.
+DENO_ENV = {
+    "NO_COLOR": "1",
+    "DENO_NO_UPDATE_CHECK": "1",
+    "DENO_NO_PROMPT": "1",
+    "DENO_NO_PACKAGE_JSON": "1",
+    "DENO_EMIT_CACHE_MODE": "disable",
+    "DENO_CACHE_DB_MODE": "memory",
+    "DENO_KV_DB_MODE": "memory",
+}
+
+# A worker starts in ~20-50 ms; this is generous for a loaded machine, and a start
+# that takes longer means something is broken.
+START_TIMEOUT_S = 10.0
+VERSION_TIMEOUT_S = 10.0
+# How much stderr to keep when explaining a worker that failed to start.
+START_ERROR_BYTES = 4096
+# An idle warm worker uses ~0.1 s of CPU; its job's own limit replaces this at hand-out.
+IDLE_WORKER_CPU_S = 600
+# Writable memory a worker may add on top of its idle size and its heap limit: the
+# young generation, compiled code and allocator slack. Bounds what the V8 heap flag
+# does not: ArrayBuffers, WebAssembly memories, and extra isolates (Web Workers).
+DATA_SLACK_BYTES = 64 * MIB
+# Two warm workers cover back-to-back requests while a refill (~30 ms) is under way.
+DEFAULT_POOL_SIZE = 2
+
+# What Deno prints when it dies of memory: V8's fatal heap OOM, a failed Rust allocation.
+OOM_SIGNS = ("out of memory", "memory allocation of")
+# Where V8's OOM report (GC log, C stack trace) starts; cut from the stderr we return.
+OOM_REPORT_STARTS = ("\n<--- Last few GCs --->", "<--- Last few GCs --->", "\n#\n# Fatal")
+# How V8 words an ArrayBuffer or WebAssembly.Memory allocation that the memory
+# backstop refused (a RangeError the program may catch).
+ALLOCATION_REFUSED = ("allocation failed", "could not allocate", "unable to grow", "out of memory")
+
+
+def find_deno(configured: str | os.PathLike[str] | None = None) -> str | None:
+    """The Deno binary to use: `configured` if given, else next to the Python
+    interpreter (a venv's bin, where the `deno` PyPI package puts it), else on PATH.
+
+    Returns None if there is none (or `configured` is not an executable file).
+    """
+    if configured is not None:
+        path = Path(configured)
+        return str(path) if path.is_file() and os.access(path, os.X_OK) else None
+    beside = Path(sys.executable).parent / "deno"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("deno")
+
+
+def permission_flags(callback: CallbackAddress | None) -> list[str]:
+    """The --allow-* flags that let a sandbox reach exactly `callback`, and nothing else.
+
+    None gives no permission at all. A TCP address allows that host and port only; a
+    Unix socket needs net access to the socket plus read and write access to its path.
+    """
+    if callback is None:
+        return []
+    if callback.unix_path is not None:
+        path = callback.unix_path
+        if not os.path.isabs(path) or "," in path:
+            raise ValueError(f"callback socket path {path!r} must be absolute, without commas")
+        return [f"--allow-net=unix:{path}", f"--allow-read={path}", f"--allow-write={path}"]
+    if callback.tcp_host is None or callback.tcp_port is None:
+        raise ValueError("a callback address needs a unix_path, or a tcp_host and tcp_port")
+    host = callback.tcp_host
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # IPv6 literal
+    return [f"--allow-net={host}:{callback.tcp_port}"]
+
+
+@dataclasses.dataclass(eq=False)
+class DenoWorker:
+    """One started `deno run` process waiting for its job. Used once, then closed."""
+
+    process: trio.Process
+    heap_mb: int
+
+    def kill(self) -> None:
+        """SIGKILL the worker's process group now; its task reaps it."""
+        signal_process_group(self.process)
+
+    async def aclose(self) -> None:
+        """Kill the worker and close its pipes. Idempotent; safe when cancelled.
+
+        Does not wait for the exit: the task running the worker reaps the process
+        (the pool's nursery for a warm worker, the caller's for a cold one).
+        """
+        self.kill()
+        with trio.CancelScope(shield=True):
+            for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
+                if stream is not None:
+                    await stream.aclose()
+
+
+class DenoExecutor:
+    """Runs TypeScript and JavaScript programs in one-shot Deno sandboxes.
+
+    `cache_dir` is a directory the daemon owns: each worker gets a private DENO_DIR
+    under it, deleted when the worker exits (a tmpfs makes that cheaper). `work_dir`,
+    every worker's empty working directory, defaults to `cache_dir / "work"`. `binary`
+    overrides where Deno is looked for (see `find_deno`). `pool_size` warm workers are
+    kept with a V8 heap limit of `memory_mb`; a job asking for another `memory_mb`
+    starts a worker cold. `callback`, when set, is the one address sandboxes may
+    connect to (see `permission_flags`).
+    """
+
+    name = "deno"
+    languages = frozenset({"typescript", "javascript"})
+
+    def __init__(
+        self,
+        *,
+        cache_dir: str | os.PathLike[str],
+        work_dir: str | os.PathLike[str] | None = None,
+        binary: str | os.PathLike[str] | None = None,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        memory_mb: int = Limits().memory_mb,
+        callback: CallbackAddress | None = None,
+        start_timeout_s: float = START_TIMEOUT_S,
+    ) -> None:
+        self._cache_dir = Path(cache_dir)
+        self._work_dir = Path(work_dir) if work_dir is not None else self._cache_dir / "work"
+        self._configured_binary = binary
+        self._deno = find_deno(binary)
+        self._memory_mb = memory_mb
+        self._permission_flags = permission_flags(callback)
+        self._start_timeout_s = start_timeout_s
+        self._shim = Path(str(importlib.resources.files("conduit.shims") / "deno_worker.js"))
+        self._pool: WarmPool[DenoWorker] = WarmPool(
+            partial(self._run_worker, memory_mb, IDLE_WORKER_CPU_S), size=pool_size, name="deno"
+        )
+        self._version: str | None = None
+        self._reason: str | None = "the executor has not been started (serve() has not run)"
+        self._cold_starts_other_heap = 0
+
+    def __repr__(self) -> str:
+        state = "available" if self._reason is None else f"unavailable: {self._reason}"
+        return f"<DenoExecutor {self._deno or 'deno not found'} ({state}) {self._pool!r}>"
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Find out whether Deno works, then keep the warm pool filled until cancelled.
+
+        Calls `task_status.started()` once the first warm workers are up, or at once if
+        Deno is unusable: the executor then stays unavailable, with the reason in
+        `info()`, and this returns only when cancelled. Never raises for a missing or
+        broken Deno.
+        """
+        self._reason = await self._probe()
+        if self._reason is not None:
+            log.warning("deno executor unavailable: %s", self._reason)
+            task_status.started()
+            await trio.sleep_forever()
+        await self._pool.run(task_status=task_status)
+
+    async def _probe(self) -> str | None:
+        """Check Deno, the shim and the directories; return why not usable, or None."""
+        if self._deno is None:
+            where = (
+                f"at the configured path {self._configured_binary}"
+                if self._configured_binary is not None
+                else "next to the Python interpreter or on PATH"
+            )
+            return (
+                f"Deno was not found {where}; install it (pip install deno) or configure its path"
+            )
+        if not self._shim.is_file():
+            return f"the worker shim {self._shim} is missing; reinstall conduit"
+        try:
+            await trio.to_thread.run_sync(self._prepare_dirs)
+        except OSError as exc:
+            return f"cannot prepare the Deno directories: {exc}"
+        try:
+            self._version = await self._read_version(self._deno)
+        except ExecutorError as exc:
+            return str(exc)
+        return None
+
+    def _prepare_dirs(self) -> None:
+        self._cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Left behind if the daemon died with workers running: nothing may survive.
+        for stale in self._cache_dir.glob("worker-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+    async def _read_version(self, deno: str) -> str:
+        """The first line of `deno --version` without the program name ("2.9.8 (…)").
+
+        Raises RuntimeMissing if it fails."""
+        options = sandbox_process_options(
+            ProcessLimits(cpu_s=cpu_backstop_s(VERSION_TIMEOUT_S)),
+            cwd=self._work_dir,
+            env=minimal_env(DENO_ENV),
+        )
+        try:
+            with trio.fail_after(VERSION_TIMEOUT_S):
+                done = await trio.run_process(
+                    [deno, "--version"],
+                    capture_stdout=True,
+                    capture_stderr=True,
+                    check=False,
+                    deliver_cancel=kill_process_group,
+                    **options,
+                )
+        except OSError as exc:
+            raise RuntimeMissing(f"cannot run {deno}: {exc}") from exc
+        except trio.TooSlowError as exc:
+            raise RuntimeMissing(f"`{deno} --version` did not answer within 10 s") from exc
+        if done.returncode != 0:
+            detail = done.stderr.decode("utf-8", "replace").strip()
+            raise RuntimeMissing(
+                f"`{deno} --version` failed ({describe_returncode(done.returncode)}): {detail}"
+            )
+        # "deno 2.9.8 (stable, release, x86_64-unknown-linux-gnu)": the name is the
+        # executor's already.
+        first = done.stdout.decode("utf-8", "replace").strip().splitlines()[0]
+        return first.removeprefix("deno ")
+
+    def info(self) -> ExecutorInfo:
+        """Availability, version (read once by `serve`) and pool statistics."""
+        pool = {
+            key: value.value if key == "state" else value
+            for key, value in dataclasses.asdict(self._pool.statistics()).items()
+        }
+        pool["memory_mb"] = self._memory_mb
+        pool["cold_starts_other_heap"] = self._cold_starts_other_heap
+        return ExecutorInfo(
+            name=self.name,
+            languages=tuple(sorted(self.languages)),
+            available=self._reason is None,
+            version=self._version,
+            reason=self._reason,
+            pool=pool,
+        )
+
+    # -- workers -----------------------------------------------------------------------
+
+    def _command(self, heap_mb: int) -> list[str]:
+        assert self._deno is not None
+        return [
+            self._deno,
+            "run",
+            *SANDBOX_FLAGS,
+            *self._permission_flags,
+            f"--v8-flags=--max-old-space-size={heap_mb}",
+            str(self._shim),
+        ]
+
+    async def _run_worker(
+        self, heap_mb: int, cpu_s: int, *, task_status: trio.TaskStatus[DenoWorker]
+    ) -> None:
+        """Run one worker until its process exits (a `WarmPool` spawn function).
+
+        Calls `task_status.started(worker)` once the worker waits for its job. Raises
+        RuntimeMissing if Deno cannot be run, SandboxCrashed if the worker does not
+        start. Its private DENO_DIR is deleted after the process has exited.
+        """
+        deno_dir = self._cache_dir / f"worker-{secrets.token_hex(8)}"
+        try:
+            deno_dir.mkdir(mode=0o700)
+        except OSError as exc:
+            raise SandboxCrashed(f"cannot create a DENO_DIR for a worker: {exc}") from exc
+        try:
+            failure: ExecutorError | None = None
+            async with trio.open_nursery() as nursery:
+                try:
+                    worker = await self._start_worker(nursery, heap_mb, cpu_s, deno_dir)
+                except ExecutorError as exc:
+                    failure = exc  # raised below, outside the nursery's exception group
+                else:
+                    task_status.started(worker)
+            if failure is not None:
+                raise failure
+        finally:
+            # In a thread: unlinking Deno's SQLite files takes milliseconds on a
+            # journaling filesystem, which would stall every other task.
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(partial(shutil.rmtree, deno_dir, ignore_errors=True))
+
+    async def _start_worker(
+        self, nursery: trio.Nursery, heap_mb: int, cpu_s: int, deno_dir: Path
+    ) -> DenoWorker:
+        env = minimal_env({**DENO_ENV, "DENO_DIR": str(deno_dir)})
+        options = sandbox_process_options(ProcessLimits(cpu_s=cpu_s), cwd=self._work_dir, env=env)
+        try:
+            process: trio.Process = await nursery.start(
+                partial(
+                    trio.run_process,
+                    self._command(heap_mb),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    check=False,
+                    deliver_cancel=kill_process_group,
+                    **options,
+                )
+            )
+        except OSError as exc:
+            raise RuntimeMissing(f"cannot start Deno ({self._deno}): {exc}") from exc
+        worker = DenoWorker(process, heap_mb)
+        try:
+            await self._wait_ready(worker)
+            self._limit_memory(worker)
+        except BaseException:
+            await worker.aclose()
+            raise
+        return worker
+
+    async def _wait_ready(self, worker: DenoWorker) -> None:
+        """Wait for the shim's READY line; raise SandboxCrashed if it does not come."""
+        stdout = worker.process.stdout
+        assert stdout is not None
+        received = b""
+        with trio.move_on_after(self._start_timeout_s):
+            while len(received) < len(READY):
+                chunk = await stdout.receive_some(len(READY) - len(received))
+                if not chunk:
+                    break
+                received += chunk
+        if received == READY:
+            return
+        worker.kill()
+        stderr = await _read_briefly(worker.process.stderr, START_ERROR_BYTES)
+        why = (
+            f"it did not become ready within {self._start_timeout_s} s"
+            if not received
+            else f"it wrote {received!r} instead of its ready line"
+        )
+        raise SandboxCrashed(f"a Deno worker failed to start: {why}; stderr: {stderr!r}")
+
+    def _limit_memory(self, worker: DenoWorker) -> None:
+        """Cap writable memory at the idle size plus the heap limit plus slack."""
+        idle_bytes = read_vm_data_bytes(worker.process.pid)
+        if idle_bytes is None:
+            raise SandboxCrashed("a Deno worker exited right after starting")
+        limit = idle_bytes + worker.heap_mb * MIB + DATA_SLACK_BYTES
+        try:
+            lower_rlimit(worker.process.pid, resource.RLIMIT_DATA, limit, limit)
+        except ProcessLookupError as exc:
+            raise SandboxCrashed("a Deno worker exited right after starting") from exc
+
+    # -- jobs --------------------------------------------------------------------------
+
+    async def run(self, job: Job, bridge: ToolBridge) -> Outcome:
+        """Run `job` in a fresh Deno sandbox and report how it ended.
+
+        A failing program is an Outcome, never an exception. Raises RuntimeMissing if
+        Deno is unavailable and SandboxCrashed if no worker could be started. If
+        cancelled, the sandbox is killed before `trio.Cancelled` propagates.
+        """
+        if self._reason is not None or self._deno is None:
+            raise RuntimeMissing(f"the deno executor is unavailable: {self._reason}")
+        if job.language not in self.languages:
+            raise ValueError(f"the deno executor does not run {job.language!r}")
+        nonce = secrets.token_hex(NONCE_BYTES)
+        request = _encode_job(job, nonce)
+        if job.limits.memory_mb == self._memory_mb:
+            worker = self._pool.acquire_nowait()
+            if worker is not None:
+                outcome = await self._run_on(worker, job, request, nonce)
+                if outcome is not None:
+                    return outcome
+                log.warning("a warm Deno worker died before taking its job; starting one cold")
+        else:
+            self._cold_starts_other_heap += 1
+        return await self._run_cold(job, request, nonce)
+
+    async def _run_cold(self, job: Job, request: bytes, nonce: str) -> Outcome:
+        cpu_s = cpu_backstop_s(job.limits.timeout_ms / 1000)
+        failure: ExecutorError | None = None
+        outcome: Outcome | None = None
+        async with trio.open_nursery() as nursery:
+            try:
+                worker = await nursery.start(self._run_worker, job.limits.memory_mb, cpu_s)
+            except ExecutorError as exc:
+                failure = exc  # raised below, outside the nursery's exception group
+            else:
+                outcome = await self._run_on(worker, job, request, nonce)
+        if failure is not None:
+            raise failure
+        if outcome is None:
+            return Outcome(
+                Status.CRASHED,
+                error=ErrorInfo("Crashed", "the Deno sandbox died before it took the program"),
+            )
+        return outcome
+
+    async def _run_on(
+        self, worker: DenoWorker, job: Job, request: bytes, nonce: str
+    ) -> Outcome | None:
+        """Run the job on `worker`, then close it. None if it died before the job."""
+        try:
+            return await self._execute(worker, job, request, nonce)
+        finally:
+            await worker.aclose()
+
+    async def _execute(
+        self, worker: DenoWorker, job: Job, request: bytes, nonce: str
+    ) -> Outcome | None:
+        limits = job.limits
+        process = worker.process
+        assert process.stdout is not None
+        assert process.stderr is not None
+        try:
+            cpu_s = cpu_backstop_s(limits.timeout_ms / 1000)
+            lower_rlimit(process.pid, resource.RLIMIT_CPU, cpu_s, cpu_s + 1)
+        except ProcessLookupError:
+            return None
+        # Limits are enforced by killing the sandbox the moment they are hit.
+        capture = OutputCapture(
+            max_bytes=limits.output_bytes, max_lines=limits.output_lines, on_limit=worker.kill
+        )
+        stdout = ResultSplitter(
+            process.stdout,
+            RESULT_MARK + nonce.encode("ascii"),
+            max_payload_bytes=limits.result_bytes,
+            # Once the result is in, nothing the program does can change the outcome:
+            # stop it rather than wait for Deno's exit (~8 ms). Everything it wrote
+            # before is already in the pipes and is still read to the end.
+            on_settled=worker.kill,
+        )
+        died_before_job = False
+        with trio.move_on_after(limits.timeout_ms / 1000) as deadline:
+            # Done when both pipes are at their end: the process has exited or was killed.
+            async with trio.open_nursery() as io:
+                io.start_soon(capture.pump, "stdout", stdout)
+                io.start_soon(capture.pump, "stderr", process.stderr)
+                if not await _send(process, request):
+                    died_before_job = True
+                    worker.kill()
+            # Without a result or a limit hit, the exit status tells how it ended.
+            # Otherwise the outcome is known and reaping is left to the worker's task.
+            if not (died_before_job or stdout.settled or capture.limit_hit):
+                await process.wait()
+        if deadline.cancelled_caught:
+            worker.kill()
+        if died_before_job:
+            return None
+        return _outcome(
+            limits,
+            capture,
+            stdout,
+            timed_out=deadline.cancelled_caught,
+            returncode=process.returncode,
+        )
+
+
+def _encode_job(job: Job, nonce: str) -> bytes:
+    prepared = prepare_module(job.code)
+    message = {
+        "nonce": nonce,
+        "module": prepared.text,
+        "line_offset": prepared.line_offset,
+        "inputs": job.inputs,
+        "lang": job.language,
+    }
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+async def _send(process: trio.Process, request: bytes) -> bool:
+    """Write the job and close stdin; False if the worker was already dead."""
+    assert process.stdin is not None
+    try:
+        await process.stdin.send_all(request)
+        await process.stdin.aclose()
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        return False
+    return True
+
+
+async def _read_briefly(stream: trio.abc.ReceiveStream | None, max_bytes: int) -> str:
+    """Up to `max_bytes` of `stream`, waiting at most a second (for error messages)."""
+    if stream is None:
+        return ""
+    data = b""
+    with trio.move_on_after(1.0):
+        while len(data) < max_bytes and (chunk := await stream.receive_some(max_bytes)):
+            data += chunk
+    return data[:max_bytes].decode("utf-8", "replace").strip()
+
+
+def _outcome(
+    limits: Limits,
+    capture: OutputCapture,
+    stdout: ResultSplitter,
+    *,
+    timed_out: bool,
+    returncode: int | None,
+) -> Outcome:
+    """How the execution ended, from what was observed. Limits come first: the
+    sandbox was killed for them, so what it would have returned is unknown."""
+    outcome = Outcome(
+        Status.OK,
+        stdout=capture.text("stdout"),
+        stderr=capture.text("stderr"),
+        truncated_stdout=capture.truncated("stdout"),
+        truncated_stderr=capture.truncated("stderr"),
+    )
+    if capture.limit_hit:
+        return _failed(
+            outcome,
+            Status.OUTPUT_LIMIT,
+            "OutputLimit",
+            f"the program printed more than {limits.output_bytes} bytes or "
+            f"{limits.output_lines} lines and was stopped; print less, or raise "
+            "limits.output_bytes or limits.output_lines",
+        )
+    if stdout.payload_too_large:
+        return _failed(
+            outcome,
+            Status.ERROR,
+            "ResultTooLarge",
+            f"the result is larger than {limits.result_bytes} bytes as JSON; return "
+            "less (print bulk data instead), or raise limits.result_bytes",
+        )
+    if timed_out:
+        return _failed(
+            outcome,
+            Status.TIMEOUT,
+            "Timeout",
+            f"the program did not finish within {limits.timeout_ms} ms and was stopped; "
+            "make it faster, or raise limits.timeout_ms",
+        )
+    if stdout.payload is not None:
+        return _from_payload(outcome, stdout.payload)
+    return _from_exit(outcome, returncode, limits)
+
+
+def _failed(outcome: Outcome, status: Status, kind: str, message: str) -> Outcome:
+    outcome.status = status
+    outcome.error = ErrorInfo(kind, message)
+    return outcome
+
+
+def _from_payload(outcome: Outcome, payload: bytes) -> Outcome:
+    try:
+        message: dict[str, Any] = json.loads(payload)
+        error = message.get("error")
+    except (ValueError, AttributeError):
+        return _failed(
+            outcome, Status.CRASHED, "Crashed", "the Deno worker sent an unreadable result"
+        )
+    # The shim exits 0 after a result and 1 after an error, unless it was stopped first.
+    outcome.exit_code = 0 if error is None else 1
+    if error is None:
+        outcome.result = message.get("result")
+        return outcome
+    info = ErrorInfo(
+        type=str(error.get("type", "Error")),
+        message=str(error.get("message", "")),
+        traceback=str(error.get("traceback", "")),
+    )
+    outcome.error = info
+    # An ArrayBuffer or WebAssembly allocation refused by the memory backstop.
+    refused = info.message.lower()
+    out_of_memory = info.type == "RangeError" and any(s in refused for s in ALLOCATION_REFUSED)
+    outcome.status = Status.MEMORY_LIMIT if out_of_memory else Status.ERROR
+    return outcome
+
+
+def _from_exit(outcome: Outcome, returncode: int | None, limits: Limits) -> Outcome:
+    """No result line: the program called Deno.exit(), or the process died."""
+    if returncode is not None and returncode >= 0:
+        outcome.exit_code = returncode
+        if returncode == 0:
+            return outcome
+        return _failed(
+            outcome,
+            Status.ERROR,
+            "Exit",
+            f"the program exited with code {returncode} before returning a result",
+        )
+    if returncode is not None and any(sign in outcome.stderr for sign in OOM_SIGNS):
+        outcome.stderr = _cut_oom_report(outcome.stderr)
+        return _failed(
+            outcome,
+            Status.MEMORY_LIMIT,
+            "MemoryLimit",
+            f"the program ran out of memory (limit {limits.memory_mb} MB); use less "
+            "memory, or raise limits.memory_mb",
+        )
+    if returncode == -signal.SIGXCPU:
+        return _failed(
+            outcome,
+            Status.TIMEOUT,
+            "Timeout",
+            "the program used up its CPU time and was stopped; make it faster, or raise "
+            "limits.timeout_ms",
+        )
+    how = "an unknown cause" if returncode is None else describe_returncode(returncode)
+    return _failed(outcome, Status.CRASHED, "Crashed", f"the Deno sandbox was killed by {how}")
+
+
+def _cut_oom_report(stderr: str) -> str:
+    """stderr without V8's out-of-memory report (GC log, C stack trace)."""
+    cuts = [stderr.find(start) for start in OOM_REPORT_STARTS]
+    found = [cut for cut in cuts if cut >= 0]
+    return stderr[: min(found)] if found else stderr

@@ -1,0 +1,269 @@
+"""A warm pool of pre-started, one-shot workers.
+
+`WarmPool` keeps `size` workers started and idle, hands each out at most once, and
+starts replacements in the background. A worker is anything started by a `spawn`
+function in trio's `task_status` style: `spawn` runs the worker for its whole life,
+calls `task_status.started(worker)` once the worker is ready for a job, and returns
+when the worker has exited. The pool never reuses a worker: whoever acquires one owns
+it and must `aclose()` it after its single job.
+
+The pool knows nothing about processes or jobs. Like httpcore's connection pool it
+changes its bookkeeping without awaiting, and closes workers as a separate step that
+is shielded and bounded in time.
+
+Resource handling: every worker's task lives in the nursery that `run()` owns, also
+after the worker is handed out, so when `run()` is cancelled every worker still alive,
+idle or in use, is stopped before `run()` returns.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+import trio
+
+__all__ = ["PoolState", "PoolStatistics", "PoolWorker", "WarmPool"]
+
+log = logging.getLogger(__name__)
+
+# After a failed start, wait before the next attempt, doubling up to the cap, so a
+# broken runtime costs one attempt every half minute rather than a busy loop.
+FIRST_BACKOFF_S = 0.1
+MAX_BACKOFF_S = 30.0
+
+# Closing an idle worker is a kill and a reap; a worker that takes longer than this is
+# left to its task, which the nursery still waits for.
+CLOSE_TIMEOUT_S = 5.0
+
+
+class PoolWorker(Protocol):
+    """What the pool needs of a worker."""
+
+    def kill(self) -> None:
+        """Stop the worker now, without waiting; its `spawn` task then returns."""
+
+    async def aclose(self) -> None:
+        """Stop the worker and release what it holds; idempotent, bounded in time."""
+
+
+W = TypeVar("W", bound=PoolWorker)
+Spawn = Callable[..., Awaitable[Any]]
+
+
+class _Relay(Generic[W]):
+    """A task_status for `spawn`: adopts the worker the moment it is ready, so no
+    scheduling gap lets it die unnoticed, then passes it on."""
+
+    def __init__(self, task_status: trio.TaskStatus[W], adopt: Callable[[W], None]) -> None:
+        self._task_status = task_status
+        self._adopt = adopt
+        self.worker: W | None = None
+
+    def started(self, value: W) -> None:
+        self.worker = value
+        self._adopt(value)
+        self._task_status.started(value)
+
+
+class PoolState(enum.Enum):
+    """The pool's lifecycle."""
+
+    STARTING = "starting"  # run() is filling the pool for the first time
+    READY = "ready"  # run() is keeping `size` workers idle
+    DRAINING = "draining"  # run() was cancelled and is closing workers
+    CLOSED = "closed"  # run() has returned (or never ran)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatistics:
+    """A snapshot of a `WarmPool`, for `executors/list` and metrics."""
+
+    state: PoolState
+    size: int  # idle workers the pool aims to keep
+    idle: int  # started, ready, waiting to be handed out
+    starting: int  # being started (or waiting out a back-off after a failed start)
+    in_use: int  # handed out and not yet exited
+    handed_out: int  # workers handed out since the pool started
+    cold_starts: int  # acquire_nowait() calls that found no idle worker
+    refills: int  # workers started successfully
+    deaths: int  # idle workers that exited on their own and were replaced
+    start_failures: int  # starts that failed
+
+
+class WarmPool(Generic[W]):
+    """Keeps `size` one-shot workers started by `spawn` ready to hand out.
+
+    `spawn(*, task_status)` must run one worker until it exits and call
+    `task_status.started(worker)` once the worker is ready; an exception before that
+    counts as a failed start. `run()` keeps the pool filled; `acquire_nowait()` hands
+    out a worker or None.
+    """
+
+    def __init__(self, spawn: Spawn, *, size: int, name: str = "pool") -> None:
+        if size < 0:
+            raise ValueError(f"pool size must be zero or more, not {size}")
+        self._spawn = spawn
+        self._size = size
+        self._name = name
+        self._state = PoolState.CLOSED
+        self._idle: list[W] = []
+        self._in_use: set[W] = set()
+        self._starting = 0
+        self._handed_out = 0
+        self._cold_starts = 0
+        self._refills = 0
+        self._deaths = 0
+        self._start_failures = 0
+        self._failures_in_a_row = 0
+        self._changed = trio.Event()
+        self._nursery: trio.Nursery | None = None
+
+    @property
+    def state(self) -> PoolState:
+        return self._state
+
+    def __repr__(self) -> str:
+        return (
+            f"<WarmPool {self._name} [{self._state.name}] "
+            f"[Workers: {len(self._idle)} idle, {self._starting} starting, "
+            f"{len(self._in_use)} in use | target {self._size}]>"
+        )
+
+    def statistics(self) -> PoolStatistics:
+        """A frozen snapshot of the pool's counters."""
+        return PoolStatistics(
+            state=self._state,
+            size=self._size,
+            idle=len(self._idle),
+            starting=self._starting,
+            in_use=len(self._in_use),
+            handed_out=self._handed_out,
+            cold_starts=self._cold_starts,
+            refills=self._refills,
+            deaths=self._deaths,
+            start_failures=self._start_failures,
+        )
+
+    def acquire_nowait(self) -> W | None:
+        """Hand out an idle worker, or None if there is none (never blocks).
+
+        The caller owns the worker and must `aclose()` it after its one job. None
+        means the caller should start a worker itself ("cold"); that is counted in
+        `cold_starts`, and the pool refills in the background either way.
+        """
+        if not self._idle:
+            self._cold_starts += 1
+            return None
+        worker = self._idle.pop()
+        self._in_use.add(worker)
+        self._handed_out += 1
+        self._wake()
+        return worker
+
+    def _wake(self) -> None:
+        self._changed.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep the pool filled until cancelled.
+
+        Calls `task_status.started()` once the first round of starts has finished,
+        whether they succeeded or not: a pool that cannot start workers still lets
+        callers start their own, and keeps retrying with back-off. On cancellation the
+        idle workers are closed (shielded, bounded) and every worker task is waited for.
+        """
+        if self._state is not PoolState.CLOSED or self._nursery is not None:
+            raise RuntimeError(f"{self!r} is already running; run() may be called once")
+        self._state = PoolState.STARTING
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                try:
+                    await self._fill_first()
+                    self._state = PoolState.READY
+                    task_status.started()
+                    await self._keep_filled()
+                finally:
+                    # Bookkeeping first, without awaiting; then the shielded close. The
+                    # nursery then cancels the remaining tasks, in-use workers included.
+                    self._state = PoolState.DRAINING
+                    idle, self._idle = self._idle, []
+                    await self._close_all(idle)
+        finally:
+            self._nursery = None
+            self._state = PoolState.CLOSED
+
+    async def _fill_first(self) -> None:
+        async with trio.open_nursery() as first_round:
+            for _ in range(self._size):
+                self._starting += 1
+                first_round.start_soon(self._start_one, False)
+
+    async def _keep_filled(self) -> None:
+        assert self._nursery is not None
+        while True:
+            while len(self._idle) + self._starting < self._size:
+                self._starting += 1
+                self._nursery.start_soon(self._start_one, True)
+            await self._changed.wait()
+            self._changed = trio.Event()
+
+    async def _start_one(self, back_off: bool) -> None:
+        """Start one worker into the idle list; `self._starting` was already counted."""
+        assert self._nursery is not None
+        try:
+            await self._nursery.start(self._host)
+        except Exception as exc:
+            self._start_failures += 1
+            self._failures_in_a_row += 1
+            log.warning("%s: could not start a worker: %s", self._name, exc)
+            if back_off:
+                # Still counted as starting, so no other start is attempted meanwhile.
+                exponent = min(self._failures_in_a_row - 1, 20)
+                await trio.sleep(min(FIRST_BACKOFF_S * math.pow(2, exponent), MAX_BACKOFF_S))
+        finally:
+            self._starting -= 1
+            self._wake()
+
+    async def _host(self, *, task_status: trio.TaskStatus[W]) -> None:
+        """Run one worker; forget it when it exits, counting a death if it was idle."""
+        relay: _Relay[W] = _Relay(task_status, self._adopt)
+        try:
+            await self._spawn(task_status=relay)
+        finally:
+            if relay.worker is not None:
+                self._forget(relay.worker)
+
+    def _adopt(self, worker: W) -> None:
+        self._failures_in_a_row = 0
+        self._refills += 1
+        if self._state is PoolState.DRAINING:
+            worker.kill()  # started too late to be used; its task then ends
+        else:
+            self._idle.append(worker)
+
+    def _forget(self, worker: W) -> None:
+        if worker in self._idle:
+            self._idle.remove(worker)
+            if self._state is not PoolState.DRAINING:
+                self._deaths += 1
+                log.warning("%s: an idle worker exited on its own; replacing it", self._name)
+            # Its pipes and files still need releasing; the host task must not block.
+            if self._nursery is not None:
+                self._nursery.start_soon(self._close_all, [worker])
+        self._in_use.discard(worker)
+        self._wake()
+
+    async def _close_all(self, workers: list[W]) -> None:
+        """Kill `workers` at once, then release each; shielded and bounded."""
+        if not workers:
+            return
+        with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT_S):
+            for worker in workers:
+                worker.kill()
+            for worker in workers:
+                await worker.aclose()

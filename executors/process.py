@@ -1,0 +1,187 @@
+"""Helpers for sandbox subprocesses: resource limits, process groups, environment.
+
+A sandbox subprocess starts in its own session (so its process group id is its pid and
+the whole group can be killed at once), with a minimal environment and resource limits
+set between fork and exec. Limits that depend on the job are tightened later on the
+live process with `lower_rlimit`, which is how a warm worker started before its job
+gets that job's limits.
+
+This module knows nothing about any particular runtime. RLIMIT_AS is deliberately not
+used: V8 reserves gigabytes of address space it never touches. RLIMIT_DATA, which
+counts only writable private memory, is the memory backstop instead (see
+`data_limit_bytes`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import resource
+import signal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+__all__ = [
+    "ProcessLimits",
+    "cpu_backstop_s",
+    "describe_returncode",
+    "kill_process_group",
+    "lower_rlimit",
+    "minimal_env",
+    "read_vm_data_bytes",
+    "sandbox_process_options",
+    "signal_process_group",
+]
+
+# The CPU limit is a backstop behind the wall-clock timeout, which is what normally
+# stops a program. CPU time adds up over all threads (V8 collects garbage in helper
+# threads), so it may run ahead of the wall clock: allow twice the timeout plus slack
+# for start-up before the kernel steps in.
+CPU_BACKSTOP_FACTOR = 2
+CPU_BACKSTOP_SLACK_S = 5
+
+# Sandboxes get no write permission of their own; the only files written are the
+# runtime's own caches (a transpiled program, small SQLite files), so a file larger
+# than this is a runaway.
+DEFAULT_FILE_BYTES = 16 * 1024 * 1024
+
+# An idle Deno worker holds about 25 descriptors (stdio, epoll, SQLite caches); this
+# leaves room for a few connections back to the daemon without allowing fd exhaustion.
+DEFAULT_OPEN_FILES = 64
+
+# Variables every sandbox gets: a UTF-8 locale so messages and I/O do not depend on
+# the daemon's environment.
+BASE_ENV: Mapping[str, str] = {"LC_ALL": "C.UTF-8"}
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessLimits:
+    """Resource limits applied to a sandbox process before it runs anything.
+
+    `cpu_s` is the soft CPU limit (SIGXCPU); the hard limit is one second later
+    (SIGKILL). `file_bytes` caps any single file the process writes (SIGXFSZ).
+    Core dumps are always disabled: they would write the sandbox's memory to disk.
+    """
+
+    cpu_s: int
+    file_bytes: int = DEFAULT_FILE_BYTES
+    open_files: int = DEFAULT_OPEN_FILES
+
+    def rlimits(self) -> list[tuple[int, tuple[int, int]]]:
+        """The (resource, (soft, hard)) pairs to set."""
+        return [
+            (resource.RLIMIT_CORE, (0, 0)),
+            (resource.RLIMIT_CPU, (self.cpu_s, self.cpu_s + 1)),
+            (resource.RLIMIT_FSIZE, (self.file_bytes, self.file_bytes)),
+            (resource.RLIMIT_NOFILE, (self.open_files, self.open_files)),
+        ]
+
+
+def cpu_backstop_s(timeout_s: float) -> int:
+    """The CPU-seconds limit that backs up a wall-clock timeout of `timeout_s`."""
+    return math.ceil(timeout_s * CPU_BACKSTOP_FACTOR) + CPU_BACKSTOP_SLACK_S
+
+
+def _preexec(limits: ProcessLimits) -> Callable[[], None]:
+    # Computed in the parent: between fork and exec the child should only make
+    # system calls, not allocate or import.
+    pairs = limits.rlimits()
+    setrlimit = resource.setrlimit
+
+    def apply() -> None:
+        for which, value in pairs:
+            setrlimit(which, value)
+
+    return apply
+
+
+def sandbox_process_options(
+    limits: ProcessLimits, *, cwd: os.PathLike[str] | str, env: Mapping[str, str]
+) -> dict[str, Any]:
+    """Keyword arguments for `trio.run_process` that start a sandbox process.
+
+    The process gets its own session (and so its own process group, for
+    `kill_process_group`), `limits`, exactly `env`, `cwd`, and no inherited file
+    descriptors beyond the standard three.
+    """
+    return {
+        "start_new_session": True,
+        "preexec_fn": _preexec(limits),
+        "cwd": os.fspath(cwd),
+        "env": dict(env),
+        "close_fds": True,
+    }
+
+
+def minimal_env(variables: Mapping[str, str]) -> dict[str, str]:
+    """A sandbox environment: `BASE_ENV` plus `variables`, nothing from the daemon's own."""
+    return {**BASE_ENV, **variables}
+
+
+def signal_process_group(process: trio.Process, sig: int = signal.SIGKILL) -> None:
+    """Send `sig` to the process group led by `process`, without blocking.
+
+    Nothing is sent once the leader has been reaped: its id may then belong to an
+    unrelated process group. Sandboxes are not allowed to start processes, so the
+    leader is the group's only member that matters.
+    """
+    if process.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):  # gone between the check and the kill
+        os.killpg(process.pid, sig)
+
+
+async def kill_process_group(process: trio.Process) -> None:
+    """SIGKILL the whole process group of `process`.
+
+    Suitable as `trio.run_process(deliver_cancel=...)`: run_process waits for the
+    process to exit afterwards.
+    """
+    signal_process_group(process, signal.SIGKILL)
+    await trio.lowlevel.checkpoint()
+
+
+def _is_infinite(value: int) -> bool:
+    return value == resource.RLIM_INFINITY or value < 0
+
+
+def lower_rlimit(pid: int, which: int, soft: int, hard: int) -> None:
+    """Lower resource limit `which` of the live process `pid` to (`soft`, `hard`).
+
+    Never raises a limit: a value above the current one is clamped to it, because only
+    a privileged process may raise a hard limit. Raises `ProcessLookupError` if the
+    process is gone.
+    """
+    current_soft, current_hard = resource.prlimit(pid, which)
+    if not _is_infinite(current_hard):
+        hard = min(hard, current_hard)
+    soft = min(soft, hard)
+    if not _is_infinite(current_soft):
+        soft = min(soft, current_soft)
+    resource.prlimit(pid, which, (soft, hard))
+
+
+def read_vm_data_bytes(pid: int) -> int | None:
+    """The writable private memory (VmData) of process `pid`, or None if unknown."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmData:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def describe_returncode(returncode: int) -> str:
+    """Human words for a `trio.Process.returncode` ("exit code 3", "signal SIGKILL")."""
+    if returncode >= 0:
+        return f"exit code {returncode}"
+    try:
+        return f"signal {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"signal {-returncode}"

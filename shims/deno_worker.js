@@ -1,0 +1,178 @@
+// Conduit's one-shot Deno worker: runs exactly one program, then exits.
+//
+// Protocol (the daemon side lives in conduit/executors/deno.py):
+//   1. On start the worker writes READY to stdout and blocks reading stdin.
+//   2. The daemon writes one JSON object and closes stdin:
+//        {nonce, module, line_offset, inputs, lang}
+//   3. The worker imports `module` from a data: URL, awaits `default(inputs)` and writes,
+//      as the last thing on stdout, "\x1e" + nonce + PAYLOAD + "\n", where PAYLOAD is
+//      {"result": <json>} or {"error": {"type", "message", "traceback"}}.
+//      A result JSON.stringify cannot encode (BigInt, cycles, functions, symbols) is
+//      sent as String(value); undefined becomes null.
+//   4. It exits: 0 after a result, 1 after an error.
+//
+// Plain JavaScript so that Deno starts it without transpiling. The nonce never leaves
+// this module's scope: the program runs in its own module and cannot reach our locals.
+// Dynamic import() from this module (a file: URL) is not subject to --allow-read, so
+// the only import here is of the program's own data: URL.
+
+// Captured before any program code runs: the program may replace globals and
+// prototypes, and nothing it does may reach the nonce or forge the marker.
+const stringify = JSON.stringify;
+const parse = JSON.parse;
+const encode = TextEncoder.prototype.encode.bind(new TextEncoder());
+const decode = TextDecoder.prototype.decode.bind(new TextDecoder());
+const stdoutWrite = Deno.stdout.writeSync.bind(Deno.stdout);
+const stdinRead = Deno.stdin.read.bind(Deno.stdin);
+const exit = Deno.exit;
+const toBase64 = Uint8Array.prototype.toBase64;
+const RESULT_MARK = "\x1e";
+const READY = "\x1econduit-ready\n";
+const WORKER_URL = import.meta.url;
+// How V8 prints our data: URLs in stack frames (long ones shortened with "......").
+const PROGRAM_URL = /data:application\/(?:typescript|javascript);base64,[A-Za-z0-9+/=.]*:(\d+):(\d+)/g;
+const CODE_FRAME_LINE = /^(\s*)(\d+)( \|)/gm;
+
+// localStorage and the Cache API persist under DENO_DIR without any permission: a
+// program could leave state for the next one, or fill the disk. sessionStorage is in
+// memory and dies with this process, so programs that use localStorage still work.
+const sessionStore = globalThis.sessionStorage;
+delete globalThis.localStorage;
+delete globalThis.caches;
+Object.defineProperty(globalThis, "localStorage", {
+  value: sessionStore,
+  configurable: true,
+  enumerable: true,
+  writable: false,
+});
+
+// A Web Worker is a second V8 isolate, which reserves ~512 MB of writable memory up
+// front and so always trips the memory backstop (RLIMIT_DATA). Say so plainly.
+globalThis.Worker = class Worker {
+  constructor() {
+    throw new Error("Web Workers are not available in this sandbox; do the work in the program");
+  }
+};
+
+function writeAll(text) {
+  const bytes = encode(text);
+  let offset = 0;
+  while (offset < bytes.length) offset += stdoutWrite(bytes.subarray(offset));
+}
+
+async function readJob() {
+  const chunks = [];
+  let total = 0;
+  for (;;) {
+    const buffer = new Uint8Array(65536);
+    const n = await stdinRead(buffer);
+    if (n === null) break;
+    chunks.push(buffer.subarray(0, n));
+    total += n;
+  }
+  const all = new Uint8Array(total);
+  let offset = 0;
+  for (const chunk of chunks) {
+    all.set(chunk, offset);
+    offset += chunk.length;
+  }
+  return parse(decode(all));
+}
+
+let finished = false;
+
+// Writes the marker and exits; only the first report counts.
+function finish(payload, code) {
+  if (finished) return;
+  finished = true;
+  writeAll(RESULT_MARK + job.nonce + payload + "\n");
+  exit(code);
+}
+
+function encodeResult(value) {
+  if (value === undefined) return "null";
+  try {
+    const json = stringify(value);
+    if (json !== undefined) return json;
+  } catch {
+    // BigInt, cycles, a throwing toJSON: fall through to the string form.
+  }
+  try {
+    return stringify(String(value));
+  } catch {
+    return stringify("[result could not be converted to a string]");
+  }
+}
+
+function toUserLocations(text, lineOffset) {
+  return text.replace(PROGRAM_URL, (_, line, column) => {
+    const userLine = Math.max(1, Number(line) - lineOffset);
+    return `<program>:${userLine}:${column}`;
+  });
+}
+
+function describeError(error, lineOffset) {
+  let type = "Error";
+  let message = "";
+  let stack = "";
+  if (error !== null && (typeof error === "object" || typeof error === "function")) {
+    type = String(error.name ?? "Error");
+    message = String(error.message ?? "");
+    stack = String(error.stack ?? "");
+  } else {
+    message = String(error);
+  }
+  // Deno reports a module that does not parse as a TypeError whose message starts with
+  // "SyntaxError: " and carries a code frame numbered in module lines.
+  if (type === "TypeError" && message.startsWith("SyntaxError: ")) {
+    const [first, ...frame] = message.slice("SyntaxError: ".length).split("\n");
+    type = "SyntaxError";
+    message = first;
+    stack = frame.join("\n").replace(CODE_FRAME_LINE, (_, indent, line, bar) => {
+      return `${indent}${Math.max(1, Number(line) - lineOffset)}${bar}`;
+    });
+  }
+  // Our own frames and Deno's internals (ext:) say nothing about the program.
+  const frames = stack
+    .split("\n")
+    .filter((line) => !line.includes(WORKER_URL) && !line.includes("(ext:"));
+  return {
+    type,
+    message: toUserLocations(message, lineOffset),
+    traceback: toUserLocations(frames.join("\n"), lineOffset),
+  };
+}
+
+function fail(error) {
+  let payload;
+  try {
+    payload = stringify({ error: describeError(error, job.line_offset) });
+  } catch {
+    payload = '{"error":{"type":"Error","message":"the error could not be described","traceback":""}}';
+  }
+  finish(payload, 1);
+}
+
+// Errors outside the awaited call (timers, unawaited promises) would otherwise make Deno
+// print a report with module line numbers and exit without a result.
+globalThis.addEventListener("error", (event) => {
+  event.preventDefault();
+  fail(event.error);
+});
+globalThis.addEventListener("unhandledrejection", (event) => {
+  event.preventDefault();
+  fail(event.reason);
+});
+
+writeAll(READY);
+const job = await readJob();
+
+try {
+  const media = job.lang === "javascript" ? "javascript" : "typescript";
+  const source = toBase64.call(encode(job.module));
+  const program = await import(`data:application/${media};base64,${source}`);
+  const value = await program.default(job.inputs);
+  finish(`{"result":${encodeResult(value)}}`, 0);
+} catch (error) {
+  fail(error);
+}

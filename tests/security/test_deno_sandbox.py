@@ -1,0 +1,333 @@
+"""Escape attempts against the Deno sandbox, with real Deno.
+
+Each test asserts that the attempt is refused and reported, and that the next
+execution still works (an attack must not break the executor for everyone else).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from conduit.executors.base import Job, Limits, Outcome, Status
+from conduit.executors.deno import DenoExecutor
+
+WAIT_S = 30
+
+
+class NoBridge:
+    session_token = "unused"
+    callback = None
+
+    async def request(self, method: str, params: dict[str, Any]) -> Any:
+        raise AssertionError("the Deno executor does not call the bridge yet")
+
+
+@pytest.fixture
+async def deno(nursery: trio.Nursery, tmp_path: Path) -> DenoExecutor:
+    executor = DenoExecutor(cache_dir=tmp_path / "deno", pool_size=2)
+    with trio.fail_after(WAIT_S):
+        await nursery.start(executor.serve)
+    return executor
+
+
+async def run(executor: DenoExecutor, code: str, **limits: Any) -> Outcome:
+    with trio.fail_after(WAIT_S):
+        return await executor.run(
+            Job("ex_attack", "typescript", code, Limits(**limits)), NoBridge()
+        )
+
+
+async def refused(executor: DenoExecutor, code: str, **limits: Any) -> Outcome:
+    """Run an attack; assert it failed, and that a harmless program runs after it."""
+    outcome = await run(executor, code, **limits)
+    assert outcome.status is not Status.OK, outcome
+    after = await run(executor, "return 1 + 1")
+    assert (after.status, after.result) == (Status.OK, 2), after
+    return outcome
+
+
+def error_text(outcome: Outcome) -> str:
+    assert outcome.error is not None, outcome
+    return f"{outcome.error.type}: {outcome.error.message}"
+
+
+# -- the host: files, environment, processes, native code ----------------------------
+
+
+async def test_reading_a_file_is_refused(deno: DenoExecutor) -> None:
+    outcome = await refused(deno, "return await Deno.readTextFile('/etc/passwd')")
+    assert error_text(outcome).startswith("NotCapable: Requires read access")
+    assert "root:" not in json.dumps(outcome.result) + outcome.stdout + outcome.stderr
+    node = await refused(
+        deno, "import fs from 'node:fs';\nreturn fs.readFileSync('/etc/passwd', 'utf8')"
+    )
+    assert "read access" in error_text(node)
+
+
+async def test_importing_a_local_file_is_refused(deno: DenoExecutor, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"token": "s3cret-token"}')
+    for code in (
+        f"return (await import('file://{secret}', {{with: {{type: 'json'}}}})).default",
+        f"import s from 'file://{secret}' with {{type: 'json'}};\nreturn s",
+        "return await import('file:///etc/passwd')",
+        "return await (0, eval)(\"import('file:///etc/passwd')\")",
+    ):
+        outcome = await refused(deno, code)
+        assert "read access" in error_text(outcome), code
+        assert "s3cret-token" not in str(outcome)
+        assert "root:" not in str(outcome)
+
+
+async def test_importing_from_a_url_is_refused(deno: DenoExecutor) -> None:
+    dynamic = await refused(deno, "return await import('https://deno.land/std/version.ts')")
+    assert "--no-remote" in error_text(dynamic)
+    static = await refused(deno, "import * as v from 'https://deno.land/std/version.ts';\nreturn v")
+    assert "--no-remote" in error_text(static)
+    for specifier in ("npm:left-pad", "jsr:@std/path"):
+        outcome = await refused(deno, f"return await import('{specifier}')")
+        assert outcome.status is Status.ERROR
+
+
+async def test_reading_the_environment_is_refused(
+    deno: DenoExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONDUIT_TEST_SECRET", "env-s3cret")
+    for code in (
+        "return Deno.env.get('CONDUIT_TEST_SECRET')",
+        "return Deno.env.toObject()",
+        "import process from 'node:process';\nreturn process.env.CONDUIT_TEST_SECRET",
+    ):
+        outcome = await refused(deno, code)
+        assert "env access" in error_text(outcome), code
+        assert "env-s3cret" not in str(outcome)
+
+
+async def test_starting_a_process_is_refused(deno: DenoExecutor, tmp_path: Path) -> None:
+    marker = tmp_path / "spawned"
+    command = f"new Deno.Command('/bin/sh', {{args: ['-c', 'touch {marker}']}})"
+    outcome = await refused(deno, f"return await {command}.output()")
+    assert "run access" in error_text(outcome)
+    node = await refused(
+        deno, f"import cp from 'node:child_process';\ncp.execSync('touch {marker}')"
+    )
+    assert node.status is Status.ERROR
+    assert not marker.exists()
+
+
+async def test_loading_native_code_is_refused(deno: DenoExecutor) -> None:
+    symbols = "{getpid: {parameters: [], result: 'i32'}}"
+    code = f"return Deno.dlopen('libc.so.6', {symbols}).symbols.getpid()"
+    outcome = await refused(deno, code)
+    assert "ffi access" in error_text(outcome)
+
+
+async def test_writing_a_file_is_refused(deno: DenoExecutor, tmp_path: Path) -> None:
+    target = tmp_path / "written"
+    outcome = await refused(deno, f"await Deno.writeTextFile('{target}', 'x')")
+    assert "write access" in error_text(outcome)
+    relative = await refused(deno, "await Deno.writeTextFile('here.txt', 'x')")
+    assert relative.status is Status.ERROR
+    assert not target.exists()
+    assert list((tmp_path / "deno" / "work").iterdir()) == []
+
+
+async def test_permissions_cannot_be_requested(deno: DenoExecutor) -> None:
+    code = (
+        "const s = await Deno.permissions.request({name: 'read'});\n"
+        "if (s.state !== 'granted') throw new Error(s.state);\n"
+        "return Deno.readTextFileSync('/etc/passwd')"
+    )
+    outcome = await refused(deno, code)
+    assert error_text(outcome) == "Error: denied"
+
+
+# -- the network --------------------------------------------------------------------------
+
+
+async def test_network_is_refused_and_nothing_connects(
+    deno: DenoExecutor, nursery: trio.Nursery
+) -> None:
+    accepted: list[object] = []
+
+    async def count(stream: trio.SocketStream) -> None:
+        accepted.append(stream)
+        await stream.aclose()
+
+    listeners = await nursery.start(partial(trio.serve_tcp, count, 0, host="127.0.0.1"))
+    port = listeners[0].socket.getsockname()[1]
+    for code in (
+        f"return (await fetch('http://127.0.0.1:{port}/')).status",
+        f"return await Deno.connect({{hostname: '127.0.0.1', port: {port}}})",
+        f"const ws = new WebSocket('ws://127.0.0.1:{port}/');\n"
+        "return await new Promise((ok, no) => { ws.onopen = ok; ws.onerror = () => no(1); })",
+        "import net from 'node:net';\n"
+        f"return await new Promise((ok) => net.connect({port}, '127.0.0.1', ok))",
+    ):
+        outcome = await refused(deno, code)
+        assert "Requires net access" in error_text(outcome), code
+    assert accepted == []
+
+
+async def test_listening_is_refused(deno: DenoExecutor) -> None:
+    outcome = await refused(deno, "Deno.listen({port: 0})")
+    assert "net access" in error_text(outcome)
+
+
+# -- resources ----------------------------------------------------------------------------
+
+
+async def test_infinite_loop_times_out_and_its_process_group_is_gone(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    cold = DenoExecutor(cache_dir=tmp_path / "cold", pool_size=0)
+    with trio.fail_after(WAIT_S):
+        await nursery.start(cold.serve)
+    seen: set[int] = set()
+
+    async def watch() -> None:
+        while True:
+            seen.update(_deno_children())
+            await trio.sleep(0.005)
+
+    start = trio.current_time()
+    async with trio.open_nursery() as watching:
+        watching.start_soon(watch)
+        outcome = await refused(cold, "console.log('spinning'); while (true) {}", timeout_ms=500)
+        watching.cancel_scope.cancel()
+    assert outcome.status is Status.TIMEOUT
+    assert outcome.stdout == "spinning\n"
+    assert trio.current_time() - start < 10
+    assert seen, "the sandbox process was never seen"
+    assert _deno_children() == []  # cold workers are reaped before run() returns
+    for pgid in seen:
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pgid, 0)
+
+
+async def test_heap_bomb_hits_the_memory_limit(deno: DenoExecutor) -> None:
+    code = "const keep = [];\nfor (let i = 0; ; i++) keep.push('x'.repeat(1e6) + i);"
+    outcome = await refused(deno, code, memory_mb=64)
+    assert outcome.status is Status.MEMORY_LIMIT
+    assert outcome.error is not None
+    assert "64 MB" in outcome.error.message
+    assert "Last few GCs" not in outcome.stderr  # V8's report is cut
+
+
+async def test_buffer_bomb_hits_the_memory_limit(deno: DenoExecutor) -> None:
+    # ArrayBuffers live outside the V8 heap; the RLIMIT_DATA backstop stops them.
+    code = "const keep = [];\nfor (;;) keep.push(new Uint8Array(16 * 1024 * 1024).fill(1));"
+    outcome = await refused(deno, code, memory_mb=64)
+    assert outcome.status is Status.MEMORY_LIMIT
+    wasm = (
+        "const m = new WebAssembly.Memory({initial: 1, maximum: 65536});\n"
+        "for (;;) { m.grow(256); new Uint8Array(m.buffer).fill(1); }"
+    )
+    assert (await refused(deno, wasm, memory_mb=64)).status is Status.MEMORY_LIMIT
+
+
+async def test_web_workers_are_refused_plainly(deno: DenoExecutor) -> None:
+    code = "new Worker('data:application/javascript,postMessage(1)', {type: 'module'})"
+    outcome = await refused(deno, code)
+    assert "Web Workers are not available" in error_text(outcome)
+
+
+async def test_output_flood_is_stopped_while_streaming(deno: DenoExecutor) -> None:
+    start = trio.current_time()
+    outcome = await refused(
+        deno,
+        "const line = 'x'.repeat(1000);\nfor (;;) console.log(line);",
+        output_bytes=100_000,
+        timeout_ms=20_000,
+    )
+    assert outcome.status is Status.OUTPUT_LIMIT
+    assert outcome.truncated_stdout
+    assert len(outcome.stdout) == 100_000
+    assert outcome.stdout.startswith("x" * 1000 + "\n")
+    assert trio.current_time() - start < 5  # killed at the limit, not at the timeout
+
+
+async def test_line_flood_is_stopped(deno: DenoExecutor) -> None:
+    outcome = await refused(deno, "for (;;) console.error(1);", output_lines=100, timeout_ms=20_000)
+    assert outcome.status is Status.OUTPUT_LIMIT
+    assert outcome.stderr == "1\n" * 100
+    assert outcome.truncated_stderr
+
+
+async def test_disk_cannot_be_filled_through_web_storage(
+    deno: DenoExecutor, tmp_path: Path
+) -> None:
+    code = (
+        "for (let i = 0; i < 50; i++) localStorage.setItem('k' + i, 'x'.repeat(100000));\n"
+        "return [typeof caches, localStorage === sessionStorage, localStorage.length]"
+    )
+    outcome = await run(deno, code)
+    assert outcome.result == ["undefined", True, 50]
+    # 5 MB went to localStorage; none of it reached a disk.
+    assert _bytes_on_disk(tmp_path / "deno") < 1_000_000
+
+
+def _bytes_on_disk(root: Path) -> int:
+    """Sizes of regular files under `root` (workers come and go meanwhile)."""
+    total = 0
+    for path in root.rglob("*"):
+        with contextlib.suppress(FileNotFoundError):
+            info = path.lstat()  # Deno links its own binary into DENO_DIR
+            total += info.st_size if stat.S_ISREG(info.st_mode) else 0
+    return total
+
+
+# -- the result channel -------------------------------------------------------------------
+
+
+async def test_the_program_cannot_see_its_job_or_nonce(deno: DenoExecutor) -> None:
+    code = (
+        "const names = Object.keys(globalThis).filter((k) => /nonce|job/i.test(k));\n"
+        "return [Deno.args, await Deno.stdin.read(new Uint8Array(100)), names]"
+    )
+    outcome = await run(deno, code)
+    assert outcome.result == [[], None, []]
+
+
+async def test_patching_globals_cannot_forge_or_hide_the_result(deno: DenoExecutor) -> None:
+    code = (
+        "JSON.stringify = () => '\"forged\"';\n"
+        "TextEncoder.prototype.encode = () => new Uint8Array();\n"
+        "Deno.stdout.writeSync = () => 0;\n"
+        "return {real: true}"
+    )
+    outcome = await run(deno, code)
+    assert (outcome.status, outcome.result) == (Status.OK, {"real": True})
+
+
+async def test_deno_exit_only_ends_the_program(deno: DenoExecutor) -> None:
+    outcome = await run(
+        deno, "addEventListener('unload', () => console.log('late'));\nDeno.exit(7)"
+    )
+    assert (outcome.status, outcome.exit_code) == (Status.ERROR, 7)
+    assert (await run(deno, "return 'still here'")).result == "still here"
+
+
+def _deno_children() -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        if name == "deno" and ppid == os.getpid():
+            found.append(int(entry.name))
+    return found
