@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -226,7 +226,8 @@ def plain_deno(runs: int, workdir: Path) -> dict[str, float]:
 
 
 def row(name: str, figures: dict[str, float]) -> str:
-    return f"  {name:44} p50 {figures['p50_ms']:8.2f} ms   p99 {figures['p99_ms']:8.2f} ms   (n={figures['n']})"
+    p50, p99 = figures["p50_ms"], figures["p99_ms"]
+    return f"  {name:44} p50 {p50:8.2f} ms   p99 {p99:8.2f} ms   (n={figures['n']})"
 
 
 async def main(quick: bool) -> dict[str, Any]:
@@ -261,7 +262,8 @@ def report(results: dict[str, Any]) -> None:
     print(row("reference: plain `deno run`", results["plain_deno_run"]))
     speedup = results["plain_deno_run"]["p50_ms"] / results["execute_warm"]["p50_ms"]
     print(
-        f"  warm conduit vs plain deno run: {speedup:.1f}x faster at p50 (target >= 3x, p50 <= 8 ms)"
+        f"  warm conduit vs plain deno run: {speedup:.1f}x faster at p50 "
+        "(target >= 3x, p50 <= 8 ms)"
     )
     print(f"execute throughput, 8 clients         {results['execute_8clients_per_s']:10.1f} exec/s")
 

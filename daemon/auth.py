@@ -146,7 +146,9 @@ class Authenticator:
         if creds.uid == self.daemon_uid:
             return Principal(f"uid:{creds.uid}", "peer", ALL_SCOPES)
         if creds.uid in self.config.peer_uids:
-            return Principal(f"uid:{creds.uid}", "peer", frozenset({"execute", "executions", "tools"}))
+            return Principal(
+                f"uid:{creds.uid}", "peer", frozenset({"execute", "executions", "tools"})
+            )
         return None
 
     def mint_session(self, execution_id: str, allowed_tools: tuple[str, ...]) -> str:

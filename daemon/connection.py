@@ -12,6 +12,7 @@ entirely, they are cancelled, and so are the executions they started.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -191,10 +192,9 @@ class Connection:
         await self._send(error_reply(ident, error))
 
     async def _send(self, message: Any) -> None:
-        try:
+        # A closed outbox means the writer is gone with the peer: nobody is left to tell.
+        with contextlib.suppress(trio.ClosedResourceError):
             await self._outbox_send.send(encode(message) + b"\n")
-        except trio.ClosedResourceError:
-            pass  # the writer is gone with the peer; nobody is left to tell
 
     async def _write_loop(self) -> None:
         try:

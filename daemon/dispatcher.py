@@ -88,7 +88,7 @@ class MethodSpec:
 METHODS: dict[str, MethodSpec] = {}
 
 _LOGIN_HINT = (
-    "unauthenticated: call auth/login with {\"token\": \"...\"} first, or add "
+    'unauthenticated: call auth/login with {"token": "..."} first, or add '
     '"auth": {"bearerToken": "..."} to the request'
 )
 

@@ -73,8 +73,7 @@ class Admission:
             self._waiting -= 1
         if scope.cancelled_caught:
             raise Overloaded(
-                f"overloaded: waited {self._queue_timeout_s:g} s for an execution slot; "
-                "retry later"
+                f"overloaded: waited {self._queue_timeout_s:g} s for an execution slot; retry later"
             )
 
     def statistics(self) -> AdmissionStatistics:

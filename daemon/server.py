@@ -179,10 +179,16 @@ class Daemon:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async for signum in signals:
                 if signum == signal.SIGHUP:
-                    await self.reload()
+                    await self._reload_on_signal()
                 else:
                     log.info("shutting down", extra={"signal": signal.Signals(signum).name})
                     self.shutdown()
+
+    async def _reload_on_signal(self) -> None:
+        try:
+            await self.reload()
+        except ConfigError as exc:
+            log.error("config not reloaded, the old one stays", extra={"reason": str(exc)})
 
     async def reload(self) -> Config:
         """Re-read the configuration and apply it; a bad one is refused, the old kept."""
@@ -208,7 +214,10 @@ class Daemon:
         )
         self.rate_limiter.reconfigure(limits.executions_per_minute, limits.burst)
         self.registry.set_defaults(_language_defaults(new))
-        if (new.server.socket, new.server.tcp) != (self.config.server.socket, self.config.server.tcp):
+        if (new.server.socket, new.server.tcp) != (
+            self.config.server.socket,
+            self.config.server.tcp,
+        ):
             log.warning("listener changes take effect on restart")
         self.config = new
 

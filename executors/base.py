@@ -138,7 +138,9 @@ class Executor(Protocol):
     name: str
     languages: frozenset[str]
 
-    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None: ...
+    async def serve(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None: ...
 
     async def run(self, job: Job, bridge: ToolBridge) -> Outcome: ...
 

@@ -54,10 +54,11 @@ from conduit.executors.base import (
     ToolBridge,
 )
 from conduit.executors.js_source import prepare_module
-from conduit.executors.output import OutputCapture, ResultSplitter
+from conduit.executors.output import OutputCapture, ResultSplitter, read_buffered
 from conduit.executors.pool import WarmPool
 from conduit.executors.process import (
     ProcessLimits,
+    apply_limits,
     cpu_backstop_s,
     describe_returncode,
     kill_process_group,
@@ -292,11 +293,7 @@ class DenoExecutor:
         """The first line of `deno --version` without the program name ("2.9.8 (…)").
 
         Raises RuntimeMissing if it fails."""
-        options = sandbox_process_options(
-            ProcessLimits(cpu_s=cpu_backstop_s(VERSION_TIMEOUT_S)),
-            cwd=self._work_dir,
-            env=minimal_env(DENO_ENV),
-        )
+        options = sandbox_process_options(cwd=self._work_dir, env=minimal_env(DENO_ENV))
         try:
             with trio.fail_after(VERSION_TIMEOUT_S):
                 done = await trio.run_process(
@@ -386,7 +383,7 @@ class DenoExecutor:
         self, nursery: trio.Nursery, heap_mb: int, cpu_s: int, deno_dir: Path
     ) -> DenoWorker:
         env = minimal_env({**DENO_ENV, "DENO_DIR": str(deno_dir)})
-        options = sandbox_process_options(ProcessLimits(cpu_s=cpu_s), cwd=self._work_dir, env=env)
+        options = sandbox_process_options(cwd=self._work_dir, env=env)
         try:
             process: trio.Process = await nursery.start(
                 partial(
@@ -404,6 +401,7 @@ class DenoExecutor:
             raise RuntimeMissing(f"cannot start Deno ({self._deno}): {exc}") from exc
         worker = DenoWorker(process, heap_mb)
         try:
+            _limit(worker, ProcessLimits(cpu_s=cpu_s))
             await self._wait_ready(worker)
             self._limit_memory(worker)
         except BaseException:
@@ -526,16 +524,22 @@ class DenoExecutor:
         )
         died_before_job = False
         with trio.move_on_after(limits.timeout_ms / 1000) as deadline:
-            # Done when both pipes are at their end: the process has exited or was killed.
             async with trio.open_nursery() as io:
-                io.start_soon(capture.pump, "stdout", stdout)
                 io.start_soon(capture.pump, "stderr", process.stderr)
                 if not await _send(process, request):
                     died_before_job = True
                     worker.kill()
+                await capture.pump("stdout", stdout)
+                if stdout.payload is not None:
+                    # The shim wrote its stderr before the result, with synchronous
+                    # writes: all of it is in the pipe now, so the killed sandbox's
+                    # exit (~1 ms of teardown) need not be waited for.
+                    io.cancel_scope.cancel()
+            if stdout.payload is not None:
+                await capture.write("stderr", read_buffered(process.stderr))
             # Without a result or a limit hit, the exit status tells how it ended.
             # Otherwise the outcome is known and reaping is left to the worker's task.
-            if not (died_before_job or stdout.settled or capture.limit_hit):
+            elif not (died_before_job or stdout.settled or capture.limit_hit):
                 await process.wait()
         if deadline.cancelled_caught:
             worker.kill()
@@ -548,6 +552,13 @@ class DenoExecutor:
             timed_out=deadline.cancelled_caught,
             returncode=process.returncode,
         )
+
+
+def _limit(worker: DenoWorker, limits: ProcessLimits) -> None:
+    try:
+        apply_limits(worker.process.pid, limits)
+    except ProcessLookupError as exc:
+        raise SandboxCrashed("a Deno worker exited right after starting") from exc
 
 
 def _encode_job(job: Job, nonce: str) -> bytes:

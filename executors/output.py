@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import codecs
 import enum
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -30,6 +31,7 @@ __all__ = [
     "OutputHook",
     "ResultSplitter",
     "StreamName",
+    "read_buffered",
 ]
 
 StreamName = Literal["stdout", "stderr"]
@@ -161,11 +163,30 @@ class OutputCapture:
         expected to stop the writer from `on_limit`. Does not close `source`.
         """
         while chunk := await source.receive_some(READ_CHUNK_BYTES):
-            await self.write(stream, bytes(chunk))
+            # Once read, a chunk is kept even if the reader is cancelled meanwhile.
+            with trio.CancelScope(shield=True):
+                await self.write(stream, bytes(chunk))
         if self._on_output is not None:
             tail = self._streams[stream].decoder.decode(b"", final=True)
             if tail:
                 await self._on_output(stream, tail)
+
+
+def read_buffered(stream: trio.lowlevel.FdStream) -> bytes:
+    """What is already waiting in a pipe, without waiting for more.
+
+    A pipe holds at most its capacity (64 KiB by default), so this is bounded.
+    """
+    chunks = []
+    while True:
+        try:
+            data = os.read(stream.fileno(), READ_CHUNK_BYTES)
+        except (BlockingIOError, OSError):
+            break
+        if not data:
+            break
+        chunks.append(data)
+    return b"".join(chunks)
 
 
 class _Phase(enum.Enum):
@@ -256,8 +277,14 @@ class ResultSplitter(trio.abc.ReceiveStream):
             callback()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        """The next program output; b"" only at end of stream."""
+        """The next program output; b"" at end of stream or once the payload is in.
+
+        The payload is the worker's last word: anything after it cannot change the
+        outcome, so the reader need not wait for the sandbox to exit.
+        """
         while True:
+            if self.payload is not None:
+                return b""
             chunk = await self._source.receive_some(max_bytes)
             if not chunk:
                 held, self._held = self._held, b""

@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 # broken runtime costs one attempt every half minute rather than a busy loop.
 FIRST_BACKOFF_S = 0.1
 MAX_BACKOFF_S = 30.0
+# Long enough for a trivial program to finish before its replacement starts competing
+# for the CPU; short enough that a long program does not leave the pool a worker short.
+REFILL_DELAY_S = 0.05
 
 # Closing an idle worker is a kill and a reap; a worker that takes longer than this is
 # left to its task, which the nursery still waits for.
@@ -162,8 +165,16 @@ class WarmPool(Generic[W]):
         worker = self._idle.pop()
         self._in_use.add(worker)
         self._handed_out += 1
-        self._wake()
+        # The refill waits for the job to finish, or for REFILL_DELAY_S: starting a
+        # runtime competes for the CPU with the job just handed out, and on a small
+        # machine that costs the job more than a short wait costs the pool.
+        if self._nursery is not None:
+            self._nursery.start_soon(self._wake_after, REFILL_DELAY_S)
         return worker
+
+    async def _wake_after(self, delay_s: float) -> None:
+        await trio.sleep(delay_s)
+        self._wake()
 
     def _wake(self) -> None:
         self._changed.set()

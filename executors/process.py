@@ -1,10 +1,13 @@
 """Helpers for sandbox subprocesses: resource limits, process groups, environment.
 
 A sandbox subprocess starts in its own session (so its process group id is its pid and
-the whole group can be killed at once), with a minimal environment and resource limits
-set between fork and exec. Limits that depend on the job are tightened later on the
-live process with `lower_rlimit`, which is how a warm worker started before its job
-gets that job's limits.
+the whole group can be killed at once), with a minimal environment, and gets its
+resource limits from the parent (`apply_limits`) right after it starts: setting them
+between fork and exec would need a `preexec_fn`, which makes every start fork the whole
+daemon (~0.5 ms holding the GIL) instead of vfork-ing. The runtime's own start-up is
+trusted code; limits are in place before any program is handed over. Limits that
+depend on the job are tightened later on the live process with `lower_rlimit`, which is
+how a warm worker started before its job gets that job's limits.
 
 This module knows nothing about any particular runtime. RLIMIT_AS is deliberately not
 used: V8 reserves gigabytes of address space it never touches. RLIMIT_DATA, which
@@ -19,7 +22,7 @@ import math
 import os
 import resource
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +30,7 @@ import trio
 
 __all__ = [
     "ProcessLimits",
+    "apply_limits",
     "cpu_backstop_s",
     "describe_returncode",
     "kill_process_group",
@@ -86,31 +90,26 @@ def cpu_backstop_s(timeout_s: float) -> int:
     return math.ceil(timeout_s * CPU_BACKSTOP_FACTOR) + CPU_BACKSTOP_SLACK_S
 
 
-def _preexec(limits: ProcessLimits) -> Callable[[], None]:
-    # Computed in the parent: between fork and exec the child should only make
-    # system calls, not allocate or import.
-    pairs = limits.rlimits()
-    setrlimit = resource.setrlimit
+def apply_limits(pid: int, limits: ProcessLimits) -> None:
+    """Set `limits` on the live process `pid` (only ever lowering them).
 
-    def apply() -> None:
-        for which, value in pairs:
-            setrlimit(which, value)
-
-    return apply
+    Raises `ProcessLookupError` if the process is gone.
+    """
+    for which, (soft, hard) in limits.rlimits():
+        lower_rlimit(pid, which, soft, hard)
 
 
 def sandbox_process_options(
-    limits: ProcessLimits, *, cwd: os.PathLike[str] | str, env: Mapping[str, str]
+    *, cwd: os.PathLike[str] | str, env: Mapping[str, str]
 ) -> dict[str, Any]:
     """Keyword arguments for `trio.run_process` that start a sandbox process.
 
     The process gets its own session (and so its own process group, for
-    `kill_process_group`), `limits`, exactly `env`, `cwd`, and no inherited file
-    descriptors beyond the standard three.
+    `kill_process_group`), exactly `env`, `cwd`, and no inherited file descriptors
+    beyond the standard three. Call `apply_limits` on it before handing it a program.
     """
     return {
         "start_new_session": True,
-        "preexec_fn": _preexec(limits),
         "cwd": os.fspath(cwd),
         "env": dict(env),
         "close_fds": True,

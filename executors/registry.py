@@ -91,9 +91,7 @@ class ExecutorRegistry:
         infos = [executor.info() for executor in self._executors.values()]
         for name, languages in KNOWN_EXECUTORS.items():
             if name not in self._executors:
-                infos.append(
-                    ExecutorInfo(name, languages, available=False, reason="not built yet")
-                )
+                infos.append(ExecutorInfo(name, languages, available=False, reason="not built yet"))
         return infos
 
     def defaults(self) -> dict[str, str]:

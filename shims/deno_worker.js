@@ -164,6 +164,12 @@ globalThis.addEventListener("unhandledrejection", (event) => {
   fail(event.reason);
 });
 
+// The first dynamic import of a data: URL sets up Deno's module loader and TypeScript
+// transpiler (~3 ms). Paying that before READY takes it off the request path. The warm-up
+// modules are constants of ours, so nothing of a program runs before its job arrives.
+await import("data:application/typescript;base64," + toBase64.call(encode("export const n: number = 1;")));
+await import("data:application/javascript;base64," + toBase64.call(encode("export const n = 1;")));
+
 writeAll(READY);
 const job = await readJob();
 

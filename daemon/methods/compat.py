@@ -42,10 +42,10 @@ ALIASES: dict[str, Alias] = {
 
 class SeedLimits(Params):
     model_config = ConfigDict(extra="ignore", frozen=True)
-    timeoutMs: int | None = Field(None, ge=1)  # noqa: N815 (wire names)
-    memoryLimitMb: int | None = Field(None, ge=16)  # noqa: N815
-    maxOutputBytes: int | None = Field(None, ge=0)  # noqa: N815
-    maxLogEntries: int | None = Field(None, ge=0)  # noqa: N815
+    timeoutMs: int | None = Field(None, ge=1)
+    memoryLimitMb: int | None = Field(None, ge=16)
+    maxOutputBytes: int | None = Field(None, ge=0)
+    maxLogEntries: int | None = Field(None, ge=0)
 
     def overrides(self) -> dict[str, int]:
         names = {
@@ -62,7 +62,7 @@ class SeedExecuteParams(Params):
     model_config = ConfigDict(extra="ignore", frozen=True)
     code: str
     limits: SeedLimits | None = None
-    allowedTools: list[str] | None = None  # noqa: N815
+    allowedTools: list[str] | None = None
 
 
 _LIMIT_ERRORS: dict[str, type[RpcError]] = {
@@ -106,5 +106,5 @@ for _name, _alias in ALIASES.items():
         _name,
         params=SeedExecuteParams,
         scope="execute",
-        description=f"Seed-compatible alias: run {_alias.language}, answer {{stdout, stderr, exitCode}}",
+        description=f"Seed alias: run {_alias.language}, answer {{stdout, stderr, exitCode}}",
     )(partial(_execute_alias, _alias.language, _name))

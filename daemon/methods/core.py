@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ConfigDict
+from pydantic import ConfigDict, Field
 
 from conduit.daemon.dispatcher import METHODS, CallContext, Params, method
 from conduit.daemon.version import VERSION
@@ -23,9 +23,9 @@ INSTRUCTIONS = (
 class InitializeParams(Params):
     # MCP clients send more than we read; what we do not know we ignore here.
     model_config = ConfigDict(extra="allow", frozen=True)
-    protocolVersion: str = PROTOCOL_VERSIONS[0]  # noqa: N815 (wire name)
-    capabilities: dict[str, Any] = {}
-    clientInfo: dict[str, Any] = {}  # noqa: N815
+    protocolVersion: str = PROTOCOL_VERSIONS[0]
+    capabilities: dict[str, Any] = Field(default_factory=dict)
+    clientInfo: dict[str, Any] = Field(default_factory=dict)
 
 
 @method("initialize", params=InitializeParams, scope=None)

@@ -55,7 +55,7 @@ def deno_children() -> set[int]:
 async def wait_for(condition: Callable[[], bool]) -> None:
     """Poll `condition` until true (the pool refills in the background)."""
     with trio.fail_after(WAIT_S):
-        while not condition():  # noqa: ASYNC110  (statistics() snapshots have no event)
+        while not condition():
             await trio.sleep(0.01)
 
 
