@@ -44,7 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("exec", help="run a program through the daemon")
     _add_connection_flags(run)
     run.add_argument("file", help="program file, or - for standard input")
-    run.add_argument("--lang", choices=["python", "typescript", "javascript"])
+    run.add_argument(
+        "--lang", help="python, typescript or javascript (py, ts, js); default from the file name"
+    )
     run.add_argument("--executor", help="override the language's default executor")
     run.add_argument("--timeout-ms", type=int, help="wall-clock limit")
     run.add_argument("--inputs", help="JSON value the program sees as `inputs`")

@@ -1,0 +1,128 @@
+"""The `conduit` command as a person uses it, against a real daemon process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from conduit.daemon.auth import hash_token
+from tests.e2e.helpers import CONDUIT, base_env, conduit_serve
+
+
+async def conduit(
+    *args: str, stdin: bytes = b"", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    with trio.fail_after(60):
+        return await trio.run_process(
+            [CONDUIT, *args],
+            stdin=stdin,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env=env,
+        )
+
+
+@pytest.fixture
+async def running(tmp_path: Path, short_dir: Path) -> Any:
+    sock = str(short_dir / "c.sock")
+    async with conduit_serve(tmp_path, sock) as daemon:
+        yield daemon
+
+
+async def test_version() -> None:
+    done = await conduit("--version")
+    assert done.returncode == 0
+    assert done.stdout.decode().startswith("conduit ")
+
+
+async def test_exec_prints_output_and_result_and_exits_with_the_status(running: Any) -> None:
+    sock = running.socket_path
+    ok = await conduit(
+        "exec", "--socket", sock, "--lang", "ts", "-", stdin=b"console.log('hi'); 40 + 2"
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.decode() == "hi\n42\n"
+
+    failed = await conduit("exec", "--socket", sock, "-", stdin=b"throw new RangeError('nope')")
+    assert failed.returncode == 1
+    assert "[error]" in failed.stderr.decode()
+    assert "nope" in failed.stderr.decode()
+
+    slow = await conduit("exec", "--socket", sock, "--timeout-ms", "300", "-", stdin=b"for(;;){}")
+    assert slow.returncode == 124
+    assert "[timeout]" in slow.stderr.decode()
+
+
+async def test_exec_of_a_file_with_json_and_inputs(running: Any, tmp_path: Path) -> None:
+    program = tmp_path / "double.js"
+    program.write_text("inputs.n * 2")
+    done = await conduit(
+        "exec", "--socket", running.socket_path, "--json", "--inputs", '{"n": 21}', str(program)
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["status"] == "ok"
+    assert result["result"] == 42
+    assert result["executor"] == "deno"
+
+
+async def test_call_prints_results_and_errors(running: Any) -> None:
+    sock = running.socket_path
+    done = await conduit("call", "--socket", sock, "ping")
+    assert done.returncode == 0
+    assert json.loads(done.stdout) == {}
+    wrong = await conduit("call", "--socket", sock, "pnig")
+    assert wrong.returncode == 1
+    assert "error -32601" in wrong.stderr.decode()
+    assert "did you mean 'ping'" in wrong.stderr.decode()
+    bad_json = await conduit("call", "--socket", sock, "execute", "{nope")
+    assert bad_json.returncode == 2
+
+
+async def test_no_daemon_is_a_clear_error(short_dir: Path) -> None:
+    done = await conduit("call", "--socket", str(short_dir / "none.sock"), "ping")
+    assert done.returncode == 3
+    assert "is `conduit serve` running?" in done.stderr.decode()
+
+
+async def test_token_new_prints_a_token_and_its_config_entry(
+    tmp_path: Path, short_dir: Path
+) -> None:
+    done = await conduit("token", "new", "--name", "bot", "--scopes", "execute,tools")
+    assert done.returncode == 0
+    token = done.stdout.decode().strip()
+    entry = done.stderr.decode()
+    assert f'sha256 = "{hash_token(token)}"' in entry
+    assert token not in entry
+    # The printed entry, pasted into a config, admits that token with those scopes.
+    config = tmp_path / "conduit.toml"
+    config.write_text("[auth]\npeer_credentials = false\n" + entry.split("\n", 2)[2])
+    sock = str(short_dir / "c.sock")
+    async with conduit_serve(tmp_path, sock, "--config", str(config)):
+        env = {**base_env(tmp_path / "state"), "CONDUIT_TOKEN": token}
+        whoami = await conduit("call", "--socket", sock, "auth/whoami", env=env)
+    assert json.loads(whoami.stdout)["principal"] == {
+        "name": "bot",
+        "kind": "client",
+        "scopes": ["execute", "tools"],
+    }
+
+
+async def test_doctor_reports_each_executor(tmp_path: Path) -> None:
+    env = base_env(tmp_path / "state")
+    done = await conduit("doctor", env=env)
+    report = done.stdout.decode()
+    assert "executor deno" in report
+    deno_line = next(line for line in report.splitlines() if line.startswith("executor deno"))
+    assert "ok (2." in deno_line
+    python_line = next(line for line in report.splitlines() if "wasm-python" in line)
+    assert "unavailable" in python_line
+    assert "daemon: not running" in report
+    # A default executor that is unavailable makes the check fail, as it should.
+    assert done.returncode == 1
