@@ -1,0 +1,44 @@
+"""The package's public surface and generated documents stay accurate."""
+
+from __future__ import annotations
+
+import importlib
+import types
+from pathlib import Path
+
+import pytest
+
+from conduit.daemon.reference import render_protocol
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    "name", ["conduit.daemon", "conduit.executors", "conduit.gateway", "conduit.daemon.errors"]
+)
+def test_all_lists_exactly_the_public_names(name: str) -> None:
+    module = importlib.import_module(name)
+    exported = set(module.__all__)
+    assert all(hasattr(module, attribute) for attribute in exported)
+    public = {
+        attribute
+        for attribute, value in vars(module).items()
+        if not attribute.startswith("_")
+        and not isinstance(value, types.ModuleType)
+        and getattr(value, "__module__", name).startswith(name)
+        and attribute not in {"annotations"}
+    }
+    assert public <= exported | {"Any", "ClassVar"}
+
+
+def test_protocol_reference_is_generated_from_the_method_table() -> None:
+    committed = (ROOT / "docs" / "protocol.md").read_text()
+    assert committed == render_protocol(), (
+        "run: python -m conduit.daemon.reference > docs/protocol.md"
+    )
+
+
+def test_shims_ship_as_package_data() -> None:
+    from importlib.resources import files
+
+    assert (files("conduit.shims") / "deno_worker.js").is_file()
