@@ -1,0 +1,637 @@
+"""prepare_module: the program becomes the body of an async default export.
+
+The tables pin the exact body text, so that every rewrite (and every refusal to rewrite)
+is visible. `test_programs_run_under_deno` then runs a set of programs through real
+Deno, which is the only judge of whether a rewrite is valid TypeScript.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deno import find_deno_bin
+
+from conduit.executors import js_source
+from conduit.executors.js_source import PreparedModule, prepare_module
+
+HEAD = "export default async function (inputs) {"
+
+
+def split(code: str) -> tuple[str, str]:
+    """The hoisted imports (what precedes HEAD on line 1) and the function body."""
+    module = prepare_module(code)
+    assert module.line_offset == 1
+    header, _, rest = module.text.partition("\n")
+    assert header.endswith(HEAD)
+    assert rest.endswith("\n}\n")
+    return header.removesuffix(HEAD), rest.removesuffix("\n}\n")
+
+
+def body(code: str) -> str:
+    return split(code)[1]
+
+
+RETURNED = [
+    # A final expression statement is returned, whatever comes before it.
+    ("1 + 1", "return (1 + 1)"),
+    ("const x = 2; x * 3", "const x = 2; return (x * 3)"),
+    ("const x = 2;\nx * 3;", "const x = 2;\nreturn (x * 3);"),
+    ("const a = 1\nconst b = 2\na + b", "const a = 1\nconst b = 2\nreturn (a + b)"),
+    ("await foo()", "return (await foo())"),
+    ("await Promise.all([a(), b()])", "return (await Promise.all([a(), b()]))"),
+    ("console.log(1)", "return (console.log(1))"),
+    ("x++", "return (x++)"),
+    ("let x = 1\nx\n++y", "let x = 1\nx\nreturn (++y)"),
+    ("-x", "return (-x)"),
+    ("!done", "return (!done)"),
+    ("'str'", "return ('str')"),
+    ("42", "return (42)"),
+    ("`t ${x}`", "return (`t ${x}`)"),
+    ("/re/.test(s)", "return (/re/.test(s))"),
+    ("[1, 2]", "return ([1, 2])"),
+    ("({a: 1})", "return (({a: 1}))"),
+    ("x => x * 2", "return (x => x * 2)"),
+    ("async () => 1", "return (async () => 1)"),
+    ("(async () => { return 1 })()", "return ((async () => { return 1 })())"),
+    ("new Date(0).toISOString()", "return (new Date(0).toISOString())"),
+    ("typeof x", "return (typeof x)"),
+    ("void 0", "return (void 0)"),
+    ("delete o.k", "return (delete o.k)"),
+    ("import.meta.url", "return (import.meta.url)"),
+    ("await import('node:path')", "return (await import('node:path'))"),
+    ("x = 1", "return (x = 1)"),
+    ("a, b", "return (a, b)"),
+    ("type = 1", "return (type = 1)"),
+    ("async(1)", "return (async(1))"),
+    # Comments and semicolons after the expression stay outside the parentheses.
+    ("foo()\n// done", "return (foo())\n// done"),
+    ("foo() // trailing", "return (foo()) // trailing"),
+    ("foo(); /* c */", "return (foo()); /* c */"),
+    ("foo();;", "return (foo());;"),
+    ("foo()\n;", "return (foo())\n;"),
+    ("const x = 1 // one\nx", "const x = 1 // one\nreturn (x)"),
+    # Lines that continue the previous one, as JavaScript reads them.
+    ("a\n(b)", "return (a\n(b))"),
+    ("a\n[0]", "return (a\n[0])"),
+    ("tag\n`x`", "return (tag\n`x`)"),
+    ("a\n?.b", "return (a\n?.b)"),
+    ("x\n+ y", "return (x\n+ y)"),
+    ("x\n  instanceof Y", "return (x\n  instanceof Y)"),
+    ("cond\n  ? a\n  : b", "return (cond\n  ? a\n  : b)"),
+    (
+        "[1, 2, 3]\n  .map((x) => x * 2)\n  .filter(Boolean)",
+        "return ([1, 2, 3]\n  .map((x) => x * 2)\n  .filter(Boolean))",
+    ),
+    ("const f = async () =>\n  foo()\nf", "const f = async () =>\n  foo()\nreturn (f)"),
+    ("const x = await\n  foo()\nx", "const x = await\n  foo()\nreturn (x)"),
+    # Statements after a block end there, on the same line or the next.
+    ("function f() {}\nf()", "function f() {}\nreturn (f())"),
+    ("function f() {} f()", "function f() {} return (f())"),
+    ("if (x) {} foo()", "if (x) {} return (foo())"),
+    ("if (x) {\n}\nfoo()", "if (x) {\n}\nreturn (foo())"),
+    ("class A {}\nnew A()", "class A {}\nreturn (new A())"),
+    ("try { a() } catch { b() } c()", "try { a() } catch { b() } return (c())"),
+    ("do x++; while (x < 3)\nx", "do x++; while (x < 3)\nreturn (x)"),
+    ("if (a) b; else c\nd", "if (a) b; else c\nreturn (d)"),
+    (
+        "for (const k of ks)\n  total += k\ntotal",
+        "for (const k of ks)\n  total += k\nreturn (total)",
+    ),
+    ("label: for (;;) break label\n1", "label: for (;;) break label\nreturn (1)"),
+    ("return 5\n6", "return 5\nreturn (6)"),
+    # Strings, templates, regular expressions and comments hide their contents.
+    ("const s = `a ${ {b: `}`}.b } c`; s", "const s = `a ${ {b: `}`}.b } c`; return (s)"),
+    ("const t = `${`${`${1}`}`}`\nt", "const t = `${`${`${1}`}`}`\nreturn (t)"),
+    ("const t = `x\n}\n`\nt", "const t = `x\n}\n`\nreturn (t)"),
+    (
+        "const r = /[/\"']+/g; 'a\"b'.replace(r, '')",
+        "const r = /[/\"']+/g; return ('a\"b'.replace(r, ''))",
+    ),
+    ("const r = /a\\/b\\[/; r", "const r = /a\\/b\\[/; return (r)"),
+    ("const h = a / 2 / b\nh", "const h = a / 2 / b\nreturn (h)"),
+    ("const h = (a) / 2 // c\nh", "const h = (a) / 2 // c\nreturn (h)"),
+    ("const m = x.split(/\\s+/).length / 2\nm", "const m = x.split(/\\s+/).length / 2\nreturn (m)"),
+    ("const s = 'it\\'s'\ns", "const s = 'it\\'s'\nreturn (s)"),
+    ('const s = "a\\"}"\ns', 'const s = "a\\"}"\nreturn (s)'),
+    ("/* { */ x /* } */", "/* { */ return (x) /* } */"),
+    ("const o = { '}': `{` }\no", "const o = { '}': `{` }\nreturn (o)"),
+    ("const π = 3.14\nπ * 2", "const π = 3.14\nreturn (π * 2)"),
+    ("const 名前 = 1\n名前", "const 名前 = 1\nreturn (名前)"),
+    ("class A { #x = 1; get() { return this.#x } }\nnew A().get()", None),
+    # TypeScript syntax.
+    ("const n: number = 1\nn", "const n: number = 1\nreturn (n)"),
+    ("const v = x as unknown as T\nv!", "const v = x as unknown as T\nreturn (v!)"),
+    ("const v = x!\nv", "const v = x!\nreturn (v)"),
+    ("const v = f()!\nv", "const v = f()!\nreturn (v)"),
+    ("id<string>('x')", "return (id<string>('x'))"),
+    ("const f = <T,>(x: T): T => x\nf(1)", "const f = <T,>(x: T): T => x\nreturn (f(1))"),
+    (
+        "type A = Array<string>\nconst a: A = []\na",
+        "type A = Array<string>\nconst a: A = []\nreturn (a)",
+    ),
+    ("interface I { a: number }\n1", "interface I { a: number }\nreturn (1)"),
+    ("enum E { A, B }\nE.B", "enum E { A, B }\nreturn (E.B)"),
+    (
+        "function f(x: string): { a: number } { return { a: 1 } }\nf('')",
+        "function f(x: string): { a: number } { return { a: 1 } }\nreturn (f(''))",
+    ),
+    (
+        "class C<T> extends B<{ a: 1 }> implements I { x!: T }\nnew C()",
+        "class C<T> extends B<{ a: 1 }> implements I { x!: T }\nreturn (new C())",
+    ),
+    ("x satisfies T", "return (x satisfies T)"),
+    ("@dec\nclass A {}\nnew A()", "@dec\nclass A {}\nreturn (new A())"),
+    ("a?.b?.[0]?.(1)", "return (a?.b?.[0]?.(1))"),
+    ("let a: Map<string, number[]>\na", "let a: Map<string, number[]>\nreturn (a)"),
+]
+
+NOT_RETURNED = [
+    "",
+    "// only a comment",
+    "{a: 1}",
+    "{ foo() }",
+    "const x = 1",
+    "let x",
+    "var x = 1;",
+    "function f() {}",
+    "async function f() {}",
+    "function* g() {}",
+    "class A {}",
+    "abstract class A {}",
+    "if (x) {\n  y()\n}",
+    "if (x) y()\nelse z()",
+    "if (x) y()\nelse if (w) z()",
+    "for (const a of b)\n  total += a",
+    "for await (const a of b) c(a)",
+    "while (x) x--",
+    "do { x++ } while (x < 3)",
+    "do x++\nwhile (x < 3)",
+    "switch (x) { case 1: break }",
+    "try { a() } catch { b() }",
+    "try { a() } finally { b() }",
+    "throw new Error('x')",
+    "return 5",
+    "label: for (;;) break label",
+    "outer:\nfor (;;) { break outer }",
+    "x:\ny()",
+    "type A = string",
+    "interface I { a: number }",
+    "enum E { A }",
+    "declare const x: number",
+    "namespace N { export const a = 1 }",
+    "module M {}",
+    "await using r = res()",
+    "using r = res()",
+    "@dec class A {}",
+    "@dec\nclass A {}",
+    "debugger",
+    "<div>{x}</div>",
+    "...x",
+]
+
+
+@pytest.mark.parametrize(("code", "expected"), RETURNED)
+def test_final_expression_is_returned(code: str, expected: str | None) -> None:
+    if expected is None:  # the rewrite is the obvious one on the last line
+        *rest, last = code.split("\n")
+        expected = "\n".join([*rest, f"return ({last})"])
+    assert body(code) == expected
+
+
+@pytest.mark.parametrize("code", NOT_RETURNED)
+def test_other_final_statements_are_left_alone(code: str) -> None:
+    assert body(code) == code
+
+
+IMPORTS = [
+    ('import { join } from "node:path"\njoin("a")', 'import { join } from "node:path";', 1),
+    ('import x from "y";\nx', 'import x from "y";', 1),
+    ('import "./side.ts"\n1', 'import "./side.ts";', 1),
+    ("import * as ns from 'm'\nns", "import * as ns from 'm';", 1),
+    ("import type { T } from './t.ts'\nconst a: T = 1", "import type { T } from './t.ts';", 1),
+    ("import d, { a as b } from 'm'\nd", "import d, { a as b } from 'm';", 1),
+    (
+        'import data from "./d.json" with { type: "json" }\ndata',
+        'import data from "./d.json" with { type: "json" };',
+        1,
+    ),
+    (
+        "import {\n  a, // the a\n  b, /* the b */\n} from 'm'\na + b",
+        "import { a, b, } from 'm';",
+        4,
+    ),
+    ("import x\n  from 'm'\nx", "import x from 'm';", 2),
+    ("foo();\nimport x from 'y'\nbar()", "import x from 'y';", 1),
+    ("a()\nimport x from 'y'\nimport z from 'w'\nb()", "import x from 'y'; import z from 'w';", 1),
+    ("\n\n  import x from 'y'\nx", "import x from 'y';", 1),
+    ("\u2028import x from 'y'\nx", "import x from 'y';", 1),
+]
+
+
+@pytest.mark.parametrize(("code", "header", "lines"), IMPORTS)
+def test_static_imports_are_hoisted_to_line_one(code: str, header: str, lines: int) -> None:
+    imports, text = split(code)
+    assert " ".join(imports.split()) == header
+    assert text.count("\n") == code.count("\n"), "line numbers must not move"
+    assert "import" not in text
+    # The import's own lines are left empty; nothing else moves.
+    start = code.index("import")
+    first_line = code[:start].count("\n")
+    assert all(not line.strip() for line in text.split("\n")[first_line : first_line + lines])
+
+
+def test_an_import_declaration_ends_at_its_module_specifier() -> None:
+    assert split("import x from 'y'\n(foo)()") == ("import x from 'y'; ", "\nreturn ((foo)())")
+
+
+def test_an_import_sharing_a_line_is_blanked_with_spaces() -> None:
+    imports, text = split("x(); import y from 'z'; y")
+    assert imports == "import y from 'z'; "
+    assert text == "x(); " + " " * len("import y from 'z';") + " return (y)"
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["const p = import('x')\nawait p", "import('x')", "import.meta.url", "const m = import.meta"],
+)
+def test_dynamic_import_and_import_meta_are_not_hoisted(code: str) -> None:
+    imports, text = split(code)
+    assert imports == ""
+    assert "import" in text
+
+
+EXPORTS = [
+    ("export const a = 1\na", "       const a = 1\nreturn (a)"),
+    ("export function f() { return 1 }\nf()", "       function f() { return 1 }\nreturn (f())"),
+    ("export async function f() {}", "       async function f() {}"),
+    ("export class A {}\nnew A()", "       class A {}\nreturn (new A())"),
+    ("export interface I { a: 1 }\n1", "       interface I { a: 1 }\nreturn (1)"),
+    ("export type T = 1\n1", "       type T = 1\nreturn (1)"),
+    ("export default 42", "return (42)"),
+    ("export default { a: 1 }", "return ({ a: 1 })"),
+    ("export default { a: 1 };\n// end", "return ({ a: 1 });\n// end"),
+    ("export default function () { return 1 }", "return (function () { return 1 })"),
+    ("export default async () => 1", "return (async () => 1)"),
+    ("export default class {}", "return (class {})"),
+    ("export default class extends B {}", "return (class extends B {})"),
+    ("export default function main() { return 1 }", "function main() { return 1 }"),
+    ("export default class Main {}\n1", "class Main {}\nreturn (1)"),
+    ("export default 1\nfoo()", "(1)\nreturn (foo())"),
+    ("export default\n  { a: 1 }", "return (\n  { a: 1 })"),
+    ("export // why\nconst a = 1", "       // why\nconst a = 1"),
+    ("export\nfunction f() {}", "      \nfunction f() {}"),
+    ("const a = 1\nexport { a }\na", "const a = 1\n\nreturn (a)"),
+    ("export { a as b } from './m.ts'\n1", "\nreturn (1)"),
+    ("export * from 'x'\n1", "\nreturn (1)"),
+    ("export * as ns from 'x'; 1", " " * len("export * as ns from 'x'; ") + "return (1)"),
+    ("export type { T } from './t.ts'\n1", "\nreturn (1)"),
+    ("1\nexport { a }", "return (1)\n"),
+]
+
+
+@pytest.mark.parametrize(("code", "expected"), EXPORTS)
+def test_top_level_exports_become_plain_statements(code: str, expected: str) -> None:
+    assert split(code) == ("", expected)
+
+
+def test_long_else_if_chains_are_read() -> None:
+    """Read in a loop: a recursion limit would make the whole rewrite give up."""
+    chain = "if (x) y = 0\n" + "".join(f"else if (x === {i}) y = {i}\n" for i in range(3000))
+    imports, text = split(f"import x from 'x'\n{chain}")
+    assert (imports, text) == ("import x from 'x'; ", f"\n{chain}")
+
+
+def test_deeply_nested_brackets_are_read() -> None:
+    code = "const a = " + "[(" * 2000 + "1" + ")]" * 2000 + "\na"
+    assert body(code).endswith("\nreturn (a)")
+
+
+def test_a_hashbang_line_is_blanked() -> None:
+    assert body("#!/usr/bin/env -S deno run\n1") == "\nreturn (1)"
+
+
+UNTOKENIZABLE = [
+    "'unterminated\nimport x from 'y'\n1",
+    "foo(\nimport x from 'y'\n1",
+    "foo)\n1",
+    "[1, 2)\n1",
+    "/* unterminated\n1",
+    "`unterminated ${\n1",
+    "`${ foo( }`\n1",
+    "x = \\\n1",
+]
+
+
+@pytest.mark.parametrize("code", UNTOKENIZABLE)
+def test_untokenizable_programs_are_wrapped_unchanged(code: str) -> None:
+    """Deno will report the syntax error, at the right line; no rewrite may hide it."""
+    assert split(code) == ("", code)
+
+
+ALL_PROGRAMS = (
+    [code for code, _ in RETURNED]
+    + NOT_RETURNED
+    + [code for code, _, _ in IMPORTS]
+    + [code for code, _ in EXPORTS]
+    + UNTOKENIZABLE
+)
+
+
+@pytest.mark.parametrize("code", ALL_PROGRAMS)
+def test_every_line_stays_at_its_number(code: str) -> None:
+    imports, text = split(code)
+    assert "\n" not in imports
+    assert text.count("\n") == code.count("\n")
+
+
+@pytest.mark.parametrize("code", ["1\r\n2", "1\r2", "1\u20282", "x\u2029(y)", "a\r\n(b)"])
+def test_other_line_terminators(code: str) -> None:
+    """JavaScript also ends lines at CR, U+2028 and U+2029."""
+    expected = {
+        "1\r\n2": "1\r\nreturn (2)",
+        "1\r2": "1\rreturn (2)",
+        "1\u20282": "1\u2028return (2)",
+        "x\u2029(y)": "return (x\u2029(y))",
+        "a\r\n(b)": "return (a\r\n(b))",
+    }
+    assert body(code) == expected[code]
+
+
+# Statements for generated programs: each is complete on its own lines, so any
+# sequence of them is a program. They mix every shape `_scan` recognises a statement
+# start by with shapes it does not.
+_STATEMENTS = [
+    "const a{i} = {i}",
+    "let b{i}: number = a{i} / 2",
+    "foo({i}, 'x')",
+    "bar[{i}]",
+    "obj.method({i})\n  .then((v) => v)\n  .catch(() => null)",
+    "x{i}\n  + y",
+    "if (c{i}) {{\n  d()\n}} else {{\n  e()\n}}",
+    "if (c{i})\n  d()",
+    "for (const k of ks)\n  total += k",
+    "function f{i}(): {{ a: number }} {{\n  return {{ a: {i} }}\n}}",
+    "async function g{i}() {{ await h() }}",
+    "class C{i} extends Base {{\n  m() {{ return `${{this.x}}` }}\n}}",
+    "type T{i} = {{ a: string; b: Array<number> }}",
+    "interface I{i} {{\n  a: string\n}}",
+    "label{i}: for (;;) break label{i}",
+    "const s{i} = `a ${{`b ${{c}} /`}} }}`",
+    "const r{i} = /[/'\"]+/g.test(s)",
+    "'str{i}'",
+    "await p{i}",
+    "{{ block{i}() }}",
+    "try {{ t() }} catch (e) {{ u(e) }}",
+    "do {{ n++ }} while (n < {i})",
+    "// comment {i}",
+    "/* block\n   comment {i} */",
+    "import m{i} from 'm{i}'",
+    "export const e{i} = {i}",
+    "export {{ e{i} }}",
+    "export default {i}",
+    "(x{i})",
+    "[1, 2].forEach((v) => v)",
+    "tag{i}`t`",
+    "return {i}",
+]
+_SEPARATORS = ["\n", ";\n", "; ", "\n\n", " // end\n"]
+
+
+def _generated_programs(count: int, seed: int = 1) -> list[str]:
+    rng = random.Random(seed)
+    programs = []
+    for _ in range(count):
+        statements = [rng.choice(_STATEMENTS).format(i=i) for i in range(rng.randint(1, 8))]
+        # A line comment takes the rest of its line: only a line break may follow it.
+        separators = [
+            "\n" if statement.startswith("//") else rng.choice(_SEPARATORS)
+            for statement in statements
+        ]
+        programs.append("".join(s + sep for s, sep in zip(statements, separators, strict=True)))
+    return programs
+
+
+@pytest.mark.parametrize("code", ALL_PROGRAMS + _generated_programs(400))
+def test_scanning_shortcut_agrees_with_reading_everything(
+    code: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`_scan` lets `_plan` read only the statements after the last boundary it found;
+    reading every statement from the start must give the same module."""
+    fast = prepare_module(code)
+    monkeypatch.setattr(js_source, "_scan", lambda text: (js_source._shebang_end(text), []))
+    assert prepare_module(code) == fast
+
+
+def _large_program(size: int) -> str:
+    parts: list[str] = []
+    total, i = 0, 0
+    while total < size:
+        part = _generated_programs(1, seed=i)[0] + (
+            f"async function work{i}(items: Array<{{ id: number }}>) {{\n"
+            f"  for (const item of items) {{\n"
+            f"    if (/^x\\/\\d+$/.test(`${{item.id}}`) && item.id / 2 > 1) {{\n"
+            f"      out.push(`${{item.id}}: ${{JSON.stringify({{ a: [1, {{ b: 2 }}] }})}}`)\n"
+            f"    }}\n  }}\n}}\n"
+        )
+        parts.append(part)
+        total += len(part)
+        i += 1
+    return "".join(parts) + "result\n"
+
+
+def test_large_programs_are_prepared_quickly() -> None:
+    """It runs on every request: 100 KB typically takes 1-3 ms. The bound only catches
+    a lost linearity (a quadratic walk takes seconds), not a slow machine."""
+    code = _large_program(100_000)
+    timings = []
+    for _ in range(3):
+        started = time.perf_counter()
+        module = prepare_module(code)
+        timings.append(time.perf_counter() - started)
+    assert module.text.endswith("return (result)\n\n}\n")
+    assert min(timings) < 0.1
+
+
+# --- Under Deno ---------------------------------------------------------------------------
+
+# (program, inputs, expected JSON value; None for `undefined`)
+DENO_PROGRAMS: list[tuple[str, dict[str, Any], Any]] = [
+    ("1 + 1", {}, 2),
+    ("const x = 2; x * 3", {}, 6),
+    ("inputs.a + inputs.b", {"a": 40, "b": 2}, 42),
+    ("const xs = [1, 2, 3]\nxs\n  .map((x) => x * 2)\n  .filter((x) => x > 2)", {}, [4, 6]),
+    ("const s = `a ${ {b: `}`}.b } c ${'`'}`\ns", {}, "a } c `"),
+    ("const t = `${`${`${1 + 1}`}`}`\nt", {}, "2"),
+    ("const r = /[/\"']+/g\n'a/\"b\\'c'.replace(r, '')", {}, "abc"),
+    ("const a = 10, g = 2\nconst h = a / 2 / g\nh", {}, 2.5),
+    ("const t = 'x'.replace(/x/g, 'y') // /\nt", {}, "y"),
+    ("const s = 'it\\'s \"q\"'\ns", {}, 'it\'s "q"'),
+    ("const o = { '}': '{', \"q\\\"\": 1 }\no['}'] + Object.keys(o).length", {}, "{2"),
+    ("const π = 3\nconst 名前 = 'n'\nπ + 名前", {}, "3n"),
+    ("let n = 0\nfor (const k of [1, 2, 3])\n  n += k\nn", {}, 6),
+    ("let x = 1\nx++", {}, 1),
+    ("({ a: 1, b: [true, null] })", {}, {"a": 1, "b": [True, None]}),
+    ("const k = 'a';\n({ [k]: 1 })", {}, {"a": 1}),
+    ("{ a: 1 }", {}, None),
+    ("if (inputs.flag) {\n  'yes'\n}", {"flag": True}, None),
+    ("if (inputs.flag) 'a'\nelse 'b'", {"flag": True}, None),
+    ("const f = (x: number) => x * 2\nf\n(21)", {}, 42),
+    ("await Promise.all([1, 2].map(async (x) => x * 10))", {}, [10, 20]),
+    ("await new Promise((resolve) => setTimeout(() => resolve('later'), 1))", {}, "later"),
+    ("return 5\n6", {}, 5),
+    ("const x = 7\nx // the answer\n/* trailing */", {}, 7),
+    ("const x = 3\nx;;", {}, 3),
+    ("console.log('to stdout')", {}, None),
+    (
+        "let found = 0\nouter: for (const i of [1, 2, 3]) {\n"
+        "  for (const j of [1, 2]) {\n    if (j === 2) continue outer\n    found += i\n  }\n}\n"
+        "found",
+        {},
+        6,
+    ),
+    ("label: for (const i of [1]) break label", {}, None),
+    (
+        "let s = 0\nfor await (const v of (async function* () { yield 1; yield 2 })()) s += v\ns",
+        {},
+        3,
+    ),
+    ("#!/usr/bin/env -S deno run\n'shebang'", {}, "shebang"),
+    # TypeScript-only syntax.
+    ("const f = (x: number): number => x * 2\nf(21)", {}, 42),
+    ("interface P { name: string }\nconst p: P = { name: 'x' }\np.name", {}, "x"),
+    ("type Pair<T> = [T, T]\nconst p: Pair<number> = [1, 2]\np", {}, [1, 2]),
+    ("enum Color { Red, Green }\nColor.Green", {}, 1),
+    ("function id<T>(x: T): T { return x }\nid<string>('g')", {}, "g"),
+    ("const v = (inputs.value as number)!\nv + 1", {"value": 41}, 42),
+    ("const n: number = inputs.n\nn satisfies number", {"n": 5}, 5),
+    (
+        "class Box<T> {\n  constructor(private readonly v: T) {}\n  get(): T { return this.v }\n}\n"
+        "new Box<number>(9).get()",
+        {},
+        9,
+    ),
+    (
+        "function f(): { a: number } { return { a: 1 } }\ntype A = Array<string>\n"
+        "const a: A = ['z']\na.concat(String(f().a))",
+        {},
+        ["z", "1"],
+    ),
+    ("declare const never: number\nabstract class A { abstract m(): void }\n'ok'", {}, "ok"),
+    (
+        "function sealed(c: any, _context: unknown) { return c }\n"
+        "@sealed\nclass A { x = 1 }\nnew A().x",
+        {},
+        1,
+    ),
+    ("const o = { a: { b: 2 } } as { a?: { b: number } }\no\n  ?.a?.b", {}, 2),
+    ("(x: number) => x * 2", {}, None),  # a function is not JSON
+    # Imports and exports.
+    ('import { join } from "node:path"\njoin("a", inputs.b)', {"b": "c"}, "a/c"),
+    (
+        "const before = 1;\nimport { basename } from 'node:path'\nbasename('/x/y.ts') + before",
+        {},
+        "y.ts1",
+    ),
+    ("import type { Buffer } from 'node:buffer'\nconst b: Buffer | null = null\nb", {}, None),
+    (
+        "export const a = 20\nexport function twice(x: number) { return x * 2 }\n"
+        "export default twice(a) + 2",
+        {},
+        42,
+    ),
+    ("const a = 1\nexport { a }\na", {}, 1),
+    ("export default function () { return 1 }", {}, None),  # a function is not JSON
+    ("const p = import('node:path');\n(await p).sep", {}, "/"),
+    # As in JavaScript, a line starting with `(` continues the previous one.
+    ("const f = (x: number) => x + 1\nconst g = f\n(41)\ng", {}, 42),
+]
+
+
+def _runner_script() -> str:
+    return """
+const cases = JSON.parse(await new Response(Deno.stdin.readable).text());
+const results = [];
+for (const { url, inputs } of cases) {
+  try {
+    const value = await (await import(url)).default(inputs);
+    results.push({ ok: true, value: JSON.stringify(value) ?? null });
+  } catch (error) {
+    results.push({ ok: false, error: String(error), stack: String(error?.stack) });
+  }
+}
+console.log("RESULTS " + JSON.stringify(results));
+"""
+
+
+def _data_url(module: PreparedModule) -> str:
+    encoded = base64.b64encode(module.text.encode()).decode()
+    return f"data:application/typescript;base64,{encoded}"
+
+
+def _run_in_deno(tmp_path: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    runner = tmp_path / "runner.ts"
+    runner.write_text(_runner_script())
+    completed = subprocess.run(
+        [
+            find_deno_bin(),
+            "run",
+            "--no-remote",
+            "--no-config",
+            "--no-lock",
+            "--no-npm",
+            "--quiet",
+            str(runner),
+        ],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"DENO_DIR": str(tmp_path / "deno"), "NO_COLOR": "1", "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    line = next(line for line in completed.stdout.splitlines() if line.startswith("RESULTS "))
+    return json.loads(line.removeprefix("RESULTS "))
+
+
+def test_programs_run_under_deno(tmp_path: Path) -> None:
+    """Every program runs in one Deno process, each imported from a data: URL as
+    TypeScript, the way the Deno executor loads them."""
+    line_checks = [
+        ("const a = 1\n\nthrow new Error('boom')", 3),
+        ("import {\n  join,\n} from 'node:path'\nconst p = join('x')\nnull.x", 5),
+        ("export const a = 1\nfunction f() {\n  throw new Error(`${a}`)\n}\nf()", 3),
+    ]
+    programs = [(code, inputs) for code, inputs, _ in DENO_PROGRAMS]
+    programs += [(code, {}) for code, _ in line_checks]
+    modules = [prepare_module(code) for code, _ in programs]
+    results = _run_in_deno(
+        tmp_path,
+        [
+            {"url": _data_url(module), "inputs": inputs}
+            for module, (_, inputs) in zip(modules, programs, strict=True)
+        ],
+    )
+    failures = []
+    for (code, _, expected), result in zip(DENO_PROGRAMS, results, strict=False):
+        value = json.loads(result["value"]) if result["ok"] and result["value"] else None
+        if not result["ok"] or value != expected:
+            failures.append(f"{code!r}: expected {expected!r}, got {result}")
+    assert not failures, "\n".join(failures)
+
+    for (code, user_line), module, result in zip(
+        line_checks, modules[len(DENO_PROGRAMS) :], results[len(DENO_PROGRAMS) :], strict=True
+    ):
+        assert not result["ok"], code
+        # The first frame is the program's own module: data:...;base64,...:LINE:COLUMN
+        frame = re.search(r"data:application/typescript;base64,[^:]*:(\d+):\d+", result["stack"])
+        assert frame, result["stack"]
+        assert int(frame[1]) - module.line_offset == user_line, (code, result["stack"])
