@@ -5,7 +5,7 @@ anywhere at top level, and a last expression whose value is the result (as in a 
 a notebook cell). `prepare_module` turns it into an ES module for Deno whose default
 export is an async function running the program:
 
-    import … ; export default async function (inputs) {    <- line 1: the header
+    import … ; export default async function () {    <- line 1: the header
     <the program, line for line>                           <- user line N is N + 1
     }
 
@@ -39,7 +39,7 @@ class PreparedModule:
 
 
 def prepare_module(code: str) -> PreparedModule:
-    """Wrap `code` as `export default async function (inputs) { ... }`.
+    """Wrap `code` as `export default async function () { ... }`.
 
     Contract: top-level `return` and `await` work; the value of a final bare expression
     statement is returned; top-level static `import` declarations are hoisted out of the
@@ -65,7 +65,9 @@ def prepare_module(code: str) -> PreparedModule:
     return PreparedModule(text=f"{header}{_FUNCTION_HEAD}\n{body}\n}}\n", line_offset=_LINE_OFFSET)
 
 
-_FUNCTION_HEAD = "export default async function (inputs) {"
+# `inputs` is a global the worker sets, not a parameter: a program may then declare its
+# own `inputs` without a redeclaration error.
+_FUNCTION_HEAD = "export default async function () {"
 # Hoisted imports share the header's line, so the program always starts on line 2.
 _LINE_OFFSET = 1
 

@@ -4,7 +4,8 @@
 //   1. On start the worker writes READY to stdout and blocks reading stdin.
 //   2. The daemon writes one JSON object and closes stdin:
 //        {nonce, module, line_offset, inputs, lang}
-//   3. The worker imports `module` from a data: URL, awaits `default(inputs)` and writes,
+//   3. The worker sets the global `inputs`, imports `module` from a data: URL, awaits its
+//      `default()` and writes,
 //      as the last thing on stdout, "\x1e" + nonce + PAYLOAD + "\n", where PAYLOAD is
 //      {"result": <json>} or {"error": {"type", "message", "traceback"}}.
 //      A result JSON.stringify cannot encode (BigInt, cycles, functions, symbols) is
@@ -173,11 +174,14 @@ await import("data:application/javascript;base64," + toBase64.call(encode("expor
 writeAll(READY);
 const job = await readJob();
 
+// A plain global, so a program may also declare its own `inputs`.
+globalThis.inputs = job.inputs ?? null;
+
 try {
   const media = job.lang === "javascript" ? "javascript" : "typescript";
   const source = toBase64.call(encode(job.module));
   const program = await import(`data:application/${media};base64,${source}`);
-  const value = await program.default(job.inputs);
+  const value = await program.default();
   finish(`{"result":${encodeResult(value)}}`, 0);
 } catch (error) {
   fail(error);

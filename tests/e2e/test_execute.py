@@ -205,3 +205,9 @@ async def test_nc_style_session(client: Any) -> None:
     assert sorted(item["id"] for item in batch) == [3, 4]
     await client.send_line('{"id":5,"method":"execute","params":{"language":"ts","code":"6*7"}}')
     assert (await client.recv())["result"]["result"] == 42
+
+
+async def test_a_program_may_declare_its_own_inputs(client: Any) -> None:
+    result = await execute(client, "const inputs = [1, 2];\ninputs.length", inputs={"x": 1})
+    assert result["status"] == "ok", result
+    assert result["result"] == 2

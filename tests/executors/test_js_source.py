@@ -22,7 +22,7 @@ from deno import find_deno_bin
 from conduit.executors import js_source
 from conduit.executors.js_source import PreparedModule, prepare_module
 
-HEAD = "export default async function (inputs) {"
+HEAD = "export default async function () {"
 
 
 def split(code: str) -> tuple[str, str]:
@@ -561,7 +561,8 @@ const cases = JSON.parse(await new Response(Deno.stdin.readable).text());
 const results = [];
 for (const { url, inputs } of cases) {
   try {
-    const value = await (await import(url)).default(inputs);
+    globalThis.inputs = inputs;
+    const value = await (await import(url)).default();
     results.push({ ok: true, value: JSON.stringify(value) ?? null });
   } catch (error) {
     results.push({ ok: false, error: String(error), stack: String(error?.stack) });
