@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -45,7 +46,7 @@ async def test_sighup_reloads_and_a_bad_config_keeps_the_old(
 
         config.write_text(config.read_text().replace("= 3", "= 5"))
         daemon.signal(signal.SIGHUP)
-        await _wait_for_capacity(sock, 5)
+        await _wait_for_executions(sock, "capacity", lambda capacity: capacity == 5)
 
         config.write_text("[limits]\nmax_concurrent_executions = -1\n")
         daemon.signal(signal.SIGHUP)
@@ -61,9 +62,10 @@ async def test_sighup_reloads_and_a_bad_config_keeps_the_old(
         assert daemon.process.poll() is None
 
 
-async def _wait_for_capacity(sock: str, capacity: int) -> None:
-    with trio.fail_after(10):
-        while (await call(sock, "daemon/status"))["result"]["executions"]["capacity"] != capacity:
+async def _wait_for_executions(sock: str, key: str, predicate: Callable[[int], bool]) -> None:
+    """Poll daemon/status until `predicate(executions[key])` holds."""
+    with trio.fail_after(20):
+        while not predicate((await call(sock, "daemon/status"))["result"]["executions"][key]):
             await trio.sleep(0.02)
 
 
@@ -81,9 +83,7 @@ async def test_sigterm_drains_running_executions_then_exits_0(
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(slow_execution)
-            with trio.fail_after(20):
-                while (await call(sock, "daemon/status"))["result"]["executions"]["running"] < 1:
-                    await trio.sleep(0.02)
+            await _wait_for_executions(sock, "running", lambda running: running >= 1)
             daemon.signal(signal.SIGTERM)
         with trio.fail_after(30):
             code = await daemon.process.wait()

@@ -20,6 +20,7 @@ from conduit.executors.base import CallbackAddress, Job, Limits, Outcome, Status
 from conduit.executors.deno import DenoExecutor, permission_flags
 from conduit.executors.output import OutputCapture, ResultSplitter
 from conduit.executors.pool import PoolState
+from tests.processes import deno_children
 
 # Generous: real Deno on a loaded two-core machine.
 WAIT_S = 30
@@ -33,23 +34,6 @@ class NoBridge:
 
     async def request(self, method: str, params: dict[str, Any]) -> Any:
         raise AssertionError("the Deno executor does not call the bridge yet")
-
-
-def deno_children() -> set[int]:
-    """Pids of this process's `deno` children, zombies included."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        if name == "deno" and ppid == os.getpid():
-            found.add(int(entry.name))
-    return found
 
 
 async def wait_for(condition: Callable[[], bool]) -> None:

@@ -19,6 +19,7 @@ import trio
 
 from conduit.executors.base import Job, Limits, Outcome, Status
 from conduit.executors.deno import DenoExecutor
+from tests.processes import deno_children
 
 WAIT_S = 30
 
@@ -196,7 +197,7 @@ async def test_infinite_loop_times_out_and_its_process_group_is_gone(
 
     async def watch() -> None:
         while True:
-            seen.update(_deno_children())
+            seen.update(deno_children())
             await trio.sleep(0.005)
 
     start = trio.current_time()
@@ -208,7 +209,7 @@ async def test_infinite_loop_times_out_and_its_process_group_is_gone(
     assert outcome.stdout == "spinning\n"
     assert trio.current_time() - start < 10
     assert seen, "the sandbox process was never seen"
-    assert _deno_children() == []  # cold workers are reaped before run() returns
+    assert deno_children() == set()  # cold workers are reaped before run() returns
     for pgid in seen:
         with pytest.raises(ProcessLookupError):
             os.killpg(pgid, 0)
@@ -315,19 +316,3 @@ async def test_deno_exit_only_ends_the_program(deno: DenoExecutor) -> None:
     )
     assert (outcome.status, outcome.exit_code) == (Status.ERROR, 7)
     assert (await run(deno, "return 'still here'")).result == "still here"
-
-
-def _deno_children() -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        if name == "deno" and ppid == os.getpid():
-            found.append(int(entry.name))
-    return found
