@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import signal
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import trio

@@ -20,20 +20,7 @@ from conduit.executors.base import CallbackAddress, Job, Limits, Outcome, Status
 from conduit.executors.deno import DenoExecutor, permission_flags
 from conduit.executors.output import OutputCapture, ResultSplitter
 from conduit.executors.pool import PoolState
-from tests.processes import deno_children
-
-# Generous: real Deno on a loaded two-core machine.
-WAIT_S = 30
-
-
-class NoBridge:
-    """Programs here make no tool calls; the executor must not need the bridge."""
-
-    session_token = "unused"
-    callback = None
-
-    async def request(self, method: str, params: dict[str, Any]) -> Any:
-        raise AssertionError("the Deno executor does not call the bridge yet")
+from tests.sandboxes import WAIT_S, NoBridge, deno_children
 
 
 async def wait_for(condition: Callable[[], bool]) -> None:

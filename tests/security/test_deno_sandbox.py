@@ -19,17 +19,7 @@ import trio
 
 from conduit.executors.base import Job, Limits, Outcome, Status
 from conduit.executors.deno import DenoExecutor
-from tests.processes import deno_children
-
-WAIT_S = 30
-
-
-class NoBridge:
-    session_token = "unused"
-    callback = None
-
-    async def request(self, method: str, params: dict[str, Any]) -> Any:
-        raise AssertionError("the Deno executor does not call the bridge yet")
+from tests.sandboxes import WAIT_S, NoBridge, deno_children
 
 
 @pytest.fixture
