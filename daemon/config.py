@@ -161,7 +161,7 @@ class LimitsConfig(_Section):
 class DenoConfig(_Section):
     enabled: bool = True
     binary: str = ""
-    # Two idle workers cover a burst of two on a two-core machine; each costs ~40 MB.
+    # Two idle workers cover a burst of two on a two-core machine; each costs ~34 MB.
     pool_size: Annotated[int, Field(ge=0, le=64)] = 2
 
 

@@ -77,9 +77,9 @@ class ExecutorRegistry:
     def _raise_missing(self, name: str) -> None:
         if name in KNOWN_EXECUTORS:
             raise ExecutorUnavailable(
-                f"executor {name!r} is not available in this build yet; "
-                "executors/list shows what is",
-                {"executor": name, "reason": "not built"},
+                f"executor {name!r} is not part of this version yet; "
+                "executors/list shows what is available",
+                {"executor": name, "reason": "not part of this version yet"},
             )
         raise InvalidParams(
             f"invalid params: unknown executor {name!r}; executors/list shows the executors",
@@ -87,11 +87,15 @@ class ExecutorRegistry:
         )
 
     def infos(self) -> list[ExecutorInfo]:
-        """A snapshot of every known executor, including those not built."""
+        """A snapshot of every known executor, including those not in this version."""
         infos = [executor.info() for executor in self._executors.values()]
         for name, languages in KNOWN_EXECUTORS.items():
             if name not in self._executors:
-                infos.append(ExecutorInfo(name, languages, available=False, reason="not built yet"))
+                infos.append(
+                    ExecutorInfo(
+                        name, languages, available=False, reason="not part of this version yet"
+                    )
+                )
         return infos
 
     def defaults(self) -> dict[str, str]:
