@@ -1,0 +1,55 @@
+"""The interface every upstream client implements, whatever its transport.
+
+An upstream is opened and closed by its own task (`serve`): it connects, lists its
+tools (following pagination), keeps the session open, refreshes the list on
+`notifications/tools/list_changed`, and for stdio servers restarts the process with
+back-off when it dies. `call_tool` may be called from any task while it is ready.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import trio
+
+from conduit.gateway.model import UpstreamStatus
+
+__all__ = ["RawTool", "Upstream"]
+
+# A tool as the upstream described it: the MCP `Tool` object as JSON
+# ({"name", "description", "inputSchema", "outputSchema"?, "annotations"?}).
+RawTool = dict[str, Any]
+
+
+class Upstream(Protocol):
+    """One MCP server Conduit is a client of."""
+
+    name: str
+
+    async def serve(
+        self,
+        on_tools: Callable[[list[RawTool]], None],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Hold the connection open until cancelled, reconnecting as needed.
+
+        Calls `task_status.started()` after the first attempt, successful or not (an
+        unreachable upstream must not hold up the daemon's start). Calls `on_tools`
+        with the full tool list each time it is (re)fetched.
+        """
+        ...
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], *, timeout_s: float
+    ) -> dict[str, Any]:
+        """Call tool `name`; return the MCP `CallToolResult` as JSON.
+
+        Raises `UpstreamUnreachable` when not connected, when the call times out
+        (`timeout_s`), when the upstream dies mid-call, or when it answers a JSON-RPC
+        error or garbage. A tool that *fails* is a result with `isError: true`.
+        """
+        ...
+
+    def status(self) -> UpstreamStatus: ...
