@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from conduit.daemon.bridge import SessionBridge
-from conduit.daemon.errors import Forbidden, InvalidParams, NotFound, Overloaded
+from conduit.daemon.errors import Forbidden, InvalidParams, NotFound, Overloaded, Unauthenticated
 from conduit.executors.base import ErrorInfo, Executor, Job, Limits, Outcome, Status
 from conduit.executors.source import unwrap_fence
 
@@ -46,12 +46,34 @@ class ExecutionRequest:
 
 @dataclass(slots=True)
 class _Running:
-    execution_id: str
+    job: Job
     principal: str
     executor: str
     started: float
     scope: trio.CancelScope
     origin: tuple[int, Any] | None = None
+    tool_calls: int = 0
+    # Why the daemon stopped it early (cancelled, tool limit), if it did.
+    stopped_as: Status | None = None
+
+    @property
+    def execution_id(self) -> str:
+        return self.job.execution_id
+
+    def stop(self, status: Status) -> None:
+        """Ask the executor to stop the program now, keeping its output so far.
+
+        An executor that does not stop within `_STOP_GRACE_S` is cancelled outright.
+        """
+        if self.stopped_as is None:
+            self.stopped_as = status
+        self.job.stop.set()
+        self.scope.deadline = min(self.scope.deadline, trio.current_time() + _STOP_GRACE_S)
+
+
+# How long an executor may take to stop a program it was asked to stop, before its
+# task is cancelled (and the output so far lost).
+_STOP_GRACE_S = 2.0
 
 
 def _new_execution_id() -> str:
@@ -110,23 +132,19 @@ class Executions:
         origin: tuple[int, Any] | None,
     ) -> Outcome:
         entry = _Running(
-            job.execution_id,
-            principal.name,
-            executor.name,
-            trio.current_time(),
-            trio.CancelScope(),
-            origin,
+            job, principal.name, executor.name, trio.current_time(), trio.CancelScope(), origin
         )
         self._running[job.execution_id] = entry
         self._idle = trio.Event() if self._idle.is_set() else self._idle
+        outcome = Outcome(Status.CANCELLED, error=_stopped_error(Status.CANCELLED))
         try:
             with SessionBridge(self._daemon, job.execution_id, allowed) as bridge, entry.scope:
-                return await executor.run(job, bridge)
-            return Outcome(Status.CANCELLED, error=_cancelled_error())
+                outcome = await executor.run(job, bridge)
         finally:
             del self._running[job.execution_id]
             if not self._running:
                 self._idle.set()
+        return _settle(outcome, entry)
 
     def cancel(
         self,
@@ -153,12 +171,32 @@ class Executions:
                 "not found: no such running execution of yours; it may have finished already",
                 {"execution_id": execution_id},
             )
-        entry.scope.cancel()
+        entry.stop(Status.CANCELLED)
         return entry.execution_id
 
     def cancel_all(self) -> None:
         for entry in self._running.values():
-            entry.scope.cancel()
+            entry.stop(Status.CANCELLED)
+
+    def count_tool_call(self, execution_id: str | None) -> None:
+        """Count one tool call against its execution's limit.
+
+        Raises `Forbidden` once the limit is spent, and stops the program: it ends
+        with status `tool_limit` and its output so far. Raises `Unauthenticated` when
+        the execution is no longer running (its session token is dead).
+        """
+        entry = self._running.get(execution_id or "")
+        if entry is None:
+            raise Unauthenticated("unauthenticated: this execution has ended")
+        limit = entry.job.limits.tool_calls
+        if entry.tool_calls >= limit:
+            entry.stop(Status.TOOL_LIMIT)
+            raise Forbidden(
+                f"forbidden: this execution may make {limit} tool calls and has made them; "
+                "raise limits.tool_calls to allow more",
+                {"limit": limit},
+            )
+        entry.tool_calls += 1
 
     async def wait_idle(self) -> None:
         """Return once no execution is running."""
@@ -208,8 +246,22 @@ class Executions:
         return Limits(**values)
 
 
-def _cancelled_error() -> ErrorInfo:
+def _stopped_error(status: Status) -> ErrorInfo:
+    if status is Status.TOOL_LIMIT:
+        return ErrorInfo(
+            "ToolLimit",
+            "the program made more tool calls than limits.tool_calls allows and was stopped",
+        )
     return ErrorInfo("Cancelled", "the execution was cancelled before it finished")
+
+
+def _settle(outcome: Outcome, entry: _Running) -> Outcome:
+    """Fold in what the daemon knows: tool calls made, and why it stopped the program."""
+    outcome.tool_calls = entry.tool_calls
+    if entry.stopped_as is not None and outcome.status in (Status.CANCELLED, Status.CRASHED):
+        outcome.status = entry.stopped_as
+        outcome.error = _stopped_error(entry.stopped_as)
+    return outcome
 
 
 def _wire_result(

@@ -57,13 +57,20 @@ class Limits:
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """One program to run. `code` is the program as the client meant it (fences removed)."""
+    """One program to run. `code` is the program as the client meant it (fences removed).
+
+    `stop` is set when the daemon wants the program stopped early (cancelled, or a
+    limit the daemon enforces, such as tool calls): the executor then kills the
+    sandbox and returns `Status.CANCELLED` with the output so far, rather than
+    raising. The daemon overrides the status with the reason it stopped it.
+    """
 
     execution_id: str
     language: str
     code: str
     limits: Limits = field(default_factory=Limits)
     inputs: Any = None
+    stop: trio.Event = field(default_factory=trio.Event, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

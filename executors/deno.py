@@ -456,7 +456,7 @@ class DenoExecutor:
         if job.language not in self.languages:
             raise ValueError(f"the deno executor does not run {job.language!r}")
         nonce = secrets.token_hex(NONCE_BYTES)
-        request = _encode_job(job, nonce)
+        request = _encode_job(job, nonce, bridge)
         if job.limits.memory_mb == self._memory_mb:
             worker = self._pool.acquire_nowait()
             if worker is not None:
@@ -493,9 +493,15 @@ class DenoExecutor:
     ) -> Outcome | None:
         """Run the job on `worker`, then close it. None if it died before the job."""
         try:
-            return await self._execute(worker, job, request, nonce)
+            async with trio.open_nursery() as watch:
+                watch.start_soon(_kill_on_stop, job.stop, worker)
+                outcome = await self._execute(worker, job, request, nonce)
+                watch.cancel_scope.cancel()
         finally:
             await worker.aclose()
+        if outcome is not None and job.stop.is_set() and outcome.status is Status.CRASHED:
+            return _failed(outcome, Status.CANCELLED, "Cancelled", "the execution was stopped")
+        return outcome
 
     async def _execute(
         self, worker: DenoWorker, job: Job, request: bytes, nonce: str
@@ -554,6 +560,11 @@ class DenoExecutor:
         )
 
 
+async def _kill_on_stop(stop: trio.Event, worker: DenoWorker) -> None:
+    await stop.wait()
+    worker.kill()
+
+
 def _limit(worker: DenoWorker, limits: ProcessLimits) -> None:
     try:
         apply_limits(worker.process.pid, limits)
@@ -561,14 +572,19 @@ def _limit(worker: DenoWorker, limits: ProcessLimits) -> None:
         raise SandboxCrashed("a Deno worker exited right after starting") from exc
 
 
-def _encode_job(job: Job, nonce: str) -> bytes:
+def _encode_job(job: Job, nonce: str, bridge: ToolBridge) -> bytes:
     prepared = prepare_module(job.code)
+    callback = bridge.callback
     message = {
         "nonce": nonce,
         "module": prepared.text,
         "line_offset": prepared.line_offset,
         "inputs": job.inputs,
         "lang": job.language,
+        # How the program's `tools.*` calls reach the daemon: this execution's session
+        # token, on the one address the sandbox may connect to.
+        "session_token": bridge.session_token,
+        "callback": dataclasses.asdict(callback) if callback is not None else None,
     }
     return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 

@@ -109,21 +109,25 @@ async def test_cancel_by_request_id_answers_cancelled(
 ) -> None:
     await client.send(
         {"jsonrpc": "2.0", "id": "long", "method": "execute",
-         "params": {"language": "typescript", "code": "while (true) {}"}}
+         "params": {"language": "typescript", "code": "console.log('working');\nwhile (true) {}"}}
     )  # fmt: skip
-    await _wait_running(daemon[0], 1)
+    # Long enough running for its first line to have been printed.
+    await _wait_running(daemon[0], 1, min_ms=300)
     cancelled = await client.request("executions/cancel", {"request_id": "long"})
     replies = [cancelled, await client.recv()]
     by_id = {reply["id"]: reply for reply in replies}
     assert by_id[cancelled["id"]]["result"]["cancelled"] is True
     assert by_id["long"]["result"]["status"] == "cancelled"
+    assert by_id["long"]["result"]["stdout"] == "working\n"  # partial output is kept
+    assert by_id["long"]["result"]["error"]["type"] == "Cancelled"
     missing = await client.request("executions/cancel", {"execution_id": "ex_nope"})
     assert missing["error"]["code"] == NotFound.code
 
 
-async def _wait_running(server: Any, count: int) -> None:
+async def _wait_running(server: Any, count: int, min_ms: float = 0) -> None:
+    """Until `count` executions have been running for at least `min_ms`."""
     with trio.fail_after(20):
-        while len(server.executions) < count:
+        while sum(e["running_ms"] >= min_ms for e in server.executions.running()) < count:
             await trio.sleep(0.01)
 
 
