@@ -1,0 +1,626 @@
+"""The keeper: one task holding one MCP client session open, whatever the transport.
+
+`SessionKeeper` is what `StdioUpstream` and `HttpUpstream` share. Its `serve` task
+opens the transport a subclass provides (`_open_transport`), runs the official SDK's
+`Client` over it (which negotiates the protocol version: `server/discover` for
+2026-07-28, else the `initialize` handshake), walks `tools/list` to its last page,
+re-lists when the server says the list changed, and reconnects with exponential
+back-off when the connection ends. `call_tool` may be called from any task in the same
+Trio run while the upstream is ready: the SDK correlates requests by id, so callers
+only share the session, never its context managers.
+
+Resource handling: the transport, the SDK session and every helper task are opened and
+closed by the `serve` task and nothing else (exiting one task's context managers from
+another is what breaks the SDK's `ClientSessionGroup`). Cancelling `serve` closes
+everything; in-flight calls then fail with `UpstreamUnreachable`.
+
+Error handling: nothing escapes `serve` but cancellation. A failed connection is a
+state (`BACKING_OFF` with `last_error`), and a configuration that can never work is
+`FAILED`. `call_tool` raises only `UpstreamUnreachable`, never wire errors.
+
+This module does not know how bytes reach the server, nor what the tools are used for.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import math
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, ClassVar, NoReturn, Self
+
+import anyio
+import mcp_types as types
+import trio
+from mcp.client import Client, IncomingMessage
+from mcp.client._transport import ReadStream, TransportStreams
+from mcp.client.session import ClientSession
+from mcp.client.subscriptions import SubscriptionLost, ToolsListChanged
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+
+from conduit.daemon.errors import UpstreamUnreachable
+from conduit.daemon.version import VERSION
+from conduit.gateway.model import UpstreamState, UpstreamStatus
+from conduit.gateway.settings import HttpUpstreamSettings, StdioUpstreamSettings
+from conduit.gateway.upstream import RawTool
+
+__all__ = ["Backoff", "Misconfigured", "RateLimit", "SessionKeeper"]
+
+log = logging.getLogger("conduit.gateway.upstream")
+
+CLIENT_INFO = types.Implementation(name="conduit", version=VERSION)
+
+# Back-off between connection attempts: fast enough that a crash costs a program
+# little, doubling so a server that cannot start does not burn a core, capped so a
+# recovered server is noticed within half a minute.
+INITIAL_BACKOFF_S = 0.1
+MAX_BACKOFF_S = 30.0
+# A session that stayed up this long was not part of a crash loop: start over at 0.1 s.
+HEALTHY_AFTER_S = 60.0
+# A server whose cursors never end cannot hang the listing: 1000 pages is far more
+# than any real server has tools.
+MAX_TOOL_PAGES = 1000
+# How long leaving a session may take (an HTTP DELETE to a server that stopped
+# answering); stdio servers are stopped by their own shielded, bounded sequence.
+CLOSE_TIMEOUT_S = 5.0
+# Error texts end up in `upstreams/list` and logs; an upstream controls part of them.
+MAX_ERROR_CHARS = 500
+
+
+class Misconfigured(Exception):
+    """Retrying cannot help (a missing executable, say): the configuration must change."""
+
+
+class _SessionLost(Exception):
+    """The connection ended or never came up; the message says how."""
+
+
+@dataclass
+class Backoff:
+    """Delays between connection attempts: doubling from `initial_s` up to `max_s`.
+
+    A session that was up for at least `healthy_after_s` resets the sequence.
+    """
+
+    initial_s: float = INITIAL_BACKOFF_S
+    max_s: float = MAX_BACKOFF_S
+    healthy_after_s: float = HEALTHY_AFTER_S
+    _next_s: float = field(init=False, default=0.0)
+
+    def __post_init__(self) -> None:
+        self._next_s = self.initial_s
+
+    def next_delay(self, up_for_s: float) -> float:
+        """The delay before the next attempt, after a session that was up `up_for_s`."""
+        if up_for_s >= self.healthy_after_s:
+            self._next_s = self.initial_s
+        delay = self._next_s
+        self._next_s = min(self._next_s * 2, self.max_s)
+        return delay
+
+
+@dataclass
+class RateLimit:
+    """A token bucket for log lines an upstream can cause: a burst, then a steady rate.
+
+    `allow()` says whether to log one more line; lines refused are counted, and the
+    count is handed back (`take_suppressed`) once logging resumes.
+    """
+
+    burst: int = 100
+    per_s: float = 10.0
+    _tokens: float = field(init=False, default=0.0)
+    _stamp: float = field(init=False, default=-math.inf)
+    _suppressed: int = field(init=False, default=0)
+
+    def allow(self) -> bool:
+        now = trio.current_time()
+        self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.per_s)
+        self._stamp = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return True
+        self._suppressed += 1
+        return False
+
+    def take_suppressed(self) -> int:
+        count, self._suppressed = self._suppressed, 0
+        return count
+
+
+class _WatchedStream:
+    """The transport's read stream, unchanged, except that its end sets `ended`.
+
+    The end of the read stream is the one signal every transport gives when the
+    connection dies (a stdio server exited, an HTTP transport gave up); the SDK's
+    dispatcher sees it too and fails the in-flight requests.
+    """
+
+    def __init__(self, inner: ReadStream[Any], ended: Callable[[str], None]) -> None:
+        self._inner = inner
+        self._ended = ended
+
+    @property
+    def last_context(self) -> Any:
+        # The dispatcher runs handlers in the sender's contextvars when the stream has them.
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> Any:
+        try:
+            return await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._ended("the connection closed")
+            raise
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+@dataclass
+class _Connection:
+    """One connection: what `call_tool` talks to, and how `serve` learns it ended.
+
+    Created before the SDK client so the transport can report its end at any time.
+    """
+
+    client: Client | None = None
+    lost: trio.Event = field(default_factory=trio.Event)
+    lost_reason: str = ""
+    relist: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def session(self) -> ClientSession:
+        assert self.client is not None, "the client is set before the connection is used"
+        return self.client.session
+
+    def mark_lost(self, reason: str) -> None:
+        if not self.lost.is_set():
+            self.lost_reason = reason
+            self.lost.set()
+
+
+class SessionKeeper(abc.ABC):
+    """An `Upstream` over one SDK client session, reconnected with back-off.
+
+    Subclasses provide `transport` (its name in status) and `_open_transport`, and may
+    refine `_explain` (how a lost connection is described).
+    """
+
+    transport: ClassVar[str]
+
+    def __init__(self, settings: StdioUpstreamSettings | HttpUpstreamSettings) -> None:
+        self.name = settings.name
+        self._settings = settings
+        self._state = UpstreamState.STARTING
+        self._tools: list[RawTool] = []
+        self._last_error: str | None = None
+        self._restarts = 0
+        self._protocol_version: str | None = None
+        self._server_info: dict[str, Any] | None = None
+        self._connection: _Connection | None = None
+        # Set (and replaced) on every change, for `wait_until`.
+        self._changed = trio.Event()
+        self._serving = False
+        self._garbage_log = RateLimit()
+        # The first line this connection attempt got that was not JSON-RPC.
+        self._garbage: str | None = None
+        # When the current session became ready (None: it has not).
+        self._ready_since: float | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} {self.name!r} [{self._state.value} | "
+            f"{len(self._tools)} tools, {self._restarts} restarts]>"
+        )
+
+    # -- the Upstream protocol ------------------------------------------------------
+
+    def status(self) -> UpstreamStatus:
+        """A snapshot for `upstreams/list`."""
+        return UpstreamStatus(
+            name=self.name,
+            transport=self.transport,
+            state=self._state,
+            tools=len(self._tools),
+            last_error=self._last_error,
+            restarts=self._restarts,
+            protocol_version=self._protocol_version,
+            server_info=self._server_info,
+        )
+
+    async def serve(
+        self,
+        on_tools: Callable[[list[RawTool]], None],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Keep a session to the server open until cancelled, reconnecting as needed.
+
+        Calls `task_status.started()` once the first attempt has ended, whether the
+        upstream became ready or not, and `on_tools` with the whole tool list each time
+        it is fetched. Returns only when cancelled (or at once for a disabled upstream);
+        the transport, session and helper tasks are all closed before it does.
+        """
+        if self._serving:
+            raise RuntimeError(f"upstream {self.name!r} is already being served")
+        self._serving = True
+        started = _Once(task_status.started)
+        try:
+            if not self._settings.enabled:
+                self._set_state(UpstreamState.CLOSED)
+                started()
+                return
+            await self._keep_connected(on_tools, started)
+        finally:
+            self._connection = None
+            self._serving = False
+            self._set_state(UpstreamState.CLOSED)
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], *, timeout_s: float
+    ) -> dict[str, Any]:
+        """Call tool `name` and return its `CallToolResult` as JSON (wire field names).
+
+        Raises `UpstreamUnreachable` when the upstream is not ready, when no answer
+        comes within `timeout_s`, when the connection ends mid-call, or when the
+        server answers a JSON-RPC error or something that is not a tool result. A
+        tool that fails is a result with `isError: true`, not an exception.
+        """
+        connection = self._connection
+        if connection is None:
+            raise UpstreamUnreachable(self._not_ready_message())
+        if connection.lost.is_set():
+            raise UpstreamUnreachable(
+                f"upstream {self.name!r} lost its connection ({connection.lost_reason}); "
+                "it is being reconnected"
+            )
+        request = types.CallToolRequest(
+            params=types.CallToolRequestParams(name=name, arguments=arguments)
+        )
+        with trio.move_on_after(timeout_s) as deadline:
+            try:
+                result = await connection.session.send_request(request, types.CallToolResult)
+            except MCPError as exc:
+                raise UpstreamUnreachable(self._call_error(name, connection, exc)) from None
+            except ValidationError as exc:
+                raise UpstreamUnreachable(
+                    f"upstream {self.name!r} answered tools/call {name!r} with something that "
+                    f"is not a tool result: {_first_line(exc)}"
+                ) from None
+        if deadline.cancelled_caught:
+            raise UpstreamUnreachable(
+                f"upstream {self.name!r} did not answer tools/call {name!r} within "
+                f"{timeout_s:g} s; the call was cancelled (raise its timeout if the tool is slow)"
+            )
+        return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+    # -- for the gateway and tests ------------------------------------------------
+
+    async def wait_until(self, predicate: Callable[[UpstreamStatus], bool]) -> UpstreamStatus:
+        """Block until `predicate(self.status())` holds; return that status.
+
+        Checked after every change of state, tool list or error, so a state held
+        across a checkpoint is seen. Callers bound the wait (`trio.fail_after`).
+        """
+        while not predicate(status := self.status()):
+            await self._changed.wait()
+        return status
+
+    # -- subclass hooks -------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _open_transport(
+        self, ended: Callable[[str], None]
+    ) -> AbstractAsyncContextManager[TransportStreams]:
+        """The streams of one connection; exiting closes it (within bounded time).
+
+        The end of the read stream ends the connection; a transport that learns of the
+        end some other way (an HTTP 404 for the session) calls `ended(reason)`.
+        """
+
+    def _explain(self, exc: BaseException) -> str:
+        """One line saying why a connection attempt or session ended."""
+        return _describe(exc)
+
+    # -- the keeper loop ------------------------------------------------------------
+
+    async def _keep_connected(
+        self, on_tools: Callable[[list[RawTool]], None], started: Callable[[], None]
+    ) -> NoReturn:
+        backoff = Backoff()
+        while True:
+            self._ready_since = None
+            self._garbage = None
+            try:
+                await self._run_session(on_tools, started)
+            except Misconfigured as exc:
+                self._fail(str(exc))
+                started()
+                await trio.sleep_forever()
+            except Exception as exc:
+                error = self._explain(exc)
+                if self._garbage:  # most likely the cause, so it goes first
+                    error = f"{self._garbage}; {error}"
+                error = _bounded(error)
+                log.warning("upstream %s: %s", self.name, error, extra={"upstream": self.name})
+                log.debug("upstream %s ended", self.name, exc_info=exc)
+            since = self._ready_since
+            up_for = 0.0 if since is None else trio.current_time() - since
+            self._set_state(UpstreamState.BACKING_OFF, error=error)
+            started()
+            await trio.sleep(backoff.next_delay(up_for))
+            self._restarts += 1
+            self._set_state(UpstreamState.STARTING, error=self._last_error)
+
+    async def _run_session(
+        self, on_tools: Callable[[list[RawTool]], None], started: Callable[[], None]
+    ) -> NoReturn:
+        """Connect, list, serve until the connection is lost; always raises.
+
+        One cancel scope bounds the setup (`list_timeout_s`) and later the close
+        (`CLOSE_TIMEOUT_S`); in between, while ready, the session is unbounded.
+        """
+        timeout_s = self._settings.list_timeout_s
+        connection = _Connection()
+        with trio.CancelScope(deadline=trio.current_time() + timeout_s) as scope:
+            async with self._connect(connection), trio.open_nursery() as nursery:
+                # Subscribe before listing, so no change falls between the two.
+                if self._wants_listen(connection.session):
+                    await nursery.start(self._listen_for_changes, connection)
+                tools = await self._list_tools(connection.session)
+                scope.deadline = math.inf
+                self._become_ready(connection, tools, on_tools)
+                started()
+                nursery.start_soon(self._refresh_on_change, connection, on_tools)
+                try:
+                    await connection.lost.wait()
+                finally:
+                    self._connection = None
+                    scope.deadline = trio.current_time() + CLOSE_TIMEOUT_S
+                nursery.cancel_scope.cancel()
+        if scope.cancelled_caught and self._ready_since is None:
+            raise _SessionLost(
+                f"no working session within {timeout_s:g} s (handshake and tools/list); "
+                "check that the server speaks MCP on this transport, or raise list_timeout_s"
+            )
+        raise _SessionLost(connection.lost_reason or "the connection closed")
+
+    @asynccontextmanager
+    async def _connect(self, connection: _Connection) -> AsyncIterator[None]:
+        """Open the transport and the SDK client over it, negotiating the version."""
+        client = Client(
+            self._watched(connection.mark_lost),
+            mode="legacy" if self._settings.handshake == "initialize" else "auto",
+            cache=None,  # every listing must come from the server, not a TTL cache
+            message_handler=self._on_message(connection),
+            client_info=CLIENT_INFO,
+        )
+        async with client:
+            connection.client = client
+            yield
+
+    @asynccontextmanager
+    async def _watched(self, ended: Callable[[str], None]) -> AsyncIterator[TransportStreams]:
+        async with self._open_transport(ended) as (read_stream, write_stream):
+            yield _WatchedStream(read_stream, ended), write_stream
+
+    def _become_ready(
+        self,
+        connection: _Connection,
+        tools: list[RawTool],
+        on_tools: Callable[[list[RawTool]], None],
+    ) -> None:
+        client = connection.client
+        assert client is not None
+        self._protocol_version = client.protocol_version
+        info = client.server_info
+        self._server_info = info.model_dump(mode="json", exclude_none=True) if info else None
+        self._tools = tools
+        self._connection = connection
+        self._ready_since = trio.current_time()
+        self._set_state(UpstreamState.READY, error=None)
+        log.info(
+            "upstream %s ready: %d tools, protocol %s",
+            self.name,
+            len(tools),
+            self._protocol_version,
+            extra={"upstream": self.name},
+        )
+        on_tools(list(tools))
+
+    async def _list_tools(self, session: ClientSession) -> list[RawTool]:
+        """Every tool the server offers, following `nextCursor` to the last page."""
+        tools: list[RawTool] = []
+        cursor: str | None = None
+        seen: set[str] = set()
+        for _ in range(MAX_TOOL_PAGES):
+            params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+            page = await session.list_tools(params=params)
+            tools += [
+                tool.model_dump(by_alias=True, mode="json", exclude_none=True)
+                for tool in page.tools
+            ]
+            cursor = page.next_cursor
+            if cursor is None:
+                return tools
+            if cursor in seen:
+                raise _SessionLost(f"tools/list repeated the cursor {cursor[:80]!r}")
+            seen.add(cursor)
+        raise _SessionLost(f"tools/list did not end within {MAX_TOOL_PAGES} pages")
+
+    async def _refresh_on_change(
+        self, connection: _Connection, on_tools: Callable[[list[RawTool]], None]
+    ) -> None:
+        """Re-list each time the server says its tools changed (bursts coalesce)."""
+        while True:
+            await connection.relist.wait()
+            connection.relist = trio.Event()
+            timeout_s = self._settings.list_timeout_s
+            # The old list stays when this fails; calls to tools that went away fail upstream.
+            with trio.move_on_after(timeout_s) as scope:
+                try:
+                    tools = await self._list_tools(connection.session)
+                except (MCPError, ValidationError, _SessionLost) as exc:
+                    self._set_error(f"re-listing tools failed: {_describe(exc)}")
+                    continue
+            if scope.cancelled_caught:
+                self._set_error(f"re-listing tools took longer than {timeout_s:g} s")
+                continue
+            self._tools = tools
+            self._set_error(None)
+            on_tools(list(tools))
+
+    def _wants_listen(self, session: ClientSession) -> bool:
+        # On 2026-07-28 change notifications come only on a subscriptions/listen
+        # stream; earlier versions send them spontaneously (see `_on_message`).
+        if session.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            return False
+        capabilities = session.server_capabilities
+        return bool(capabilities and capabilities.tools and capabilities.tools.list_changed)
+
+    async def _listen_for_changes(
+        self, connection: _Connection, *, task_status: trio.TaskStatus[None]
+    ) -> None:
+        """Hold a `subscriptions/listen` stream; started once the server acknowledged it.
+
+        Its end means the connection ended: the spec has no replay, and a client whose
+        stream drops re-listens and refetches, which is what reconnecting does.
+        """
+        started = _Once(task_status.started)
+        assert connection.client is not None
+        try:
+            async with connection.client.listen(tools_list_changed=True) as subscription:
+                started()
+                async for event in subscription:
+                    if isinstance(event, ToolsListChanged):
+                        connection.relist.set()
+            connection.mark_lost("the server closed its subscriptions/listen stream")
+        except SubscriptionLost:
+            connection.mark_lost("the server dropped its subscriptions/listen stream")
+        except MCPError as exc:
+            # A server may refuse to listen; it just never tells us about changes.
+            log.info(
+                "upstream %s refused subscriptions/listen: %s",
+                self.name,
+                _describe(exc),
+                extra={"upstream": self.name},
+            )
+        started()
+
+    def _on_message(self, connection: _Connection) -> Callable[[IncomingMessage], Any]:
+        async def handle(message: IncomingMessage) -> None:
+            if isinstance(message, Exception):
+                self._note_garbage(message)
+            elif isinstance(message, types.ToolListChangedNotification):
+                connection.relist.set()
+            await trio.lowlevel.checkpoint()
+
+        return handle
+
+    def _note_garbage(self, exc: Exception) -> None:
+        error = _bounded(f"the server wrote something that is not JSON-RPC ({exc})")
+        self._garbage = self._garbage or error
+        self._set_error(error)
+        if self._garbage_log.allow():
+            suppressed = self._garbage_log.take_suppressed()
+            log.warning(
+                "upstream %s: %s%s",
+                self.name,
+                error,
+                f" ({suppressed} more suppressed)" if suppressed else "",
+                extra={"upstream": self.name},
+            )
+
+    # -- state ----------------------------------------------------------------------
+
+    def _set_state(self, state: UpstreamState, *, error: str | None = None) -> None:
+        self._state = state
+        self._last_error = error if error is None else _bounded(error)
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _set_error(self, error: str | None) -> None:
+        self._set_state(self._state, error=error)
+
+    def _fail(self, error: str) -> None:
+        log.error("upstream %s: %s", self.name, error, extra={"upstream": self.name})
+        self._set_state(UpstreamState.FAILED, error=error)
+
+    def _not_ready_message(self) -> str:
+        why = f": {self._last_error}" if self._last_error else ""
+        return f"upstream {self.name!r} is not connected ({self._state.value}){why}"
+
+    def _call_error(self, tool: str, connection: _Connection, exc: MCPError) -> str:
+        if connection.lost.is_set() or exc.code == types.CONNECTION_CLOSED:
+            return (
+                f"upstream {self.name!r} closed the connection during tools/call {tool!r} "
+                f"({connection.lost_reason or exc.message}); it is being reconnected"
+            )
+        return _bounded(
+            f"upstream {self.name!r} answered tools/call {tool!r} with error {exc.code}: "
+            f"{exc.message}"
+        )
+
+
+@dataclass
+class _Once:
+    """Call `fn` the first time only (`task_status.started` may be called once)."""
+
+    fn: Callable[[], Any]
+    done: bool = False
+
+    def __call__(self) -> None:
+        if not self.done:
+            self.done = True
+            self.fn()
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
+
+
+def _describe(exc: BaseException) -> str:
+    """One bounded line for an exception, looking through exception groups."""
+    leaf = next((e for e in _leaves(exc) if not isinstance(e, trio.Cancelled)), exc)
+    if isinstance(leaf, _SessionLost | Misconfigured):
+        return _bounded(str(leaf))
+    if isinstance(leaf, MCPError):
+        return _bounded(f"MCP error {leaf.code}: {leaf.message}")
+    if isinstance(leaf, ValidationError):
+        return _bounded(f"invalid message: {_first_line(leaf)}")
+    return _bounded(f"{type(leaf).__name__}: {leaf}" if str(leaf) else type(leaf).__name__)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).splitlines()
+    return " ".join(lines[:3]) if lines else type(exc).__name__
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
