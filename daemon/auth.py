@@ -48,9 +48,11 @@ class Principal:
     name: str
     kind: str
     scopes: frozenset[str]
-    # Session principals only: the execution they belong to and the tools it may call.
+    # The tools this principal may call: every one of these pattern sets must allow a
+    # tool (a session holds its request's patterns and its caller's).
+    tool_patterns: tuple[tuple[str, ...], ...] = (("*",),)
+    # Session principals only: the execution they belong to.
     execution_id: str | None = None
-    allowed_tools: tuple[str, ...] = ()
 
     @property
     def is_admin(self) -> bool:
@@ -132,7 +134,12 @@ class Authenticator:
         digest = hash_token(token)
         for client in self.config.clients:
             if hmac.compare_digest(digest, client.sha256):
-                return Principal(client.name, "client", frozenset(client.scopes))
+                return Principal(
+                    client.name,
+                    "client",
+                    frozenset(client.scopes),
+                    tool_patterns=(client.allowed_tools,),
+                )
         return self._session(token)
 
     def _session(self, token: str) -> Principal | None:
@@ -151,20 +158,27 @@ class Authenticator:
             )
         return None
 
-    def mint_session(self, execution_id: str, allowed_tools: tuple[str, ...]) -> str:
-        """A new session token for one execution; `revoke_session` ends it."""
+    def mint_session(self, execution_id: str, tool_patterns: tuple[tuple[str, ...], ...]) -> str:
+        """A new session token for one execution; `revoke_session` ends it.
+
+        It may list and call only tools every set of `tool_patterns` allows.
+        """
         token = new_token()
         self._sessions[hash_token(token)] = Principal(
             f"session:{execution_id}",
             "session",
             frozenset({"tools"}),
+            tool_patterns=tool_patterns,
             execution_id=execution_id,
-            allowed_tools=allowed_tools,
         )
         return token
 
     def revoke_session(self, token: str) -> None:
         self._sessions.pop(hash_token(token), None)
+
+    def live_sessions(self) -> int:
+        """How many session tokens are valid now (one per running execution)."""
+        return len(self._sessions)
 
     def reconfigure(self, master_token: str, config: AuthConfig) -> None:
         """Apply a reloaded auth section; live sessions stay valid."""

@@ -22,9 +22,11 @@ __all__ = ["SessionBridge"]
 class SessionBridge:
     """One execution's way back in. Use as a context manager: it revokes on exit."""
 
-    def __init__(self, daemon: Daemon, execution_id: str, allowed_tools: tuple[str, ...]) -> None:
+    def __init__(
+        self, daemon: Daemon, execution_id: str, tool_patterns: tuple[tuple[str, ...], ...]
+    ) -> None:
         self._daemon = daemon
-        self.session_token = daemon.auth.mint_session(execution_id, allowed_tools)
+        self.session_token = daemon.auth.mint_session(execution_id, tool_patterns)
         self.callback: CallbackAddress | None = daemon.callback_address
 
     def __enter__(self) -> SessionBridge:

@@ -214,7 +214,7 @@ def _doctor(args: argparse.Namespace) -> int:
     import trio
 
     from conduit.daemon.client import Client, ConnectionFailed
-    from conduit.daemon.server import build_registry
+    from conduit.daemon.wiring import build_registry
 
     config = _config(args)
     print(f"config: {config.source or '(built-in defaults)'}")

@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from conduit.daemon.errors import ConfigError
+from conduit.gateway.fetch import FetchConfig
+from conduit.gateway.settings import UpstreamList
 
 __all__ = [
     "AuthConfig",
@@ -24,6 +26,7 @@ __all__ = [
     "Config",
     "DenoConfig",
     "ExecutorsConfig",
+    "GatewayConfig",
     "LimitValues",
     "LimitsConfig",
     "ServerConfig",
@@ -113,6 +116,8 @@ class ClientToken(_Section):
         "executions",
         "tools",
     )
+    # Tools this client (and the programs it runs) may call: *, ns.*, ns.tool.
+    allowed_tools: tuple[str, ...] = ("*",)
 
 
 class AuthConfig(_Section):
@@ -172,11 +177,22 @@ class ExecutorsConfig(_Section):
     deno: DenoConfig = DenoConfig()
 
 
+class GatewayConfig(_Section):
+    # Validate every tool call's arguments against the tool's schema, and refuse tools
+    # without one; an upstream's own `strict` overrides this.
+    strict: bool = False
+    # The longest a tool call may take unless its upstream says otherwise.
+    call_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    fetch: FetchConfig = FetchConfig()
+
+
 class Config(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     auth: AuthConfig = AuthConfig()
     limits: LimitsConfig = LimitsConfig()
     executors: ExecutorsConfig = ExecutorsConfig()
+    gateway: GatewayConfig = GatewayConfig()
+    upstreams: UpstreamList = ()
     source: str = ""  # the file this came from, for messages and reloads
 
 

@@ -56,12 +56,18 @@ class Connection:
         *,
         transport: str,
         peer: PeerCredentials | None = None,
+        sessions_only: bool = False,
     ) -> None:
         self._stream = stream
         self._daemon = daemon
         self.transport = transport
         self.peer = peer
-        self.principal: Principal | None = daemon.auth.authenticate_peer(peer)
+        # On the sandboxes' socket only session tokens count: peer credentials there
+        # would be the daemon's own uid, and nothing else should reach it.
+        self._sessions_only = sessions_only
+        self.principal: Principal | None = (
+            None if sessions_only else daemon.auth.authenticate_peer(peer)
+        )
         self._failures = 0
         self._slots = trio.Semaphore(daemon.config.server.max_in_flight_per_connection)
         self._outbox_send, self._outbox = trio.open_memory_channel[bytes](_OUTBOX_SIZE)
@@ -105,6 +111,8 @@ class Connection:
     def authenticate(self, token: str) -> Principal:
         """The principal for `token`, counting failures; too many close the connection."""
         principal = self._daemon.auth.authenticate_token(token)
+        if principal is not None and self._sessions_only and principal.kind != "session":
+            principal = None
         if principal is not None:
             self._failures = 0
             return principal
@@ -123,6 +131,13 @@ class Connection:
         )
 
     async def _read_loop(self, requests: trio.Nursery) -> None:
+        try:
+            await self._read_requests(requests)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            # The peer is gone entirely (reset): nobody will read our answers.
+            self._scope.cancel()
+
+    async def _read_requests(self, requests: trio.Nursery) -> None:
         max_bytes = self._daemon.config.server.max_message_bytes
         async for line in LineReader(self._stream, max_bytes):
             if line is OVERSIZE:

@@ -21,6 +21,7 @@ from conduit.daemon.bridge import SessionBridge
 from conduit.daemon.errors import Forbidden, InvalidParams, NotFound, Overloaded, Unauthenticated
 from conduit.executors.base import ErrorInfo, Executor, Job, Limits, Outcome, Status
 from conduit.executors.source import unwrap_fence
+from conduit.gateway.allowlist import Allowlist
 
 if TYPE_CHECKING:
     from conduit.daemon.auth import Principal
@@ -102,12 +103,13 @@ class Executions:
         daemon = self._daemon
         code = self._checked_code(request.code)
         limits = self._limits(request.limits)
+        requested = _checked_patterns(request.allowed_tools)
         executor = daemon.registry.pick(request.language, request.executor)
         daemon.rate_limiter.check(principal.name)
         async with daemon.admission.slot() as queue_wait_s:
             execution_id = _new_execution_id()
             job = Job(execution_id, request.language, code, limits, request.inputs)
-            allowed = request.allowed_tools if request.allowed_tools is not None else ("*",)
+            allowed = (requested, *principal.tool_patterns)
             started = trio.current_time()
             outcome = await self._run(job, executor, allowed, principal, request.origin)
             duration_s = trio.current_time() - started
@@ -127,7 +129,7 @@ class Executions:
         self,
         job: Job,
         executor: Executor,
-        allowed: tuple[str, ...],
+        allowed: tuple[tuple[str, ...], ...],
         principal: Principal,
         origin: tuple[int, Any] | None,
     ) -> Outcome:
@@ -244,6 +246,20 @@ class Executions:
                 )
             values[name] = value
         return Limits(**values)
+
+
+def _checked_patterns(patterns: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The request's tool patterns (all tools if it names none), or `InvalidParams`."""
+    if patterns is None:
+        return ("*",)
+    try:
+        Allowlist(patterns)
+    except ValueError as exc:
+        raise InvalidParams(
+            f"invalid params: allowed_tools: {exc}",
+            {"field": "allowed_tools", "reason": str(exc)},
+        ) from None
+    return patterns
 
 
 def _stopped_error(status: Status) -> ErrorInfo:

@@ -7,11 +7,13 @@ Who may connect is decided later (auth), not here.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import socket as stdlib_socket
 import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +21,13 @@ import trio
 
 from conduit.daemon.errors import ConfigError
 
-__all__ = ["BoundListener", "open_tcp_listener", "open_unix_listener", "remove_socket_file"]
+__all__ = [
+    "BoundListener",
+    "open_sandbox_listener",
+    "open_tcp_listener",
+    "open_unix_listener",
+    "remove_socket_file",
+]
 
 log = logging.getLogger("conduit.listeners")
 
@@ -35,6 +43,7 @@ class BoundListener:
     transport: str
     address: str
     owned_path: str | None = None  # a socket file we created and must remove
+    owned_dir: str | None = None  # a private directory we created for it
 
 
 def _prepare_directory(directory: Path) -> None:
@@ -107,7 +116,30 @@ async def open_tcp_listener(host: str, port: int) -> BoundListener:
     return BoundListener(listener, "tcp", f"{shown}:{bound_port}")
 
 
+async def open_sandbox_listener(beside: str | None) -> BoundListener:
+    """The socket sandboxes call back on, in a new private directory.
+
+    Separate from the clients' socket on purpose: a sandbox runs with the daemon's uid,
+    so on the clients' socket its peer credentials would make it the master. On this
+    one only session tokens count (see `Connection`). `beside` is a directory to put
+    it in (the clients' socket's), else the system's temporary directory.
+    """
+    parent = beside if beside and len(beside) < 80 else tempfile.gettempdir()
+    directory = tempfile.mkdtemp(prefix="conduit-sandbox-", dir=parent)
+    try:
+        bound = await open_unix_listener(os.path.join(directory, "s"))
+    except BaseException:
+        os.rmdir(directory)
+        raise
+    bound.transport = "sandbox"
+    bound.owned_dir = directory
+    return bound
+
+
 def remove_socket_file(bound: BoundListener) -> None:
-    """Remove the socket file this daemon created, if it is still ours."""
+    """Remove the socket file (and directory) this daemon created, if still there."""
     if bound.owned_path:
         Path(bound.owned_path).unlink(missing_ok=True)
+    if bound.owned_dir:
+        with contextlib.suppress(OSError):
+            os.rmdir(bound.owned_dir)

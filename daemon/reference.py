@@ -122,10 +122,14 @@ def render_protocol() -> str:
         "allowedTools?}`; result `{stdout, stderr, exitCode}`; limits hit answer -32008, "
         "-32009 or -32013 with the partial output in `data`.",
         "",
-        "| alias | runs |",
+        "Other aliases are the same method under the seed's name.",
+        "",
+        "| alias | same as |",
         "|---|---|",
     ]
-    lines += [f"| `{name}` | {alias.language} |" for name, alias in sorted(ALIASES.items())]
+    for name, alias in sorted(ALIASES.items()):
+        shape = f" ({alias.language}, seed shape)" if alias.language else ""
+        lines.append(f"| `{name}` | `{alias.target}`{shape} |")
     return "\n".join(lines) + "\n"
 
 

@@ -34,11 +34,14 @@ from conduit.daemon.executions import Executions
 from conduit.daemon.limits import Admission, RateLimiter
 from conduit.daemon.listeners import (
     BoundListener,
+    open_sandbox_listener,
     open_tcp_listener,
     open_unix_listener,
     remove_socket_file,
 )
 from conduit.daemon.logs import redact
+from conduit.daemon.tool_access import ToolAccess
+from conduit.daemon.wiring import build_catalogue, build_registry, language_defaults
 from conduit.executors.base import CallbackAddress
 from conduit.executors.registry import ExecutorRegistry
 
@@ -78,6 +81,7 @@ class Daemon:
         self.rate_limiter = RateLimiter(limits.executions_per_minute, limits.burst)
         self.executions = Executions(self)
         self.registry = ExecutorRegistry([], {})
+        self.tools = ToolAccess(self, build_catalogue(config))
         self.callback_address: CallbackAddress | None = None
         self.auth_failures = 0
         self.connections: set[Connection] = set()
@@ -102,10 +106,13 @@ class Daemon:
         self._notifier = systemd.Notifier.from_environ()
         bound = await self._open_listeners()
         try:
+            sandbox = await open_sandbox_listener(_unix_directory(bound))
+            bound.append(sandbox)
+            self.callback_address = CallbackAddress(unix_path=sandbox.address)
             async with trio.open_nursery() as root:
-                self.callback_address = _callback_for(bound)
                 self.registry = build_registry(self.config, self.callback_address)
                 await root.start(self.registry.serve)
+                await root.start(self.tools.catalogue.serve)
                 if handle_signals:
                     root.start_soon(self._handle_signals)
                 interval = systemd.watchdog_interval_s()
@@ -168,7 +175,9 @@ class Daemon:
             await stream.aclose()
             return
         peer = peer_credentials(stream.socket) if transport == "unix" else None  # type: ignore[arg-type]
-        connection = Connection(stream, self, transport=transport, peer=peer)
+        connection = Connection(
+            stream, self, transport=transport, peer=peer, sessions_only=transport == "sandbox"
+        )
         self.connections.add(connection)
         try:
             await connection.run()
@@ -213,7 +222,7 @@ class Daemon:
             limits.max_concurrent_executions, limits.queue_size, limits.queue_timeout_s
         )
         self.rate_limiter.reconfigure(limits.executions_per_minute, limits.burst)
-        self.registry.set_defaults(_language_defaults(new))
+        self.registry.set_defaults(language_defaults(new))
         if (new.server.socket, new.server.tcp) != (
             self.config.server.socket,
             self.config.server.tcp,
@@ -249,7 +258,9 @@ class Daemon:
             unix_path=unix,
             tcp_address=parse_tcp_address(tcp) if tcp else None,
             token_source=self.token_source,
-            listeners=tuple(f"{b.transport}:{b.address}" for b in bound),
+            listeners=tuple(
+                f"{b.transport}:{b.address}" for b in bound if b.transport != "sandbox"
+            ),
         )
 
     def _announce(self, info: ServingInfo) -> None:
@@ -289,42 +300,12 @@ def _from_inherited(item: systemd.InheritedSocket) -> BoundListener:
     return BoundListener(item.listener(), transport, item.address)
 
 
-def _callback_for(bound: list[BoundListener]) -> CallbackAddress | None:
+def _unix_directory(bound: list[BoundListener]) -> str | None:
+    """The directory of the clients' Unix socket, if the daemon has one."""
     for listener in bound:
-        if listener.transport == "unix":
-            return CallbackAddress(unix_path=listener.address)
-    for listener in bound:
-        host, port = parse_tcp_address(listener.address)
-        return CallbackAddress(tcp_host=host, tcp_port=port)
+        if listener.transport == "unix" and listener.owned_path:
+            return os.path.dirname(listener.owned_path)
     return None
-
-
-def _language_defaults(config: Config) -> dict[str, str]:
-    executors = config.executors
-    return {
-        "python": executors.python,
-        "typescript": executors.typescript,
-        "javascript": executors.javascript,
-    }
-
-
-def build_registry(config: Config, callback: CallbackAddress | None) -> ExecutorRegistry:
-    """The executors this configuration enables, with their language defaults."""
-    executors = []
-    deno = config.executors.deno
-    if deno.enabled:
-        from conduit.executors.deno import DenoExecutor
-
-        executors.append(
-            DenoExecutor(
-                binary=deno.binary or None,
-                pool_size=deno.pool_size,
-                memory_mb=config.limits.defaults.memory_mb,
-                cache_dir=Path(config.server.state_dir) / "deno",
-                callback=None,
-            )
-        )
-    return ExecutorRegistry(executors, _language_defaults(config))
 
 
 async def serve(

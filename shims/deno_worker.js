@@ -3,7 +3,7 @@
 // Protocol (the daemon side lives in conduit/executors/deno.py):
 //   1. On start the worker writes READY to stdout and blocks reading stdin.
 //   2. The daemon writes one JSON object and closes stdin:
-//        {nonce, module, line_offset, inputs, lang}
+//        {nonce, module, line_offset, inputs, lang, session_token, callback}
 //   3. The worker sets the global `inputs`, imports `module` from a data: URL, awaits its
 //      `default()` and writes,
 //      as the last thing on stdout, "\x1e" + nonce + PAYLOAD + "\n", where PAYLOAD is
@@ -78,6 +78,112 @@ async function readJob() {
     offset += chunk.length;
   }
   return parse(decode(all));
+}
+
+// ---- tools: the program's way back to the daemon -----------------------------------
+//
+// `tools.<ns>.<tool>(args)` sends `tools/call` on ONE connection to the daemon's sandbox
+// socket, opened on first use and shared by every call (multiplexed by id), under this
+// execution's session token. The daemon shapes the answer (`shape: "value"`), so every
+// guest language returns the same value: see conduit.gateway.catalogue.value_of.
+
+const connect = Deno.connect;
+
+class ToolError extends Error {
+  constructor(message, code, tool, data) {
+    super(message);
+    this.name = "ToolError";
+    this.code = code;
+    this.tool = tool;
+    this.data = data;
+  }
+}
+
+function installTools(token, callback) {
+  let connection = null;
+  let nextId = 1;
+  const pending = new Map();
+
+  async function open() {
+    if (!callback) throw new ToolError("tools are not available in this execution", -32006, null);
+    const conn = callback.unix_path
+      ? await connect({ transport: "unix", path: callback.unix_path })
+      : await connect({ hostname: callback.tcp_host, port: callback.tcp_port });
+    readReplies(conn);
+    return conn;
+  }
+
+  async function readReplies(conn) {
+    const buffer = new Uint8Array(65536);
+    let text = "";
+    try {
+      for (;;) {
+        const n = await conn.read(buffer);
+        if (n === null) break;
+        text += decode(buffer.subarray(0, n), { stream: true });
+        let newline;
+        while ((newline = text.indexOf("\n")) >= 0) {
+          settle(parse(text.slice(0, newline)));
+          text = text.slice(newline + 1);
+        }
+      }
+    } catch {
+      // Fall through: every call still waiting learns the connection is gone.
+    }
+    for (const { reject } of pending.values()) {
+      reject(new ToolError("the connection to the daemon closed", -32603, null));
+    }
+    pending.clear();
+  }
+
+  function settle(reply) {
+    const waiter = pending.get(reply.id);
+    if (!waiter) return;
+    pending.delete(reply.id);
+    if (reply.error) {
+      const { code, message, data } = reply.error;
+      waiter.reject(new ToolError(message, code, data?.tool ?? waiter.tool, data));
+    } else {
+      waiter.resolve(reply.result);
+    }
+  }
+
+  async function request(method, params, tool) {
+    connection ??= open();
+    const conn = await connection;
+    const id = nextId++;
+    const message = { jsonrpc: "2.0", id, method, params, auth: { bearerToken: token } };
+    const reply = new Promise((resolve, reject) => pending.set(id, { resolve, reject, tool }));
+    const bytes = encode(stringify(message) + "\n");
+    for (let offset = 0; offset < bytes.length; ) offset += await conn.write(bytes.subarray(offset));
+    return reply;
+  }
+
+  async function call(path, args) {
+    const params = { name: path, arguments: args ?? {}, shape: "value" };
+    const result = await request("tools/call", params, path);
+    if (result.error) throw new ToolError(result.error.message, -32007, result.error.tool ?? path);
+    return result.value;
+  }
+
+  async function discover() {
+    return (await request("tools/list", {}, null)).tools;
+  }
+
+  // `then` is never a tool: a namespace must not look like a promise to `await`.
+  const namespace = (ns) =>
+    new Proxy(Object.create(null), {
+      get: (_, fn) =>
+        typeof fn === "string" && fn !== "then" ? (args) => call(`${ns}.${fn}`, args) : undefined,
+    });
+  const tools = new Proxy(Object.create(null), {
+    get: (_, ns) => {
+      if (ns === "$discover") return discover;
+      return typeof ns === "string" && ns !== "then" ? namespace(ns) : undefined;
+    },
+  });
+  Object.defineProperty(globalThis, "tools", { value: tools, enumerable: true });
+  Object.defineProperty(globalThis, "ToolError", { value: ToolError, enumerable: true });
 }
 
 let finished = false;
@@ -173,6 +279,8 @@ await import("data:application/javascript;base64," + toBase64.call(encode("expor
 
 writeAll(READY);
 const job = await readJob();
+
+installTools(job.session_token, job.callback);
 
 // A plain global, so a program may also declare its own `inputs`.
 globalThis.inputs = job.inputs ?? null;

@@ -43,7 +43,10 @@ def make_config(tmp_path: Path, short_dir: Path) -> Callable[..., Config]:
             "executors": {"deno": {"pool_size": 1}},
         }
         for section, values in sections.items():
-            tree.setdefault(section, {}).update(values)
+            if isinstance(values, dict):
+                tree.setdefault(section, {}).update(values)
+            else:
+                tree[section] = values
         path = tmp_path / "conduit.toml"
         path.write_text(_to_toml(tree))
         return load_config(path, environ={})

@@ -1,5 +1,28 @@
 """The API, one module per namespace. Importing this package fills the method table."""
 
-from conduit.daemon.methods import admin, compat, core, executions, executors, login, tools
+from conduit.daemon.methods import (
+    admin,
+    compat,
+    core,
+    executions,
+    executors,
+    login,
+    sdk,
+    tools,
+    upstreams,
+)
 
-__all__ = ["admin", "compat", "core", "executions", "executors", "login", "tools"]
+# Aliases copy their targets' entries, so they are added once every target exists.
+compat.register_aliases()
+
+__all__ = [
+    "admin",
+    "compat",
+    "core",
+    "executions",
+    "executors",
+    "login",
+    "sdk",
+    "tools",
+    "upstreams",
+]

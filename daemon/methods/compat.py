@@ -8,35 +8,49 @@ partial output in the error's `data` rather than dropped.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from pydantic import ConfigDict, Field
 
-from conduit.daemon.dispatcher import CallContext, Params, method
+from conduit.daemon.dispatcher import METHODS, CallContext, Params, method
 from conduit.daemon.errors import LimitMemory, LimitOutput, LimitTimeout, RpcError
 from conduit.daemon.executions import ExecutionRequest
 
-__all__ = ["ALIASES", "Alias"]
+__all__ = ["ALIASES", "Alias", "register_aliases"]
 
 
 @dataclass(frozen=True, slots=True)
 class Alias:
-    language: str
-    target: str = "execute"
+    """A seed name: an execution in the seed's shape (`language`), or a plain rename."""
+
+    target: str
+    language: str | None = None
 
     def describe(self) -> dict[str, Any]:
+        if self.language is None:
+            return {"target": self.target, "shape": "same"}
         return {"target": self.target, "language": self.language, "shape": "seed"}
 
 
 ALIASES: dict[str, Alias] = {
-    "mcp.executeTypeScript": Alias("typescript"),
-    "mcp.executePython": Alias("python"),
-    "mcp.executeIsolate": Alias("javascript"),
-    "mcp_execute_typescript": Alias("typescript"),
-    "mcp_execute_python": Alias("python"),
-    "mcp_execute_isolate": Alias("javascript"),
+    "mcp.executeTypeScript": Alias("execute", "typescript"),
+    "mcp.executePython": Alias("execute", "python"),
+    "mcp.executeIsolate": Alias("execute", "javascript"),
+    "mcp_execute_typescript": Alias("execute", "typescript"),
+    "mcp_execute_python": Alias("execute", "python"),
+    "mcp_execute_isolate": Alias("execute", "javascript"),
+    "mcp.discoverTools": Alias("tools/list"),
+    "mcp_discover_tools": Alias("tools/list"),
+    "mcp.callTool": Alias("tools/call"),
+    "mcp_call_tool": Alias("tools/call"),
+    "mcp_list_tool_packages": Alias("tools/packages"),
+    "mcp_list_tool_stubs": Alias("tools/stubs"),
+    "mcp_read_tool_schema": Alias("tools/schema"),
+    "mcp_validate_tool": Alias("tools/validate"),
+    "mcp_register_upstream": Alias("upstreams/register"),
 }
 
 
@@ -101,10 +115,18 @@ async def _execute_alias(
     return shaped
 
 
-for _name, _alias in ALIASES.items():
-    method(
-        _name,
-        params=SeedExecuteParams,
-        scope="execute",
-        description=f"Seed alias: run {_alias.language}, answer {{stdout, stderr, exitCode}}",
-    )(partial(_execute_alias, _alias.language, _name))
+def register_aliases() -> None:
+    """Add every alias to the method table; call once all target methods exist."""
+    for name, alias in ALIASES.items():
+        if alias.language is None:
+            target = METHODS[alias.target]
+            METHODS[name] = dataclasses.replace(
+                target, name=name, description=f"Seed alias of {alias.target}."
+            )
+            continue
+        method(
+            name,
+            params=SeedExecuteParams,
+            scope="execute",
+            description=f"Seed alias: run {alias.language}, answer {{stdout, stderr, exitCode}}",
+        )(partial(_execute_alias, alias.language, name))

@@ -99,7 +99,7 @@ async def test_master_token_file_is_created_private_and_never_logged(
 
 async def test_session_tokens_cannot_execute_or_administer(daemon: Any, connect: Any) -> None:
     server, info = daemon
-    session_token = server.auth.mint_session("ex_test", ("*",))
+    session_token = server.auth.mint_session("ex_test", (("*",),))
     client = await connect(info)
     for method, params in [
         ("execute", {"language": "typescript", "code": "1"}),

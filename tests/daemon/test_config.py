@@ -30,7 +30,7 @@ def test_conduit_toml_is_the_defaults_and_documents_every_key() -> None:
     assert loaded.model_dump(exclude={"source"}) == Config().model_dump(exclude={"source"})
     text = (ROOT / "conduit.toml").read_text()
     documented = set(re.findall(r"^#?\s*([a-z_]+)\s*=", text, re.MULTILINE))
-    documented |= set(re.findall(r"^#?\s*\[\[[a-z_]+\.([a-z_]+)\]\]", text, re.MULTILINE))
+    documented |= set(re.findall(r"^#?\s*\[\[(?:[a-z_]+\.)?([a-z_]+)\]\]", text, re.MULTILINE))
     leaves = {key.rsplit(".", 1)[-1] for key in _keys(Config)}
     assert leaves - documented == set()
 

@@ -1,0 +1,69 @@
+"""`sdk/get` and `tools/stubs`: the typed `tools.*` SDK, for an agent's prompt.
+
+The declarations describe exactly the tools the caller (narrowed by `allowed_tools`, as
+an execution would be) may call, so a model is never shown a tool it cannot use.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from conduit.daemon.dispatcher import CallContext, Params, method
+from conduit.daemon.errors import InvalidParams
+from conduit.daemon.tool_access import allowlists_for
+from conduit.gateway.allowlist import Allowlist
+from conduit.gateway.model import Tool
+from conduit.gateway.sdk import python_stubs, typescript_declarations
+
+# What each guest language reads: TypeScript declarations serve JavaScript too.
+_RENDERERS = {
+    "typescript": typescript_declarations,
+    "javascript": typescript_declarations,
+    "python": python_stubs,
+}
+
+
+class SdkParams(Params):
+    language: Literal["typescript", "javascript", "python"] = "typescript"
+    allowed_tools: list[str] | None = Field(
+        None, description="narrow to these patterns, as execute's allowed_tools would"
+    )
+    namespace: str | None = Field(None, description="only this namespace")
+
+
+def _selected(params: SdkParams, ctx: CallContext) -> list[Tool]:
+    allow = allowlists_for(ctx.require_principal())
+    if params.allowed_tools is not None:
+        try:
+            allow.append(Allowlist(params.allowed_tools))
+        except ValueError as exc:
+            raise InvalidParams(
+                f"invalid params: allowed_tools: {exc}",
+                {"field": "allowed_tools", "reason": str(exc)},
+            ) from None
+    tools = ctx.daemon.tools.catalogue.tools(allow)
+    if params.namespace is not None:
+        tools = [tool for tool in tools if tool.namespace == params.namespace]
+    return tools
+
+
+def _render(params: SdkParams, ctx: CallContext) -> dict[str, Any]:
+    tools = _selected(params, ctx)
+    packages = ctx.daemon.tools.catalogue.packages()
+    descriptions = {package.namespace: package.description for package in packages}
+    text = _RENDERERS[params.language](tools, descriptions=descriptions)
+    return {"language": params.language, "tools": len(tools), "declarations": text}
+
+
+@method("sdk/get", params=SdkParams, scope="tools")
+async def get_sdk(params: SdkParams, ctx: CallContext) -> dict[str, Any]:
+    """The `tools.*` SDK's declarations for a language, for the tools this caller may use."""
+    return _render(params, ctx)
+
+
+@method("tools/stubs", params=SdkParams, scope="tools")
+async def stubs(params: SdkParams, ctx: CallContext) -> dict[str, Any]:
+    """Typed stubs for the tools (by namespace if given); the same text as sdk/get."""
+    return _render(params, ctx)

@@ -1,0 +1,40 @@
+"""`upstreams/list` and `upstreams/register`: the gateway's upstream MCP servers."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pydantic import Field, TypeAdapter, ValidationError
+
+from conduit.daemon.dispatcher import CallContext, NoParams, Params, invalid_params, method
+from conduit.daemon.tool_access import gateway_errors
+from conduit.daemon.wiring import build_upstream
+from conduit.gateway.settings import UpstreamSettings
+
+_SETTINGS = TypeAdapter(UpstreamSettings)
+
+
+@method("upstreams/list", params=NoParams, scope="tools")
+async def list_upstreams(params: NoParams, ctx: CallContext) -> dict[str, Any]:
+    """Each upstream: transport, state (ready, backing off, ...), tools, last error."""
+    statuses = ctx.daemon.tools.catalogue.statuses()
+    return {"upstreams": [dataclasses.asdict(status) for status in statuses]}
+
+
+class RegisterParams(Params):
+    upstream: dict[str, Any] = Field(
+        description="one [[upstreams]] entry as JSON: name, transport, command/url, ..."
+    )
+
+
+@method("upstreams/register", params=RegisterParams, scope="admin")
+async def register(params: RegisterParams, ctx: CallContext) -> dict[str, Any]:
+    """Add an upstream while the daemon runs (lost on restart: put it in conduit.toml)."""
+    try:
+        settings = _SETTINGS.validate_python(params.upstream)
+    except ValidationError as exc:
+        raise invalid_params(exc, "upstreams/register") from None
+    with gateway_errors(settings.name):
+        await ctx.daemon.tools.catalogue.register(build_upstream(settings))
+    return {"registered": settings.name}

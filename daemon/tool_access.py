@@ -1,0 +1,102 @@
+"""Who may see and call which tool, and the one place gateway errors become wire errors.
+
+Every tool call, from a client or from a sandbox, comes through `ToolAccess.call`: the
+tool is resolved within the caller's allowlists, a sandbox's call is counted against
+its execution's limit, and gateway failures are translated (most specific first) into
+the RPC errors the caller sees. Tool calls never take an execution slot and never
+count against the rate limit: a program holding the only slot must finish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from conduit.daemon.errors import (
+    Forbidden,
+    GatewayError,
+    InvalidParams,
+    NotFound,
+    SchemaInvalid,
+    UpstreamError,
+    UpstreamUnreachable,
+)
+from conduit.gateway.allowlist import Allowlist
+from conduit.gateway.catalogue import (
+    Catalogue,
+    ToolForbidden,
+    ToolNotFound,
+    UpstreamRefused,
+    error_of,
+    value_of,
+)
+from conduit.gateway.model import Tool
+from conduit.gateway.schemas import ArgumentsInvalid
+
+if TYPE_CHECKING:
+    from conduit.daemon.auth import Principal
+    from conduit.daemon.server import Daemon
+
+__all__ = ["ToolAccess", "allowlists_for", "gateway_errors", "shaped"]
+
+
+def allowlists_for(principal: Principal) -> list[Allowlist]:
+    """The allowlists that must all allow a tool for `principal` to use it."""
+    return [Allowlist(patterns) for patterns in principal.tool_patterns]
+
+
+@contextmanager
+def gateway_errors(tool: str | None = None) -> Iterator[None]:
+    """Translate gateway failures into wire errors, most specific first."""
+    data = {"tool": tool}
+    try:
+        yield
+    except ToolNotFound as exc:
+        raise NotFound(f"not found: {exc}; tools/list shows the tools", data) from exc
+    except ToolForbidden as exc:
+        raise Forbidden(f"forbidden: {exc}", data) from exc
+    except ArgumentsInvalid as exc:
+        raise InvalidParams(
+            f"invalid arguments for {tool}: {'; '.join(exc.errors)}",
+            {**data, "field": "arguments", "errors": exc.errors},
+        ) from exc
+    except UpstreamRefused as exc:
+        raise InvalidParams(f"invalid params: {exc}", data) from exc
+    except (SchemaInvalid, UpstreamUnreachable, GatewayError) as exc:
+        raise UpstreamError(f"upstream error: {exc}", data) from exc
+
+
+def shaped(tool: Tool, result: dict[str, Any]) -> dict[str, Any]:
+    """A tool result as sandboxes' SDKs take it: `{value}` or `{error}` (one shape)."""
+    if result.get("isError"):
+        return {"error": {"message": error_of(result), "tool": tool.id}}
+    return {"value": value_of(result)}
+
+
+class ToolAccess:
+    """The daemon's view of the catalogue, per principal."""
+
+    def __init__(self, daemon: Daemon, catalogue: Catalogue) -> None:
+        self._daemon = daemon
+        self.catalogue = catalogue
+
+    def visible(self, principal: Principal) -> list[Tool]:
+        """The catalogue's tools this principal may call, by SDK path."""
+        return self.catalogue.tools(allowlists_for(principal))
+
+    def resolve(self, principal: Principal, name: str) -> Tool:
+        """The tool `name` names (id or SDK path), if this principal may call it."""
+        with gateway_errors(name):
+            return self.catalogue.resolve(name, allow=allowlists_for(principal))
+
+    async def call(
+        self, principal: Principal, name: str, arguments: dict[str, Any]
+    ) -> tuple[Tool, dict[str, Any]]:
+        """Call a tool for `principal`; returns it and its MCP `CallToolResult` JSON."""
+        tool = self.resolve(principal, name)
+        if principal.kind == "session":
+            self._daemon.executions.count_tool_call(principal.execution_id)
+        timeout_s = self._daemon.config.gateway.call_timeout_s
+        with gateway_errors(tool.id):
+            return tool, await self.catalogue.call(tool, arguments, timeout_s=timeout_s)

@@ -1,0 +1,89 @@
+"""Building the runtime parts the configuration describes: executors and the gateway.
+
+Constructors here start nothing; the daemon runs what they build in its own nursery.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from conduit.daemon.config import Config
+from conduit.daemon.errors import GatewayError
+from conduit.executors.base import CallbackAddress
+from conduit.executors.registry import ExecutorRegistry
+from conduit.gateway.catalogue import Catalogue, LocalTool, LocalUpstream, ToolFailed
+from conduit.gateway.fetch import FETCH_TOOL, FetchConfig, Fetcher
+from conduit.gateway.settings import HttpUpstreamSettings, StdioUpstreamSettings
+from conduit.gateway.ssrf import SsrfGuard
+from conduit.gateway.upstream import Upstream
+
+__all__ = ["build_catalogue", "build_registry", "build_upstream", "language_defaults"]
+
+
+def language_defaults(config: Config) -> dict[str, str]:
+    executors = config.executors
+    return {
+        "python": executors.python,
+        "typescript": executors.typescript,
+        "javascript": executors.javascript,
+    }
+
+
+def build_registry(config: Config, callback: CallbackAddress | None) -> ExecutorRegistry:
+    """The executors this configuration enables, with their language defaults.
+
+    `callback` is where sandboxes reach the daemon for tool calls.
+    """
+    executors = []
+    deno = config.executors.deno
+    if deno.enabled:
+        from conduit.executors.deno import DenoExecutor
+
+        executors.append(
+            DenoExecutor(
+                binary=deno.binary or None,
+                pool_size=deno.pool_size,
+                memory_mb=config.limits.defaults.memory_mb,
+                cache_dir=Path(config.server.state_dir) / "deno",
+                callback=callback,
+            )
+        )
+    return ExecutorRegistry(executors, language_defaults(config))
+
+
+def build_upstream(settings: StdioUpstreamSettings | HttpUpstreamSettings) -> Upstream:
+    """The client for one `[[upstreams]]` entry (HTTP ones behind the SSRF guard)."""
+    if isinstance(settings, StdioUpstreamSettings):
+        from conduit.gateway.stdio_upstream import StdioUpstream
+
+        return StdioUpstream(settings)
+    from conduit.gateway.http_upstream import HttpUpstream
+
+    guard = SsrfGuard(trusted=settings.trusted)
+    return HttpUpstream(settings, http_client_factory=guard.open_mcp_client)
+
+
+def _fetch_upstream(config: FetchConfig) -> LocalUpstream:
+    fetcher = Fetcher(config)
+
+    async def fetch(arguments: dict[str, Any], *, timeout_s: float | None = None) -> Any:
+        try:
+            return await fetcher.fetch(arguments, timeout_s=timeout_s)
+        except GatewayError as exc:
+            raise ToolFailed(str(exc)) from exc
+
+    return LocalUpstream("fetch", [LocalTool.from_raw(FETCH_TOOL, fetch)])
+
+
+def build_catalogue(config: Config) -> Catalogue:
+    """The catalogue of every enabled upstream, plus `fetch` when it is enabled."""
+    enabled = [settings for settings in config.upstreams if settings.enabled]
+    upstreams: list[Upstream] = [build_upstream(settings) for settings in enabled]
+    if config.gateway.fetch.enabled:
+        upstreams.append(_fetch_upstream(config.gateway.fetch))
+    return Catalogue(
+        upstreams,
+        strict=config.gateway.strict,
+        strict_upstreams={s.name: s.strict for s in enabled if s.strict is not None},
+    )

@@ -1,0 +1,249 @@
+"""Code mode end to end: programs in real Deno sandboxes calling real MCP upstreams."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import trio
+
+from conduit.daemon.errors import Forbidden, InvalidParams, NotFound, Unauthenticated
+from tests.fixtures.mcp_echo_server import command as echo_command
+
+ECHO = {
+    "name": "echo",
+    "transport": "stdio",
+    "command": echo_command()[0],
+    "args": echo_command()[1:],
+}
+TIME = {
+    "name": "time",
+    "transport": "stdio",
+    "command": sys.executable,
+    "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"],
+}
+
+
+@pytest.fixture
+async def tooled(start_daemon: Any, connect: Any) -> Callable[..., Any]:
+    """Start a daemon with the echo fixture and the published time server."""
+
+    async def start(**sections: Any) -> tuple[Any, Any, Any]:
+        server, info = await start_daemon(upstreams=[ECHO, TIME], **sections)
+        await _wait_ready(server, {"echo", "time"})
+        return server, info, await connect(info)
+
+    return start
+
+
+async def _wait_ready(server: Any, names: set[str]) -> None:
+    with trio.fail_after(60):
+        while True:
+            ready = {s.name for s in server.tools.catalogue.statuses() if s.state == "ready"}
+            if names <= ready:
+                return
+            await trio.sleep(0.05)
+
+
+async def run(client: Any, code: str, **params: Any) -> dict[str, Any]:
+    return await client.call("execute", {"language": "typescript", "code": code, **params})
+
+
+async def test_programs_call_upstream_tools_through_the_sdk(tooled: Any) -> None:
+    _, _, client = await tooled()
+    code = """
+const said = await tools.echo.echo({ text: "hi" });
+const sum = await tools.echo.add({ a: 2, b: 3 });
+const now = await tools.time.get_current_time({ timezone: "UTC" });
+return { said, sum, tz: now.timezone };
+"""
+    result = await run(client, code)
+    assert result["status"] == "ok", result
+    assert result["result"] == {"said": "hi", "sum": {"sum": 5}, "tz": "UTC"}
+    assert result["tool_calls"] == 3
+
+
+async def test_tool_errors_throw_tool_error_with_code_and_tool(tooled: Any) -> None:
+    _, _, client = await tooled()
+    code = """
+const caught = [];
+for (const attempt of [
+  () => tools.echo.fail({ message: "nope" }),
+  () => tools.echo.no_such_tool({}),
+]) {
+  try { await attempt(); } catch (e) {
+    const { code, tool, message } = e;
+    caught.push({ isToolError: e instanceof ToolError, code, tool, message });
+  }
+}
+return caught;
+"""
+    result = await run(client, code)
+    failed, missing = result["result"]
+    assert failed == {"isToolError": True, "code": -32007, "tool": "echo__fail", "message": "nope"}
+    assert missing["isToolError"] is True
+    assert missing["code"] == NotFound.code
+    assert "echo.no_such_tool" in missing["message"]
+
+
+async def test_allowlist_limits_what_a_program_sees_and_calls(tooled: Any) -> None:
+    _, _, client = await tooled()
+    code = """
+const listed = (await tools.$discover()).map((t) => t.name);
+let refused;
+try { await tools.time.get_current_time({ timezone: "UTC" }); } catch (e) { refused = e.code; }
+return { listed, echoed: await tools.echo.echo({ text: "ok" }), refused };
+"""
+    result = await run(client, code, allowed_tools=["echo.echo"])
+    assert result["result"] == {"listed": ["echo__echo"], "echoed": "ok", "refused": Forbidden.code}
+
+
+async def test_bad_allowlist_pattern_is_a_params_error(tooled: Any) -> None:
+    _, _, client = await tooled()
+    reply = await client.request(
+        "execute", {"language": "typescript", "code": "1", "allowed_tools": ["ech*"]}
+    )
+    assert reply["error"]["code"] == InvalidParams.code
+    assert reply["error"]["data"]["field"] == "allowed_tools"
+
+
+async def test_tool_calls_never_wait_for_an_execution_slot(tooled: Any) -> None:
+    _, _, client = await tooled(limits={"max_concurrent_executions": 1, "queue_size": 0})
+    code = """
+let n = 0;
+for (let i = 0; i < 10; i++) n += (await tools.echo.add({ a: i, b: 1 })).sum;
+n"""
+    result = await run(client, code)
+    assert result["status"] == "ok", result
+    assert result["result"] == 55
+    assert result["tool_calls"] == 10
+
+
+async def test_rate_limit_never_applies_to_tool_calls(tooled: Any) -> None:
+    _, _, client = await tooled(limits={"executions_per_minute": 1, "burst": 1})
+    code = "for (let i = 0; i < 20; i++) await tools.echo.echo({ text: 'x' });\n'done'"
+    assert (await run(client, code))["result"] == "done"
+
+
+async def test_tool_call_limit_stops_the_program_and_keeps_its_output(tooled: Any) -> None:
+    _, _, client = await tooled()
+    code = "for (let i = 0; ; i++) { console.log(i); await tools.echo.echo({ text: 'x' }); }"
+    result = await run(client, code, limits={"tool_calls": 3})
+    assert result["status"] == "tool_limit", result
+    assert result["stdout"].startswith("0\n1\n2\n3\n")
+    assert result["tool_calls"] == 3
+    assert result["error"]["type"] == "ToolLimit"
+
+
+async def test_an_upstream_killed_mid_call_costs_only_that_call(tooled: Any) -> None:
+    server, _, client = await tooled()
+    code = "try { await tools.echo.crash({}); } catch (e) { return [e.code, e.tool]; }"
+    result = await run(client, code)
+    assert result["result"] == [-32007, "echo__crash"]
+    await _wait_ready(server, {"echo"})
+    assert (await run(client, "await tools.echo.echo({ text: 'back' })"))["result"] == "back"
+    assert (await run(client, "6 * 7"))["result"] == 42
+
+
+async def test_upstreams_do_not_see_the_daemons_environment(
+    tooled: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONDUIT_TEST_SECRET", "s3cret-value")
+    _, _, client = await tooled()
+    result = await run(client, "await tools.echo.env({ name: 'CONDUIT_TEST_SECRET' })")
+    assert "s3cret-value" not in json.dumps(result)
+
+
+async def test_discovery_methods_for_agents(tooled: Any) -> None:
+    _, _, client = await tooled()
+    listed = await client.call("tools/list")
+    names = {tool["name"] for tool in listed["tools"]}
+    assert {"execute_typescript", "echo__echo", "echo__add", "time__get_current_time"} <= names
+    schema = await client.call("tools/schema", {"name": "echo.add"})
+    assert schema["id"] == "echo__add"
+    assert schema["inputSchema"]["required"] == ["a", "b"]
+    valid = await client.call("tools/validate", {"name": "echo__add", "arguments": {"a": "x"}})
+    assert valid["valid"] is False
+    assert any("a" in error for error in valid["errors"])
+    packages = await client.call("tools/packages")
+    assert {p["namespace"] for p in packages["packages"]} == {"echo", "time"}
+    sdk = await client.call("sdk/get", {"language": "typescript", "allowed_tools": ["echo.*"]})
+    assert "echo" in sdk["declarations"]
+    assert "get_current_time" not in sdk["declarations"]
+    upstreams = await client.call("upstreams/list")
+    assert {(u["name"], u["state"]) for u in upstreams["upstreams"]} == {
+        ("echo", "ready"),
+        ("time", "ready"),
+    }
+
+
+async def test_clients_call_upstream_tools_directly(tooled: Any) -> None:
+    _, _, client = await tooled()
+    result = await client.call("tools/call", {"name": "echo__add", "arguments": {"a": 1, "b": 2}})
+    assert result["structuredContent"] == {"sum": 3}
+    seed = await client.call("mcp.callTool", {"name": "echo.echo", "arguments": {"text": "s"}})
+    assert seed["content"][0]["text"] == "s"
+    missing = await client.request("tools/call", {"name": "echo.nope", "arguments": {}})
+    assert missing["error"]["code"] == NotFound.code
+
+
+async def test_strict_mode_validates_arguments_and_names_the_field(tooled: Any) -> None:
+    _, _, client = await tooled(gateway={"strict": True})
+    reply = await client.request(
+        "tools/call", {"name": "echo.add", "arguments": {"a": 1, "b": "two"}}
+    )
+    assert reply["error"]["code"] == InvalidParams.code
+    assert "b" in reply["error"]["message"]
+
+
+async def test_upstreams_register_is_for_admins_and_adds_tools(tooled: Any, connect: Any) -> None:
+    server, info, client = await tooled()
+    second = {**ECHO, "name": "echo2"}
+    registered = await client.call("upstreams/register", {"upstream": second})
+    assert registered == {"registered": "echo2"}
+    await _wait_ready(server, {"echo2"})
+    assert (await run(client, "await tools.echo2.echo({ text: 'two' })"))["result"] == "two"
+    session = server.auth.mint_session("ex_forged", (("*",),))
+    refused = await client.request(
+        "upstreams/register", {"upstream": {**ECHO, "name": "x"}}, auth={"bearerToken": session}
+    )
+    assert refused["error"]["code"] == Forbidden.code
+
+
+async def test_sandbox_socket_admits_only_live_session_tokens(tooled: Any) -> None:
+    server, _, client = await tooled()
+    path = server.callback_address.unix_path
+    stream = await trio.open_unix_socket(path)
+    from tests.conftest import RawClient
+
+    sandbox = RawClient(stream)
+    # Same uid as the daemon, but peer credentials count for nothing here.
+    assert (await sandbox.request("tools/list"))["error"]["code"] == Unauthenticated.code
+    master = "cdt_test-master-token-0123456789abcdef"
+    refused = await sandbox.request("tools/list", auth={"bearerToken": master})
+    assert refused["error"]["code"] == Unauthenticated.code
+    forged = await sandbox.request("tools/list", auth={"bearerToken": "cdt_" + "A" * 43})
+    assert forged["error"]["code"] == Unauthenticated.code
+    await sandbox.aclose()
+
+
+async def test_session_tokens_die_with_their_execution(tooled: Any) -> None:
+    """A program hands its token out through stdout; replayed afterwards, it is dead."""
+    server, _, client = await tooled()
+    result = await run(client, "await tools.echo.echo({ text: 'x' }); 1")
+    assert result["status"] == "ok"
+    # Sessions are revoked when executions end: none remain.
+    assert server.auth.live_sessions() == 0
+
+
+async def test_a_program_cannot_reach_the_clients_socket(tooled: Any) -> None:
+    _, info, client = await tooled()
+    code = f"""
+const path = {json.dumps(info.unix_path)};
+try {{ await Deno.connect({{ transport: "unix", path }}); return "connected"; }}
+catch (e) {{ return e.name; }}
+"""
+    assert (await run(client, code))["result"] == "NotCapable"
