@@ -5,6 +5,7 @@ Constructors here start nothing; the daemon runs what they build in its own nurs
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from conduit.daemon.errors import GatewayError
 from conduit.executors.base import CallbackAddress
 from conduit.executors.registry import ExecutorRegistry
 from conduit.gateway.catalogue import Catalogue, LocalTool, LocalUpstream, ToolFailed
+from conduit.gateway.credentials import CredentialsAuth, load_credentials
 from conduit.gateway.fetch import FETCH_TOOL, FetchConfig, Fetcher
 from conduit.gateway.settings import HttpUpstreamSettings, StdioUpstreamSettings
 from conduit.gateway.ssrf import SsrfGuard
@@ -61,7 +63,11 @@ def build_upstream(settings: StdioUpstreamSettings | HttpUpstreamSettings) -> Up
     from conduit.gateway.http_upstream import HttpUpstream
 
     guard = SsrfGuard(trusted=settings.trusted)
-    return HttpUpstream(settings, http_client_factory=guard.open_mcp_client)
+    factory = guard.open_mcp_client
+    if settings.auth is not None:
+        credentials = load_credentials(settings.auth, upstream=settings.name, guard=guard)
+        factory = partial(guard.open_mcp_client, auth=CredentialsAuth(credentials))
+    return HttpUpstream(settings, http_client_factory=factory)
 
 
 def _fetch_upstream(config: FetchConfig) -> LocalUpstream:

@@ -1,6 +1,35 @@
-"""The tool gateway: upstream MCP servers as a catalogue of tools sandboxes may call.
+"""The tool gateway: upstream MCP servers as one catalogue of tools programs may call.
 
-Empty in this version: the daemon lists only its built-in execution tools.
+Upstreams (stdio processes, streamable-HTTP servers behind an SSRF guard) feed the
+`Catalogue`; tools get ids (`<upstream>__<tool>`) and SDK names (`tools.ns.tool`);
+`Allowlist`s decide who may call what; `sdk` renders the typed declarations. The
+gateway knows nothing of sockets, tokens or JSON-RPC: the daemon translates its
+`GatewayError`s at one boundary.
 """
 
-__all__: list[str] = []
+from conduit.gateway.allowlist import Allowlist
+from conduit.gateway.catalogue import Catalogue, LocalTool, LocalUpstream, error_of, value_of
+from conduit.gateway.model import Tool, UpstreamState, UpstreamStatus
+from conduit.gateway.sdk import python_stubs, typescript_declarations
+from conduit.gateway.settings import HttpUpstreamSettings, StdioUpstreamSettings
+from conduit.gateway.ssrf import DestinationRefused, SsrfGuard
+from conduit.gateway.upstream import Upstream
+
+__all__ = [
+    "Allowlist",
+    "Catalogue",
+    "DestinationRefused",
+    "HttpUpstreamSettings",
+    "LocalTool",
+    "LocalUpstream",
+    "SsrfGuard",
+    "StdioUpstreamSettings",
+    "Tool",
+    "Upstream",
+    "UpstreamState",
+    "UpstreamStatus",
+    "error_of",
+    "python_stubs",
+    "typescript_declarations",
+    "value_of",
+]

@@ -37,6 +37,8 @@ from pydantic import (
     field_validator,
 )
 
+from conduit.gateway.credentials import CredentialsConfig
+
 __all__ = [
     "HttpUpstreamSettings",
     "StdioUpstreamSettings",
@@ -77,8 +79,6 @@ class _UpstreamBase(BaseModel):
     # "auto" probes the 2026-07-28 `server/discover` first and falls back to the
     # `initialize` handshake; "initialize" skips the probe, for servers that mishandle it.
     handshake: Literal["auto", "initialize"] = "auto"
-    # Placeholder: the credentials module replaces this with its own models.
-    auth: dict[str, Any] | None = None
 
     @field_validator("name")
     @classmethod
@@ -153,6 +153,8 @@ class HttpUpstreamSettings(_UpstreamBase):
     url: str
     headers: dict[str, str] = Field(default_factory=dict)
     trusted: bool = False
+    # API key, bearer or OAuth2 credentials; they stay in the daemon, never in programs.
+    auth: CredentialsConfig | None = None
 
     @field_validator("url")
     @classmethod
