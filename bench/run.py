@@ -77,13 +77,33 @@ class Client:
         return reply["result"]
 
 
+ECHO_SERVER = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "mcp_echo_server.py"
+UPSTREAM = f"""
+[[upstreams]]
+name = "echo"
+transport = "stdio"
+command = {json.dumps(sys.executable)}
+args = [{json.dumps(str(ECHO_SERVER))}]
+"""
+# A program that times each of `n` sequential tool calls from inside the sandbox.
+TOOL_LOOP = """
+const times = [];
+for (let i = 0; i < inputs.n; i++) {
+  const started = performance.now();
+  await tools.echo.echo({ text: "x" });
+  times.push(performance.now() - started);
+}
+return times;
+"""
+
+
 @asynccontextmanager
 async def daemon(workdir: Path, name: str, pool_size: int) -> AsyncIterator[str]:
-    """A `conduit serve` process; yields its socket path."""
+    """A `conduit serve` process with the echo upstream; yields its socket path."""
     config = workdir / f"{name}.toml"
     config.write_text(
         f"[executors.deno]\npool_size = {pool_size}\n"
-        "[limits]\nmax_concurrent_executions = 8\nqueue_size = 256\n"
+        "[limits]\nmax_concurrent_executions = 8\nqueue_size = 256\n" + UPSTREAM
     )
     socket_path = str(workdir / f"{name}.sock")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONDUIT_")}
@@ -225,6 +245,61 @@ def plain_deno(runs: int, workdir: Path) -> dict[str, float]:
     return percentiles(samples)
 
 
+async def wait_upstream(path: str) -> None:
+    client = await Client.open(path)
+    with trio.fail_after(START_TIMEOUT_S):
+        while (await client.call("upstreams/list"))["upstreams"][0]["state"] != "ready":
+            await trio.sleep(0.05)
+    await client.stream.aclose()
+
+
+async def tool_calls_in_sandbox(path: str, calls: int) -> dict[str, float]:
+    """Per-call round trip measured inside the program (the first call opens the link)."""
+    client = await Client.open(path)
+    params = {
+        "language": "typescript",
+        "code": TOOL_LOOP,
+        "inputs": {"n": calls + 1},
+        "limits": {"tool_calls": calls + 1, "timeout_ms": 60_000},
+    }
+    result = await client.call("execute", params)
+    assert result["status"] == "ok", result
+    await client.stream.aclose()
+    return percentiles([ms / 1000 for ms in result["result"][1:]])
+
+
+async def hundred_calls_end_to_end(path: str, runs: int) -> dict[str, float]:
+    """`execute` of a program making 100 sequential tool calls, whole request timed."""
+    client = await Client.open(path)
+    code = "for (let i = 0; i < 100; i++) await tools.echo.echo({ text: 'x' });\n'done'"
+    samples = []
+    for _ in range(runs):
+        await wait_pool_full(client, 2)
+        started = time.perf_counter()
+        result = await client.call("execute", {"language": "typescript", "code": code})
+        samples.append(time.perf_counter() - started)
+        assert result["result"] == "done", result
+    await client.stream.aclose()
+    return percentiles(samples)
+
+
+async def direct_mcp_calls(calls: int) -> dict[str, float]:
+    """The same calls made straight to the upstream with the official MCP SDK client."""
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    server = StdioServerParameters(command=sys.executable, args=[str(ECHO_SERVER)])
+    samples = []
+    async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        await session.call_tool("echo", {"text": "x"})
+        for _ in range(calls):
+            started = time.perf_counter()
+            await session.call_tool("echo", {"text": "x"})
+            samples.append(time.perf_counter() - started)
+    return percentiles(samples)
+
+
 def row(name: str, figures: dict[str, float]) -> str:
     p50, p99 = figures["p50_ms"], figures["p99_ms"]
     return f"  {name:44} p50 {p50:8.2f} ms   p99 {p99:8.2f} ms   (n={figures['n']})"
@@ -236,6 +311,9 @@ async def main(quick: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="cbench-", dir="/tmp") as tmp:
         workdir = Path(tmp)
         async with daemon(workdir, "warm", pool_size=2) as path:
+            await wait_upstream(path)
+            results["tool_call_in_sandbox"] = await tool_calls_in_sandbox(path, int(400 * scale))
+            results["hundred_tool_calls"] = await hundred_calls_end_to_end(path, int(20 * scale))
             results["ping_pipelined_rps"] = await ping_pipelined(path, int(40_000 * scale))
             results["ping_8conn_rps"] = await ping_connections(path, int(10_000 * scale))
             results["execute_warm"] = await execute_latency(path, int(200 * scale), warm_pool=2)
@@ -243,6 +321,7 @@ async def main(quick: bool) -> dict[str, Any]:
         async with daemon(workdir, "cold", pool_size=0) as path:
             results["execute_cold"] = await execute_latency(path, int(60 * scale), warm_pool=0)
         results["plain_deno_run"] = plain_deno(int(60 * scale), workdir)
+    results["direct_mcp_call"] = await direct_mcp_calls(int(400 * scale))
     return results
 
 
@@ -266,6 +345,13 @@ def report(results: dict[str, Any]) -> None:
         "(target >= 3x, p50 <= 8 ms)"
     )
     print(f"execute throughput, 8 clients         {results['execute_8clients_per_s']:10.1f} exec/s")
+    print("tool calls to a trivial stdio upstream:")
+    print(row("from inside a Deno sandbox, per call", results["tool_call_in_sandbox"]))
+    print(row("reference: MCP SDK client, directly", results["direct_mcp_call"]))
+    overhead = results["tool_call_in_sandbox"]["p50_ms"] - results["direct_mcp_call"]["p50_ms"]
+    print(f"  conduit's overhead per call at p50: {overhead:.3f} ms (target <= 1 ms)")
+    print(row("execute with 100 sequential calls", results["hundred_tool_calls"]))
+    print("  (target: 100 calls <= 150 ms end to end)")
 
 
 if __name__ == "__main__":

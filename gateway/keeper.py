@@ -473,9 +473,12 @@ class SessionKeeper(abc.ABC):
     async def _refresh_on_change(
         self, connection: _Connection, on_tools: Callable[[list[RawTool]], None]
     ) -> None:
-        """Re-list each time the server says its tools changed (bursts coalesce)."""
+        """Re-list each time the server says its tools changed (bursts coalesce), and
+        at least every `schema_ttl_s` for servers that never say (0: only on change)."""
+        ttl_s = self._settings.schema_ttl_s or math.inf
         while True:
-            await connection.relist.wait()
+            with trio.move_on_after(ttl_s):
+                await connection.relist.wait()
             connection.relist = trio.Event()
             timeout_s = self._settings.list_timeout_s
             # The old list stays when this fails; calls to tools that went away fail upstream.

@@ -247,3 +247,11 @@ try {{ await Deno.connect({{ transport: "unix", path }}); return "connected"; }}
 catch (e) {{ return e.name; }}
 """
     assert (await run(client, code))["result"] == "NotCapable"
+
+
+async def test_concurrent_calls_share_one_connection_and_come_back_matched(tooled: Any) -> None:
+    _, _, client = await tooled()
+    code = "await Promise.all([...Array(20).keys()].map((i) => tools.echo.add({ a: i, b: 100 })))"
+    result = await run(client, code)
+    assert [item["sum"] for item in result["result"]] == [100 + i for i in range(20)]
+    assert result["tool_calls"] == 20

@@ -369,6 +369,17 @@ async def test_list_changed_refreshes_the_tools(serve: Any, tag: str, handshake:
     assert text_of(await served.call("late_tool", text="new")) == "new"
 
 
+async def test_tools_are_re_listed_when_their_schemas_age_past_the_ttl(
+    serve: Any, tag: str
+) -> None:
+    # The fixture announces no change here: only the TTL can make it list again.
+    served = await serve(echo(tag, schema_ttl_s=0.2))
+    with trio.fail_after(WAIT_S):
+        while len(served.lists) < 3:
+            await trio.sleep(0.05)
+    assert served.lists[-1] == served.lists[0]
+
+
 # -- a published server ----------------------------------------------------------------
 
 
