@@ -166,8 +166,16 @@ function installTools(token, callback) {
     return result.value;
   }
 
+  // The shape the generated declarations promise for `tools.$discover()`.
   async function discover() {
-    return (await request("tools/list", {}, null)).tools;
+    const { tools: listed } = await request("tools/list", {}, null);
+    return listed.map((tool) => ({
+      id: tool.name,
+      path: tool._meta?.["conduit/path"],
+      description: tool.description,
+      inputSchema: tool.inputSchema,
+      ...(tool.outputSchema ? { outputSchema: tool.outputSchema } : {}),
+    }));
   }
 
   // `then` is never a tool: a namespace must not look like a promise to `await`.

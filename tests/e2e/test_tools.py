@@ -92,13 +92,17 @@ return caught;
 async def test_allowlist_limits_what_a_program_sees_and_calls(tooled: Any) -> None:
     _, _, client = await tooled()
     code = """
-const listed = (await tools.$discover()).map((t) => t.name);
+const listed = (await tools.$discover()).map((t) => [t.id, t.path]);
 let refused;
 try { await tools.time.get_current_time({ timezone: "UTC" }); } catch (e) { refused = e.code; }
 return { listed, echoed: await tools.echo.echo({ text: "ok" }), refused };
 """
     result = await run(client, code, allowed_tools=["echo.echo"])
-    assert result["result"] == {"listed": ["echo__echo"], "echoed": "ok", "refused": Forbidden.code}
+    assert result["result"] == {
+        "listed": [["echo__echo", "echo.echo"]],
+        "echoed": "ok",
+        "refused": Forbidden.code,
+    }
 
 
 async def test_bad_allowlist_pattern_is_a_params_error(tooled: Any) -> None:
