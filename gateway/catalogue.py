@@ -34,10 +34,10 @@ it raises (`ToolFailed`, or its own, like fetch's refusals) is a tool-level fail
 
 ## Schema TTL
 
-Each upstream's list is kept with the time it was fetched. An upstream that also
-implements `Refreshable` (an optional `async def refresh()`) is asked to re-list once
-its list is older than `schema_ttl_s`; without it, lists change only when the upstream
-reports them (on connect and on `notifications/tools/list_changed`).
+The catalogue never asks an upstream to re-list: it takes whatever list the upstream
+reports through `on_tools`. Each MCP upstream's own task re-lists on
+`notifications/tools/list_changed` and, for servers that never send it, every
+`schema_ttl_s` (`gateway/keeper.py`, `_refresh_on_change`).
 
 ## Errors
 
@@ -55,7 +55,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, Protocol
 
 import trio
 
@@ -73,7 +73,6 @@ __all__ = [
     "LocalTool",
     "LocalUpstream",
     "Package",
-    "Refreshable",
     "ToolFailed",
     "ToolForbidden",
     "ToolNotFound",
@@ -84,11 +83,6 @@ __all__ = [
 
 log = logging.getLogger("conduit.gateway")
 
-# Five minutes: upstreams that never send list_changed still pick up new tools soon,
-# while an idle daemon sends each upstream only a dozen tools/list calls an hour.
-DEFAULT_SCHEMA_TTL_S = 300.0
-# A re-list is a single tools/list round trip (paginated); longer means it is stuck.
-REFRESH_TIMEOUT_S = 30.0
 # Upstreams enforce `timeout_s` themselves; this backstop only catches one that does not.
 CALL_GRACE_S = 1.0
 # Enough to catch a typo, few enough to read in one error line.
@@ -128,17 +122,6 @@ class LocalHandler(Protocol):
     """What a `LocalTool` runs: the tool's value for `arguments`, within `timeout_s`."""
 
     async def __call__(self, arguments: dict[str, Any], *, timeout_s: float) -> Any: ...
-
-
-@runtime_checkable
-class Refreshable(Protocol):
-    """Optional upstream method: re-list tools now.
-
-    On success the upstream calls its `on_tools` with the fresh list, as on a
-    `list_changed` notification. Raises `UpstreamUnreachable` when not connected.
-    """
-
-    async def refresh(self) -> None: ...
 
 
 def _texts(result: Mapping[str, Any]) -> list[str] | None:
@@ -326,8 +309,6 @@ class _Entry:
     namespace: str
     strict: bool
     tools: dict[str, Tool] = field(default_factory=dict)  # by id
-    listed_at: float | None = None  # trio.current_time() of the last list
-    refresh_tried_at: float = 0.0
     failure: str | None = None  # why its task died, if it did
 
 
@@ -368,10 +349,8 @@ class Catalogue:
         *,
         strict: bool = False,
         strict_upstreams: Mapping[str, bool] | None = None,
-        schema_ttl_s: float = DEFAULT_SCHEMA_TTL_S,
     ) -> None:
         self._strict = strict
-        self._schema_ttl_s = schema_ttl_s
         self._schemas = SchemaCache()
         self._entries: dict[str, _Entry] = {}
         self._by_id: dict[str, Tool] = {}
@@ -455,14 +434,10 @@ class Catalogue:
     async def _keep(
         self, entry: _Entry, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """One upstream's task: its `serve()`, plus re-listing when its list goes stale."""
+        """One upstream's task: its `serve()`; its tools are withdrawn when it ends."""
         status = _StartedOnce(task_status)
         try:
-            async with trio.open_nursery() as nursery:
-                if isinstance(entry.upstream, Refreshable):
-                    nursery.start_soon(self._refresh_when_stale, entry)
-                await entry.upstream.serve(partial(self._on_tools, entry), task_status=status)
-                nursery.cancel_scope.cancel()  # it closed itself; stop re-listing it
+            await entry.upstream.serve(partial(self._on_tools, entry), task_status=status)
             log.info("upstream %r stopped", entry.upstream.name)
         except Exception as exc:  # an upstream failing must never take the catalogue down
             log.exception("upstream %r failed; its tools are withdrawn", entry.upstream.name)
@@ -474,7 +449,6 @@ class Catalogue:
     def _on_tools(self, entry: _Entry, raw_tools: list[RawTool]) -> None:
         """`on_tools` for one upstream: name its tools and swap them in."""
         entry.tools = {tool.id: tool for tool in assign_names(entry.upstream.name, raw_tools)}
-        entry.listed_at = trio.current_time()
         self._reindex()
 
     def _reindex(self) -> None:
@@ -487,24 +461,6 @@ class Catalogue:
         self._by_id = {tool.id: tool for tool in tools}
         self._by_path = {tool.path: tool for tool in tools}
         self._schemas.retain(self._by_id)
-
-    def _refresh_due(self, entry: _Entry) -> float:
-        return max(entry.listed_at or 0.0, entry.refresh_tried_at) + self._schema_ttl_s
-
-    async def _refresh_when_stale(self, entry: _Entry) -> None:
-        """Ask the upstream to re-list whenever its list is older than the TTL."""
-        upstream = cast(Refreshable, entry.upstream)
-        entry.refresh_tried_at = trio.current_time()
-        while True:
-            await trio.sleep_until(self._refresh_due(entry))
-            if trio.current_time() < self._refresh_due(entry):
-                continue  # re-listed while we slept (list_changed)
-            entry.refresh_tried_at = trio.current_time()
-            with trio.move_on_after(REFRESH_TIMEOUT_S):
-                try:
-                    await upstream.refresh()
-                except GatewayError as exc:
-                    log.info("could not re-list upstream %r: %s", entry.upstream.name, exc)
 
     # -- lookups -----------------------------------------------------------------------
 

@@ -98,19 +98,6 @@ class FakeUpstream:
         )
 
 
-class RefreshingUpstream(FakeUpstream):
-    """Also implements the optional `refresh()`."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.refreshed_at: list[float] = []
-
-    async def refresh(self) -> None:
-        self.refreshed_at.append(trio.current_time())
-        assert self.on_tools is not None
-        self.on_tools(self.raw)
-
-
 def _github() -> FakeUpstream:
     return FakeUpstream(
         "github",
@@ -330,39 +317,6 @@ async def test_register_before_serve_and_after_close() -> None:
 def test_constructor_refuses_duplicates() -> None:
     with pytest.raises(UpstreamRefused):
         Catalogue([_git(), _git()])
-
-
-async def test_stale_lists_are_refreshed(nursery: trio.Nursery, autojump_clock: Any) -> None:
-    up = RefreshingUpstream("git", [_raw("status", {"type": "object"})])
-    plain = _github()  # no refresh(): left alone
-    start = trio.current_time()
-    catalogue = await _serving(nursery, up, plain, schema_ttl_s=60)
-    await trio.sleep(150)
-    assert [round(t - start) for t in up.refreshed_at] == [60, 120]
-    assert up.on_tools is not None
-    up.raw = [_raw("status", {"type": "object"}), _raw("log", {"type": "object"})]
-    up.on_tools(up.raw)  # a list_changed at 150 restarts the clock
-    await trio.sleep(100)
-    assert [round(t - start) for t in up.refreshed_at] == [60, 120, 210]
-    assert [t.path for t in catalogue.tools(allow=[Allowlist(["git.*"])])] == [
-        "git.log",
-        "git.status",
-    ]
-
-
-async def test_a_failing_refresh_is_retried_a_ttl_later(
-    nursery: trio.Nursery, autojump_clock: Any
-) -> None:
-    class Unreachable(RefreshingUpstream):
-        async def refresh(self) -> None:
-            await super().refresh()
-            raise UpstreamUnreachable("not connected")
-
-    up = Unreachable("git", [_raw("status")])
-    start = trio.current_time()
-    await _serving(nursery, up, schema_ttl_s=10)
-    await trio.sleep(35)
-    assert [round(t - start) for t in up.refreshed_at] == [10, 20, 30]
 
 
 async def test_statuses_and_packages(nursery: trio.Nursery) -> None:
