@@ -7,11 +7,18 @@ decide the answer. Nothing here talks to anything but 127.0.0.0/8.
 
 from __future__ import annotations
 
+import datetime
 import ssl
+import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import trio
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 __all__ = ["FakeResolver", "LocalServer", "Reply", "Seen", "make_tls"]
 
@@ -139,15 +146,9 @@ class FakeResolver:
 def make_tls(hostname: str) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     """A (server, client) pair of SSL contexts: a fresh CA, a certificate for `hostname`.
 
-    Needs `cryptography` (callers importorskip it): the client trusts only this CA.
+    The client trusts only this CA. `cryptography` is always there: `mcp` depends on
+    `pyjwt[crypto]`.
     """
-    import datetime
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "conduit test CA")])
@@ -186,9 +187,6 @@ def make_tls(hostname: str) -> tuple[ssl.SSLContext, ssl.SSLContext]:
 
 def _load_chain(context: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
     # load_cert_chain reads files only.
-    import tempfile
-    from pathlib import Path
-
     with tempfile.TemporaryDirectory() as directory:
         cert_path, key_path = Path(directory) / "cert.pem", Path(directory) / "key.pem"
         cert_path.write_bytes(cert_pem)
