@@ -19,9 +19,9 @@ import trio
 
 from conduit.daemon.bridge import SessionBridge
 from conduit.daemon.errors import Forbidden, InvalidParams, NotFound, Overloaded, Unauthenticated
+from conduit.daemon.tool_access import requested_allowlist
 from conduit.executors.base import ErrorInfo, Executor, Job, Limits, Outcome, Status
 from conduit.executors.source import unwrap_fence
-from conduit.gateway.allowlist import Allowlist
 
 if TYPE_CHECKING:
     from conduit.daemon.auth import Principal
@@ -252,13 +252,7 @@ def _checked_patterns(patterns: tuple[str, ...] | None) -> tuple[str, ...]:
     """The request's tool patterns (all tools if it names none), or `InvalidParams`."""
     if patterns is None:
         return ("*",)
-    try:
-        Allowlist(patterns)
-    except ValueError as exc:
-        raise InvalidParams(
-            f"invalid params: allowed_tools: {exc}",
-            {"field": "allowed_tools", "reason": str(exc)},
-        ) from None
+    requested_allowlist(patterns)
     return patterns
 
 

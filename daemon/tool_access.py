@@ -9,7 +9,7 @@ count against the rate limit: a program holding the only slot must finish.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -38,12 +38,23 @@ if TYPE_CHECKING:
     from conduit.daemon.auth import Principal
     from conduit.daemon.server import Daemon
 
-__all__ = ["ToolAccess", "allowlists_for", "gateway_errors", "shaped"]
+__all__ = ["ToolAccess", "allowlists_for", "gateway_errors", "requested_allowlist", "shaped"]
 
 
 def allowlists_for(principal: Principal) -> list[Allowlist]:
     """The allowlists that must all allow a tool for `principal` to use it."""
     return [Allowlist(patterns) for patterns in principal.tool_patterns]
+
+
+def requested_allowlist(patterns: Sequence[str]) -> Allowlist:
+    """A request's `allowed_tools` as an allowlist; `InvalidParams` if one is malformed."""
+    try:
+        return Allowlist(patterns)
+    except ValueError as exc:
+        raise InvalidParams(
+            f"invalid params: allowed_tools: {exc}",
+            {"field": "allowed_tools", "reason": str(exc)},
+        ) from None
 
 
 @contextmanager

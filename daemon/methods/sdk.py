@@ -11,9 +11,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from conduit.daemon.dispatcher import CallContext, Params, method
-from conduit.daemon.errors import InvalidParams
-from conduit.daemon.tool_access import allowlists_for
-from conduit.gateway.allowlist import Allowlist
+from conduit.daemon.tool_access import allowlists_for, requested_allowlist
 from conduit.gateway.model import Tool
 from conduit.gateway.sdk import python_stubs, typescript_declarations
 
@@ -36,13 +34,7 @@ class SdkParams(Params):
 def _selected(params: SdkParams, ctx: CallContext) -> list[Tool]:
     allow = allowlists_for(ctx.require_principal())
     if params.allowed_tools is not None:
-        try:
-            allow.append(Allowlist(params.allowed_tools))
-        except ValueError as exc:
-            raise InvalidParams(
-                f"invalid params: allowed_tools: {exc}",
-                {"field": "allowed_tools", "reason": str(exc)},
-            ) from None
+        allow.append(requested_allowlist(params.allowed_tools))
     tools = ctx.daemon.tools.catalogue.tools(allow)
     if params.namespace is not None:
         tools = [tool for tool in tools if tool.namespace == params.namespace]

@@ -9,10 +9,9 @@ from typing import Any
 
 from conduit.daemon.auth import hash_token, new_token
 from conduit.daemon.errors import Forbidden, Unauthenticated
+from tests.conftest import MASTER_TOKEN
 
 NO_DENO = {"executors": {"deno": {"enabled": False}}}
-# The token conftest's make_config configures as the master.
-MASTER_TOKEN = "cdt_test-master-token-0123456789abcdef"
 NO_PEER = {"peer_credentials": False, "token": MASTER_TOKEN}
 
 

@@ -9,6 +9,7 @@ import pytest
 import trio
 
 from conduit.daemon.errors import InvalidParams, InvalidRequest, MethodNotFound, ParseError
+from tests.conftest import MASTER_TOKEN
 
 NO_DENO = {"executors": {"deno": {"enabled": False}}}
 
@@ -29,7 +30,7 @@ async def test_ping_over_each_transport(start_daemon: Any, connect: Any, transpo
     _, info = await start_daemon(server={"tcp": "127.0.0.1:0"}, **NO_DENO)
     client = await connect(info, transport)
     if transport == "tcp":
-        await client.call("auth/login", {"token": "cdt_test-master-token-0123456789abcdef"})
+        await client.call("auth/login", {"token": MASTER_TOKEN})
     reply = await client.request("ping")
     assert reply == {"jsonrpc": "2.0", "id": reply["id"], "result": {}}
 

@@ -1,8 +1,11 @@
-"""Running `conduit serve` as a real process, as systemd or a person would."""
+"""Shared by the end-to-end tests: real daemons, programs, upstreams.
+
+`conduit_serve()` runs `conduit serve` as a real process, as systemd or a person
+would; `execute()` and `wait_upstreams()` serve the tests that run it in-process.
+"""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -15,8 +18,12 @@ from typing import Any
 
 import trio
 
+from tests.conftest import RawClient
+
 CONDUIT = str(Path(sys.executable).parent / "conduit")
 START_TIMEOUT_S = 30
+# A cold Python importing the MCP SDK for each upstream, on a loaded two-core machine.
+UPSTREAM_WAIT_S = 60
 
 
 @dataclass
@@ -79,15 +86,26 @@ async def conduit_serve(
 
 async def call(socket_path: str, method: str, params: Any = None) -> Any:
     """One request on a fresh connection; returns the whole reply."""
-    stream = await trio.open_unix_socket(socket_path)
-    async with stream:
-        message = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params or {}}
-        await stream.send_all(json.dumps(message).encode() + b"\n")
-        data = b""
-        with trio.fail_after(START_TIMEOUT_S):
-            while not data.endswith(b"\n"):
-                chunk = await stream.receive_some(65536)
-                if not chunk:
-                    break
-                data += chunk
-    return json.loads(data)
+    client = RawClient(await trio.open_unix_socket(socket_path))
+    try:
+        return await client.request(method, params or {})
+    finally:
+        await client.aclose()
+
+
+async def execute(client: RawClient, code: str, **params: Any) -> dict[str, Any]:
+    """The `execute` result of TypeScript `code`; fails the test on an error reply."""
+    return await client.call("execute", {"language": "typescript", "code": code, **params})
+
+
+async def wait_upstreams(server: Any, *names: str, state: str = "ready") -> list[Any]:
+    """The statuses of an in-process daemon's upstreams `names`, once all are in `state`.
+
+    Fails the test after UPSTREAM_WAIT_S.
+    """
+    with trio.fail_after(UPSTREAM_WAIT_S):
+        while True:
+            reached = {s.name: s for s in server.tools.catalogue.statuses() if s.state == state}
+            if set(names) <= reached.keys():
+                return [reached[name] for name in names]
+            await trio.sleep(0.05)  # nothing announces a state change to the daemon's owner

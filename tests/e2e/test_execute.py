@@ -15,10 +15,7 @@ from conduit.daemon.errors import (
     Overloaded,
     RateLimited,
 )
-
-
-async def execute(client: Any, code: str, **params: Any) -> dict[str, Any]:
-    return await client.call("execute", {"language": "typescript", "code": code, **params})
+from tests.e2e.helpers import execute
 
 
 async def test_result_output_and_shape(client: Any) -> None:

@@ -7,24 +7,11 @@ import logging
 from typing import Any
 
 import pytest
-import trio
 
+from tests.e2e.helpers import execute, wait_upstreams
 from tests.fixtures.mcp_echo_server import running_http
 
 SECRET = "tok-0123456789-do-not-log"
-
-
-async def _wait_state(server: Any, name: str, state: str) -> Any:
-    with trio.fail_after(60):
-        while True:
-            for status in server.tools.catalogue.statuses():
-                if status.name == name and status.state == state:
-                    return status
-            await trio.sleep(0.05)
-
-
-async def run(client: Any, code: str, **params: Any) -> dict[str, Any]:
-    return await client.call("execute", {"language": "typescript", "code": code, **params})
 
 
 async def test_http_upstream_with_bearer_credentials_and_no_secret_in_logs(
@@ -40,14 +27,14 @@ async def test_http_upstream_with_bearer_credentials_and_no_secret_in_logs(
             "auth": {"type": "bearer", "token": SECRET},
         }
         server, info = await start_daemon(upstreams=[upstream])
-        await _wait_state(server, "remote", "ready")
+        await wait_upstreams(server, "remote")
         client = await connect(info)
         code = "await tools.remote.header({ name: 'authorization' })"
-        result = await run(client, code)
+        result = await execute(client, code)
         assert result["status"] == "ok", result
         # The program got the upstream's answer; the credential never entered the sandbox.
         assert result["result"] == f"Bearer {SECRET}"
-        leaked = await run(client, "JSON.stringify(Object.keys(globalThis))")
+        leaked = await execute(client, "JSON.stringify(Object.keys(globalThis))")
         assert SECRET not in json.dumps(leaked)
     assert SECRET not in caplog.text
     assert SECRET not in repr(server.config)
@@ -59,14 +46,14 @@ async def test_untrusted_http_upstream_on_loopback_is_refused_by_the_guard(
     async with running_http() as http:
         upstream = {"name": "sneaky", "transport": "http", "url": http.url}
         server, info = await start_daemon(upstreams=[upstream])
-        status = await _wait_state(server, "sneaky", "backing_off")
+        [status] = await wait_upstreams(server, "sneaky", state="backing_off")
         assert "DestinationRefused" in status.last_error
         assert "127.0.0.1" in status.last_error
         client = await connect(info)
         listed = await client.call("upstreams/list")
         assert listed["upstreams"][0]["state"] == "backing_off"
         # The daemon keeps serving.
-        assert (await run(client, "1 + 1"))["result"] == 2
+        assert (await execute(client, "1 + 1"))["result"] == 2
 
 
 async def test_fetch_tool_refuses_hosts_off_the_allowlist_and_private_addresses(
@@ -83,7 +70,7 @@ for (const url of ["http://example.invalid/", "http://localhost/", "http://local
 }
 return out;
 """
-    result = (await run(client, code))["result"]
+    result = (await execute(client, code))["result"]
     assert result["http://example.invalid/"] == [
         -32007,
         "fetch: host example.invalid is not in the operator's allowed_hosts",

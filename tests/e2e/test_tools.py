@@ -11,6 +11,8 @@ import pytest
 import trio
 
 from conduit.daemon.errors import Forbidden, InvalidParams, NotFound, Unauthenticated
+from tests.conftest import MASTER_TOKEN, RawClient
+from tests.e2e.helpers import execute, wait_upstreams
 from tests.fixtures.mcp_echo_server import command as echo_command
 
 ECHO = {
@@ -33,23 +35,10 @@ async def tooled(start_daemon: Any, connect: Any) -> Callable[..., Any]:
 
     async def start(**sections: Any) -> tuple[Any, Any, Any]:
         server, info = await start_daemon(upstreams=[ECHO, TIME], **sections)
-        await _wait_ready(server, {"echo", "time"})
+        await wait_upstreams(server, "echo", "time")
         return server, info, await connect(info)
 
     return start
-
-
-async def _wait_ready(server: Any, names: set[str]) -> None:
-    with trio.fail_after(60):
-        while True:
-            ready = {s.name for s in server.tools.catalogue.statuses() if s.state == "ready"}
-            if names <= ready:
-                return
-            await trio.sleep(0.05)
-
-
-async def run(client: Any, code: str, **params: Any) -> dict[str, Any]:
-    return await client.call("execute", {"language": "typescript", "code": code, **params})
 
 
 async def test_programs_call_upstream_tools_through_the_sdk(tooled: Any) -> None:
@@ -60,7 +49,7 @@ const sum = await tools.echo.add({ a: 2, b: 3 });
 const now = await tools.time.get_current_time({ timezone: "UTC" });
 return { said, sum, tz: now.timezone };
 """
-    result = await run(client, code)
+    result = await execute(client, code)
     assert result["status"] == "ok", result
     assert result["result"] == {"said": "hi", "sum": {"sum": 5}, "tz": "UTC"}
     assert result["tool_calls"] == 3
@@ -81,7 +70,7 @@ for (const attempt of [
 }
 return caught;
 """
-    result = await run(client, code)
+    result = await execute(client, code)
     failed, missing = result["result"]
     assert failed == {"isToolError": True, "code": -32007, "tool": "echo__fail", "message": "nope"}
     assert missing["isToolError"] is True
@@ -97,7 +86,7 @@ let refused;
 try { await tools.time.get_current_time({ timezone: "UTC" }); } catch (e) { refused = e.code; }
 return { listed, echoed: await tools.echo.echo({ text: "ok" }), refused };
 """
-    result = await run(client, code, allowed_tools=["echo.echo"])
+    result = await execute(client, code, allowed_tools=["echo.echo"])
     assert result["result"] == {
         "listed": [["echo__echo", "echo.echo"]],
         "echoed": "ok",
@@ -120,7 +109,7 @@ async def test_tool_calls_never_wait_for_an_execution_slot(tooled: Any) -> None:
 let n = 0;
 for (let i = 0; i < 10; i++) n += (await tools.echo.add({ a: i, b: 1 })).sum;
 n"""
-    result = await run(client, code)
+    result = await execute(client, code)
     assert result["status"] == "ok", result
     assert result["result"] == 55
     assert result["tool_calls"] == 10
@@ -129,13 +118,13 @@ n"""
 async def test_rate_limit_never_applies_to_tool_calls(tooled: Any) -> None:
     _, _, client = await tooled(limits={"executions_per_minute": 1, "burst": 1})
     code = "for (let i = 0; i < 20; i++) await tools.echo.echo({ text: 'x' });\n'done'"
-    assert (await run(client, code))["result"] == "done"
+    assert (await execute(client, code))["result"] == "done"
 
 
 async def test_tool_call_limit_stops_the_program_and_keeps_its_output(tooled: Any) -> None:
     _, _, client = await tooled()
     code = "for (let i = 0; ; i++) { console.log(i); await tools.echo.echo({ text: 'x' }); }"
-    result = await run(client, code, limits={"tool_calls": 3})
+    result = await execute(client, code, limits={"tool_calls": 3})
     assert result["status"] == "tool_limit", result
     assert result["stdout"].startswith("0\n1\n2\n3\n")
     assert result["tool_calls"] == 3
@@ -145,11 +134,11 @@ async def test_tool_call_limit_stops_the_program_and_keeps_its_output(tooled: An
 async def test_an_upstream_killed_mid_call_costs_only_that_call(tooled: Any) -> None:
     server, _, client = await tooled()
     code = "try { await tools.echo.crash({}); } catch (e) { return [e.code, e.tool]; }"
-    result = await run(client, code)
+    result = await execute(client, code)
     assert result["result"] == [-32007, "echo__crash"]
-    await _wait_ready(server, {"echo"})
-    assert (await run(client, "await tools.echo.echo({ text: 'back' })"))["result"] == "back"
-    assert (await run(client, "6 * 7"))["result"] == 42
+    await wait_upstreams(server, "echo")
+    assert (await execute(client, "await tools.echo.echo({ text: 'back' })"))["result"] == "back"
+    assert (await execute(client, "6 * 7"))["result"] == 42
 
 
 async def test_upstreams_do_not_see_the_daemons_environment(
@@ -157,7 +146,7 @@ async def test_upstreams_do_not_see_the_daemons_environment(
 ) -> None:
     monkeypatch.setenv("CONDUIT_TEST_SECRET", "s3cret-value")
     _, _, client = await tooled()
-    result = await run(client, "await tools.echo.env({ name: 'CONDUIT_TEST_SECRET' })")
+    result = await execute(client, "await tools.echo.env({ name: 'CONDUIT_TEST_SECRET' })")
     assert "s3cret-value" not in json.dumps(result)
 
 
@@ -208,8 +197,8 @@ async def test_upstreams_register_is_for_admins_and_adds_tools(tooled: Any, conn
     second = {**ECHO, "name": "echo2"}
     registered = await client.call("upstreams/register", {"upstream": second})
     assert registered == {"registered": "echo2"}
-    await _wait_ready(server, {"echo2"})
-    assert (await run(client, "await tools.echo2.echo({ text: 'two' })"))["result"] == "two"
+    await wait_upstreams(server, "echo2")
+    assert (await execute(client, "await tools.echo2.echo({ text: 'two' })"))["result"] == "two"
     session = server.auth.mint_session("ex_forged", (("*",),))
     refused = await client.request(
         "upstreams/register", {"upstream": {**ECHO, "name": "x"}}, auth={"bearerToken": session}
@@ -221,13 +210,10 @@ async def test_sandbox_socket_admits_only_live_session_tokens(tooled: Any) -> No
     server, _, client = await tooled()
     path = server.callback_address.unix_path
     stream = await trio.open_unix_socket(path)
-    from tests.conftest import RawClient
-
     sandbox = RawClient(stream)
     # Same uid as the daemon, but peer credentials count for nothing here.
     assert (await sandbox.request("tools/list"))["error"]["code"] == Unauthenticated.code
-    master = "cdt_test-master-token-0123456789abcdef"
-    refused = await sandbox.request("tools/list", auth={"bearerToken": master})
+    refused = await sandbox.request("tools/list", auth={"bearerToken": MASTER_TOKEN})
     assert refused["error"]["code"] == Unauthenticated.code
     forged = await sandbox.request("tools/list", auth={"bearerToken": "cdt_" + "A" * 43})
     assert forged["error"]["code"] == Unauthenticated.code
@@ -237,7 +223,7 @@ async def test_sandbox_socket_admits_only_live_session_tokens(tooled: Any) -> No
 async def test_session_tokens_die_with_their_execution(tooled: Any) -> None:
     """A program hands its token out through stdout; replayed afterwards, it is dead."""
     server, _, client = await tooled()
-    result = await run(client, "await tools.echo.echo({ text: 'x' }); 1")
+    result = await execute(client, "await tools.echo.echo({ text: 'x' }); 1")
     assert result["status"] == "ok"
     # Sessions are revoked when executions end: none remain.
     assert server.auth.live_sessions() == 0
@@ -250,12 +236,12 @@ const path = {json.dumps(info.unix_path)};
 try {{ await Deno.connect({{ transport: "unix", path }}); return "connected"; }}
 catch (e) {{ return e.name; }}
 """
-    assert (await run(client, code))["result"] == "NotCapable"
+    assert (await execute(client, code))["result"] == "NotCapable"
 
 
 async def test_concurrent_calls_share_one_connection_and_come_back_matched(tooled: Any) -> None:
     _, _, client = await tooled()
     code = "await Promise.all([...Array(20).keys()].map((i) => tools.echo.add({ a: i, b: 100 })))"
-    result = await run(client, code)
+    result = await execute(client, code)
     assert [item["sum"] for item in result["result"]] == [100 + i for i in range(20)]
     assert result["tool_calls"] == 20

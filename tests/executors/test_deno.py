@@ -20,7 +20,8 @@ from conduit.executors.base import CallbackAddress, Job, Limits, Outcome, Status
 from conduit.executors.deno import DenoExecutor, permission_flags
 from conduit.executors.output import OutputCapture, ResultSplitter
 from conduit.executors.pool import PoolState
-from tests.sandboxes import WAIT_S, NoBridge, deno_children
+from tests.processes import deno_children
+from tests.sandboxes import WAIT_S, NoBridge
 
 
 async def wait_for(condition: Callable[[], bool]) -> None:

@@ -23,16 +23,16 @@ from conduit.daemon.errors import UpstreamUnreachable
 from conduit.gateway.http_upstream import HTTP_TIMEOUT, HttpUpstream
 from conduit.gateway.model import UpstreamState, UpstreamStatus
 from conduit.gateway.settings import HttpUpstreamSettings, UpstreamList
-from tests.fixtures.mcp_echo_server import HttpServer, processes_with, running_http
+from tests.fixtures.mcp_echo_server import HttpServer, running_http
 from tests.gateway.test_stdio_upstream import (
     HANDSHAKES,
     NEGOTIATED,
-    WAIT_S,
     Served,
     is_state,
-    leftovers,
+    serving,
     text_of,
 )
+from tests.processes import leftovers, processes_with
 
 # The SDK's streamable-HTTP client leaves httpx2's SSE iterators unfinished when a
 # 2025-era response ends (`return` inside `async for`); Trio closes them when they are
@@ -58,16 +58,8 @@ async def echo_http(tag: str) -> AsyncIterator[HttpServer]:
 
 @pytest.fixture
 async def serve() -> AsyncIterator[Callable[[HttpUpstream], Awaitable[Served]]]:
-    async with trio.open_nursery() as nursery:
-
-        async def start(upstream: HttpUpstream) -> Served:
-            served = Served(upstream)
-            with trio.fail_after(WAIT_S):
-                await nursery.start(upstream.serve, served.lists.append)
-            return served
-
+    async with serving() as start:
         yield start
-        nursery.cancel_scope.cancel()
     gc.collect()  # collect abandoned iterators while this module's filters apply
 
 

@@ -12,6 +12,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -25,7 +26,8 @@ from conduit.gateway.model import UpstreamState, UpstreamStatus
 from conduit.gateway.settings import StdioUpstreamSettings, UpstreamList
 from conduit.gateway.stdio_upstream import StdioUpstream, child_environment
 from conduit.gateway.upstream import RawTool, Upstream
-from tests.fixtures.mcp_echo_server import command, processes_with
+from tests.fixtures.mcp_echo_server import command
+from tests.processes import leftovers, leftovers_beyond, processes_with
 
 # Generous: a cold Python importing the SDK on a loaded two-core machine.
 WAIT_S = 30
@@ -55,9 +57,9 @@ def tag() -> str:
     return f"conduit-test-{uuid.uuid4().hex}"
 
 
-@pytest.fixture
-async def serve(tag: str) -> AsyncIterator[Callable[[SessionKeeper], Awaitable[Served]]]:
-    """Serve upstreams in a nursery that is cancelled after the test; then check leaks."""
+@asynccontextmanager
+async def serving() -> AsyncIterator[Callable[[SessionKeeper], Awaitable[Served]]]:
+    """`start(upstream)` serves it in a nursery that is cancelled on exit."""
     async with trio.open_nursery() as nursery:
 
         async def start(upstream: SessionKeeper) -> Served:
@@ -68,20 +70,14 @@ async def serve(tag: str) -> AsyncIterator[Callable[[SessionKeeper], Awaitable[S
 
         yield start
         nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+async def serve(tag: str) -> AsyncIterator[Callable[[SessionKeeper], Awaitable[Served]]]:
+    """Serve upstreams until the test ends; then check none left a process behind."""
+    async with serving() as start:
+        yield start
     assert await leftovers(tag) == [], "a test left upstream processes running"
-
-
-async def leftovers_beyond(marker: str, expected: int) -> list[int]:
-    """Processes marked `marker`, once at most `expected` remain (or 5 s have passed)."""
-    with trio.move_on_after(5):
-        while len(processes_with(marker)) > expected:
-            await trio.sleep(0.02)  # a killed process is gone once its parent reaps it
-    return processes_with(marker)
-
-
-async def leftovers(marker: str) -> list[int]:
-    """Processes marked `marker` still alive after a moment for SIGKILLs to land."""
-    return await leftovers_beyond(marker, 0)
 
 
 def echo(tag: str, *args: str, name: str = "echo", **settings: Any) -> StdioUpstream:
@@ -89,6 +85,16 @@ def echo(tag: str, *args: str, name: str = "echo", **settings: Any) -> StdioUpst
     return StdioUpstream(
         StdioUpstreamSettings(name=name, command=argv[0], args=tuple(argv[1:]), **settings)
     )
+
+
+def with_a_child(tag: str) -> StdioUpstream:
+    """The echo server, started by `sh` next to a child (`<tag>-child`) holding its stdout.
+
+    As `npx` leaves `node` running: closing must stop the whole process group.
+    """
+    child = f"{sys.executable} -c 'import time; time.sleep(600)' {tag}-child"
+    script = f"{child} & exec {' '.join(command('--tag', tag))}"
+    return StdioUpstream(StdioUpstreamSettings(name="tree", command="sh", args=("-c", script)))
 
 
 def text_of(result: dict[str, Any]) -> str:
@@ -290,10 +296,7 @@ async def test_serving_twice_at_once_is_refused(serve: Any, tag: str) -> None:
 
 
 async def test_closing_stops_the_process_group_children_included(tag: str) -> None:
-    # The server starts a child that holds its stdout open, as `npx` starts `node`.
-    child = f"{sys.executable} -c 'import time; time.sleep(600)' {tag}-child"
-    script = f"{child} & exec {' '.join(command('--tag', tag))}"
-    upstream = StdioUpstream(StdioUpstreamSettings(name="tree", command="sh", args=("-c", script)))
+    upstream = with_a_child(tag)
     async with trio.open_nursery() as nursery:
         with trio.fail_after(WAIT_S):
             await nursery.start(upstream.serve, lambda tools: None)
@@ -317,11 +320,7 @@ async def test_cancelling_during_the_handshake_closes_promptly(tag: str) -> None
 
 
 async def test_a_crashed_servers_children_are_killed_too(serve: Any, tag: str) -> None:
-    child = f"{sys.executable} -c 'import time; time.sleep(600)' {tag}-child"
-    script = f"{child} & exec {' '.join(command('--tag', tag))}"
-    served = await serve(
-        StdioUpstream(StdioUpstreamSettings(name="tree", command="sh", args=("-c", script)))
-    )
+    served = await serve(with_a_child(tag))
     with pytest.raises(UpstreamUnreachable):
         await served.call("crash")  # the child still holds stdout: no EOF to notice
     await served.wait(lambda s: s.restarts == 1 and s.state is UpstreamState.READY)

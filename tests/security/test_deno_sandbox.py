@@ -19,7 +19,8 @@ import trio
 
 from conduit.executors.base import Job, Limits, Outcome, Status
 from conduit.executors.deno import DenoExecutor
-from tests.sandboxes import WAIT_S, NoBridge, deno_children
+from tests.processes import deno_children
+from tests.sandboxes import WAIT_S, NoBridge
 
 
 @pytest.fixture
