@@ -73,6 +73,7 @@ def _add_connection_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the `conduit` command; returns its exit status (the module docstring's)."""
     args = _parser().parse_args(argv)
     try:
         return _COMMANDS[args.command](args)

@@ -49,6 +49,10 @@ class Client:
 
     @classmethod
     def connect(cls, *, unix_path: str | None = None, tcp: str | None = None) -> Client:
+        """Connect to `tcp` (`HOST:PORT`) if given, else to `unix_path`.
+
+        Raises `ConnectionFailed`, naming where it looked, if the daemon is not there.
+        """
         try:
             if tcp:
                 host, port = parse_tcp_address(tcp)

@@ -95,7 +95,13 @@ class Executions:
         return len(self._running)
 
     async def execute(self, request: ExecutionRequest, principal: Principal) -> dict[str, Any]:
-        """Run one program for `principal` and return the wire result."""
+        """Run one program for `principal` and return the wire result.
+
+        A failing program is a result with a non-ok status. Raises `Overloaded` while
+        draining or when the queue is full, `Forbidden` for a sandbox's session,
+        `InvalidParams` for bad code, limits, `allowed_tools` or executor, `RateLimited`,
+        and `ExecutorUnavailable` when the chosen executor cannot run now.
+        """
         if self.draining:
             raise Overloaded("the daemon is shutting down; retry on its next start")
         if principal.kind == "session":
@@ -177,6 +183,7 @@ class Executions:
         return entry.execution_id
 
     def cancel_all(self) -> None:
+        """Ask every running execution to stop (draining); each reports `cancelled`."""
         for entry in self._running.values():
             entry.stop(Status.CANCELLED)
 
@@ -205,6 +212,7 @@ class Executions:
         await self._idle.wait()
 
     def running(self) -> list[dict[str, Any]]:
+        """A snapshot of the running executions for `daemon/status`: id, owner, age."""
         now = trio.current_time()
         return [
             {

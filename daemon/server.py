@@ -3,6 +3,7 @@
 ```
 serve(config, *, task_status)         root nursery
 ├── registry.serve → each executor's pool
+├── catalogue.serve → one task per upstream, holding its MCP session
 ├── watchdog, signal receiver
 └── connections nursery ← one Connection.run per accepted stream
     (acceptors: one accept loop per listener, cancelled first on shutdown)

@@ -18,9 +18,7 @@ from conduit.daemon.errors import (
     GatewayError,
     InvalidParams,
     NotFound,
-    SchemaInvalid,
     UpstreamError,
-    UpstreamUnreachable,
 )
 from conduit.gateway.allowlist import Allowlist
 from conduit.gateway.catalogue import (
@@ -74,7 +72,7 @@ def gateway_errors(tool: str | None = None) -> Iterator[None]:
         ) from exc
     except UpstreamRefused as exc:
         raise InvalidParams(f"invalid params: {exc}", data) from exc
-    except (SchemaInvalid, UpstreamUnreachable, GatewayError) as exc:
+    except GatewayError as exc:  # SchemaInvalid, UpstreamUnreachable, and any other
         raise UpstreamError(f"upstream error: {exc}", data) from exc
 
 

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from conduit.daemon.config import Config
-from conduit.daemon.errors import GatewayError
 from conduit.executors.base import CallbackAddress
 from conduit.executors.registry import ExecutorRegistry
-from conduit.gateway.catalogue import Catalogue, LocalTool, LocalUpstream, ToolFailed
+from conduit.gateway.catalogue import Catalogue, LocalTool, LocalUpstream
 from conduit.gateway.credentials import CredentialsAuth, load_credentials
-from conduit.gateway.fetch import FETCH_TOOL, FetchConfig, Fetcher
+from conduit.gateway.fetch import FETCH_TOOL, Fetcher
 from conduit.gateway.settings import HttpUpstreamSettings, StdioUpstreamSettings
 from conduit.gateway.ssrf import SsrfGuard
 from conduit.gateway.upstream import Upstream
@@ -24,6 +22,7 @@ __all__ = ["build_catalogue", "build_registry", "build_upstream", "language_defa
 
 
 def language_defaults(config: Config) -> dict[str, str]:
+    """Which executor runs each language, as `[executors]` configures it."""
     executors = config.executors
     return {
         "python": executors.python,
@@ -70,24 +69,14 @@ def build_upstream(settings: StdioUpstreamSettings | HttpUpstreamSettings) -> Up
     return HttpUpstream(settings, http_client_factory=factory)
 
 
-def _fetch_upstream(config: FetchConfig) -> LocalUpstream:
-    fetcher = Fetcher(config)
-
-    async def fetch(arguments: dict[str, Any], *, timeout_s: float | None = None) -> Any:
-        try:
-            return await fetcher.fetch(arguments, timeout_s=timeout_s)
-        except GatewayError as exc:
-            raise ToolFailed(str(exc)) from exc
-
-    return LocalUpstream("fetch", [LocalTool.from_raw(FETCH_TOOL, fetch)])
-
-
 def build_catalogue(config: Config) -> Catalogue:
     """The catalogue of every enabled upstream, plus `fetch` when it is enabled."""
     enabled = [settings for settings in config.upstreams if settings.enabled]
     upstreams: list[Upstream] = [build_upstream(settings) for settings in enabled]
     if config.gateway.fetch.enabled:
-        upstreams.append(_fetch_upstream(config.gateway.fetch))
+        # Its refusals are GatewayErrors, which LocalUpstream answers as tool errors.
+        fetcher = Fetcher(config.gateway.fetch)
+        upstreams.append(LocalUpstream("fetch", [LocalTool.from_raw(FETCH_TOOL, fetcher.fetch)]))
     return Catalogue(
         upstreams,
         strict=config.gateway.strict,

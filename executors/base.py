@@ -120,7 +120,9 @@ class ToolBridge(Protocol):
     session_token: str
     callback: CallbackAddress | None
 
-    async def request(self, method: str, params: dict[str, Any]) -> Any: ...
+    async def request(self, method: str, params: dict[str, Any]) -> Any:
+        """Dispatch `method` as the sandbox; its result, or the `RpcError` a client gets."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,10 +147,25 @@ class Executor(Protocol):
     name: str
     languages: frozenset[str]
 
-    async def serve(
-        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None: ...
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run background work until cancelled; `started()` once jobs can be taken.
 
-    async def run(self, job: Job, bridge: ToolBridge) -> Outcome: ...
+        A runtime that cannot be used is not an error: it is reported by `info()`, and
+        `serve` still calls `started()` and waits to be cancelled.
+        """
+        ...
 
-    def info(self) -> ExecutorInfo: ...
+    async def run(self, job: Job, bridge: ToolBridge) -> Outcome:
+        """Run `job` in a fresh sandbox and return how it ended.
+
+        A failing program is an `Outcome` (timeout, memory limit, crash, ...) with its
+        output so far, never an exception. When `job.stop` is set the program is stopped
+        and reported `CANCELLED`. Raises `RuntimeMissing` if the runtime is unusable and
+        `SandboxCrashed` if no sandbox could be started; if cancelled, the sandbox is
+        gone before `trio.Cancelled` propagates.
+        """
+        ...
+
+    def info(self) -> ExecutorInfo:
+        """A snapshot of availability, version and pool counters; never blocks."""
+        ...

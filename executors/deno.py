@@ -18,8 +18,10 @@ there. The daemon's side: write one JSON job to stdin and close it; read stdout 
 stderr under the output budget while they stream; the result is the payload after a
 per-job 128-bit nonce, which only the daemon and the shim ever hold.
 
-The executor knows nothing about sockets or tokens: `bridge` is not used yet (the
-callback address for tool calls comes from the constructor, because warm workers are
+The executor knows nothing about sockets or tokens beyond what `bridge` hands it: the
+job carries the bridge's session token and callback address to the shim, which makes
+the program's tool calls itself. The permission to reach that address is granted when
+a worker starts, so it comes from the constructor's `callback` (warm workers are
 started before any job exists).
 """
 
@@ -292,7 +294,8 @@ class DenoExecutor:
     async def _read_version(self, deno: str) -> str:
         """The first line of `deno --version` without the program name ("2.9.8 (…)").
 
-        Raises RuntimeMissing if it fails."""
+        Raises RuntimeMissing if it fails.
+        """
         options = sandbox_process_options(cwd=self._work_dir, env=minimal_env(DENO_ENV))
         try:
             with trio.fail_after(VERSION_TIMEOUT_S):
@@ -307,7 +310,9 @@ class DenoExecutor:
         except OSError as exc:
             raise RuntimeMissing(f"cannot run {deno}: {exc}") from exc
         except trio.TooSlowError as exc:
-            raise RuntimeMissing(f"`{deno} --version` did not answer within 10 s") from exc
+            raise RuntimeMissing(
+                f"`{deno} --version` did not answer within {VERSION_TIMEOUT_S:g} s"
+            ) from exc
         if done.returncode != 0:
             detail = done.stderr.decode("utf-8", "replace").strip()
             raise RuntimeMissing(

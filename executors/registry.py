@@ -19,7 +19,7 @@ __all__ = ["ExecutorRegistry"]
 
 log = logging.getLogger("conduit.executors")
 
-# Executors that DESIGN.md names but this build may not carry yet; asked for by name,
+# Executors planned for Conduit that this build may not carry yet; asked for by name,
 # they are reported as unavailable rather than unknown.
 KNOWN_EXECUTORS = {
     "deno": ("typescript", "javascript"),
@@ -40,13 +40,19 @@ class ExecutorRegistry:
         return f"<ExecutorRegistry {sorted(self._executors)}>"
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run every executor's background work until cancelled."""
+        """Run every executor's background work until cancelled.
+
+        Starts the executors one after another and calls `task_status.started()` once
+        each has said it is started; an executor reports a runtime it cannot use
+        through `info()` rather than by raising.
+        """
         async with trio.open_nursery() as nursery:
             for executor in self._executors.values():
                 await nursery.start(executor.serve)
             task_status.started()
 
     def set_defaults(self, defaults: Mapping[str, str]) -> None:
+        """Replace the language -> executor defaults (a configuration reload)."""
         self._defaults = dict(defaults)
 
     def pick(self, language: str, name: str | None = None) -> Executor:

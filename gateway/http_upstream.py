@@ -47,8 +47,8 @@ class HttpClientFactory(Protocol):
     """Builds the `httpx2.AsyncClient` one connection uses; the caller closes it.
 
     The SDK's `McpHttpClientFactory`: `headers` are the upstream's configured headers
-    (sent on every request), `timeout` is `HTTP_TIMEOUT`, `auth` is reserved for the
-    credentials module and is None for now.
+    (sent on every request) and `timeout` is `HTTP_TIMEOUT`. `HttpUpstream` never
+    passes `auth`: credentials, if any, are bound into the factory by whoever builds it.
     """
 
     def __call__(

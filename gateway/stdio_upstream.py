@@ -311,8 +311,7 @@ async def _stop(process: trio.Process) -> None:
     # group id stays taken while any member lives, so if children remain the id is still
     # theirs, and if none remain the kill finds nothing (reuse would need the kernel to
     # cycle through every pid between two system calls).
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
+    _signal_group(process, signal.SIGKILL)
 
 
 def _signal_group(process: trio.Process, sig: int) -> None:

@@ -95,3 +95,10 @@ def test_default_limit_above_its_maximum_is_refused(tmp_path: Path) -> None:
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.toml", environ={})
+
+
+def test_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
+    # Anything else would escape the SIGHUP handler, which keeps the old config only
+    # on a ConfigError, and stop the daemon.
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path, environ={})
