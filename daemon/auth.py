@@ -106,7 +106,13 @@ def resolve_master_token(config: AuthConfig, state_dir: str) -> tuple[str, str]:
         return config.token, "config"
     path = Path(config.token_file) if config.token_file else Path(state_dir) / "master.token"
     if not path.exists() and not config.token_file:
-        _write_secret(path, new_token())
+        try:
+            _write_secret(path, new_token())
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot create the master token file {path}: {exc.strerror}; make the "
+                "state directory writable or set CONDUIT_TOKEN"
+            ) from None
         log.info("created master token file", extra={"path": str(path)})
     try:
         token = path.read_text().strip()

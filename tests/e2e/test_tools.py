@@ -221,12 +221,28 @@ async def test_sandbox_socket_admits_only_live_session_tokens(tooled: Any) -> No
 
 
 async def test_session_tokens_die_with_their_execution(tooled: Any) -> None:
-    """A program hands its token out through stdout; replayed afterwards, it is dead."""
+    """The very token a program used, replayed after it ended, is refused."""
     server, _, client = await tooled()
+    minted: list[str] = []
+    mint = server.auth.mint_session
+
+    def recording_mint(*args: Any) -> str:
+        minted.append(mint(*args))
+        return minted[-1]
+
+    server.auth.mint_session = recording_mint
     result = await execute(client, "await tools.echo.echo({ text: 'x' }); 1")
     assert result["status"] == "ok"
-    # Sessions are revoked when executions end: none remain.
+    assert len(minted) == 1
     assert server.auth.live_sessions() == 0
+    sandbox = RawClient(await trio.open_unix_socket(server.callback_address.unix_path))
+    replayed = await sandbox.request(
+        "tools/call",
+        {"name": "echo.echo", "arguments": {"text": "again"}},
+        auth={"bearerToken": minted[0]},
+    )
+    assert replayed["error"]["code"] == Unauthenticated.code
+    await sandbox.aclose()
 
 
 async def test_a_program_cannot_reach_the_clients_socket(tooled: Any) -> None:
