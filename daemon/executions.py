@@ -276,10 +276,20 @@ def _stopped_error(status: Status) -> ErrorInfo:
 def _settle(outcome: Outcome, entry: _Running) -> Outcome:
     """Fold in what the daemon knows: tool calls made, and why it stopped the program."""
     outcome.tool_calls = entry.tool_calls
-    if entry.stopped_as is not None and outcome.status in (Status.CANCELLED, Status.CRASHED):
+    if entry.stopped_as is not None and outcome.status in _OVERRIDDEN_BY[entry.stopped_as]:
         outcome.status = entry.stopped_as
         outcome.error = _stopped_error(entry.stopped_as)
     return outcome
+
+
+# What the program's own ending says matters less than why the daemon stopped it: a
+# program refused its next tool call may fail on that refusal before the kill lands,
+# and that is still a tool limit. A program that finished before a cancel arrived did
+# finish, and one that hit a limit of its own reports that.
+_OVERRIDDEN_BY = {
+    Status.TOOL_LIMIT: frozenset({Status.OK, Status.ERROR, Status.CANCELLED, Status.CRASHED}),
+    Status.CANCELLED: frozenset({Status.CANCELLED, Status.CRASHED}),
+}
 
 
 def _wire_result(
