@@ -240,11 +240,18 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0 if healthy else 1
 
 
+# Building and compiling the Python component takes ~12 s on a small machine.
+DOCTOR_PREPARE_TIMEOUT_S = 600
+
+
 async def _probe_executors(registry: Any) -> list[Any]:
     import trio
 
     async with trio.open_nursery() as nursery:
         await nursery.start(registry.serve)
+        # Doctor is the set-up step: it waits for components to be built and cached.
+        with trio.move_on_after(DOCTOR_PREPARE_TIMEOUT_S):
+            await registry.wait_ready()
         infos = registry.infos()
         nursery.cancel_scope.cancel()
     return infos

@@ -50,6 +50,16 @@ def build_registry(config: Config, callback: CallbackAddress | None) -> Executor
                 callback=callback,
             )
         )
+    wasm_python = config.executors.wasm_python
+    if wasm_python.enabled:
+        from conduit.executors.wasm_python import WasmPythonExecutor
+
+        executors.append(
+            WasmPythonExecutor(
+                cache_dir=Path(config.server.state_dir) / "wasm",
+                fuel=wasm_python.fuel or None,
+            )
+        )
     return ExecutorRegistry(executors, language_defaults(config))
 
 

@@ -143,6 +143,14 @@ class OutputCapture:
                     self._on_limit()
         return kept
 
+    def write_nowait(self, stream: StreamName, data: bytes) -> None:
+        """`write` without the `on_output` hook, for a writer on another thread (an
+        in-process runtime's output callback); the owner reads the capture only after
+        that writer is done."""
+        kept = self._accept(stream, data)
+        if kept:
+            self._streams[stream].buffer += kept
+
     async def write(self, stream: StreamName, data: bytes) -> None:
         """Offer `data` as the next output of `stream`; keep what the budget allows."""
         kept = self._accept(stream, data)

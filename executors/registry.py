@@ -51,6 +51,14 @@ class ExecutorRegistry:
                 await nursery.start(executor.serve)
             task_status.started()
 
+    async def wait_ready(self) -> None:
+        """Wait until every executor that prepares in the background (building a
+        component) has finished preparing, successfully or not."""
+        for executor in self._executors.values():
+            wait = getattr(executor, "wait_ready", None)
+            if wait is not None:
+                await wait()
+
     def set_defaults(self, defaults: Mapping[str, str]) -> None:
         """Replace the language -> executor defaults (a configuration reload)."""
         self._defaults = dict(defaults)

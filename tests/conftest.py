@@ -29,6 +29,35 @@ def short_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def wasm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One wasm-python component, built and compiled once for the whole session."""
+    from conduit.executors import _wasmtime
+    from conduit.executors.wasm_build import ensure_component
+
+    cache = tmp_path_factory.mktemp("wasm-cache")
+    built = ensure_component(cache)
+    _wasmtime.load_component(_wasmtime.new_engine(), built.path, built.component_hash)
+    return cache
+
+
+def link_wasm_cache(state_dir: Path, cache: Path) -> None:
+    """Give a daemon's state dir the session's built component (`<state>/wasm`)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    link = state_dir / "wasm"
+    if not link.exists():
+        link.symlink_to(cache, target_is_directory=True)
+
+
+@pytest.fixture(autouse=True)
+def _shared_wasm_cache(request: pytest.FixtureRequest) -> None:
+    """Tests that use `tmp_path / "state"` as a state dir (daemons in-process or as
+    `conduit` subprocesses) find the session's component there instead of building."""
+    if "tmp_path" in request.fixturenames:
+        tmp_path: Path = request.getfixturevalue("tmp_path")
+        link_wasm_cache(tmp_path / "state", request.getfixturevalue("wasm_cache"))
+
+
 @pytest.fixture
 def make_config(tmp_path: Path, short_dir: Path) -> Callable[..., Config]:
     """Build a validated config for a test: own socket and state dir, known token."""
@@ -83,6 +112,7 @@ async def start_daemon(
         daemon = Daemon(config, reload=lambda: load_config(config.source, environ={}))
         with trio.fail_after(WAIT_S):
             info = await nursery.start(daemon.serve)
+            await daemon.registry.wait_ready()
         return daemon, info
 
     return start

@@ -95,7 +95,11 @@ async def test_oversize_code_is_refused(start_daemon: Any, connect: Any) -> None
     assert "2000 bytes; the limit is 1000" in reply["error"]["message"]
 
 
-async def test_python_without_its_executor_is_unavailable_with_a_reason(client: Any) -> None:
+async def test_python_without_its_executor_is_unavailable_with_a_reason(
+    start_daemon: Any, connect: Any
+) -> None:
+    _, info = await start_daemon(executors={"wasm_python": {"enabled": False}})
+    client = await connect(info)
     reply = await client.request("execute", {"language": "python", "code": "1"})
     assert reply["error"]["code"] == ExecutorUnavailable.code
     assert "wasm-python" in reply["error"]["message"]
@@ -190,7 +194,7 @@ async def test_executors_list_reports_deno_and_its_pool(client: Any) -> None:
     assert deno["version"].startswith("2.")
     assert deno["pool"] is not None
     python = next(e for e in listed["executors"] if e["name"] == "wasm-python")
-    assert python["available"] is False and python["reason"]
+    assert python["available"] is True and python["version"].startswith("CPython 3.14")
     assert listed["defaults"]["typescript"] == "deno"
 
 

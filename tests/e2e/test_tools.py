@@ -261,3 +261,26 @@ async def test_concurrent_calls_share_one_connection_and_come_back_matched(toole
     result = await execute(client, code)
     assert [item["sum"] for item in result["result"]] == [100 + i for i in range(20)]
     assert result["tool_calls"] == 20
+
+
+async def test_python_programs_call_tools_synchronously(tooled: Any) -> None:
+    _, _, client = await tooled()
+    code = """
+said = tools.echo.echo(text="hi")
+summed = tools.echo.add({"a": 2, "b": 3})
+try:
+    tools.echo.fail(message="nope")
+except ToolError as e:
+    failed = [e.code, e.tool, e.message]
+listed = sorted(t["path"] for t in tools._discover() if t["path"].startswith("echo."))
+return {"said": said, "sum": summed, "failed": failed, "has_echo": "echo.echo" in listed}
+"""
+    result = await client.call("execute", {"language": "python", "code": code})
+    assert result["status"] == "ok", result
+    assert result["result"] == {
+        "said": "hi",
+        "sum": {"sum": 5},
+        "failed": [-32007, "echo__fail", "nope"],
+        "has_echo": True,
+    }
+    assert result["tool_calls"] == 3

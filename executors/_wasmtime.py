@@ -1,0 +1,245 @@
+"""What every Wasmtime executor shares: the engine, the epoch ticker, the compiled-code
+cache and the per-execution interrupt.
+
+One `Engine` per executor, with the component model and epoch interruption on. A
+daemon-wide `EpochTicker` advances the epoch of every registered engine every
+`EPOCH_TICK_S`; each store's deadline is one tick away, and when it passes, the store's
+`Interrupt` decides in the worker thread whether the guest goes on for another tick or
+traps (wall time used up, the execution stopped, its output budget spent). So one
+shared epoch serves executions that each stop for their own reason, and a stop takes
+effect within a tick, on the thread that owns the store (a store is never touched from
+another thread).
+
+Compiling a ~20 MB component to native code takes seconds, so `load_component` keeps
+the compiled form in a cache file named after everything it depends on (the
+component's hash, the Wasmtime version, the CPU) with the SHA-256 of its bytes beside
+it: a file whose bytes do not match is never handed to Wasmtime (deserializing is
+only safe on bytes Wasmtime wrote), it is compiled again.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import hashlib
+import importlib.metadata
+import logging
+import os
+import platform
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+import wasmtime
+import wasmtime.component
+from wasmtime import _ffi as ffi
+
+__all__ = [
+    "EPOCH_TICK_S",
+    "CompiledCache",
+    "EpochTicker",
+    "Interrupt",
+    "StopReason",
+    "cpu_key",
+    "load_component",
+    "new_engine",
+    "wasmtime_version",
+]
+
+log = logging.getLogger(__name__)
+
+# 10 ms: how late a timeout or a stop may take effect; ticking costs ~nothing.
+EPOCH_TICK_S = 0.010
+
+
+def wasmtime_version() -> str:
+    return importlib.metadata.version("wasmtime")
+
+
+def new_engine(*, fuel: bool = False) -> wasmtime.Engine:
+    """An engine for components, with epoch interruption (and fuel when asked)."""
+    config = wasmtime.Config()
+    config.wasm_component_model = True
+    config.epoch_interruption = True
+    config.consume_fuel = fuel
+    return wasmtime.Engine(config)
+
+
+class EpochTicker:
+    """Advances the epoch of every registered engine every `EPOCH_TICK_S`.
+
+    One per daemon: `serve` runs while any engine is registered and then sleeps; an
+    engine registered later is ticked from the next tick on.
+    """
+
+    def __init__(self, interval_s: float = EPOCH_TICK_S) -> None:
+        self._interval_s = interval_s
+        self._engines: weakref.WeakSet[wasmtime.Engine] = weakref.WeakSet()
+        self._wakeup = trio.Event()
+        self._serving = False
+
+    def __repr__(self) -> str:
+        return f"<EpochTicker every {self._interval_s * 1000:g} ms, {len(self._engines)} engines>"
+
+    def register(self, engine: wasmtime.Engine) -> None:
+        self._engines.add(engine)
+        self._wakeup.set()
+
+    async def serve_shared(self) -> None:
+        """`serve` unless some task serves this ticker already; then sleep until cancelled."""
+        if self._serving:
+            await trio.sleep_forever()
+        self._serving = True
+        try:
+            await self.serve()
+        finally:
+            self._serving = False
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            if not self._engines:
+                self._wakeup = trio.Event()
+                await self._wakeup.wait()
+            for engine in list(self._engines):
+                engine.increment_epoch()
+            await trio.sleep(self._interval_s)
+
+
+# The daemon's one ticker, shared by every Wasmtime executor in the process.
+TICKER = EpochTicker()
+
+
+async def serve_ticker() -> None:
+    """Run the shared ticker unless another task runs it already; else sleep."""
+    await TICKER.serve_shared()
+
+
+class StopReason(enum.Enum):
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    OUTPUT_LIMIT = "output_limit"
+
+
+_DeadlineCallback = ctypes.CFUNCTYPE(
+    ctypes.c_size_t,
+    ctypes.POINTER(ffi.wasmtime_context_t),
+    ctypes.c_void_p,
+    ctypes.POINTER(ctypes.c_uint64),
+    ctypes.POINTER(ffi.wasmtime_update_deadline_kind_t),
+)
+_Finalizer = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+# The deadline callback's answer that lets the guest run on (wasmtime.h).
+UPDATE_DEADLINE_CONTINUE = 0
+
+
+@_Finalizer
+def _no_finalizer(_data: int | None) -> None:
+    return None
+
+
+class Interrupt:
+    """When one store's guest must stop: its wall deadline, or a reason set from outside.
+
+    `stop` may be called from any thread; the store's epoch callback, which runs in the
+    thread running the guest, turns it into a trap within one tick.
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        self.deadline = time.monotonic() + timeout_s
+        self.reason: StopReason | None = None
+        self._callback = _DeadlineCallback(self._on_deadline)  # kept alive with self
+
+    def stop(self, reason: StopReason) -> None:
+        if self.reason is None:
+            self.reason = reason
+
+    def install(self, store: wasmtime.Store) -> None:
+        """Check this interrupt every tick while `store` runs guest code."""
+        store.set_epoch_deadline(1)
+        ffi.wasmtime_store_epoch_deadline_callback(store.ptr(), self._callback, None, _no_finalizer)
+
+    def _on_deadline(self, _context, _data, delta, kind) -> int:  # type: ignore[no-untyped-def]
+        if self.reason is None and time.monotonic() >= self.deadline:
+            self.reason = StopReason.TIMEOUT
+        if self.reason is not None:
+            error = ffi.wasmtime_error_new(
+                f"conduit: execution stopped ({self.reason.value})".encode()
+            )
+            return ctypes.cast(error, ctypes.c_void_p).value or 0
+        delta[0] = 1
+        kind[0] = UPDATE_DEADLINE_CONTINUE
+        return 0
+
+
+def cpu_key() -> str:
+    """What compiled code depends on besides Wasmtime: architecture and CPU features."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith(("flags", "Features")):
+                    flags = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    digest = hashlib.sha256(flags.encode()).hexdigest()[:12]
+    return f"{platform.machine()}-{digest}"
+
+
+class CompiledCache(enum.StrEnum):
+    """How `load_component` got the compiled component."""
+
+    HIT = "hit"  # deserialized from a valid cache file
+    MISS = "miss"  # compiled; there was no cache file
+    REBUILT = "rebuilt"  # compiled; the cache file was corrupt and was replaced
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedComponent:
+    component: wasmtime.component.Component
+    cache: CompiledCache
+    path: Path
+    seconds: float
+
+
+def load_component(
+    engine: wasmtime.Engine, wasm_path: Path, component_hash: str
+) -> LoadedComponent:
+    """The compiled component for `wasm_path`, from the cache beside it if valid.
+
+    Blocking (seconds when compiling): call it in a worker thread.
+    """
+    key = f"{component_hash[:16]}-wasmtime{wasmtime_version()}-{cpu_key()}"
+    compiled = wasm_path.with_name(f"compiled-{key}.cwasm")
+    checksum = compiled.with_suffix(".sha256")
+    started = time.perf_counter()
+    state = CompiledCache.MISS
+    if compiled.exists():
+        data = compiled.read_bytes()
+        expected = checksum.read_text().strip() if checksum.exists() else ""
+        if hashlib.sha256(data).hexdigest() == expected:
+            try:
+                component = wasmtime.component.Component.deserialize(engine, data)
+                return LoadedComponent(
+                    component, CompiledCache.HIT, compiled, time.perf_counter() - started
+                )
+            except wasmtime.WasmtimeError as exc:
+                log.warning("the compiled cache %s did not load (%s); compiling", compiled, exc)
+        else:
+            log.warning("the compiled cache %s is corrupt; compiling again", compiled)
+        state = CompiledCache.REBUILT
+    component = wasmtime.component.Component.from_file(engine, str(wasm_path))
+    data = bytes(component.serialize())
+    _write_atomically(compiled, data)
+    _write_atomically(checksum, hashlib.sha256(data).hexdigest().encode())
+    return LoadedComponent(component, state, compiled, time.perf_counter() - started)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    temporary.write_bytes(data)
+    os.replace(temporary, path)

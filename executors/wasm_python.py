@@ -1,0 +1,375 @@
+"""The wasm-python executor: Python programs in CPython 3.14 compiled to WebAssembly.
+
+The guest (`shims/wasm_python/guest.py`) is built into a component by componentize-py
+and pre-initialised, so the interpreter and the chosen standard-library modules are
+already loaded when an instance starts (see `wasm_build`). `serve` builds it (or finds
+it in the cache), loads its compiled form (see `_wasmtime.load_component`) in a worker
+thread, and reports the executor unavailable, with the reason, until that is done or
+if it fails.
+
+Every execution gets a brand-new instance in a brand-new `Store`, closed after its
+one program: nothing survives from one execution to the next. The store has no
+preopened directory, no environment, no arguments, no sockets; its linear memory is
+capped by the store's limits; its stdout and stderr go into an `OutputCapture` as the
+guest writes them. WASI's clocks and random numbers are Wasmtime's defaults: wall and
+monotonic clocks (the program can time itself; it can already count epoch ticks by
+looping) and a random source (what `random` and `uuid` seed from).
+
+The blocking instantiate-and-run happens in a worker thread behind a limiter sized to
+the machine; the guest's `host-call` import runs in that thread and reaches the Trio
+side with `trio.from_thread.run(bridge.request, ...)`, so a tool call goes through
+the daemon's one dispatcher under the execution's session token. A timeout, a stop
+(`job.stop` or cancellation) or an exhausted output budget interrupts the guest at
+its next epoch tick (`_wasmtime.Interrupt`); the thread always finishes and the store
+is always closed before `run` returns.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+import wasmtime
+import wasmtime.component
+
+from conduit.daemon.errors import RpcError, RuntimeMissing
+from conduit.executors import _wasmtime
+from conduit.executors.base import ErrorInfo, ExecutorInfo, Job, Outcome, Status, ToolBridge
+from conduit.executors.output import OutputCapture
+from conduit.executors.wasm_build import BuildError, BuiltComponent, ensure_component
+
+__all__ = ["WasmPythonExecutor"]
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+PYTHON_VERSION = "CPython 3.14"
+# The export the host calls and the import the guest calls (shims/wasm_python/world.wit).
+RUN_EXPORT = "run"
+HOST_CALL_IMPORT = "host-call"
+# JSON-RPC "internal error", for a host-call failure that is no RpcError.
+INTERNAL_ERROR = -32603
+# Trap messages that mean the guest ran out of linear memory rather than failed.
+OUT_OF_MEMORY_SIGNS = ("out of memory", "memoryerror", "cannot allocate", "memory allocation")
+
+
+class _State:
+    """What the executor is doing; shown in `info()`."""
+
+    NOT_STARTED = "not started"
+    BUILDING = "building"
+    READY = "ready"
+    FAILED = "failed"
+
+
+@dataclass(slots=True)
+class _Execution:
+    """One run's host side: read by the `host-call` import in the worker thread."""
+
+    bridge: ToolBridge
+    interrupt: _wasmtime.Interrupt
+    tool_calls: int = 0
+
+
+class WasmPythonExecutor:
+    """Runs Python programs in fresh CPython-on-Wasmtime instances.
+
+    `cache_dir` holds the built component and its compiled form (see `wasm_build`).
+    `fuel`, when set, is an instruction budget per execution on top of the wall
+    timeout (deterministic; off by default).
+    """
+
+    name = "wasm-python"
+    languages = frozenset({"python"})
+
+    def __init__(self, *, cache_dir: str | os.PathLike[str], fuel: int | None = None) -> None:
+        self._cache_dir = Path(cache_dir)
+        self._fuel = fuel
+        self._engine = _wasmtime.new_engine(fuel=fuel is not None)
+        self._linker: wasmtime.component.Linker | None = None
+        self._component: wasmtime.component.Component | None = None
+        self._built: BuiltComponent | None = None
+        self._compiled_cache: str | None = None
+        self._timings: dict[str, float] = {}
+        self._state = _State.NOT_STARTED
+        self._reason: str | None = "the executor has not been started (serve() has not run)"
+        # Each execution holds one thread while it runs; more than the cores only queue.
+        self._limiter = trio.CapacityLimiter(os.cpu_count() or 1)
+        self._current = threading.local()
+        self._runs = 0
+        self._settled = trio.Event()  # set once the build has succeeded or failed
+
+    def __repr__(self) -> str:
+        state = self._state if self._reason is None else f"{self._state}: {self._reason}"
+        return f"<WasmPythonExecutor ({state}) {self._runs} runs>"
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Build and load the component, then tick the epoch until cancelled.
+
+        Calls `task_status.started()` at once: the executor is unavailable (with the
+        reason) while it builds, and stays so if the build fails. Never raises for a
+        failed build.
+        """
+        _wasmtime.TICKER.register(self._engine)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_wasmtime.serve_ticker)
+            task_status.started()
+            await self.prepare()
+
+    async def prepare(self) -> None:
+        """Build (or find) and load the component in a worker thread; idempotent."""
+        if self._state in (_State.READY, _State.BUILDING):
+            return
+        self._state = _State.BUILDING
+        self._reason = "the Python component is being built (a few seconds on first start)"
+        try:
+            await trio.to_thread.run_sync(self._load)
+        except (BuildError, OSError, wasmtime.WasmtimeError) as exc:
+            self._state = _State.FAILED
+            self._reason = f"the Python component could not be built or loaded: {exc}"
+            log.warning("wasm-python executor unavailable: %s", self._reason)
+        else:
+            self._state = _State.READY
+            self._reason = None
+        finally:
+            self._settled.set()
+
+    async def wait_ready(self) -> bool:
+        """Wait until the component is loaded or failed to; whether it is available."""
+        await self._settled.wait()
+        return self._reason is None
+
+    def _load(self) -> None:
+        built = ensure_component(self._cache_dir)
+        loaded = _wasmtime.load_component(self._engine, built.path, built.component_hash)
+        linker = wasmtime.component.Linker(self._engine)
+        linker.add_wasip2()
+        linker.root().add_func(HOST_CALL_IMPORT, self._host_call)
+        self._timings = {
+            "build_s" if built.built else "build_check_s": round(built.seconds, 3),
+            ("compile_s" if loaded.cache is not _wasmtime.CompiledCache.HIT else "deserialize_s"): (
+                round(loaded.seconds, 3)
+            ),
+        }
+        self._built = built
+        self._compiled_cache = loaded.cache.value
+        self._component = loaded.component
+        self._linker = linker
+        log.info("wasm-python component %s ready (%s)", built.component_hash[:12], self._timings)
+
+    def info(self) -> ExecutorInfo:
+        """Availability, versions, the component and its cache state; never blocks."""
+        details: dict[str, Any] = {"state": self._state, "runs": self._runs}
+        if self._built is not None:
+            details.update(
+                component=str(self._built.path),
+                component_hash=self._built.component_hash,
+                build_inputs=self._built.inputs,
+                compiled_cache=self._compiled_cache,
+                timings=self._timings,
+            )
+        return ExecutorInfo(
+            name=self.name,
+            languages=tuple(sorted(self.languages)),
+            available=self._reason is None,
+            version=f"{PYTHON_VERSION} on wasmtime {_wasmtime.wasmtime_version()}",
+            reason=self._reason,
+            pool=details,
+        )
+
+    # -- jobs --------------------------------------------------------------------------
+
+    async def run(self, job: Job, bridge: ToolBridge) -> Outcome:
+        """Run `job` in a fresh instance and report how it ended (see the module doc)."""
+        if self._reason is not None:
+            raise RuntimeMissing(f"the wasm-python executor is unavailable: {self._reason}")
+        if job.language not in self.languages:
+            raise ValueError(f"the wasm-python executor does not run {job.language!r}")
+        limits = job.limits
+        interrupt = _wasmtime.Interrupt(limits.timeout_ms / 1000)
+        capture = OutputCapture(
+            max_bytes=limits.output_bytes,
+            max_lines=limits.output_lines,
+            on_limit=lambda: interrupt.stop(_wasmtime.StopReason.OUTPUT_LIMIT),
+        )
+        execution = _Execution(bridge, interrupt)
+        request = json.dumps({"code": job.code, "inputs": job.inputs}, ensure_ascii=False)
+        self._runs += 1
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_when, job.stop, interrupt)
+            # Shielded: the thread is never abandoned. A cancellation reaches the guest
+            # through `_stop_when`, which is cancelled with this nursery's owner.
+            with trio.CancelScope(shield=True):
+                answer, trap = await trio.to_thread.run_sync(
+                    self._run_in_thread, job, request, execution, capture, limiter=self._limiter
+                )
+            stopped = interrupt.reason  # before cancelling the watcher, which sets one
+            nursery.cancel_scope.cancel()
+        outcome = _outcome(job, capture, answer, trap, stopped)
+        outcome.tool_calls = execution.tool_calls
+        return outcome
+
+    def _run_in_thread(
+        self, job: Job, request: str, execution: _Execution, capture: OutputCapture
+    ) -> tuple[str | None, str | None]:
+        """Instantiate and run; (the guest's answer, None) or (None, the trap message)."""
+        assert self._component is not None
+        assert self._linker is not None
+        store = wasmtime.Store(self._engine)
+        try:
+            store.set_limits(memory_size=job.limits.memory_mb * MIB)
+            if self._fuel is not None:
+                store.set_fuel(self._fuel)
+            wasi = wasmtime.WasiConfig()
+            wasi.stdout_custom = lambda data: capture.write_nowait("stdout", data)
+            wasi.stderr_custom = lambda data: capture.write_nowait("stderr", data)
+            store.set_wasi(wasi)
+            execution.interrupt.install(store)
+            self._current.execution = execution
+            try:
+                instance = self._linker.instantiate(store, self._component)
+                run = instance.get_func(store, RUN_EXPORT)
+                assert run is not None
+                return run(store, request), None
+            except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:
+                return None, str(exc)
+            finally:
+                self._current.execution = None
+        finally:
+            store.close()
+
+    def _host_call(self, _store: Any, method: str, params: str) -> str:
+        """The guest's `host-call`: a JSON-RPC call under the session token (worker thread)."""
+        execution: _Execution | None = getattr(self._current, "execution", None)
+        if execution is None or execution.interrupt.reason is not None:
+            return _rpc_error(INTERNAL_ERROR, "the execution is being stopped")
+        if method == "tools/call":
+            execution.tool_calls += 1
+        try:
+            decoded = json.loads(params)
+            if not isinstance(decoded, dict):
+                return _rpc_error(-32602, "invalid params: params must be an object")
+            result = trio.from_thread.run(execution.bridge.request, method, decoded)
+        except RpcError as exc:
+            return _rpc_error(exc.code, exc.message, exc.data)
+        except ValueError as exc:
+            return _rpc_error(-32700, f"parse error: {exc}")
+        except trio.Cancelled:
+            execution.interrupt.stop(_wasmtime.StopReason.CANCELLED)
+            return _rpc_error(INTERNAL_ERROR, "the execution is being stopped")
+        except Exception as exc:  # reported to the guest; the daemon's side logs its own
+            log.exception("host-call %s failed", method)
+            return _rpc_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
+        return json.dumps({"result": result}, ensure_ascii=False)
+
+
+async def _stop_when(stop: trio.Event, interrupt: _wasmtime.Interrupt) -> None:
+    try:
+        await stop.wait()
+    finally:  # set, or the run cancelled: either way the guest stops
+        interrupt.stop(_wasmtime.StopReason.CANCELLED)
+
+
+def _rpc_error(code: int, message: str, data: Any = None) -> str:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if isinstance(data, dict):
+        error["data"] = data
+    return json.dumps({"error": error}, default=str)
+
+
+def _outcome(
+    job: Job,
+    capture: OutputCapture,
+    answer: str | None,
+    trap: str | None,
+    stopped: _wasmtime.StopReason | None,
+) -> Outcome:
+    limits = job.limits
+    outcome = Outcome(
+        Status.OK,
+        stdout=capture.text("stdout"),
+        stderr=capture.text("stderr"),
+        truncated_stdout=capture.truncated("stdout"),
+        truncated_stderr=capture.truncated("stderr"),
+    )
+    if capture.limit_hit:
+        return _failed(
+            outcome,
+            Status.OUTPUT_LIMIT,
+            "OutputLimit",
+            f"the program printed more than {limits.output_bytes} bytes or "
+            f"{limits.output_lines} lines and was stopped; print less, or raise "
+            "limits.output_bytes or limits.output_lines",
+        )
+    if stopped is _wasmtime.StopReason.TIMEOUT:
+        return _failed(
+            outcome,
+            Status.TIMEOUT,
+            "Timeout",
+            f"the program did not finish within {limits.timeout_ms} ms and was stopped; "
+            "make it faster, or raise limits.timeout_ms",
+        )
+    if stopped is _wasmtime.StopReason.CANCELLED and answer is None:
+        return _failed(outcome, Status.CANCELLED, "Cancelled", "the execution was stopped")
+    if answer is None:
+        trap = trap or "unknown trap"
+        if any(sign in (trap + outcome.stderr).lower() for sign in OUT_OF_MEMORY_SIGNS):
+            return _memory_limit(outcome, limits.memory_mb)
+        if "fuel" in trap:
+            return _failed(
+                outcome, Status.TIMEOUT, "Timeout", "the program used up its instruction budget"
+            )
+        return _failed(outcome, Status.CRASHED, "Crashed", f"the Python sandbox trapped: {trap}")
+    if len(answer.encode("utf-8")) > limits.result_bytes + len('{"result": }'):
+        return _failed(
+            outcome,
+            Status.ERROR,
+            "ResultTooLarge",
+            f"the result is larger than {limits.result_bytes} bytes as JSON; return "
+            "less (print bulk data instead), or raise limits.result_bytes",
+        )
+    message = json.loads(answer)
+    error = message.get("error")
+    if error is None:
+        outcome.result = message.get("result")
+        outcome.exit_code = 0
+        return outcome
+    outcome.exit_code = 1
+    info = ErrorInfo(
+        type=str(error.get("type", "Error")),
+        message=str(error.get("message", "")),
+        traceback=str(error.get("traceback", "")),
+    )
+    if info.type == "MemoryError":
+        outcome.error = info
+        return _memory_limit(outcome, limits.memory_mb, keep_error=True)
+    outcome.status = Status.ERROR
+    outcome.error = info
+    return outcome
+
+
+def _memory_limit(outcome: Outcome, memory_mb: int, *, keep_error: bool = False) -> Outcome:
+    outcome.status = Status.MEMORY_LIMIT
+    detail = (
+        f"the program ran out of memory (limit {memory_mb} MB); use less memory, or "
+        "raise limits.memory_mb"
+    )
+    if keep_error and outcome.error is not None:
+        outcome.error = ErrorInfo("MemoryLimit", detail, outcome.error.traceback)
+    else:
+        outcome.error = ErrorInfo("MemoryLimit", detail)
+    return outcome
+
+
+def _failed(outcome: Outcome, status: Status, kind: str, message: str) -> Outcome:
+    outcome.status = status
+    outcome.error = ErrorInfo(kind, message)
+    return outcome

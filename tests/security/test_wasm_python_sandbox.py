@@ -1,0 +1,147 @@
+"""Escape attempts against the wasm-python sandbox, with real Wasmtime.
+
+Each attempt is refused or stopped and reported, and the next execution still works.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from conduit.executors.base import Job, Limits, Outcome, Status
+from conduit.executors.wasm_python import WasmPythonExecutor
+from tests.sandboxes import WAIT_S, NoBridge
+
+
+@pytest.fixture
+async def wasm(nursery: trio.Nursery, wasm_cache: Path) -> WasmPythonExecutor:
+    executor = WasmPythonExecutor(cache_dir=wasm_cache)
+    await nursery.start(executor.serve)
+    with trio.fail_after(WAIT_S):
+        assert await executor.wait_ready(), executor.info().reason
+    return executor
+
+
+async def run(executor: WasmPythonExecutor, code: str, **limits: Any) -> Outcome:
+    with trio.fail_after(WAIT_S):
+        outcome = await executor.run(Job("ex_attack", "python", code, Limits(**limits)), NoBridge())
+        assert (await executor.run(Job("ex_next", "python", "1", Limits()), NoBridge())).result == 1
+    return outcome
+
+
+@pytest.mark.parametrize(
+    ("code", "error_type"),
+    [
+        ("open('/etc/passwd').read()", "FileNotFoundError"),
+        ("import os\nos.listdir('/')", "FileNotFoundError"),
+        ("import os\nos.listdir('.')", "FileNotFoundError"),
+        ("import socket", "ModuleNotFoundError"),
+        ("import subprocess", "ModuleNotFoundError"),
+        ("import os\nos.system('id')", "AttributeError"),
+        ("import ctypes", "ModuleNotFoundError"),
+        ("import importlib\nimportlib.import_module('socket')", "ModuleNotFoundError"),
+        ("import sys\nsys.modules['os'].fork()", "AttributeError"),
+        ("__import__('urllib.request')", "ModuleNotFoundError"),
+    ],
+)
+async def test_host_access_is_refused(wasm: WasmPythonExecutor, code: str, error_type: str) -> None:
+    outcome = await run(wasm, code)
+    assert outcome.status is Status.ERROR, outcome
+    assert outcome.error is not None and outcome.error.type == error_type, outcome.error
+
+
+async def test_raw_sockets_cannot_connect_or_resolve(wasm: WasmPythonExecutor) -> None:
+    code = """
+import _socket
+refused = []
+for attempt in (
+    lambda: _socket.socket().connect(("127.0.0.1", 22)),
+    lambda: _socket.getaddrinfo("example.com", 80),
+    lambda: _socket.socket().bind(("0.0.0.0", 8080)),
+):
+    try:
+        attempt()
+    except Exception as exc:
+        refused.append(type(exc).__name__)
+refused
+"""
+    outcome = await run(wasm, code)
+    assert outcome.status is Status.OK, outcome
+    assert len(outcome.result) == 3, outcome.result
+
+
+async def test_environment_and_arguments_are_empty(wasm: WasmPythonExecutor) -> None:
+    outcome = await run(wasm, "import os, sys\n[dict(os.environ), sys.argv]")
+    assert outcome.result in ([{}, []], [{}, [""]])
+
+
+async def test_the_raw_host_call_is_not_reachable_without_the_daemon(
+    wasm: WasmPythonExecutor,
+) -> None:
+    outcome = await run(wasm, "import wit_world\nwit_world.host_call('execute', '{}')")
+    # NoBridge answers nothing: the executor reports the bridge's failure to the guest.
+    assert outcome.status is Status.OK
+    assert '"error"' in outcome.result
+
+
+@pytest.mark.parametrize(
+    ("code", "limits", "status"),
+    [
+        ("while True: pass", {"timeout_ms": 300}, Status.TIMEOUT),
+        (
+            "x = []\nwhile True: x.append(bytearray(1 << 20))",
+            {"memory_mb": 48},
+            Status.MEMORY_LIMIT,
+        ),
+        ("b = bytearray(1 << 30)", {"memory_mb": 48}, Status.MEMORY_LIMIT),
+        ("while True: print('x' * 1000)", {"output_bytes": 50_000}, Status.OUTPUT_LIMIT),
+        (
+            "import sys\nwhile True: sys.stderr.write('e\\n')",
+            {"output_lines": 100},
+            Status.OUTPUT_LIMIT,
+        ),
+    ],
+)
+async def test_resource_attacks_are_stopped(
+    wasm: WasmPythonExecutor, code: str, limits: dict[str, int], status: Status
+) -> None:
+    outcome = await run(wasm, code, **limits)
+    assert outcome.status is status, outcome
+
+
+async def test_deep_recursion_is_an_error_not_a_crash(wasm: WasmPythonExecutor) -> None:
+    outcome = await run(
+        wasm, "import sys\nsys.setrecursionlimit(10**6)\ndef f(n): return f(n + 1)\nf(0)"
+    )
+    assert outcome.status in (Status.ERROR, Status.CRASHED, Status.MEMORY_LIMIT), outcome
+    outcome = await run(wasm, "def f(): return f()\nf()")
+    assert outcome.status is Status.ERROR
+    assert outcome.error is not None and outcome.error.type == "RecursionError"
+
+
+async def test_forged_host_calls_are_refused_by_the_session_token(
+    start_daemon: Any, connect: Any
+) -> None:
+    _, info = await start_daemon()
+    client = await connect(info)
+    code = """
+import json, wit_world
+answers = {}
+for method, params in [
+    ("execute", {"language": "python", "code": "1"}),
+    ("upstreams/register", {"name": "x", "transport": "stdio", "command": "/bin/sh"}),
+    ("tokens/create", {"name": "x"}),
+]:
+    answers[method] = json.loads(wit_world.host_call(method, json.dumps(params)))
+answers
+"""
+    result = await client.call("execute", {"language": "python", "code": code})
+    assert result["status"] == "ok", result
+    for method, answer in result["result"].items():
+        assert "error" in answer, (method, answer)
+        assert answer["error"]["code"] in (-32003, -32004, -32601), (method, answer)
+    again = await client.call("execute", {"language": "python", "code": "6 * 7"})
+    assert again["result"] == 42
