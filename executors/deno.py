@@ -45,6 +45,7 @@ from typing import Any
 import trio
 
 from conduit.daemon.errors import ExecutorError, RuntimeMissing, SandboxCrashed
+from conduit.executors import outcomes
 from conduit.executors.base import (
     CallbackAddress,
     ErrorInfo,
@@ -505,7 +506,7 @@ class DenoExecutor:
         finally:
             await worker.aclose()
         if outcome is not None and job.stop.is_set() and outcome.status is Status.CRASHED:
-            return _failed(outcome, Status.CANCELLED, "Cancelled", "the execution was stopped")
+            return outcomes.stopped(outcome)
         return outcome
 
     async def _execute(
@@ -626,47 +627,16 @@ def _outcome(
 ) -> Outcome:
     """How the execution ended, from what was observed. Limits come first: the
     sandbox was killed for them, so what it would have returned is unknown."""
-    outcome = Outcome(
-        Status.OK,
-        stdout=capture.text("stdout"),
-        stderr=capture.text("stderr"),
-        truncated_stdout=capture.truncated("stdout"),
-        truncated_stderr=capture.truncated("stderr"),
-    )
+    outcome = outcomes.captured(capture)
     if capture.limit_hit:
-        return _failed(
-            outcome,
-            Status.OUTPUT_LIMIT,
-            "OutputLimit",
-            f"the program printed more than {limits.output_bytes} bytes or "
-            f"{limits.output_lines} lines and was stopped; print less, or raise "
-            "limits.output_bytes or limits.output_lines",
-        )
+        return outcomes.output_limit(outcome, limits)
     if stdout.payload_too_large:
-        return _failed(
-            outcome,
-            Status.ERROR,
-            "ResultTooLarge",
-            f"the result is larger than {limits.result_bytes} bytes as JSON; return "
-            "less (print bulk data instead), or raise limits.result_bytes",
-        )
+        return outcomes.result_too_large(outcome, limits)
     if timed_out:
-        return _failed(
-            outcome,
-            Status.TIMEOUT,
-            "Timeout",
-            f"the program did not finish within {limits.timeout_ms} ms and was stopped; "
-            "make it faster, or raise limits.timeout_ms",
-        )
+        return outcomes.timed_out(outcome, limits)
     if stdout.payload is not None:
         return _from_payload(outcome, stdout.payload)
     return _from_exit(outcome, returncode, limits)
-
-
-def _failed(outcome: Outcome, status: Status, kind: str, message: str) -> Outcome:
-    outcome.status = status
-    outcome.error = ErrorInfo(kind, message)
-    return outcome
 
 
 def _from_payload(outcome: Outcome, payload: bytes) -> Outcome:
@@ -674,7 +644,7 @@ def _from_payload(outcome: Outcome, payload: bytes) -> Outcome:
         message: dict[str, Any] = json.loads(payload)
         error = message.get("error")
     except (ValueError, AttributeError):
-        return _failed(
+        return outcomes.failed(
             outcome, Status.CRASHED, "Crashed", "the Deno worker sent an unreadable result"
         )
     # The shim exits 0 after a result and 1 after an error, unless it was stopped first.
@@ -682,11 +652,7 @@ def _from_payload(outcome: Outcome, payload: bytes) -> Outcome:
     if error is None:
         outcome.result = message.get("result")
         return outcome
-    info = ErrorInfo(
-        type=str(error.get("type", "Error")),
-        message=str(error.get("message", "")),
-        traceback=str(error.get("traceback", "")),
-    )
+    info = outcomes.error_info(error)
     outcome.error = info
     # An ArrayBuffer or WebAssembly allocation refused by the memory backstop.
     refused = info.message.lower()
@@ -701,7 +667,7 @@ def _from_exit(outcome: Outcome, returncode: int | None, limits: Limits) -> Outc
         outcome.exit_code = returncode
         if returncode == 0:
             return outcome
-        return _failed(
+        return outcomes.failed(
             outcome,
             Status.ERROR,
             "Exit",
@@ -709,15 +675,9 @@ def _from_exit(outcome: Outcome, returncode: int | None, limits: Limits) -> Outc
         )
     if returncode is not None and any(sign in outcome.stderr for sign in OOM_SIGNS):
         outcome.stderr = _cut_oom_report(outcome.stderr)
-        return _failed(
-            outcome,
-            Status.MEMORY_LIMIT,
-            "MemoryLimit",
-            f"the program ran out of memory (limit {limits.memory_mb} MB); use less "
-            "memory, or raise limits.memory_mb",
-        )
+        return outcomes.memory_limit(outcome, limits)
     if returncode == -signal.SIGXCPU:
-        return _failed(
+        return outcomes.failed(
             outcome,
             Status.TIMEOUT,
             "Timeout",
@@ -725,7 +685,9 @@ def _from_exit(outcome: Outcome, returncode: int | None, limits: Limits) -> Outc
             "limits.timeout_ms",
         )
     how = "an unknown cause" if returncode is None else describe_returncode(returncode)
-    return _failed(outcome, Status.CRASHED, "Crashed", f"the Deno sandbox was killed by {how}")
+    return outcomes.failed(
+        outcome, Status.CRASHED, "Crashed", f"the Deno sandbox was killed by {how}"
+    )
 
 
 def _cut_oom_report(stderr: str) -> str:

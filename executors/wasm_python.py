@@ -39,8 +39,8 @@ import wasmtime
 import wasmtime.component
 
 from conduit.daemon.errors import RpcError, RuntimeMissing
-from conduit.executors import _wasmtime
-from conduit.executors.base import ErrorInfo, ExecutorInfo, Job, Outcome, Status, ToolBridge
+from conduit.executors import _wasmtime, outcomes
+from conduit.executors.base import ExecutorInfo, Job, Outcome, Status, ToolBridge
 from conduit.executors.output import OutputCapture
 from conduit.executors.wasm_build import BuildError, BuiltComponent, ensure_component
 
@@ -293,49 +293,26 @@ def _outcome(
     stopped: _wasmtime.StopReason | None,
 ) -> Outcome:
     limits = job.limits
-    outcome = Outcome(
-        Status.OK,
-        stdout=capture.text("stdout"),
-        stderr=capture.text("stderr"),
-        truncated_stdout=capture.truncated("stdout"),
-        truncated_stderr=capture.truncated("stderr"),
-    )
+    outcome = outcomes.captured(capture)
     if capture.limit_hit:
-        return _failed(
-            outcome,
-            Status.OUTPUT_LIMIT,
-            "OutputLimit",
-            f"the program printed more than {limits.output_bytes} bytes or "
-            f"{limits.output_lines} lines and was stopped; print less, or raise "
-            "limits.output_bytes or limits.output_lines",
-        )
+        return outcomes.output_limit(outcome, limits)
     if stopped is _wasmtime.StopReason.TIMEOUT:
-        return _failed(
-            outcome,
-            Status.TIMEOUT,
-            "Timeout",
-            f"the program did not finish within {limits.timeout_ms} ms and was stopped; "
-            "make it faster, or raise limits.timeout_ms",
-        )
+        return outcomes.timed_out(outcome, limits)
     if stopped is _wasmtime.StopReason.CANCELLED and answer is None:
-        return _failed(outcome, Status.CANCELLED, "Cancelled", "the execution was stopped")
+        return outcomes.stopped(outcome)
     if answer is None:
         trap = trap or "unknown trap"
         if any(sign in (trap + outcome.stderr).lower() for sign in OUT_OF_MEMORY_SIGNS):
-            return _memory_limit(outcome, limits.memory_mb)
+            return outcomes.memory_limit(outcome, limits)
         if "fuel" in trap:
-            return _failed(
+            return outcomes.failed(
                 outcome, Status.TIMEOUT, "Timeout", "the program used up its instruction budget"
             )
-        return _failed(outcome, Status.CRASHED, "Crashed", f"the Python sandbox trapped: {trap}")
-    if len(answer.encode("utf-8")) > limits.result_bytes + len('{"result": }'):
-        return _failed(
-            outcome,
-            Status.ERROR,
-            "ResultTooLarge",
-            f"the result is larger than {limits.result_bytes} bytes as JSON; return "
-            "less (print bulk data instead), or raise limits.result_bytes",
+        return outcomes.failed(
+            outcome, Status.CRASHED, "Crashed", f"the Python sandbox trapped: {trap}"
         )
+    if len(answer.encode("utf-8")) > limits.result_bytes + len('{"result": }'):
+        return outcomes.result_too_large(outcome, limits)
     message = json.loads(answer)
     error = message.get("error")
     if error is None:
@@ -343,33 +320,9 @@ def _outcome(
         outcome.exit_code = 0
         return outcome
     outcome.exit_code = 1
-    info = ErrorInfo(
-        type=str(error.get("type", "Error")),
-        message=str(error.get("message", "")),
-        traceback=str(error.get("traceback", "")),
-    )
+    info = outcomes.error_info(error)
     if info.type == "MemoryError":
-        outcome.error = info
-        return _memory_limit(outcome, limits.memory_mb, keep_error=True)
+        return outcomes.memory_limit(outcome, limits, info.traceback)
     outcome.status = Status.ERROR
     outcome.error = info
-    return outcome
-
-
-def _memory_limit(outcome: Outcome, memory_mb: int, *, keep_error: bool = False) -> Outcome:
-    outcome.status = Status.MEMORY_LIMIT
-    detail = (
-        f"the program ran out of memory (limit {memory_mb} MB); use less memory, or "
-        "raise limits.memory_mb"
-    )
-    if keep_error and outcome.error is not None:
-        outcome.error = ErrorInfo("MemoryLimit", detail, outcome.error.traceback)
-    else:
-        outcome.error = ErrorInfo("MemoryLimit", detail)
-    return outcome
-
-
-def _failed(outcome: Outcome, status: Status, kind: str, message: str) -> Outcome:
-    outcome.status = status
-    outcome.error = ErrorInfo(kind, message)
     return outcome

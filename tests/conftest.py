@@ -202,3 +202,15 @@ async def connect() -> AsyncIterator[Callable[..., Any]]:
 async def client(daemon: tuple[Daemon, ServingInfo], connect: Callable[..., Any]) -> RawClient:
     """A raw client on the fixture daemon's Unix socket (same uid: master by peer creds)."""
     return await connect(daemon[1])
+
+
+@pytest.fixture
+async def wasm(nursery: trio.Nursery, wasm_cache: Path) -> Any:
+    """A ready wasm-python executor on the session's one built component."""
+    from conduit.executors.wasm_python import WasmPythonExecutor
+
+    executor = WasmPythonExecutor(cache_dir=wasm_cache)
+    await nursery.start(executor.serve)
+    with trio.fail_after(WAIT_S):
+        assert await executor.wait_ready(), executor.info().reason
+    return executor

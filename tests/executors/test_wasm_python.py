@@ -6,7 +6,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import pytest
 import trio
 
 from conduit.executors import _wasmtime
@@ -14,15 +13,6 @@ from conduit.executors.base import Job, Limits, Outcome, Status
 from conduit.executors.wasm_build import ensure_component, preloaded_modules
 from conduit.executors.wasm_python import WasmPythonExecutor
 from tests.sandboxes import WAIT_S, NoBridge
-
-
-@pytest.fixture
-async def wasm(nursery: trio.Nursery, wasm_cache: Path) -> WasmPythonExecutor:
-    executor = WasmPythonExecutor(cache_dir=wasm_cache)
-    await nursery.start(executor.serve)
-    with trio.fail_after(WAIT_S):
-        assert await executor.wait_ready(), executor.info().reason
-    return executor
 
 
 async def run(

@@ -5,7 +5,6 @@ Each attempt is refused or stopped and reported, and the next execution still wo
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,15 +13,6 @@ import trio
 from conduit.executors.base import Job, Limits, Outcome, Status
 from conduit.executors.wasm_python import WasmPythonExecutor
 from tests.sandboxes import WAIT_S, NoBridge
-
-
-@pytest.fixture
-async def wasm(nursery: trio.Nursery, wasm_cache: Path) -> WasmPythonExecutor:
-    executor = WasmPythonExecutor(cache_dir=wasm_cache)
-    await nursery.start(executor.serve)
-    with trio.fail_after(WAIT_S):
-        assert await executor.wait_ready(), executor.info().reason
-    return executor
 
 
 async def run(executor: WasmPythonExecutor, code: str, **limits: Any) -> Outcome:
