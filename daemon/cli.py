@@ -233,6 +233,8 @@ def _doctor(args: argparse.Namespace) -> int:
     for info in infos:
         state = f"ok ({info.version})" if info.available else f"unavailable: {info.reason}"
         print(f"executor {info.name:12} {','.join(info.languages):22} {state}")
+        for label, value in _component_details(info.pool or {}):
+            print(f"{'':9}{label:15} {value}")
     for language, name in registry.defaults().items():
         usable = any(i.name == name and i.available for i in infos)
         healthy &= usable
@@ -242,6 +244,48 @@ def _doctor(args: argparse.Namespace) -> int:
 
 # Building and compiling the Python component takes ~12 s on a small machine.
 DOCTOR_PREPARE_TIMEOUT_S = 600
+# Enough hex digits of a SHA-256 to tell two builds apart by eye.
+HASH_PREFIX_CHARS = 16
+# A Wasmtime executor's `compiled_cache`, worded as whether the cache was valid.
+_COMPILED_CACHE = {
+    "hit": "valid: loaded without compiling",
+    "miss": "none yet: compiled, and cached for the next start",
+    "rebuilt": "invalid, rebuilt: the cached file did not load, so it was compiled again",
+}
+
+
+def _short(value: Any) -> str:
+    """A SHA-256 hex digest cut to its first HASH_PREFIX_CHARS; anything else as is."""
+    text = str(value)
+    if len(text) == 64 and all(c in "0123456789abcdef" for c in text):
+        return text[:HASH_PREFIX_CHARS]
+    return text
+
+
+def _component_details(pool: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) lines for the component keys an executor's info carries.
+
+    Generic: any executor whose `info().pool` has `component`, `component_hash`,
+    `build_inputs`, `compiled_cache` or `timings` (the Wasmtime ones) gets them shown;
+    others (Deno's pool statistics) get nothing.
+    """
+    lines: list[tuple[str, str]] = []
+    if pool.get("component"):
+        lines.append(("component", str(pool["component"])))
+    if pool.get("component_hash"):
+        lines.append(("component hash", _short(pool["component_hash"])))
+    for name, value in (pool.get("build_inputs") or {}).items():
+        lines.append(("build input", f"{name} {_short(value)}"))
+    if pool.get("compiled_cache"):
+        cache = str(pool["compiled_cache"])
+        lines.append(("compiled cache", _COMPILED_CACHE.get(cache, cache)))
+    if pool.get("timings"):
+        timings = [
+            f"{key.removesuffix('_s')} {value} s" if key.endswith("_s") else f"{key} {value}"
+            for key, value in pool["timings"].items()
+        ]
+        lines.append(("timings", ", ".join(timings)))
+    return lines
 
 
 async def _probe_executors(registry: Any) -> list[Any]:

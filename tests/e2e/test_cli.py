@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -114,8 +116,8 @@ async def test_token_new_prints_a_token_and_its_config_entry(
     }
 
 
-async def test_doctor_reports_each_executor(tmp_path: Path) -> None:
-    env = base_env(tmp_path / "state")
+async def test_doctor_reports_each_executor(tmp_path: Path, wasm: Any) -> None:
+    env = base_env(tmp_path / "state")  # holds the session's component (conftest)
     done = await conduit("doctor", env=env)
     report = done.stdout.decode()
     assert "executor deno" in report
@@ -124,3 +126,52 @@ async def test_doctor_reports_each_executor(tmp_path: Path) -> None:
     python_line = next(line for line in report.splitlines() if "wasm-python" in line)
     assert "ok (CPython 3.14" in python_line
     assert "daemon: not running" in report
+    # Under the executor line: the component it loaded and what it was built from.
+    details = _details(report, "wasm-python")
+    pool = wasm.info().pool
+    assert details["component hash"] == [pool["component_hash"][:16]]
+    (component,) = details["component"]
+    assert component.startswith(str(tmp_path / "state" / "wasm"))
+    assert component.endswith(Path(pool["component"]).name)
+    inputs = dict(line.split(" ", 1) for line in details["build input"])
+    assert inputs["componentize-py"] == pool["build_inputs"]["componentize-py"] == "0.25.1"
+    assert inputs["guest.py"] == pool["build_inputs"]["guest.py"][:16]
+    assert inputs.keys() == pool["build_inputs"].keys()
+    assert details["compiled cache"] == ["valid: loaded without compiling"]
+    assert "deserialize" in details["timings"][0]
+    assert not _details(report, "deno")  # its line is as it was
+
+
+async def test_doctor_reports_a_corrupt_compiled_cache_as_rebuilt(
+    tmp_path: Path, wasm_cache: Path
+) -> None:
+    state = tmp_path / "own-state"  # a copy: the session's cache stays intact
+    shutil.copytree(wasm_cache, state / "wasm")
+    compiled = list((state / "wasm").glob("wasm-python-*/compiled-*.cwasm"))
+    assert compiled, "the session's cache holds no compiled component"
+    for path in compiled:
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    env = base_env(state)
+    first = await conduit("doctor", env=env)
+    assert first.returncode == 0, first.stdout.decode() + first.stderr.decode()
+    details = _details(first.stdout.decode(), "wasm-python")
+    assert details["compiled cache"][0].startswith("invalid, rebuilt:"), details
+    assert "compile" in details["timings"][0]
+    again = await conduit("doctor", env=env)
+    details = _details(again.stdout.decode(), "wasm-python")
+    assert details["compiled cache"] == ["valid: loaded without compiling"]
+
+
+def _details(report: str, executor: str) -> dict[str, list[str]]:
+    """The indented lines under `executor`'s line in a doctor report, by label."""
+    lines = report.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"executor {executor} "))
+    details: dict[str, list[str]] = {}
+    for line in lines[start + 1 :]:
+        if not line.startswith(" "):
+            break
+        label, value = re.split(r"\s{2,}", line.strip(), maxsplit=1)
+        details.setdefault(label, []).append(value)
+    return details
