@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import trio
 
+from conduit.daemon.auth import hash_token
 from conduit.daemon.errors import Forbidden, InvalidParams, NotFound, Unauthenticated
 from tests.conftest import MASTER_TOKEN, RawClient
 from tests.e2e.helpers import execute, wait_upstreams
@@ -284,3 +285,43 @@ return {"said": said, "sum": summed, "failed": failed, "has_echo": "echo.echo" i
         "has_echo": True,
     }
     assert result["tool_calls"] == 3
+
+
+async def test_python_programs_meet_both_allowlists(tooled: Any) -> None:
+    """The client token's allowlist and the request's both bind a Python program."""
+    token = "cdt_python-allowlist-client-0123456789abcdef"
+    client_entry = {"name": "py-agent", "sha256": hash_token(token), "allowed_tools": ["echo.*"]}
+    _, _, client = await tooled(auth={"clients": [client_entry]})
+    login = await client.call("auth/login", {"token": token})
+    assert login["principal"]["name"] == "py-agent"
+    code = """
+refused = {}
+for name, call in [
+    ("time", lambda: tools.time.get_current_time(timezone="UTC")),  # not the client's
+    ("add", lambda: tools.echo.add(a=1, b=2)),  # not the request's
+]:
+    try:
+        call()
+    except ToolError as e:
+        refused[name] = [e.code, e.tool, e.message]
+listed = [t["id"] for t in tools._discover()]
+return {"listed": listed, "echoed": tools.echo.echo(text="ok"), "refused": refused}
+"""
+    result = await client.call(
+        "execute",
+        {"language": "python", "code": code, "allowed_tools": ["echo.echo", "time.*"]},
+    )
+    assert result["status"] == "ok", result
+    refusal = "is not allowed here; add it to allowed_tools, within what your token allows"
+    assert result["result"] == {
+        "listed": ["echo__echo"],
+        "echoed": "ok",
+        "refused": {
+            "time": [
+                Forbidden.code,
+                "time.get_current_time",
+                f"forbidden: tool time.get_current_time {refusal}",
+            ],
+            "add": [Forbidden.code, "echo.add", f"forbidden: tool echo.add {refusal}"],
+        },
+    }

@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 import trio
 
+from conduit.daemon.errors import Forbidden, InvalidRequest, MethodNotFound
 from conduit.executors.base import Job, Limits, Outcome, Status
 from conduit.executors.wasm_python import WasmPythonExecutor
+from tests.conftest import MASTER_TOKEN
 from tests.sandboxes import WAIT_S, NoBridge
 
 
@@ -102,6 +104,20 @@ async def test_resource_attacks_are_stopped(
     assert outcome.status is status, outcome
 
 
+@pytest.mark.xfail(
+    reason="the epoch deadline is checked while guest code runs; a guest blocked in WASI's "
+    "sleep (time.sleep) holds its thread past the timeout until the sleep returns",
+    strict=True,
+)
+async def test_sleeping_past_the_timeout_is_stopped_at_the_timeout(
+    wasm: WasmPythonExecutor,
+) -> None:
+    started = trio.current_time()
+    outcome = await run(wasm, "import time\ntime.sleep(3)", timeout_ms=300)
+    assert outcome.status is Status.TIMEOUT, outcome
+    assert trio.current_time() - started < 1.5
+
+
 async def test_deep_recursion_is_an_error_not_a_crash(wasm: WasmPythonExecutor) -> None:
     outcome = await run(
         wasm, "import sys\nsys.setrecursionlimit(10**6)\ndef f(n): return f(n + 1)\nf(0)"
@@ -112,6 +128,31 @@ async def test_deep_recursion_is_an_error_not_a_crash(wasm: WasmPythonExecutor) 
     assert outcome.error is not None and outcome.error.type == "RecursionError"
 
 
+# What a Python program reaching past its SDK with the raw `host-call` may try, and the
+# error each attempt gets: methods closed to session tokens are Forbidden whatever the
+# params; auth/login cannot trade up, since a sandbox has no connection to log in.
+FORGED_HOST_CALLS = [
+    ("execute", {"language": "python", "code": "1"}, Forbidden.code),
+    (
+        "execute",
+        {"language": "python", "code": "1", "auth": {"bearerToken": MASTER_TOKEN}},
+        Forbidden.code,
+    ),
+    (
+        "upstreams/register",
+        {"upstream": {"name": "x", "transport": "stdio", "command": "/bin/sh"}},
+        Forbidden.code,
+    ),
+    ("config/reload", {}, Forbidden.code),
+    ("daemon/status", {}, Forbidden.code),
+    ("executors/list", {}, Forbidden.code),
+    ("executions/running", {}, Forbidden.code),
+    ("tools/call", {"name": "execute_python", "arguments": {"code": "1"}}, Forbidden.code),
+    ("auth/login", {"token": MASTER_TOKEN}, InvalidRequest.code),
+    ("tokens/create", {"name": "x"}, MethodNotFound.code),
+]
+
+
 async def test_forged_host_calls_are_refused_by_the_session_token(
     start_daemon: Any, connect: Any
 ) -> None:
@@ -119,19 +160,19 @@ async def test_forged_host_calls_are_refused_by_the_session_token(
     client = await connect(info)
     code = """
 import json, wit_world
-answers = {}
-for method, params in [
-    ("execute", {"language": "python", "code": "1"}),
-    ("upstreams/register", {"name": "x", "transport": "stdio", "command": "/bin/sh"}),
-    ("tokens/create", {"name": "x"}),
-]:
-    answers[method] = json.loads(wit_world.host_call(method, json.dumps(params)))
-answers
+def call(method, params):
+    return json.loads(wit_world.host_call(method, json.dumps(params)))
+answers = [call(method, params) for method, params in inputs]
+return {"answers": answers, "whoami": call("auth/whoami", {})}
 """
-    result = await client.call("execute", {"language": "python", "code": code})
+    attempts = [[method, params] for method, params, _ in FORGED_HOST_CALLS]
+    result = await client.call("execute", {"language": "python", "code": code, "inputs": attempts})
     assert result["status"] == "ok", result
-    for method, answer in result["result"].items():
-        assert "error" in answer, (method, answer)
-        assert answer["error"]["code"] in (-32003, -32004, -32601), (method, answer)
+    answers = result["result"]["answers"]
+    for (method, _, expected), answer in zip(FORGED_HOST_CALLS, answers, strict=True):
+        assert answer.get("error", {}).get("code") == expected, (method, answer)
+    # Nothing came of them: the program is still its session, and nothing was registered.
+    assert result["result"]["whoami"]["result"]["principal"]["kind"] == "session"
+    assert (await client.call("upstreams/list"))["upstreams"] == []
     again = await client.call("execute", {"language": "python", "code": "6 * 7"})
     assert again["result"] == 42
