@@ -170,7 +170,7 @@ class DenoConfig(_Section):
     pool_size: Annotated[int, Field(ge=0, le=64)] = 2
 
 
-class WasmPythonConfig(_Section):
+class WasmConfig(_Section):
     enabled: bool = True
     # An instruction budget per execution on top of the wall timeout (0 = none);
     # deterministic, unlike time, at ~10% cost in speed.
@@ -180,9 +180,10 @@ class WasmPythonConfig(_Section):
 class ExecutorsConfig(_Section):
     python: str = "wasm-python"
     typescript: str = "deno"
-    javascript: str = "deno"
+    javascript: str = "wasm-js"
     deno: DenoConfig = DenoConfig()
-    wasm_python: WasmPythonConfig = WasmPythonConfig()
+    wasm_python: WasmConfig = WasmConfig()
+    wasm_js: WasmConfig = WasmConfig()
 
 
 class GatewayConfig(_Section):

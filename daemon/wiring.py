@@ -50,16 +50,17 @@ def build_registry(config: Config, callback: CallbackAddress | None) -> Executor
                 callback=callback,
             )
         )
+    wasm_cache = Path(config.server.state_dir) / "wasm"
     wasm_python = config.executors.wasm_python
     if wasm_python.enabled:
         from conduit.executors.wasm_python import WasmPythonExecutor
 
-        executors.append(
-            WasmPythonExecutor(
-                cache_dir=Path(config.server.state_dir) / "wasm",
-                fuel=wasm_python.fuel or None,
-            )
-        )
+        executors.append(WasmPythonExecutor(cache_dir=wasm_cache, fuel=wasm_python.fuel or None))
+    wasm_js = config.executors.wasm_js
+    if wasm_js.enabled:
+        from conduit.executors.wasm_js import WasmJsExecutor
+
+        executors.append(WasmJsExecutor(cache_dir=wasm_cache, fuel=wasm_js.fuel or None))
     return ExecutorRegistry(executors, language_defaults(config))
 
 

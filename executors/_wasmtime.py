@@ -12,9 +12,9 @@ another thread).
 
 Compiling a ~20 MB component to native code takes seconds, so `load_component` keeps
 the compiled form in a cache file named after everything it depends on (the
-component's hash, the Wasmtime version, the CPU) with the SHA-256 of its bytes beside
-it: a file whose bytes do not match is never handed to Wasmtime (deserializing is
-only safe on bytes Wasmtime wrote), it is compiled again.
+component's hash, the Wasmtime version, the CPU, whether fuel is counted) with the
+SHA-256 of its bytes beside it: a file whose bytes do not match is never handed to
+Wasmtime (deserializing is only safe on bytes Wasmtime wrote), it is compiled again.
 """
 
 from __future__ import annotations
@@ -207,13 +207,17 @@ class LoadedComponent:
 
 
 def load_component(
-    engine: wasmtime.Engine, wasm_path: Path, component_hash: str
+    engine: wasmtime.Engine, wasm_path: Path, component_hash: str, *, fuel: bool = False
 ) -> LoadedComponent:
     """The compiled component for `wasm_path`, from the cache beside it if valid.
 
+    `fuel` must say whether `engine` counts fuel: code compiled for one setting does
+    not load into the other, so each has its own cache file.
     Blocking (seconds when compiling): call it in a worker thread.
     """
     key = f"{component_hash[:16]}-wasmtime{wasmtime_version()}-{cpu_key()}"
+    if fuel:
+        key += "-fuel"
     compiled = wasm_path.with_name(f"compiled-{key}.cwasm")
     checksum = compiled.with_suffix(".sha256")
     started = time.perf_counter()

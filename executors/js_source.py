@@ -32,10 +32,19 @@ __all__ = ["PreparedModule", "prepare_module"]
 
 @dataclass(frozen=True, slots=True)
 class PreparedModule:
-    """Module text and how many lines precede the user's first line in it."""
+    """Module text, how many lines precede the user's first line in it, and the static
+    imports hoisted into its header."""
 
     text: str
     line_offset: int
+    imports: tuple[str, ...] = ()
+
+    def function_expression(self) -> str:
+        """The program as `(async function () { ... })`, line for line as in `text`,
+        for a runtime with no module loader (so only for a program with no imports)."""
+        if self.imports:
+            raise ValueError("a program with import declarations needs a module loader")
+        return f"({self.text.removeprefix(_EXPORT_DEFAULT)})"
 
 
 def prepare_module(code: str) -> PreparedModule:
@@ -62,12 +71,17 @@ def prepare_module(code: str) -> PreparedModule:
         imports, planned = [], []
     header = "".join(f"{statement} " for statement in imports)
     body = _apply(code, edits + planned)
-    return PreparedModule(text=f"{header}{_FUNCTION_HEAD}\n{body}\n}}\n", line_offset=_LINE_OFFSET)
+    return PreparedModule(
+        text=f"{header}{_FUNCTION_HEAD}\n{body}\n}}\n",
+        line_offset=_LINE_OFFSET,
+        imports=tuple(imports),
+    )
 
 
 # `inputs` is a global the worker sets, not a parameter: a program may then declare its
 # own `inputs` without a redeclaration error.
-_FUNCTION_HEAD = "export default async function () {"
+_EXPORT_DEFAULT = "export default "
+_FUNCTION_HEAD = f"{_EXPORT_DEFAULT}async function () {{"
 # Hoisted imports share the header's line, so the program always starts on line 2.
 _LINE_OFFSET = 1
 

@@ -64,7 +64,16 @@ class ExecutorRegistry:
         self._defaults = dict(defaults)
 
     def pick(self, language: str, name: str | None = None) -> Executor:
-        """The executor for `language` (or the one named); raises a wire error if none."""
+        """The executor for `language` (or the one named); raises a wire error if none.
+
+        With no name, an unavailable default (one still building its component on a
+        first start, say) gives way to another available executor for the language;
+        a named executor is used or refused, never substituted.
+        """
+        if name is None:
+            fallback = self._fallback(language)
+            if fallback is not None:
+                return fallback
         chosen = name or self._defaults.get(language)
         if chosen is None:
             raise InvalidParams(
@@ -87,6 +96,19 @@ class ExecutorRegistry:
                 {"executor": chosen, "reason": info.reason},
             )
         return executor
+
+    def _fallback(self, language: str) -> Executor | None:
+        """Another available executor for `language` when its default is unavailable."""
+        default = self._executors.get(self._defaults.get(language, ""))
+        if default is None or default.info().available:
+            return None
+        for executor in self._executors.values():
+            if language in executor.languages and executor.info().available:
+                log.debug(
+                    "%s is unavailable; %s runs %s meanwhile", default.name, executor.name, language
+                )
+                return executor
+        return None
 
     def _raise_missing(self, name: str) -> None:
         if name in KNOWN_EXECUTORS:

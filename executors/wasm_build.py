@@ -1,52 +1,62 @@
-"""Building the wasm-python component from the guest sources in `shims/wasm_python/`.
+"""Building a Wasmtime guest component from its sources in `shims/`, cached by content.
 
-`componentize-py` (pinned in pyproject.toml) turns CPython 3.14 plus `guest.py` into a
-WebAssembly component and pre-initialises it: the guest's top level, which imports
-the standard-library modules it lists, runs at build time. The component is cached
-under `<cache_dir>/wasm-python-<hash>/guest.wasm`, where the hash covers every build
-input (the guest sources, the WIT world, the componentize-py version), so changing
-any of them builds a new one and an unchanged one is never built twice. A build goes
-to a temporary directory that is renamed into place only when complete.
+A `GuestRecipe` names a guest's source files (read from the installed package) and
+knows how to turn them into a pre-initialised component with its pinned build tool
+(see `wasm_guests`). `ensure_component` builds it into
+`<cache_dir>/<recipe>-<hash>/guest.wasm`, where the hash covers every build input
+(the sources and the tools' versions), so changing any of them builds a new component
+and an unchanged one is never built twice. A build runs in a temporary directory that
+is renamed into place only when complete: a crash mid-build leaves no half component.
 
-Blocking (a build takes ~5 s): call `ensure_component` in a worker thread.
+Blocking (a build takes seconds): call `ensure_component` in a worker thread.
 """
 
 from __future__ import annotations
 
-import ast
 import hashlib
-import importlib.metadata
 import importlib.resources
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BuildError", "BuiltComponent", "build_inputs", "ensure_component", "preloaded_modules"]
+__all__ = [
+    "BuildError",
+    "BuiltComponent",
+    "GuestRecipe",
+    "ensure_component",
+    "run_tool",
+    "shim_path",
+]
 
-# The guest's files, read from the installed package; all of them are build inputs.
-GUEST_PACKAGE = "conduit.shims"
-GUEST_DIR = "wasm_python"
-GUEST_FILES = ("guest.py", "world.wit")
-GUEST_MODULE = "guest"
-WORLD = "guest"
-# Building takes ~5 s here; anything past this is a hung build.
-BUILD_TIMEOUT_S = 300
+SHIMS_PACKAGE = "conduit.shims"
+COMPONENT_FILE = "guest.wasm"
 # How much of a failed build's output to keep for the reason.
 BUILD_ERROR_CHARS = 2000
-# Runs componentize-py's console entry point with this interpreter, wherever pip put
-# its script.
-COMPONENTIZE = (
-    "import sys; from componentize_py import script; sys.argv[0] = 'componentize-py'; script()"
-)
 
 
 class BuildError(Exception):
-    """The component could not be built; the message says why."""
+    """The component could not be built; the message says why and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class GuestRecipe:
+    """How one guest component is made.
+
+    `sources` are paths under `shims/`, copied flat into the build directory.
+    `tool_versions` returns the build tools' versions (build inputs too), raising
+    `BuildError` when a tool is missing. `build(work, cache_dir)` runs the tools in
+    `work` and leaves `work/guest.wasm`; it may keep reusable tooling in `cache_dir`.
+    """
+
+    name: str
+    sources: tuple[str, ...]
+    tool_versions: Callable[[], dict[str, str]]
+    build: Callable[[Path, Path], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,53 +69,34 @@ class BuiltComponent:
     seconds: float
 
 
-def componentize_version() -> str | None:
-    try:
-        return importlib.metadata.version("componentize-py")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+def shim_path(relative: str) -> Path:
+    """A file of the installed `shims/` package."""
+    return Path(str(importlib.resources.files(SHIMS_PACKAGE) / relative))
 
 
-def _guest_dir() -> Path:
-    return Path(str(importlib.resources.files(GUEST_PACKAGE) / GUEST_DIR))
-
-
-def preloaded_modules() -> tuple[str, ...]:
-    """The standard-library modules the guest imports at build time (its PRELOADED)."""
-    tree = ast.parse((_guest_dir() / "guest.py").read_text(encoding="utf-8"))
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(target, ast.Name) and target.id == "PRELOADED" for target in node.targets
-        ):
-            return tuple(ast.literal_eval(node.value))
-    return ()
-
-
-def build_inputs() -> tuple[str, dict[str, str]]:
+def build_inputs(recipe: GuestRecipe) -> tuple[str, dict[str, str]]:
     """The hash of every build input, and the inputs by name (file hashes, versions)."""
-    guest = _guest_dir()
-    inputs: dict[str, str] = {}
-    for name in GUEST_FILES:
-        inputs[name] = hashlib.sha256((guest / name).read_bytes()).hexdigest()
-    inputs["componentize-py"] = componentize_version() or "missing"
+    inputs = {
+        Path(source).name: hashlib.sha256(shim_path(source).read_bytes()).hexdigest()
+        for source in recipe.sources
+    }
+    inputs.update(recipe.tool_versions())
     digest = hashlib.sha256()
     for name, value in sorted(inputs.items()):
         digest.update(f"{name}={value}\n".encode())
     return digest.hexdigest(), inputs
 
 
-def ensure_component(cache_dir: Path) -> BuiltComponent:
-    """The component for the current build inputs, built into `cache_dir` if needed."""
-    if componentize_version() is None:
-        raise BuildError("componentize-py is not installed; reinstall conduit")
+def ensure_component(recipe: GuestRecipe, cache_dir: Path) -> BuiltComponent:
+    """The component for the recipe's current inputs, built into `cache_dir` if needed."""
     started = time.perf_counter()
-    inputs_hash, inputs = build_inputs()
-    target = cache_dir / f"wasm-python-{inputs_hash[:16]}"
-    wasm = target / "guest.wasm"
+    inputs_hash, inputs = build_inputs(recipe)
+    target = cache_dir / f"{recipe.name}-{inputs_hash[:16]}"
+    wasm = target / COMPONENT_FILE
     built = False
     if not wasm.is_file():
         cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _build(cache_dir, target)
+        _build(recipe, cache_dir, target)
         built = True
     component_hash = hashlib.sha256(wasm.read_bytes()).hexdigest()
     return BuiltComponent(
@@ -113,53 +104,46 @@ def ensure_component(cache_dir: Path) -> BuiltComponent:
     )
 
 
-def _build(cache_dir: Path, target: Path) -> None:
-    guest = _guest_dir()
+def _build(recipe: GuestRecipe, cache_dir: Path, target: Path) -> None:
     work = Path(tempfile.mkdtemp(prefix=".build-", dir=cache_dir))
     try:
-        for name in GUEST_FILES:
-            shutil.copyfile(guest / name, work / name)
-        # No VIRTUAL_ENV: componentize-py would add its site-packages to the guest's path.
-        env = {key: value for key, value in os.environ.items() if key != "VIRTUAL_ENV"}
-        command = [
-            sys.executable,
-            "-c",
-            COMPONENTIZE,
-            "-q",
-            "-d",
-            str(work / "world.wit"),
-            "-w",
-            WORLD,
-            "componentize",
-            "-p",
-            str(work),
-            GUEST_MODULE,
-            "-o",
-            str(work / "guest.wasm"),
-        ]
-        try:
-            done = subprocess.run(
-                command,
-                cwd=work,
-                env=env,
-                capture_output=True,
-                timeout=BUILD_TIMEOUT_S,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise BuildError(f"componentize-py could not build the guest: {exc}") from exc
-        if done.returncode != 0 or not (work / "guest.wasm").is_file():
-            output = (done.stderr or done.stdout).decode("utf-8", "replace").strip()
-            raise BuildError(
-                f"componentize-py failed (exit {done.returncode}): {output[-BUILD_ERROR_CHARS:]}"
-            )
+        for source in recipe.sources:
+            shutil.copyfile(shim_path(source), work / Path(source).name)
+        recipe.build(work, cache_dir)
+        if not (work / COMPONENT_FILE).is_file():
+            raise BuildError(f"building {recipe.name} produced no component")
         final = work / "out"
         final.mkdir()
-        os.replace(work / "guest.wasm", final / "guest.wasm")
+        os.replace(work / COMPONENT_FILE, final / COMPONENT_FILE)
         try:
             os.replace(final, target)
         except OSError:
-            if not (target / "guest.wasm").is_file():  # else another build won the race
+            if not (target / COMPONENT_FILE).is_file():  # else another build won the race
                 raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def run_tool(
+    what: str,
+    command: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float,
+) -> None:
+    """Run one build step; a `BuildError` with the tail of its output if it fails."""
+    try:
+        done = subprocess.run(
+            list(command),
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
+            capture_output=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BuildError(f"{what} could not run: {exc}") from exc
+    if done.returncode != 0:
+        output = (done.stderr or done.stdout).decode("utf-8", "replace").strip()
+        raise BuildError(f"{what} failed (exit {done.returncode}): {output[-BUILD_ERROR_CHARS:]}")

@@ -30,14 +30,24 @@ def short_dir() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def wasm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One wasm-python component, built and compiled once for the whole session."""
+def wasm_cache(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wasm-python and wasm-js components, built and compiled once.
+
+    Kept in pytest's cache directory between runs (`--cache-clear` drops it): both
+    caches are keyed by content, so a reused build is always the current one, and the
+    ~30 s of building is paid once per clone rather than once per run.
+    """
     from conduit.executors import _wasmtime
     from conduit.executors.wasm_build import ensure_component
+    from conduit.executors.wasm_guests import JS_GUEST, PYTHON_GUEST
 
-    cache = tmp_path_factory.mktemp("wasm-cache")
-    built = ensure_component(cache)
-    _wasmtime.load_component(_wasmtime.new_engine(), built.path, built.component_hash)
+    if pytestconfig.cache is not None:
+        cache = pytestconfig.cache.mkdir("wasm-components")
+    else:  # run with `-p no:cacheprovider`
+        cache = tmp_path_factory.mktemp("wasm-components")
+    for recipe in (PYTHON_GUEST, JS_GUEST):
+        built = ensure_component(recipe, cache)
+        _wasmtime.load_component(_wasmtime.new_engine(), built.path, built.component_hash)
     return cache
 
 
@@ -204,13 +214,24 @@ async def client(daemon: tuple[Daemon, ServingInfo], connect: Callable[..., Any]
     return await connect(daemon[1])
 
 
+async def _ready(executor: Any, nursery: trio.Nursery) -> Any:
+    await nursery.start(executor.serve)
+    with trio.fail_after(WAIT_S):
+        assert await executor.wait_ready(), executor.info().reason
+    return executor
+
+
 @pytest.fixture
 async def wasm(nursery: trio.Nursery, wasm_cache: Path) -> Any:
     """A ready wasm-python executor on the session's one built component."""
     from conduit.executors.wasm_python import WasmPythonExecutor
 
-    executor = WasmPythonExecutor(cache_dir=wasm_cache)
-    await nursery.start(executor.serve)
-    with trio.fail_after(WAIT_S):
-        assert await executor.wait_ready(), executor.info().reason
-    return executor
+    return await _ready(WasmPythonExecutor(cache_dir=wasm_cache), nursery)
+
+
+@pytest.fixture
+async def wasm_js(nursery: trio.Nursery, wasm_cache: Path) -> Any:
+    """A ready wasm-js executor on the session's one built component."""
+    from conduit.executors.wasm_js import WasmJsExecutor
+
+    return await _ready(WasmJsExecutor(cache_dir=wasm_cache), nursery)

@@ -71,7 +71,7 @@ async def test_exec_of_a_file_with_json_and_inputs(running: Any, tmp_path: Path)
     result = json.loads(done.stdout)
     assert result["status"] == "ok"
     assert result["result"] == 42
-    assert result["executor"] == "deno"
+    assert result["executor"] == "wasm-js"  # the .js extension, on JavaScript's default
 
 
 async def test_call_prints_results_and_errors(running: Any) -> None:

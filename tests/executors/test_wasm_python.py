@@ -10,7 +10,8 @@ import trio
 
 from conduit.executors import _wasmtime
 from conduit.executors.base import Job, Limits, Outcome, Status
-from conduit.executors.wasm_build import ensure_component, preloaded_modules
+from conduit.executors.wasm_build import ensure_component
+from conduit.executors.wasm_guests import PYTHON_GUEST, preloaded_modules
 from conduit.executors.wasm_python import WasmPythonExecutor
 from tests.sandboxes import WAIT_S, NoBridge
 
@@ -164,7 +165,7 @@ async def test_info_reports_the_component_and_cache(wasm: WasmPythonExecutor) ->
 def test_compiled_cache_is_reused_and_a_corrupt_one_rebuilt(
     wasm_cache: Path, tmp_path: Path
 ) -> None:
-    built = ensure_component(wasm_cache)
+    built = ensure_component(PYTHON_GUEST, wasm_cache)
     assert not built.built  # the session's build is reused
     copy = tmp_path / "guest.wasm"
     shutil.copyfile(built.path, copy)

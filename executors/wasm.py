@@ -1,0 +1,376 @@
+"""What the Wasmtime executors share: a guest component, a fresh instance per execution.
+
+A subclass names its guest (`recipe`, see `wasm_guests`), its languages and how a job
+becomes the guest's JSON request; everything else is here. `serve` builds the
+component (or finds it in the cache) and loads its compiled form (see
+`_wasmtime.load_component`) in a worker thread, and the executor reports itself
+unavailable, with the reason, until that is done or if it fails.
+
+Every execution gets a brand-new instance in a brand-new `Store`, closed after its
+one program: nothing survives from one execution to the next. The store has no
+preopened directory, no environment, no arguments, no sockets; its linear memory is
+capped by the store's limits; its stdout and stderr go into an `OutputCapture` as the
+guest writes them. WASI's clocks and random numbers are Wasmtime's defaults: wall and
+monotonic clocks (a program can time itself; it can already count epoch ticks by
+looping) and a random source (what `random`, `uuid` and `Math.random` seed from).
+
+The blocking instantiate-and-run happens in a worker thread behind a limiter sized to
+the machine; the guest's `host-call` import runs in that thread and reaches the Trio
+side with `trio.from_thread.run(bridge.request, ...)`, so a tool call goes through
+the daemon's one dispatcher under the execution's session token. A timeout, a stop
+(`job.stop` or cancellation) or an exhausted output budget interrupts the guest at
+its next epoch tick (`_wasmtime.Interrupt`); the thread always finishes and the store
+is always closed before `run` returns.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+import wasmtime
+import wasmtime.component
+
+from conduit.daemon.errors import RpcError, RuntimeMissing
+from conduit.executors import _wasmtime, outcomes
+from conduit.executors.base import ErrorInfo, ExecutorInfo, Job, Limits, Outcome, Status, ToolBridge
+from conduit.executors.output import OutputCapture
+from conduit.executors.wasm_build import BuildError, BuiltComponent, GuestRecipe, ensure_component
+
+__all__ = ["ProgramRejected", "WasmExecutor"]
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+# The export the host calls and the import the guest calls (shims/world.wit).
+RUN_EXPORT = "run"
+HOST_CALL_IMPORT = "host-call"
+# JSON-RPC "internal error", for a host-call failure that is no RpcError.
+INTERNAL_ERROR = -32603
+# Trap messages that mean the guest ran out of linear memory rather than failed.
+OUT_OF_MEMORY_SIGNS = ("out of memory", "memoryerror", "cannot allocate", "memory allocation")
+
+
+class _State:
+    """What the executor is doing; shown in `info()`."""
+
+    NOT_STARTED = "not started"
+    BUILDING = "building"
+    READY = "ready"
+    FAILED = "failed"
+
+
+@dataclass(slots=True)
+class _Execution:
+    """One run's host side: read by the `host-call` import in the worker thread."""
+
+    bridge: ToolBridge
+    interrupt: _wasmtime.Interrupt
+    tool_calls: int = 0
+
+
+class ProgramRejected(Exception):
+    """A program the guest cannot run as written; reported as the execution's error."""
+
+    def __init__(self, error: ErrorInfo) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class WasmExecutor:
+    """Runs programs in fresh instances of one guest component on Wasmtime.
+
+    `cache_dir` holds the built component and its compiled form (see `wasm_build`).
+    `fuel`, when set, is an instruction budget per execution on top of the wall
+    timeout (deterministic; off by default).
+    """
+
+    name: str
+    languages: frozenset[str]
+    recipe: GuestRecipe
+    runtime: str  # what runs the programs, e.g. "CPython 3.14"
+
+    def __init__(self, *, cache_dir: str | os.PathLike[str], fuel: int | None = None) -> None:
+        self._cache_dir = Path(cache_dir)
+        self._fuel = fuel
+        self._engine = _wasmtime.new_engine(fuel=fuel is not None)
+        self._linker: wasmtime.component.Linker | None = None
+        self._component: wasmtime.component.Component | None = None
+        self._built: BuiltComponent | None = None
+        self._compiled_cache: str | None = None
+        self._timings: dict[str, float] = {}
+        self._state = _State.NOT_STARTED
+        self._reason: str | None = "the executor has not been started (serve() has not run)"
+        # Each execution holds one thread while it runs; more than the cores only queue.
+        self._limiter = trio.CapacityLimiter(os.cpu_count() or 1)
+        self._current = threading.local()
+        self._runs = 0
+        self._settled = trio.Event()  # set once the build has succeeded or failed
+
+    def __repr__(self) -> str:
+        state = self._state if self._reason is None else f"{self._state}: {self._reason}"
+        return f"<{type(self).__name__} ({state}) {self._runs} runs>"
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Build and load the component, then tick the epoch until cancelled.
+
+        Calls `task_status.started()` at once: the executor is unavailable (with the
+        reason) while it builds, and stays so if the build fails. Never raises for a
+        failed build.
+        """
+        _wasmtime.TICKER.register(self._engine)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_wasmtime.serve_ticker)
+            task_status.started()
+            await self.prepare()
+
+    async def prepare(self) -> None:
+        """Build (or find) and load the component in a worker thread; idempotent."""
+        if self._state in (_State.READY, _State.BUILDING):
+            return
+        self._state = _State.BUILDING
+        self._reason = f"the {self.name} component is being built (seconds, on first start only)"
+        try:
+            await trio.to_thread.run_sync(self._load)
+        except (BuildError, OSError, wasmtime.WasmtimeError) as exc:
+            self._state = _State.FAILED
+            self._reason = f"the {self.name} component could not be built or loaded: {exc}"
+            log.warning("%s executor unavailable: %s", self.name, self._reason)
+        else:
+            self._state = _State.READY
+            self._reason = None
+        finally:
+            self._settled.set()
+
+    async def wait_ready(self) -> bool:
+        """Wait until the component is loaded or failed to; whether it is available."""
+        await self._settled.wait()
+        return self._reason is None
+
+    def _load(self) -> None:
+        built = ensure_component(self.recipe, self._cache_dir)
+        loaded = _wasmtime.load_component(
+            self._engine, built.path, built.component_hash, fuel=self._fuel is not None
+        )
+        linker = wasmtime.component.Linker(self._engine)
+        linker.add_wasip2()
+        linker.root().add_func(HOST_CALL_IMPORT, self._host_call)
+        self._timings = {
+            "build_s" if built.built else "build_check_s": round(built.seconds, 3),
+            ("compile_s" if loaded.cache is not _wasmtime.CompiledCache.HIT else "deserialize_s"): (
+                round(loaded.seconds, 3)
+            ),
+        }
+        self._built = built
+        self._compiled_cache = loaded.cache.value
+        self._component = loaded.component
+        self._linker = linker
+        log.info("%s component %s ready (%s)", self.name, built.component_hash[:12], self._timings)
+
+    def info(self) -> ExecutorInfo:
+        """Availability, versions, the component and its cache state; never blocks."""
+        details: dict[str, Any] = {"state": self._state, "runs": self._runs}
+        if self._built is not None:
+            details.update(
+                component=str(self._built.path),
+                component_hash=self._built.component_hash,
+                build_inputs=self._built.inputs,
+                compiled_cache=self._compiled_cache,
+                timings=self._timings,
+            )
+        return ExecutorInfo(
+            name=self.name,
+            languages=tuple(sorted(self.languages)),
+            available=self._reason is None,
+            version=f"{self.runtime} on wasmtime {_wasmtime.wasmtime_version()}",
+            reason=self._reason,
+            pool=details,
+        )
+
+    # -- jobs --------------------------------------------------------------------------
+
+    async def run(self, job: Job, bridge: ToolBridge) -> Outcome:
+        """Run `job` in a fresh instance and report how it ended (see the module doc)."""
+        if self._reason is not None:
+            raise RuntimeMissing(f"the {self.name} executor is unavailable: {self._reason}")
+        if job.language not in self.languages:
+            raise ValueError(f"the {self.name} executor does not run {job.language!r}")
+        limits = job.limits
+        interrupt = _wasmtime.Interrupt(limits.timeout_ms / 1000)
+        capture = OutputCapture(
+            max_bytes=limits.output_bytes,
+            max_lines=limits.output_lines,
+            on_limit=lambda: interrupt.stop(_wasmtime.StopReason.OUTPUT_LIMIT),
+        )
+        execution = _Execution(bridge, interrupt)
+        self._runs += 1
+        try:
+            request = self.request_for(job)
+        except ProgramRejected as exc:
+            outcome = outcomes.captured(capture)
+            outcome.status, outcome.error, outcome.exit_code = Status.ERROR, exc.error, 1
+            return outcome
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_when, job.stop, interrupt)
+            # Shielded: the thread is never abandoned. A cancellation reaches the guest
+            # through `_stop_when`, which is cancelled with this nursery's owner.
+            with trio.CancelScope(shield=True):
+                answer, trap = await trio.to_thread.run_sync(
+                    self._run_in_thread, job, request, execution, capture, limiter=self._limiter
+                )
+            stopped = interrupt.reason  # before cancelling the watcher, which sets one
+            nursery.cancel_scope.cancel()
+        outcome = self._outcome(job, capture, answer, trap, stopped)
+        outcome.tool_calls = execution.tool_calls
+        return outcome
+
+    def request_for(self, job: Job) -> str:
+        """The guest's JSON request for `job`; raises `ProgramRejected` to refuse it."""
+        return json.dumps({"code": job.code, "inputs": job.inputs}, ensure_ascii=False)
+
+    def _run_in_thread(
+        self, job: Job, request: str, execution: _Execution, capture: OutputCapture
+    ) -> tuple[str | None, str | None]:
+        """Instantiate and run; (the guest's answer, None) or (None, the trap message)."""
+        assert self._component is not None
+        assert self._linker is not None
+        store = wasmtime.Store(self._engine)
+        try:
+            store.set_limits(memory_size=job.limits.memory_mb * MIB)
+            if self._fuel is not None:
+                store.set_fuel(self._fuel)
+            wasi = wasmtime.WasiConfig()
+            wasi.stdout_custom = lambda data: capture.write_nowait("stdout", data)
+            wasi.stderr_custom = lambda data: capture.write_nowait("stderr", data)
+            store.set_wasi(wasi)
+            execution.interrupt.install(store)
+            self._current.execution = execution
+            try:
+                instance = self._linker.instantiate(store, self._component)
+                run = instance.get_func(store, RUN_EXPORT)
+                assert run is not None
+                return run(store, request), None
+            except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:
+                return None, str(exc)
+            finally:
+                self._current.execution = None
+        finally:
+            store.close()
+
+    def _host_call(self, _store: Any, method: str, params: str) -> str:
+        """The guest's `host-call`: a JSON-RPC call under the session token (worker thread)."""
+        execution: _Execution | None = getattr(self._current, "execution", None)
+        if execution is None or execution.interrupt.reason is not None:
+            return _rpc_error(INTERNAL_ERROR, "the execution is being stopped")
+        if method == "tools/call":
+            execution.tool_calls += 1
+        try:
+            decoded = json.loads(params)
+            if not isinstance(decoded, dict):
+                return _rpc_error(-32602, "invalid params: params must be an object")
+            result = trio.from_thread.run(execution.bridge.request, method, decoded)
+        except RpcError as exc:
+            return _rpc_error(exc.code, exc.message, exc.data)
+        except ValueError as exc:
+            return _rpc_error(-32700, f"parse error: {exc}")
+        except trio.Cancelled:
+            execution.interrupt.stop(_wasmtime.StopReason.CANCELLED)
+            return _rpc_error(INTERNAL_ERROR, "the execution is being stopped")
+        except Exception as exc:  # reported to the guest; the daemon's side logs its own
+            log.exception("host-call %s failed", method)
+            return _rpc_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
+        return json.dumps({"result": result}, ensure_ascii=False)
+
+    # -- how a run ended, for the guest to refine ---------------------------------------
+
+    def is_out_of_memory(self, error: ErrorInfo) -> bool:
+        """Whether the guest's own error report means it ran out of memory."""
+        return error.type == "MemoryError"
+
+    def explain_trap(self, trap: str) -> ErrorInfo | None:
+        """What a trap means in this guest's terms, when it means something plain."""
+        return None
+
+    def _outcome(
+        self,
+        job: Job,
+        capture: OutputCapture,
+        answer: str | None,
+        trap: str | None,
+        stopped: _wasmtime.StopReason | None,
+    ) -> Outcome:
+        limits = job.limits
+        outcome = outcomes.captured(capture)
+        if capture.limit_hit:
+            return outcomes.output_limit(outcome, limits)
+        if stopped is _wasmtime.StopReason.TIMEOUT:
+            return outcomes.timed_out(outcome, limits)
+        if stopped is _wasmtime.StopReason.CANCELLED and answer is None:
+            return outcomes.stopped(outcome)
+        if answer is None:
+            return self._trapped(outcome, limits, trap or "unknown trap")
+        if len(answer.encode("utf-8")) > limits.result_bytes + len('{"result": }'):
+            return outcomes.result_too_large(outcome, limits)
+        message = _parse_answer(answer)
+        if message is None:
+            return outcomes.failed(
+                outcome, Status.CRASHED, "Crashed", f"the {self.runtime} guest answered nonsense"
+            )
+        error = message.get("error")
+        if not isinstance(error, dict):
+            outcome.result = message.get("result")
+            outcome.exit_code = 0
+            return outcome
+        outcome.exit_code = 1
+        info = outcomes.error_info(error)
+        if self.is_out_of_memory(info):
+            return outcomes.memory_limit(outcome, limits, info.traceback)
+        outcome.status = Status.ERROR
+        outcome.error = info
+        return outcome
+
+    def _trapped(self, outcome: Outcome, limits: Limits, trap: str) -> Outcome:
+        if any(sign in (trap + outcome.stderr).lower() for sign in OUT_OF_MEMORY_SIGNS):
+            return outcomes.memory_limit(outcome, limits)
+        if "fuel" in trap:
+            return outcomes.failed(
+                outcome, Status.TIMEOUT, "Timeout", "the program used up its instruction budget"
+            )
+        explained = self.explain_trap(trap)
+        if explained is not None:
+            outcome.status, outcome.error, outcome.exit_code = Status.ERROR, explained, 1
+            return outcome
+        return outcomes.failed(
+            outcome, Status.CRASHED, "Crashed", f"the {self.runtime} sandbox trapped: {trap}"
+        )
+
+
+def _parse_answer(answer: str) -> dict[str, Any] | None:
+    """The guest's JSON answer, or None if it is not the object the world promises."""
+    try:
+        message = json.loads(answer)
+    except ValueError:
+        return None
+    return message if isinstance(message, dict) else None
+
+
+async def _stop_when(stop: trio.Event, interrupt: _wasmtime.Interrupt) -> None:
+    try:
+        await stop.wait()
+    finally:  # set, or the run cancelled: either way the guest stops
+        interrupt.stop(_wasmtime.StopReason.CANCELLED)
+
+
+def _rpc_error(code: int, message: str, data: Any = None) -> str:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if isinstance(data, dict):
+        error["data"] = data
+    return json.dumps({"error": error}, default=str)

@@ -1,0 +1,72 @@
+"""The wasm-js executor: JavaScript programs in SpiderMonkey compiled to WebAssembly.
+
+The guest (`shims/wasm_js/guest.js`) is built into a component by componentize-js and
+pre-initialised (`wasm_guests.JS_GUEST`). The host wraps each program as an async
+function with `js_source.prepare_module`, the same rewrite the Deno executor uses, so
+top-level `await` and `return` and the completion value of a final expression mean the
+same on both; the guest evaluates it and awaits it. Everything about running it is
+shared with the other Wasmtime executors (`wasm.WasmExecutor`).
+
+The guest has no module loader: a program with `import` declarations is refused with
+a message that names the executor that has one.
+"""
+
+from __future__ import annotations
+
+import json
+
+from conduit.executors.base import ErrorInfo, Job
+from conduit.executors.js_source import prepare_module
+from conduit.executors.wasm import ProgramRejected, WasmExecutor
+from conduit.executors.wasm_guests import JS_GUEST
+
+__all__ = ["WasmJsExecutor"]
+
+# SpiderMonkey's report when the guest's linear memory cannot grow (a catchable error).
+OUT_OF_MEMORY = "out of memory"
+# componentize-js exits the instance when the event loop runs dry before `run`'s
+# promise settles: the program awaited something nothing could ever settle.
+EVENT_LOOP_EMPTY = "proc_exit"
+NEVER_SETTLED = (
+    "the program awaited a promise that never settled (nothing was left that could settle it)"
+)
+# The WASI file calls a module load traps in: there is no file system to load from.
+MODULE_LOAD_SIGNS = ("path_filestat_get", "path_open")
+NO_MODULE_LOADER = (
+    "import() is not available on the wasm-js executor: it has no module loader (no "
+    "files, no network); use plain JavaScript, or run the program with executor 'deno'"
+)
+NO_IMPORTS = (
+    "import declarations are not available on the wasm-js executor (it has no module "
+    "loader); use plain JavaScript, or run the program with executor 'deno'"
+)
+
+
+class WasmJsExecutor(WasmExecutor):
+    """Runs JavaScript programs in fresh SpiderMonkey-on-Wasmtime instances."""
+
+    name = "wasm-js"
+    languages = frozenset({"javascript"})
+    recipe = JS_GUEST
+    runtime = "SpiderMonkey"
+
+    def request_for(self, job: Job) -> str:
+        module = prepare_module(job.code)
+        if module.imports:
+            raise ProgramRejected(ErrorInfo("SyntaxError", NO_IMPORTS))
+        request = {
+            "function": module.function_expression(),
+            "line_offset": module.line_offset,
+            "inputs": job.inputs,
+        }
+        return json.dumps(request, ensure_ascii=False)
+
+    def is_out_of_memory(self, error: ErrorInfo) -> bool:
+        return error.type in ("Error", "InternalError") and error.message == OUT_OF_MEMORY
+
+    def explain_trap(self, trap: str) -> ErrorInfo | None:
+        if EVENT_LOOP_EMPTY in trap:
+            return ErrorInfo("Error", NEVER_SETTLED)
+        if any(sign in trap for sign in MODULE_LOAD_SIGNS):
+            return ErrorInfo("Error", NO_MODULE_LOADER)
+        return None

@@ -1,0 +1,179 @@
+// Conduit's wasm-js guest: runs one program inside a fresh SpiderMonkey component.
+//
+// Built by componentize-js and pre-initialised at build time (this module's top level
+// runs then), so an instance starts with the engine and this shim already loaded.
+//
+// The host calls `run(request)` once per instance. The request is JSON:
+//   {function, line_offset, inputs}
+// where `function` is the program already wrapped by the host as
+// `(async function () { <program, line for line> })` with the value of its final
+// expression returned (see conduit/executors/js_source.py). The answer is JSON:
+// {"result": <json>} or {"error": {"type", "message", "traceback"}}; a result
+// JSON.stringify cannot encode (BigInt, cycles) is sent as String(value) and undefined
+// becomes null, exactly as on the Deno executor.
+//
+// `run` is async: componentize-js drives the event loop (promises, setTimeout) until
+// the returned promise settles, so top-level `await` works. The program reaches the
+// daemon only through `tools`, which send `tools/call` and `tools/list` through the
+// `host-call` import; the host dispatches them under the execution's session token.
+
+import hostCall from "host-call";
+
+// Captured before any program code runs: the program may replace globals and
+// prototypes, and nothing it does may change how its result or error is reported.
+const stringify = JSON.stringify;
+const parse = JSON.parse;
+const toString = String;
+const evaluate = globalThis.eval;
+const defineProperty = Object.defineProperty;
+const max = Math.max;
+const toNumber = Number;
+// Methods as plain functions, immune to a program replacing them on the prototypes.
+const uncurry = (method) => Function.prototype.call.bind(method);
+const split = uncurry(String.prototype.split);
+const exec = uncurry(RegExp.prototype.exec);
+const push = uncurry(Array.prototype.push);
+const join = uncurry(Array.prototype.join);
+// How SpiderMonkey names code run by our indirect eval in a stack frame.
+const PROGRAM_FRAME = /^(.*?)@.*> eval:(\d+):(\d+)$/;
+const JSON_RPC_INTERNAL = -32603;
+const TOOL_FAILED = -32007;
+
+class ToolError extends Error {
+  constructor(message, code, tool, data) {
+    super(message);
+    this.name = "ToolError";
+    this.code = code;
+    this.tool = tool;
+    this.data = data;
+  }
+}
+
+// One synchronous JSON-RPC call to the daemon; its result, or ToolError.
+function request(method, params, tool) {
+  const answer = parse(hostCall(method, stringify(params)));
+  if (answer.error) {
+    const { code, message, data } = answer.error;
+    throw new ToolError(message, code ?? JSON_RPC_INTERNAL, data?.tool ?? tool, data);
+  }
+  return answer.result;
+}
+
+// Async, as in the TypeScript SDK: a failure rejects the promise rather than throwing
+// at the call site, so the same program behaves the same on every executor.
+async function call(path, args) {
+  const params = { name: path, arguments: args ?? {}, shape: "value" };
+  const result = request("tools/call", params, path);
+  if (result.error) throw new ToolError(result.error.message, TOOL_FAILED, result.error.tool ?? path);
+  return result.value;
+}
+
+async function discover() {
+  const { tools: listed } = request("tools/list", {}, null);
+  return listed.map((tool) => ({
+    id: tool.name,
+    path: tool._meta?.["conduit/path"],
+    description: tool.description,
+    inputSchema: tool.inputSchema,
+    ...(tool.outputSchema ? { outputSchema: tool.outputSchema } : {}),
+  }));
+}
+
+// `then` is never a tool: a namespace must not look like a promise to `await`.
+const namespace = (ns) =>
+  new Proxy(Object.create(null), {
+    get: (_, fn) =>
+      typeof fn === "string" && fn !== "then" ? (args) => call(`${ns}.${fn}`, args) : undefined,
+  });
+const tools = new Proxy(Object.create(null), {
+  get: (_, ns) => {
+    if (ns === "$discover") return discover;
+    return typeof ns === "string" && ns !== "then" ? namespace(ns) : undefined;
+  },
+});
+
+function encodeResult(value) {
+  if (value === undefined) return "null";
+  try {
+    const json = stringify(value);
+    if (json !== undefined) return json;
+  } catch {
+    // BigInt, cycles, a throwing toJSON: fall through to the string form.
+  }
+  try {
+    return stringify(toString(value));
+  } catch {
+    return stringify("[result could not be converted to a string]");
+  }
+}
+
+// Only the program's own frames, at the user's own line numbers.
+function userTraceback(stack, lineOffset) {
+  const lines = split(toString(stack), "\n");
+  const frames = [];
+  for (let i = 0; i < lines.length; i++) {
+    const match = exec(PROGRAM_FRAME, lines[i]);
+    if (!match) continue;
+    const name = match[1] || "<program>";
+    const userLine = max(1, toNumber(match[2]) - lineOffset);
+    push(frames, `    at ${name} (<program>:${userLine}:${match[3]})`);
+  }
+  return join(frames, "\n");
+}
+
+function describeError(error, lineOffset) {
+  if (error === null || (typeof error !== "object" && typeof error !== "function")) {
+    return { type: "Error", message: toString(error), traceback: "" };
+  }
+  const type = toString(error.name ?? "Error");
+  const message = toString(error.message ?? "");
+  return { type, message, traceback: userTraceback(error.stack ?? "", lineOffset) };
+}
+
+// A program that does not parse has no frames of its own: SpiderMonkey puts the place
+// on the error, in lines of the wrapped function.
+function describeSyntaxError(error, lineOffset) {
+  const described = describeError(error, lineOffset);
+  if (typeof error?.lineNumber === "number") {
+    const line = max(1, error.lineNumber - lineOffset);
+    described.traceback = `    at <program>:${line}:${error.columnNumber ?? 0}`;
+  }
+  return described;
+}
+
+// Assembled from strings: stringify on an object would consult a toJSON the program
+// may have planted on Object.prototype.
+function report(error, describe, lineOffset) {
+  try {
+    const { type, message, traceback } = describe(error, lineOffset);
+    const fields = `"type":${stringify(type)},"message":${stringify(message)}`;
+    return `{"error":{${fields},"traceback":${stringify(traceback)}}}`;
+  } catch {
+    return '{"error":{"type":"Error","message":"the error could not be described","traceback":""}}';
+  }
+}
+
+// The component is built without outgoing HTTP; StarlingMonkey's fetch would trap.
+async function noFetch() {
+  throw new TypeError("fetch is not available in this sandbox; tools are the way out");
+}
+
+export async function run(requestText) {
+  const job = parse(requestText);
+  globalThis.fetch = noFetch;
+  defineProperty(globalThis, "tools", { value: tools, enumerable: true });
+  defineProperty(globalThis, "ToolError", { value: ToolError, enumerable: true });
+  // A plain global, so a program may also declare its own `inputs`.
+  globalThis.inputs = job.inputs ?? null;
+  let program;
+  try {
+    program = evaluate(job.function);
+  } catch (error) {
+    return report(error, describeSyntaxError, job.line_offset);
+  }
+  try {
+    return `{"result":${encodeResult(await program())}}`;
+  } catch (error) {
+    return report(error, describeError, job.line_offset);
+  }
+}

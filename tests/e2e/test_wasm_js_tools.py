@@ -1,0 +1,98 @@
+"""JavaScript on wasm-js calling real MCP upstreams, held to the TypeScript SDK's contract.
+
+Each program runs on wasm-js and on Deno in the same daemon; the answers must match.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from conduit.daemon.errors import Forbidden, NotFound
+from tests.e2e.test_tools import tooled  # noqa: F401 (a fixture)
+
+ON_BOTH = [
+    # Tool calls and their values.
+    """
+const said = await tools.echo.echo({ text: "hi" });
+const sum = await tools.echo.add({ a: 2, b: 3 });
+const now = await tools.time.get_current_time({ timezone: "UTC" });
+return { said, sum, tz: now.timezone };
+""",
+    # ToolError: a tool's own failure, and a tool that does not exist.
+    """
+const caught = [];
+for (const attempt of [
+  () => tools.echo.fail({ message: "nope" }),
+  () => tools.echo.no_such_tool({}),
+]) {
+  try { await attempt(); } catch (e) {
+    const { code, tool, message } = e;
+    caught.push({ isToolError: e instanceof ToolError, name: e.name, code, tool, message });
+  }
+}
+caught
+""",
+    # Discovery.
+    """
+const found = await tools.$discover();
+found.filter((t) => t.path.startsWith("echo.")).map((t) => [t.id, t.path]).sort()
+""",
+    # Concurrent calls come back matched.
+    "await Promise.all([0, 1, 2, 3].map((i) => tools.echo.add({ a: i, b: 100 })))",
+]
+
+
+async def run(client: Any, code: str, executor: str, **params: Any) -> dict[str, Any]:
+    request = {"language": "javascript", "executor": executor, "code": code, **params}
+    return await client.call("execute", request)
+
+
+@pytest.mark.parametrize("code", ON_BOTH)
+async def test_programs_get_the_same_answers_as_on_deno(tooled: Any, code: str) -> None:  # noqa: F811
+    _, _, client = await tooled()
+    on_wasm = await run(client, code, "wasm-js")
+    on_deno = await run(client, code, "deno")
+    assert on_wasm["status"] == "ok", on_wasm
+    assert on_wasm["executor"] == "wasm-js"
+    assert on_wasm["result"] == on_deno["result"]
+    assert on_wasm["tool_calls"] == on_deno["tool_calls"]
+
+
+async def test_javascript_defaults_to_wasm_js_and_calls_tools(tooled: Any) -> None:  # noqa: F811
+    _, _, client = await tooled()
+    code = "const r = await tools.echo.add({ a: 40, b: 2 });\nr.sum"
+    result = await client.call("execute", {"language": "javascript", "code": code})
+    assert (result["executor"], result["result"], result["tool_calls"]) == ("wasm-js", 42, 1)
+
+
+async def test_tool_errors_carry_the_daemon_codes(tooled: Any) -> None:  # noqa: F811
+    _, _, client = await tooled()
+    result = await run(client, ON_BOTH[1], "wasm-js")
+    failed, missing = result["result"]
+    assert failed["code"] == -32007 and failed["tool"] == "echo__fail"
+    assert missing["code"] == NotFound.code and missing["name"] == "ToolError"
+
+
+async def test_the_allowlist_binds_the_program(tooled: Any) -> None:  # noqa: F811
+    _, _, client = await tooled()
+    code = """
+const listed = (await tools.$discover()).map((t) => t.path);
+let refused;
+try { await tools.time.get_current_time({ timezone: "UTC" }); } catch (e) { refused = e.code; }
+return { listed, echoed: await tools.echo.echo({ text: "ok" }), refused };
+"""
+    result = await run(client, code, "wasm-js", allowed_tools=["echo.echo"])
+    assert result["result"] == {"listed": ["echo.echo"], "echoed": "ok", "refused": Forbidden.code}
+
+
+async def test_the_tool_call_limit_stops_the_program_and_keeps_its_output(
+    tooled: Any,  # noqa: F811
+) -> None:
+    _, _, client = await tooled()
+    code = "for (let i = 0; ; i++) { console.log(i); await tools.echo.echo({ text: 'x' }); }"
+    result = await run(client, code, "wasm-js", limits={"tool_calls": 3})
+    assert result["status"] == "tool_limit", result
+    assert result["stdout"].startswith("0\n1\n2\n3\n")
+    assert result["error"]["type"] == "ToolLimit"

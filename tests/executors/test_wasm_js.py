@@ -1,0 +1,187 @@
+"""The wasm-js executor with real Wasmtime and the real SpiderMonkey component."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from conduit.executors.base import Job, Limits, Outcome, Status
+from conduit.executors.wasm_build import ensure_component
+from conduit.executors.wasm_guests import JS_GUEST, componentize_js_version
+from conduit.executors.wasm_js import WasmJsExecutor
+from tests.sandboxes import WAIT_S, NoBridge
+
+
+async def run(executor: WasmJsExecutor, code: str, inputs: Any = None, **limits: Any) -> Outcome:
+    with trio.fail_after(WAIT_S):
+        return await executor.run(
+            Job("ex_js", "javascript", code, Limits(**limits), inputs=inputs), NoBridge()
+        )
+
+
+@pytest.mark.parametrize(
+    ("code", "result"),
+    [
+        ("const x = 20;\nx + 22", 42),
+        ("[1, 2, 3].map((n) => n * 2)", [2, 4, 6]),
+        ("const o = { a: 1 };\no", {"a": 1}),
+        ("for (let i = 0; i < 10; i++) {\n  if (i === 3) return { i };\n}", {"i": 3}),
+        ("const v = await Promise.resolve(5);\nv * 2", 10),
+        ("await new Promise((r) => setTimeout(r, 5));\n'after a timer'", "after a timer"),
+        ("let x = 1", None),
+        ("undefined", None),
+        ("new Function('a', 'return a * 3')(7)", 21),
+        ("10n ** 20n", "100000000000000000000"),
+        ("const a = {}; a.self = a;\na", "[object Object]"),
+    ],
+)
+async def test_results_follow_the_deno_contract(
+    wasm_js: WasmJsExecutor, code: str, result: Any
+) -> None:
+    outcome = await run(wasm_js, code)
+    assert outcome.status is Status.OK, outcome
+    assert outcome.result == result
+
+
+async def test_console_goes_to_stdout_and_stderr_and_inputs_are_a_global(
+    wasm_js: WasmJsExecutor,
+) -> None:
+    code = "console.log('hi', inputs.n);\nconsole.error('e');\ninputs.n * 2"
+    outcome = await run(wasm_js, code, inputs={"n": 21})
+    assert outcome.stdout == "hi 21\n"
+    assert outcome.stderr == "e\n"
+    assert outcome.result == 42
+
+
+async def test_a_program_may_declare_its_own_inputs(wasm_js: WasmJsExecutor) -> None:
+    assert (await run(wasm_js, "const inputs = 3;\ninputs + 1", inputs={"n": 1})).result == 4
+
+
+async def test_errors_give_type_message_and_user_line_numbers(wasm_js: WasmJsExecutor) -> None:
+    code = "function f(x) {\n  throw new TypeError('bad ' + x);\n}\nconsole.log('before');\nf(1);\n"
+    outcome = await run(wasm_js, code)
+    assert outcome.status is Status.ERROR
+    assert outcome.exit_code == 1
+    assert outcome.stdout == "before\n"
+    assert outcome.error is not None
+    assert (outcome.error.type, outcome.error.message) == ("TypeError", "bad 1")
+    trace = outcome.error.traceback
+    assert "at f (<program>:2:" in trace
+    assert "(<program>:5:" in trace
+    assert "guest.js" not in trace and "initializer" not in trace
+
+
+async def test_thrown_non_errors_and_rejections_are_reported(wasm_js: WasmJsExecutor) -> None:
+    thrown = await run(wasm_js, "throw 'plain string'")
+    assert thrown.error is not None and thrown.error.message == "plain string"
+    rejected = await run(wasm_js, "await Promise.reject(new RangeError('no'))")
+    assert rejected.error is not None and rejected.error.type == "RangeError"
+
+
+async def test_syntax_errors_name_the_line(wasm_js: WasmJsExecutor) -> None:
+    outcome = await run(wasm_js, "const a = 1;\nconst b = ;\n")
+    assert outcome.status is Status.ERROR
+    assert outcome.error is not None and outcome.error.type == "SyntaxError"
+    assert "<program>:2:" in outcome.error.traceback
+
+
+async def test_import_declarations_are_refused_with_the_way_out(wasm_js: WasmJsExecutor) -> None:
+    outcome = await run(wasm_js, "import x from 'npm:left-pad';\nx('a', 3)")
+    assert outcome.status is Status.ERROR
+    assert outcome.error is not None and "executor 'deno'" in outcome.error.message
+
+
+async def test_a_promise_that_never_settles_is_an_error(wasm_js: WasmJsExecutor) -> None:
+    outcome = await run(wasm_js, "await new Promise(() => {});\n1")
+    assert outcome.status is Status.ERROR
+    assert outcome.error is not None and "never settled" in outcome.error.message
+
+
+async def test_no_state_survives_between_executions(wasm_js: WasmJsExecutor) -> None:
+    first = await run(
+        wasm_js, "globalThis.leak = 1;\nArray.prototype.leak = 2;\nJSON.parse = () => 3;\n1"
+    )
+    assert first.status is Status.OK
+    second = await run(
+        wasm_js, "[typeof globalThis.leak, [].leak === undefined, JSON.parse('[4]')[0]]"
+    )
+    assert second.result == ["undefined", True, 4]
+
+
+async def test_a_program_replacing_json_cannot_change_its_report(wasm_js: WasmJsExecutor) -> None:
+    outcome = await run(wasm_js, "JSON.stringify = () => 'forged';\n({ real: true })")
+    assert outcome.result == {"real": True}
+
+
+async def test_timeout_stops_an_infinite_loop_keeping_output(wasm_js: WasmJsExecutor) -> None:
+    started = trio.current_time()
+    outcome = await run(wasm_js, "console.log('spin');\nwhile (true) {}", timeout_ms=300)
+    assert outcome.status is Status.TIMEOUT
+    assert outcome.stdout == "spin\n"
+    assert trio.current_time() - started < 2
+
+
+async def test_memory_limit(wasm_js: WasmJsExecutor) -> None:
+    code = "const a = [];\nwhile (true) a.push(new Array(1e6).fill(1));"
+    outcome = await run(wasm_js, code, memory_mb=64)
+    assert outcome.status is Status.MEMORY_LIMIT, outcome
+    assert (await run(wasm_js, "1")).status is Status.OK
+
+
+async def test_output_flood_is_cut_at_the_budget(wasm_js: WasmJsExecutor) -> None:
+    outcome = await run(wasm_js, "while (true) console.log('x'.repeat(99));", output_bytes=10_000)
+    assert outcome.status is Status.OUTPUT_LIMIT
+    assert outcome.truncated_stdout
+    assert len(outcome.stdout) == 10_000 and outcome.stdout.startswith("x" * 99 + "\n")
+
+
+async def test_result_larger_than_the_budget_is_refused(wasm_js: WasmJsExecutor) -> None:
+    outcome = await run(wasm_js, "'y'.repeat(5000)", result_bytes=1000)
+    assert outcome.status is Status.ERROR
+    assert outcome.error is not None and outcome.error.type == "ResultTooLarge"
+
+
+async def test_job_stop_interrupts_the_guest(wasm_js: WasmJsExecutor) -> None:
+    job = Job("ex_stop", "javascript", "while (true) {}", Limits(timeout_ms=20_000))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_set_later, job.stop)
+        with trio.fail_after(5):
+            outcome = await wasm_js.run(job, NoBridge())
+    assert outcome.status is Status.CANCELLED
+
+
+async def _set_later(event: trio.Event) -> None:
+    await trio.sleep(0.2)
+    event.set()
+
+
+async def test_fuel_stops_a_loop_deterministically(nursery: trio.Nursery, wasm_cache: Path) -> None:
+    executor = WasmJsExecutor(cache_dir=wasm_cache, fuel=50_000_000)
+    await nursery.start(executor.serve)
+    with trio.fail_after(WAIT_S):
+        assert await executor.wait_ready()
+    spin = await run(executor, "while (true) {}", timeout_ms=20_000)
+    assert spin.status is Status.TIMEOUT
+    assert spin.error is not None and "instruction budget" in spin.error.message
+    assert (await run(executor, "1 + 1")).result == 2
+
+
+async def test_info_reports_the_component_and_its_build_inputs(wasm_js: WasmJsExecutor) -> None:
+    info = wasm_js.info()
+    assert info.available and info.reason is None
+    assert info.version is not None and info.version.startswith("SpiderMonkey on wasmtime 50.")
+    assert info.pool is not None
+    assert len(info.pool["component_hash"]) == 64
+    assert info.pool["compiled_cache"] == "hit"
+    inputs = info.pool["build_inputs"]
+    assert inputs["componentize-js"] == componentize_js_version() == "0.23.0"
+    assert {"guest.js", "world.wit", "package-lock.json", "node"} <= set(inputs)
+
+
+def test_the_component_is_built_once_and_then_reused(wasm_cache: Path) -> None:
+    built = ensure_component(JS_GUEST, wasm_cache)
+    assert not built.built
+    assert built.path.parent.name == f"wasm-js-{built.inputs_hash[:16]}"
