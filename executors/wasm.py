@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,13 @@ MIB = 1024 * 1024
 # The export the host calls and the import the guest calls (shims/world.wit).
 RUN_EXPORT = "run"
 HOST_CALL_IMPORT = "host-call"
+# How long a guest whose time is up (or that was stopped) may take to come back before
+# its execution is reported without it: many epoch ticks, so only a thread blocked in a
+# WASI call is ever left behind.
+LINGER_GRACE_S = 0.25
+# Threads beyond one per core that may be left finishing blocking calls; when all are
+# taken, new executions wait for them (and time out if they must wait too long).
+MAX_LINGERING_THREADS = 32
 # JSON-RPC "internal error", for a host-call failure that is no RpcError.
 INTERNAL_ERROR = -32603
 # Trap messages that mean the guest ran out of linear memory rather than failed.
@@ -73,6 +81,10 @@ class _Execution:
     bridge: ToolBridge
     interrupt: _wasmtime.Interrupt
     tool_calls: int = 0
+    # Set when the Trio side stops waiting for a thread blocked in a WASI call (see
+    # `_wait_for_guest`): from then on the guest's output is dropped, not recorded.
+    abandoned: bool = False
+    finished: bool = False  # the worker thread is done with the store
 
 
 class ProgramRejected(Exception):
@@ -107,8 +119,13 @@ class WasmExecutor:
         self._timings: dict[str, float] = {}
         self._state = _State.NOT_STARTED
         self._reason: str | None = "the executor has not been started (serve() has not run)"
-        # Each execution holds one thread while it runs; more than the cores only queue.
-        self._limiter = trio.CapacityLimiter(os.cpu_count() or 1)
+        # Each execution holds a slot while it runs; more than the cores only queue.
+        self._slots = trio.CapacityLimiter(os.cpu_count() or 1)
+        # Threads, counting those left finishing a blocking WASI call after their
+        # execution was reported (see `_wait_for_guest`); a bound on what they hold.
+        self._threads = trio.CapacityLimiter((os.cpu_count() or 1) + MAX_LINGERING_THREADS)
+        self._lingering = 0
+        self._lingering_lock = threading.Lock()  # the count is kept by two threads
         self._current = threading.local()
         self._runs = 0
         self._settled = trio.Event()  # set once the build has succeeded or failed
@@ -177,7 +194,11 @@ class WasmExecutor:
 
     def info(self) -> ExecutorInfo:
         """Availability, versions, the component and its cache state; never blocks."""
-        details: dict[str, Any] = {"state": self._state, "runs": self._runs}
+        details: dict[str, Any] = {
+            "state": self._state,
+            "runs": self._runs,
+            "lingering_threads": self._lingering,
+        }
         if self._built is not None:
             details.update(
                 component=str(self._built.path),
@@ -218,23 +239,67 @@ class WasmExecutor:
             outcome = outcomes.captured(capture)
             outcome.status, outcome.error, outcome.exit_code = Status.ERROR, exc.error, 1
             return outcome
-        async with trio.open_nursery() as nursery:
+        async with self._slots, trio.open_nursery() as nursery:
             nursery.start_soon(_stop_when, job.stop, interrupt)
-            # Shielded: the thread is never abandoned. A cancellation reaches the guest
-            # through `_stop_when`, which is cancelled with this nursery's owner.
-            with trio.CancelScope(shield=True):
-                answer, trap = await trio.to_thread.run_sync(
-                    self._run_in_thread, job, request, execution, capture, limiter=self._limiter
-                )
+            answer, trap = await self._wait_for_guest(job, request, execution, capture)
             stopped = interrupt.reason  # before cancelling the watcher, which sets one
             nursery.cancel_scope.cancel()
         outcome = self._outcome(job, capture, answer, trap, stopped)
         outcome.tool_calls = execution.tool_calls
         return outcome
 
+    async def _wait_for_guest(
+        self, job: Job, request: str, execution: _Execution, capture: OutputCapture
+    ) -> tuple[str | None, str | None]:
+        """Run the guest in a worker thread; its answer, or the trap that ended it.
+
+        The epoch interrupt stops guest code within a tick, but not a thread blocked
+        inside a WASI call (a sleep, a timer the program awaits): Wasmtime checks the
+        epoch only while guest code runs. So once the execution's time is up or it is
+        stopped, the thread gets LINGER_GRACE_S to come back; after that the execution
+        is reported without it, and the thread finishes on its own, trapping as soon as
+        the call returns and closing its store. Cancellation abandons it at once.
+        """
+        answer: tuple[str | None, str | None] = (None, None)
+        returned = False
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                _give_up_after_grace, execution.interrupt, job.stop, nursery.cancel_scope
+            )
+            try:
+                answer = await trio.to_thread.run_sync(
+                    self._run_in_thread,
+                    job,
+                    request,
+                    execution,
+                    capture,
+                    limiter=self._threads,
+                    abandon_on_cancel=True,
+                )
+                returned = True
+            finally:
+                if not returned:  # given up on, or the run itself was cancelled
+                    self._abandon(execution)
+            nursery.cancel_scope.cancel()
+        return answer
+
+    def _abandon(self, execution: _Execution) -> None:
+        execution.interrupt.stop(_wasmtime.StopReason.CANCELLED)
+        with self._lingering_lock:
+            execution.abandoned = True
+            if execution.finished:
+                return
+            self._lingering += 1
+        log.warning(
+            "%s: a guest blocked in a WASI call outlived its execution; its thread "
+            "finishes when the call returns",
+            self.name,
+        )
+
     def request_for(self, job: Job) -> str:
         """The guest's JSON request for `job`; raises `ProgramRejected` to refuse it."""
-        return json.dumps({"code": job.code, "inputs": job.inputs}, ensure_ascii=False)
+        request = {"code": job.code, "inputs": job.inputs, "timeout_ms": job.limits.timeout_ms}
+        return json.dumps(request, ensure_ascii=False)
 
     def _run_in_thread(
         self, job: Job, request: str, execution: _Execution, capture: OutputCapture
@@ -248,8 +313,8 @@ class WasmExecutor:
             if self._fuel is not None:
                 store.set_fuel(self._fuel)
             wasi = wasmtime.WasiConfig()
-            wasi.stdout_custom = lambda data: capture.write_nowait("stdout", data)
-            wasi.stderr_custom = lambda data: capture.write_nowait("stderr", data)
+            wasi.stdout_custom = lambda data: _record(execution, capture, "stdout", data)
+            wasi.stderr_custom = lambda data: _record(execution, capture, "stderr", data)
             store.set_wasi(wasi)
             execution.interrupt.install(store)
             self._current.execution = execution
@@ -264,6 +329,10 @@ class WasmExecutor:
                 self._current.execution = None
         finally:
             store.close()
+            with self._lingering_lock:
+                execution.finished = True
+                if execution.abandoned:
+                    self._lingering -= 1
 
     def _host_call(self, _store: Any, method: str, params: str) -> str:
         """The guest's `host-call`: a JSON-RPC call under the session token (worker thread)."""
@@ -360,6 +429,24 @@ def _parse_answer(answer: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return message if isinstance(message, dict) else None
+
+
+def _record(execution: _Execution, capture: OutputCapture, stream: str, data: bytes) -> None:
+    if not execution.abandoned:  # the execution's report may already be out
+        capture.write_nowait(stream, data)  # type: ignore[arg-type]
+
+
+async def _give_up_after_grace(
+    interrupt: _wasmtime.Interrupt, stop: trio.Event, scope: trio.CancelScope
+) -> None:
+    """Cancel `scope` LINGER_GRACE_S after the guest's time is up or it is stopped."""
+    with trio.move_on_after(max(0.0, interrupt.deadline - time.monotonic())):
+        await stop.wait()
+    # A no-op if the guest was stopped for another reason first.
+    reason = _wasmtime.StopReason.CANCELLED if stop.is_set() else _wasmtime.StopReason.TIMEOUT
+    interrupt.stop(reason)
+    await trio.sleep(LINGER_GRACE_S)
+    scope.cancel()
 
 
 async def _stop_when(stop: trio.Event, interrupt: _wasmtime.Interrupt) -> None:

@@ -58,6 +58,7 @@ class WasmJsExecutor(WasmExecutor):
             "function": module.function_expression(),
             "line_offset": module.line_offset,
             "inputs": job.inputs,
+            "timeout_ms": job.limits.timeout_ms,
         }
         return json.dumps(request, ensure_ascii=False)
 

@@ -153,6 +153,28 @@ function report(error, describe, lineOffset) {
   }
 }
 
+// How long past the execution's end a shortened timer fires: a few epoch ticks, so the
+// host's deadline check has certainly passed when the program runs again.
+const TIMER_SLACK_MS = 50;
+const realSetTimeout = globalThis.setTimeout;
+const realSetInterval = globalThis.setInterval;
+const now = () => performance.now();
+
+// The host stops guest code at its deadline but cannot reach into the event loop's
+// wait for a timer: a timer set past the execution's end would only hold its thread.
+// Firing it just after the end changes nothing the program could observe, as it is
+// stopped before its callback runs.
+function boundTimers(timeoutMs) {
+  const end = now() + timeoutMs;
+  const bound = (delay) => {
+    const wanted = toNumber(delay) || 0;
+    const left = max(0, end - now()) + TIMER_SLACK_MS;
+    return wanted > left ? left : wanted;
+  };
+  globalThis.setTimeout = (callback, delay, ...args) => realSetTimeout(callback, bound(delay), ...args);
+  globalThis.setInterval = (callback, delay, ...args) => realSetInterval(callback, bound(delay), ...args);
+}
+
 // The component is built without outgoing HTTP; StarlingMonkey's fetch would trap.
 async function noFetch() {
   throw new TypeError("fetch is not available in this sandbox; tools are the way out");
@@ -161,6 +183,7 @@ async function noFetch() {
 export async function run(requestText) {
   const job = parse(requestText);
   globalThis.fetch = noFetch;
+  boundTimers(job.timeout_ms ?? 0);
   defineProperty(globalThis, "tools", { value: tools, enumerable: true });
   defineProperty(globalThis, "ToolError", { value: ToolError, enumerable: true });
   // A plain global, so a program may also declare its own `inputs`.

@@ -21,6 +21,7 @@ import ast
 import json
 import linecache
 import sys
+import time
 import traceback
 
 import wit_world
@@ -264,8 +265,33 @@ def _encode_result(value):
         return json.dumps({"result": repr(value)}, ensure_ascii=False)
 
 
+# How long past the execution's end a shortened sleep wakes: a few epoch ticks, so the
+# host's deadline check has certainly passed when the program runs again.
+SLEEP_SLACK_S = 0.05
+
+
+def _bound_sleep(timeout_s):
+    """Make `time.sleep` wake by the execution's end.
+
+    The host stops guest code at its deadline but cannot reach into a sleep: a sleep
+    that outlives the execution would only hold its thread. Waking just after the end
+    changes nothing the program could observe, as it is stopped on waking.
+    """
+    sleep, monotonic = time.sleep, time.monotonic
+    end = monotonic() + timeout_s
+
+    def bounded_sleep(seconds):
+        if isinstance(seconds, (int, float)) and seconds > 0:
+            seconds = min(seconds, max(0.0, end - monotonic()) + SLEEP_SLACK_S)
+        sleep(seconds)
+
+    bounded_sleep.__doc__ = sleep.__doc__
+    time.sleep = bounded_sleep
+
+
 def _execute(request):
     code = request["code"]
+    _bound_sleep(request.get("timeout_ms", 0) / 1000)
     linecache.cache[PROGRAM_FILE] = (len(code), None, code.splitlines(True), PROGRAM_FILE)
     try:
         program = _prepare(code)

@@ -13,7 +13,7 @@ import trio
 from conduit.executors.base import Job, Limits, Outcome, Status
 from conduit.executors.wasm_js import WasmJsExecutor
 from tests.sandboxes import WAIT_S, NoBridge
-from tests.security.test_wasm_python_sandbox import FORGED_HOST_CALLS
+from tests.security.test_wasm_python_sandbox import FORGED_HOST_CALLS, wait_for_lingering
 
 
 async def run(executor: WasmJsExecutor, code: str, **limits: Any) -> Outcome:
@@ -133,6 +133,30 @@ async def test_resource_attacks_are_stopped(
 ) -> None:
     outcome = await run(wasm_js, code, **limits)
     assert outcome.status is status, outcome
+
+
+async def test_awaiting_a_timer_past_the_timeout_is_stopped_at_the_timeout(
+    wasm_js: WasmJsExecutor,
+) -> None:
+    started = trio.current_time()
+    code = "console.log('zz');\nawait new Promise((r) => setTimeout(r, 3000));"
+    outcome = await run(wasm_js, code, timeout_ms=300)
+    assert outcome.status is Status.TIMEOUT, outcome
+    assert outcome.stdout == "zz\n"
+    assert trio.current_time() - started < 1.5
+    assert wasm_js.info().pool["lingering_threads"] == 0
+
+
+async def test_a_wait_the_guest_cannot_bound_is_left_behind_not_waited_for(
+    wasm_js: WasmJsExecutor,
+) -> None:
+    # AbortSignal.timeout sets a timer of its own, past the bounded setTimeout.
+    code = "await new Promise((r) => { AbortSignal.timeout(2000).onabort = r; });"
+    started = trio.current_time()
+    outcome = await run(wasm_js, code, timeout_ms=300)
+    assert outcome.status is Status.TIMEOUT, outcome
+    assert trio.current_time() - started < 1.5
+    await wait_for_lingering(wasm_js, 0)
 
 
 async def test_deep_recursion_is_an_error_not_a_crash(wasm_js: WasmJsExecutor) -> None:
