@@ -40,6 +40,8 @@ INSTALL_TIMEOUT_S = 600
 # -- wasm-python ------------------------------------------------------------------------
 
 PYTHON_SOURCE = "wasm_python/guest.py"
+# The program contract every Python executor shares.
+PYTHON_PROGRAM = "python_program.py"
 # Runs componentize-py's console entry point with this interpreter, wherever pip put
 # its script.
 COMPONENTIZE_PY = (
@@ -65,7 +67,7 @@ def _build_python(work: Path, _cache_dir: Path) -> None:
 
 PYTHON_GUEST = GuestRecipe(
     name="wasm-python",
-    sources=(WORLD_FILE, PYTHON_SOURCE),
+    sources=(WORLD_FILE, PYTHON_SOURCE, PYTHON_PROGRAM),
     tool_versions=_componentize_py_version,
     build=_build_python,
 )

@@ -1,0 +1,282 @@
+"""How a Python program runs on every Python executor (wasm-python, pyodide).
+
+A guest calls `execute(request, host_call)` (or `execute_async` where the program may
+use top-level `await`) once, with the request `{"code", "inputs", "timeout_ms"}`, and
+gets back JSON: `{"result": value}` or `{"error": {"type", "message", "traceback"}}`.
+`host_call(method, params_json) -> answer_json` is the guest's one way to the daemon:
+a JSON-RPC call under the execution's session token.
+
+The program's contract (documented in docs/tools.md):
+- its result is the value of a top-level `return`, else of its last expression;
+  a value JSON cannot hold comes back as its `repr`;
+- `print` writes to stdout; `inputs` holds the request's inputs;
+- `tools.<namespace>.<tool>(**arguments)` (or one dict argument) calls a tool and
+  returns its value, raising `ToolError(code, tool, message)` if it fails;
+  `tools._discover()` lists the tools this execution may call.
+"""
+
+import ast
+import json
+import linecache
+import sys
+import time
+import traceback
+
+# The file name the program's code is compiled under: its frames are the ones a
+# traceback keeps.
+PROGRAM_FILE = "<program>"
+PROGRAM_FUNCTION = "__conduit_program__"
+# Where the value of the last expression goes when the program has no `return`.
+RESULT_NAME = "__conduit_result__"
+# JSON-RPC's "internal error", for a failure with no code of its own.
+INTERNAL_ERROR = -32603
+# The daemon's UpstreamError: the code of a tool's own failure, as in the TypeScript SDK.
+TOOL_FAILED = -32007
+# How long past the execution's end a shortened sleep wakes: a few epoch ticks, so the
+# host's deadline check has certainly passed when the program runs again.
+SLEEP_SLACK_S = 0.05
+
+
+class ToolError(Exception):
+    """A tool call that failed: `code` is the JSON-RPC code (-32007 for the tool's own
+    failure), `tool` the tool's name, `message` why."""
+
+    def __init__(self, code, tool, message):
+        super().__init__(message)
+        self.code = code
+        self.tool = tool
+        self.message = message
+
+    def __repr__(self):
+        return f"ToolError(code={self.code!r}, tool={self.tool!r}, message={self.message!r})"
+
+
+class _Tools:
+    """`tools.<namespace>.<tool>(...)`; `tools._discover()` lists the tools."""
+
+    def __init__(self, host_call):
+        self._host_call = host_call
+
+    def __getattr__(self, namespace):
+        if namespace.startswith("__"):
+            raise AttributeError(namespace)
+        return _Namespace(self, namespace)
+
+    def _request(self, method, params, tool=None):
+        """Call the daemon; its result, or ToolError with the daemon's code."""
+        answer = json.loads(self._host_call(method, json.dumps(params)))
+        if "error" in answer:
+            error = answer["error"]
+            data = error.get("data") if isinstance(error.get("data"), dict) else {}
+            raise ToolError(
+                error.get("code", INTERNAL_ERROR),
+                data.get("tool", tool),
+                error.get("message", "the call failed"),
+            )
+        return answer.get("result")
+
+    def _call(self, name, args, kwargs):
+        if args:
+            if len(args) != 1 or not isinstance(args[0], dict) or kwargs:
+                raise TypeError(f"{name}() takes keyword arguments or a single dict")
+            arguments = args[0]
+        else:
+            arguments = kwargs
+        params = {"name": name, "arguments": arguments, "shape": "value"}
+        result = self._request("tools/call", params, name)
+        if result.get("error"):
+            error = result["error"]
+            raise ToolError(TOOL_FAILED, error.get("tool", name), error.get("message", "failed"))
+        return result.get("value")
+
+    def _discover(self):
+        """The tools this execution may call, as the TypeScript `tools.$discover()`."""
+        found = []
+        for tool in self._request("tools/list", {})["tools"]:
+            entry = {
+                "id": tool["name"],
+                "path": (tool.get("_meta") or {}).get("conduit/path"),
+                "description": tool.get("description"),
+                "inputSchema": tool.get("inputSchema"),
+            }
+            if tool.get("outputSchema"):
+                entry["outputSchema"] = tool["outputSchema"]
+            found.append(entry)
+        return found
+
+    def __repr__(self):
+        return "<tools>"
+
+
+class _Namespace:
+    def __init__(self, tools, namespace):
+        self._tools = tools
+        self._namespace = namespace
+
+    def __getattr__(self, tool):
+        if tool.startswith("__"):
+            raise AttributeError(tool)
+        name = f"{self._namespace}.{tool}"
+        tools = self._tools
+
+        def call(*args, **kwargs):
+            return tools._call(name, args, kwargs)
+
+        call.__name__ = tool
+        call.__qualname__ = name
+        return call
+
+    def __repr__(self):
+        return f"<tools.{self._namespace}>"
+
+
+def bound_sleep(timeout_s):
+    """Make `time.sleep` wake by the execution's end.
+
+    A host stops guest code at its deadline but may not reach into a sleep: a sleep
+    that outlives the execution would only hold its sandbox. Waking just after the
+    end changes nothing the program could observe, as it is stopped on waking.
+    """
+    sleep, monotonic = time.sleep, time.monotonic
+    end = monotonic() + timeout_s
+
+    def bounded_sleep(seconds):
+        if isinstance(seconds, (int, float)) and seconds > 0:
+            seconds = min(seconds, max(0.0, end - monotonic()) + SLEEP_SLACK_S)
+        sleep(seconds)
+
+    bounded_sleep.__doc__ = sleep.__doc__
+    time.sleep = bounded_sleep
+
+
+def _returns_at_top(body):
+    """Whether a `return` appears outside every function and class of `body`."""
+    stack = list(body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Return):
+            return True
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+    return False
+
+
+def _prepare(code, allow_await):
+    """The program compiled so its result can be read back.
+
+    Without a top-level `return`, it runs as a module whose last expression is
+    assigned to RESULT_NAME. With one, its body becomes a function's (an async one
+    where `await` is allowed), the last expression becomes a `return`, and the module
+    calls it. Nodes keep their locations, so tracebacks show the user's own lines.
+    """
+    tree = ast.parse(code, PROGRAM_FILE, "exec")
+    body = tree.body
+    last = body[-1] if body else None
+    if _returns_at_top(body):
+        if isinstance(last, ast.Expr):
+            body[-1] = ast.copy_location(ast.Return(value=last.value), last)
+        kind = ast.AsyncFunctionDef if allow_await else ast.FunctionDef
+        function = kind(
+            name=PROGRAM_FUNCTION,
+            args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]),
+            body=body,
+            decorator_list=[],
+            returns=None,
+            type_params=[],
+        )
+        called = ast.Call(ast.Name(PROGRAM_FUNCTION, ast.Load()), [], [])
+        value = ast.Await(called) if allow_await else called
+        call = ast.Assign(targets=[ast.Name(RESULT_NAME, ast.Store())], value=value)
+        tree.body = [ast.copy_location(function, body[0]), ast.copy_location(call, body[-1])]
+    elif isinstance(last, ast.Expr):
+        assign = ast.Assign(targets=[ast.Name(RESULT_NAME, ast.Store())], value=last.value)
+        body[-1] = ast.copy_location(assign, last)
+    ast.fix_missing_locations(tree)
+    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT if allow_await else 0
+    return compile(tree, PROGRAM_FILE, "exec", flags=flags, dont_inherit=True)
+
+
+def _user_traceback(exc):
+    """The traceback of `exc` with only the program's own frames."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == PROGRAM_FILE]
+    if any(f.name == PROGRAM_FUNCTION for f in frames):
+        # The call that wraps a program with a top-level `return` is not the user's.
+        frames = [f for f in frames if f.name != "<module>"]
+    lines = ["Traceback (most recent call last):\n"] if frames else []
+    lines += traceback.format_list(frames)
+    lines += traceback.format_exception_only(type(exc), exc)
+    return "".join(lines)
+
+
+def error_answer(exc, *, syntax=False):
+    """The JSON answer reporting `exc`, never raising."""
+    try:
+        message = str(exc) if not syntax else f"{exc.msg} (line {exc.lineno})"
+        error = {
+            "type": type(exc).__name__,
+            "message": message,
+            "traceback": _user_traceback(exc),
+            "line": getattr(exc, "lineno", None) if syntax else None,
+        }
+        return json.dumps({"error": error})
+    except BaseException:  # MemoryError, RecursionError while reporting...
+        return '{"error": {"type": "InternalError", "message": "the guest failed"}}'
+
+
+def _result_answer(value):
+    try:
+        return json.dumps({"result": value}, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return json.dumps({"result": repr(value)}, ensure_ascii=False)
+
+
+def _start(request, host_call, allow_await):
+    """The compiled program and its globals, or the answer reporting why it cannot run."""
+    code = request["code"]
+    linecache.cache[PROGRAM_FILE] = (len(code), None, code.splitlines(True), PROGRAM_FILE)
+    bound_sleep(request.get("timeout_ms", 0) / 1000)
+    try:
+        program = _prepare(code, allow_await)
+    except SyntaxError as exc:
+        return None, None, error_answer(exc, syntax=True)
+    scope = {
+        "__name__": "__main__",
+        "__builtins__": __builtins__,
+        "inputs": request.get("inputs"),
+        "tools": _Tools(host_call),
+        "ToolError": ToolError,
+    }
+    return program, scope, None
+
+
+def execute(request, host_call):
+    """Run the request's program; the JSON answer."""
+    program, scope, refused = _start(request, host_call, allow_await=False)
+    if refused is not None:
+        return refused
+    try:
+        exec(program, scope)
+    except BaseException as exc:  # the program's own failure, reported as its result
+        return error_answer(exc)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return _result_answer(scope.get(RESULT_NAME))
+
+
+async def execute_async(request, host_call):
+    """`execute`, allowing top-level `await` in the program."""
+    program, scope, refused = _start(request, host_call, allow_await=True)
+    if refused is not None:
+        return refused
+    try:
+        pending = eval(program, scope)
+        if pending is not None:  # a coroutine when the program awaits at top level
+            await pending
+    except BaseException as exc:  # the program's own failure, reported as its result
+        return error_answer(exc)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return _result_answer(scope.get(RESULT_NAME))

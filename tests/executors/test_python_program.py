@@ -1,0 +1,91 @@
+"""The Python program contract, run by this interpreter: the same module every Python
+executor's guest runs (the executors' own tests run it inside their sandboxes)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from conduit.shims import python_program
+
+
+def no_daemon(method: str, params: str) -> str:
+    raise AssertionError(f"unexpected host call {method}")
+
+
+def run(code: str, **request: Any) -> dict[str, Any]:
+    return json.loads(python_program.execute({"code": code, **request}, no_daemon))
+
+
+async def run_async(code: str, host_call: Any = no_daemon) -> dict[str, Any]:
+    return json.loads(await python_program.execute_async({"code": code}, host_call))
+
+
+@pytest.mark.parametrize(
+    ("code", "result"),
+    [
+        ("x = 20\nx + 22", 42),
+        ("for i in range(5):\n    if i == 3:\n        return i", 3),
+        ("x = 1", None),
+        ("{1, 2}", "{1, 2}"),
+        ("float('nan')", "nan"),
+    ],
+)
+def test_results(code: str, result: Any) -> None:
+    assert run(code) == {"result": result}
+
+
+def test_inputs_are_a_variable() -> None:
+    assert run("inputs['n'] * 2", inputs={"n": 21}) == {"result": 42}
+
+
+def test_errors_keep_only_the_program_s_frames() -> None:
+    error = run("def f():\n    raise KeyError('k')\nf()")["error"]
+    assert error["type"] == "KeyError"
+    assert 'File "<program>", line 2, in f' in error["traceback"]
+    assert "python_program" not in error["traceback"]
+
+
+async def test_top_level_await_with_and_without_a_return() -> None:
+    code = "import trio\nawait trio.sleep(0)\nx = 5\nx * 2"
+    assert await run_async(code) == {"result": 10}
+    assert await run_async("import trio\nawait trio.sleep(0)\nreturn 7") == {"result": 7}
+    assert (await run_async("import trio\nawait trio.sleep(0)\n1 / 0"))["error"]["type"] == (
+        "ZeroDivisionError"
+    )
+
+
+async def test_tools_go_through_the_host_call_synchronously() -> None:
+    calls = []
+
+    def host_call(method: str, params: str) -> str:
+        calls.append((method, json.loads(params)))
+        return json.dumps({"result": {"value": {"echo": json.loads(params)["arguments"]}}})
+
+    answer = await run_async("tools.echo.echo(text='hi')", host_call)
+    assert answer == {"result": {"echo": {"text": "hi"}}}
+    assert calls == [
+        ("tools/call", {"name": "echo.echo", "arguments": {"text": "hi"}, "shape": "value"})
+    ]
+
+
+async def test_refused_calls_raise_tool_error_with_the_daemon_code() -> None:
+    def host_call(method: str, params: str) -> str:
+        return json.dumps({"error": {"code": -32003, "message": "not allowed"}})
+
+    code = "try:\n    tools.a.b()\nexcept ToolError as e:\n    return [e.code, e.tool, e.message]"
+    assert await run_async(code, host_call) == {"result": [-32003, "a.b", "not allowed"]}
+
+
+def test_sleep_wakes_by_the_execution_end() -> None:
+    import time
+
+    original = time.sleep
+    try:
+        started = time.monotonic()
+        assert run("import time\ntime.sleep(5)\n'woke'", timeout_ms=100) == {"result": "woke"}
+        assert time.monotonic() - started < 1
+    finally:
+        time.sleep = original
