@@ -17,25 +17,21 @@ Both target the one WIT world in `shims/world.wit`:
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib.metadata
-import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
+from conduit.executors.npm import install_locked, locked_version, node_tools
 from conduit.executors.wasm_build import BuildError, GuestRecipe, run_tool, shim_path
 
 __all__ = ["JS_GUEST", "PYTHON_GUEST", "componentize_js_version", "preloaded_modules"]
 
 WORLD_FILE = "world.wit"
 WORLD = "guest"
-# A build takes ~5 s here, the npm install ~10 s; anything past these is hung.
+# A build takes ~5 s here; anything past this is hung.
 BUILD_TIMEOUT_S = 300
-INSTALL_TIMEOUT_S = 600
 
 # -- wasm-python ------------------------------------------------------------------------
 
@@ -86,9 +82,9 @@ def preloaded_modules() -> tuple[str, ...]:
 
 # -- wasm-js ----------------------------------------------------------------------------
 
-JS_SOURCE = "wasm_js/guest.js"
-NPM_MANIFEST = "wasm_js/package.json"
-NPM_LOCK = "wasm_js/package-lock.json"
+JS_DIR = "wasm_js"
+JS_SOURCE = f"{JS_DIR}/guest.js"
+NPM_LOCK = f"{JS_DIR}/package-lock.json"
 COMPONENTIZE_JS = "@bytecodealliance/componentize-js"
 COMPONENTIZE_JS_CLI = f"node_modules/{COMPONENTIZE_JS}/src/cli.js"
 # Features of the JS runtime the guest is built without: no outgoing HTTP at all.
@@ -101,15 +97,7 @@ MISSING_NODE = (
 
 def componentize_js_version() -> str:
     """The componentize-js version package-lock.json pins."""
-    lock = json.loads(shim_path(NPM_LOCK).read_text(encoding="utf-8"))
-    return str(lock["packages"][f"node_modules/{COMPONENTIZE_JS}"]["version"])
-
-
-def _node_tools() -> tuple[str, str]:
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        raise BuildError(MISSING_NODE)
-    return node, npm
+    return locked_version(JS_DIR, COMPONENTIZE_JS)
 
 
 def _js_tool_versions() -> dict[str, str]:
@@ -123,40 +111,16 @@ def _js_tool_versions() -> dict[str, str]:
     return {"componentize-js": componentize_js_version(), "node": version}
 
 
-def _installed_tools(cache_dir: Path) -> Path:
-    """The directory whose node_modules holds the pinned componentize-js, installed once.
-
-    Keyed by the lock file's hash; installed in a temporary directory renamed into
-    place when the install succeeds, so a broken install is never reused.
-    """
-    lock = shim_path(NPM_LOCK).read_bytes()
-    tools = cache_dir / f"componentize-js-{hashlib.sha256(lock).hexdigest()[:16]}"
-    if (tools / COMPONENTIZE_JS_CLI).is_file():
-        return tools
-    _node, npm = _node_tools()
-    staging = Path(tempfile.mkdtemp(prefix=".npm-", dir=cache_dir))
+def _node_tools() -> tuple[str, str]:
     try:
-        shutil.copyfile(shim_path(NPM_MANIFEST), staging / "package.json")
-        (staging / "package-lock.json").write_bytes(lock)
-        env = dict(os.environ, npm_config_cache=str(cache_dir / "npm-cache"))
-        # Not `npm ci`: it refuses this lock because some optional per-platform packages
-        # that jco lists were never published. `npm install` installs exactly the
-        # locked versions, integrity-checked, and skips those.
-        command = [npm, "install", "--ignore-scripts", "--no-audit", "--no-fund"]
-        run_tool("npm install", command, cwd=staging, env=env, timeout_s=INSTALL_TIMEOUT_S)
-        try:
-            os.replace(staging, tools)
-        except OSError:
-            if not (tools / COMPONENTIZE_JS_CLI).is_file():  # else another install won
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return tools
+        return node_tools()
+    except BuildError:
+        raise BuildError(MISSING_NODE) from None
 
 
 def _build_js(work: Path, cache_dir: Path) -> None:
     node, _npm = _node_tools()
-    cli = _installed_tools(cache_dir) / COMPONENTIZE_JS_CLI
+    cli = install_locked(JS_DIR, cache_dir, expect=COMPONENTIZE_JS_CLI) / COMPONENTIZE_JS_CLI
     command = [node, str(cli), Path(JS_SOURCE).name, "-w", WORLD_FILE, "-n", WORLD]
     command += ["-d", *DISABLED_FEATURES, "-o", "guest.wasm"]
     run_tool("componentize-js", command, cwd=work, timeout_s=BUILD_TIMEOUT_S)

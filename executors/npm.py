@@ -1,0 +1,77 @@
+"""Installing a pinned set of npm packages once, from a lock file in `shims/`.
+
+Some executors need packages from the npm registry (componentize-js to build the
+wasm-js guest, Pyodide to run Python under Deno). Each set is a `package.json` and a
+`package-lock.json` in a directory of `shims/`; the lock pins every version with its
+integrity hash. `install_locked` installs a set with the machine's npm into
+`<cache_dir>/<name>-<lock hash>/node_modules`, once: in a temporary directory renamed
+into place only when the install succeeded, with install scripts off (so nothing but
+registry tarballs arrives) and npm's cache inside `cache_dir`.
+
+Blocking (an install takes seconds): call it in a worker thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from conduit.executors.wasm_build import BuildError, run_tool, shim_path
+
+__all__ = ["install_locked", "locked_version", "node_tools"]
+
+# An install takes ~10 s here; anything past this is hung.
+INSTALL_TIMEOUT_S = 600
+MISSING_NODE = "Node.js and npm are not on PATH (Debian: apt install nodejs npm)"
+
+
+def node_tools() -> tuple[str, str]:
+    """The machine's `node` and `npm`; BuildError if either is missing."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        raise BuildError(MISSING_NODE)
+    return node, npm
+
+
+def locked_version(shim_dir: str, package: str) -> str:
+    """The version of `package` that `shims/<shim_dir>/package-lock.json` pins."""
+    lock = json.loads(shim_path(f"{shim_dir}/package-lock.json").read_text(encoding="utf-8"))
+    return str(lock["packages"][f"node_modules/{package}"]["version"])
+
+
+def install_locked(shim_dir: str, cache_dir: Path, *, expect: str) -> Path:
+    """The directory holding `node_modules` for the set in `shims/<shim_dir>`.
+
+    `expect` is a path under that directory whose presence means a complete install.
+    """
+    lock = shim_path(f"{shim_dir}/package-lock.json").read_bytes()
+    name = Path(shim_dir).name.replace("_", "-")
+    target = cache_dir / f"{name}-npm-{hashlib.sha256(lock).hexdigest()[:16]}"
+    if (target / expect).exists():
+        return target
+    _node, npm = node_tools()
+    cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".npm-", dir=cache_dir))
+    try:
+        shutil.copyfile(shim_path(f"{shim_dir}/package.json"), staging / "package.json")
+        (staging / "package-lock.json").write_bytes(lock)
+        env = dict(os.environ, npm_config_cache=str(cache_dir / "npm-cache"))
+        # Not `npm ci`: it refuses a lock that omits optional per-platform packages
+        # never published (jco lists some). `npm install` installs exactly the locked
+        # versions, integrity-checked, and skips those.
+        command = [npm, "install", "--ignore-scripts", "--no-audit", "--no-fund"]
+        run_tool("npm install", command, cwd=staging, env=env, timeout_s=INSTALL_TIMEOUT_S)
+        if not (staging / expect).exists():
+            raise BuildError(f"npm install in shims/{shim_dir} did not install {expect}")
+        try:
+            os.replace(staging, target)
+        except OSError:
+            if not (target / expect).exists():  # else another install won the race
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
