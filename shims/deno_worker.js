@@ -15,7 +15,10 @@
 // Plain JavaScript so that Deno starts it without transpiling. The nonce never leaves
 // this module's scope: the program runs in its own module and cannot reach our locals.
 // Dynamic import() from this module (a file: URL) is not subject to --allow-read, so
-// the only import here is of the program's own data: URL.
+// the only dynamic import here is of the program's own data: URL; the static one is
+// the SDK every JavaScript sandbox shares.
+
+import { ToolError, encodeResult, makeTools } from "./sandbox_sdk.js";
 
 // Captured before any program code runs: the program may replace globals and
 // prototypes, and nothing it does may reach the nonce or forge the marker.
@@ -89,16 +92,6 @@ async function readJob() {
 
 const connect = Deno.connect;
 
-class ToolError extends Error {
-  constructor(message, code, tool, data) {
-    super(message);
-    this.name = "ToolError";
-    this.code = code;
-    this.tool = tool;
-    this.data = data;
-  }
-}
-
 function installTools(token, callback) {
   let connection = null;
   let nextId = 1;
@@ -159,37 +152,7 @@ function installTools(token, callback) {
     return reply;
   }
 
-  async function call(path, args) {
-    const params = { name: path, arguments: args ?? {}, shape: "value" };
-    const result = await request("tools/call", params, path);
-    if (result.error) throw new ToolError(result.error.message, -32007, result.error.tool ?? path);
-    return result.value;
-  }
-
-  // The shape the generated declarations promise for `tools.$discover()`.
-  async function discover() {
-    const { tools: listed } = await request("tools/list", {}, null);
-    return listed.map((tool) => ({
-      id: tool.name,
-      path: tool._meta?.["conduit/path"],
-      description: tool.description,
-      inputSchema: tool.inputSchema,
-      ...(tool.outputSchema ? { outputSchema: tool.outputSchema } : {}),
-    }));
-  }
-
-  // `then` is never a tool: a namespace must not look like a promise to `await`.
-  const namespace = (ns) =>
-    new Proxy(Object.create(null), {
-      get: (_, fn) =>
-        typeof fn === "string" && fn !== "then" ? (args) => call(`${ns}.${fn}`, args) : undefined,
-    });
-  const tools = new Proxy(Object.create(null), {
-    get: (_, ns) => {
-      if (ns === "$discover") return discover;
-      return typeof ns === "string" && ns !== "then" ? namespace(ns) : undefined;
-    },
-  });
+  const tools = makeTools(request);
   Object.defineProperty(globalThis, "tools", { value: tools, enumerable: true });
   Object.defineProperty(globalThis, "ToolError", { value: ToolError, enumerable: true });
 }
@@ -202,21 +165,6 @@ function finish(payload, code) {
   finished = true;
   writeAll(RESULT_MARK + job.nonce + payload + "\n");
   exit(code);
-}
-
-function encodeResult(value) {
-  if (value === undefined) return "null";
-  try {
-    const json = stringify(value);
-    if (json !== undefined) return json;
-  } catch {
-    // BigInt, cycles, a throwing toJSON: fall through to the string form.
-  }
-  try {
-    return stringify(String(value));
-  } catch {
-    return stringify("[result could not be converted to a string]");
-  }
 }
 
 function toUserLocations(text, lineOffset) {

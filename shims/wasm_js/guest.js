@@ -18,6 +18,7 @@
 // `host-call` import; the host dispatches them under the execution's session token.
 
 import hostCall from "host-call";
+import { ToolError, encodeResult, makeTools } from "./sandbox_sdk.js";
 
 // Captured before any program code runs: the program may replace globals and
 // prototypes, and nothing it does may change how its result or error is reported.
@@ -37,17 +38,6 @@ const join = uncurry(Array.prototype.join);
 // How SpiderMonkey names code run by our indirect eval in a stack frame.
 const PROGRAM_FRAME = /^(.*?)@.*> eval:(\d+):(\d+)$/;
 const JSON_RPC_INTERNAL = -32603;
-const TOOL_FAILED = -32007;
-
-class ToolError extends Error {
-  constructor(message, code, tool, data) {
-    super(message);
-    this.name = "ToolError";
-    this.code = code;
-    this.tool = tool;
-    this.data = data;
-  }
-}
 
 // One synchronous JSON-RPC call to the daemon; its result, or ToolError.
 function request(method, params, tool) {
@@ -59,53 +49,7 @@ function request(method, params, tool) {
   return answer.result;
 }
 
-// Async, as in the TypeScript SDK: a failure rejects the promise rather than throwing
-// at the call site, so the same program behaves the same on every executor.
-async function call(path, args) {
-  const params = { name: path, arguments: args ?? {}, shape: "value" };
-  const result = request("tools/call", params, path);
-  if (result.error) throw new ToolError(result.error.message, TOOL_FAILED, result.error.tool ?? path);
-  return result.value;
-}
-
-async function discover() {
-  const { tools: listed } = request("tools/list", {}, null);
-  return listed.map((tool) => ({
-    id: tool.name,
-    path: tool._meta?.["conduit/path"],
-    description: tool.description,
-    inputSchema: tool.inputSchema,
-    ...(tool.outputSchema ? { outputSchema: tool.outputSchema } : {}),
-  }));
-}
-
-// `then` is never a tool: a namespace must not look like a promise to `await`.
-const namespace = (ns) =>
-  new Proxy(Object.create(null), {
-    get: (_, fn) =>
-      typeof fn === "string" && fn !== "then" ? (args) => call(`${ns}.${fn}`, args) : undefined,
-  });
-const tools = new Proxy(Object.create(null), {
-  get: (_, ns) => {
-    if (ns === "$discover") return discover;
-    return typeof ns === "string" && ns !== "then" ? namespace(ns) : undefined;
-  },
-});
-
-function encodeResult(value) {
-  if (value === undefined) return "null";
-  try {
-    const json = stringify(value);
-    if (json !== undefined) return json;
-  } catch {
-    // BigInt, cycles, a throwing toJSON: fall through to the string form.
-  }
-  try {
-    return stringify(toString(value));
-  } catch {
-    return stringify("[result could not be converted to a string]");
-  }
-}
+const tools = makeTools(request);
 
 // Only the program's own frames, at the user's own line numbers.
 function userTraceback(stack, lineOffset) {

@@ -1,0 +1,76 @@
+// The `tools` SDK and result encoding every JavaScript sandbox shares (the Deno worker
+// and the wasm-js guest). Only how a request reaches the daemon differs: each shim
+// passes its own `request(method, params, tool)`, which returns the JSON-RPC result
+// (or a promise of it) and throws ToolError for an error answer.
+//
+// Captured at import, before any program code runs: a program may replace globals
+// and prototypes, and nothing it does may change how its result is reported.
+
+const stringify = JSON.stringify;
+const toString = String;
+// The daemon's UpstreamError: the code of a tool's own failure.
+const TOOL_FAILED = -32007;
+
+export class ToolError extends Error {
+  constructor(message, code, tool, data) {
+    super(message);
+    this.name = "ToolError";
+    this.code = code;
+    this.tool = tool;
+    this.data = data;
+  }
+}
+
+// `tools.<ns>.<tool>(args)` and `tools.$discover()` over `request`. Calls are async, as
+// in the TypeScript SDK: a failure rejects the promise rather than throwing at the call
+// site, so the same program behaves the same on every executor.
+export function makeTools(request) {
+  async function call(path, args) {
+    const params = { name: path, arguments: args ?? {}, shape: "value" };
+    const result = await request("tools/call", params, path);
+    if (result.error) throw new ToolError(result.error.message, TOOL_FAILED, result.error.tool ?? path);
+    return result.value;
+  }
+
+  // The shape the generated declarations promise for `tools.$discover()`.
+  async function discover() {
+    const { tools: listed } = await request("tools/list", {}, null);
+    return listed.map((tool) => ({
+      id: tool.name,
+      path: tool._meta?.["conduit/path"],
+      description: tool.description,
+      inputSchema: tool.inputSchema,
+      ...(tool.outputSchema ? { outputSchema: tool.outputSchema } : {}),
+    }));
+  }
+
+  // `then` is never a tool: a namespace must not look like a promise to `await`.
+  const namespace = (ns) =>
+    new Proxy(Object.create(null), {
+      get: (_, fn) =>
+        typeof fn === "string" && fn !== "then" ? (args) => call(`${ns}.${fn}`, args) : undefined,
+    });
+  return new Proxy(Object.create(null), {
+    get: (_, ns) => {
+      if (ns === "$discover") return discover;
+      return typeof ns === "string" && ns !== "then" ? namespace(ns) : undefined;
+    },
+  });
+}
+
+// A result as JSON text: what JSON.stringify cannot encode (BigInt, cycles, a throwing
+// toJSON) as String(value), undefined as null.
+export function encodeResult(value) {
+  if (value === undefined) return "null";
+  try {
+    const json = stringify(value);
+    if (json !== undefined) return json;
+  } catch {
+    // Fall through to the string form.
+  }
+  try {
+    return stringify(toString(value));
+  } catch {
+    return stringify("[result could not be converted to a string]");
+  }
+}
