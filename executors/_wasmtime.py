@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import functools
 import hashlib
 import importlib.metadata
 import logging
@@ -55,7 +56,10 @@ log = logging.getLogger(__name__)
 EPOCH_TICK_S = 0.010
 
 
+@functools.cache
 def wasmtime_version() -> str:
+    # Cached: reading package metadata parses files (~0.4 ms), and `info()` asks for it
+    # whenever a request picks an executor.
     return importlib.metadata.version("wasmtime")
 
 
