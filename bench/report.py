@@ -1,0 +1,142 @@
+"""The side-by-side table printed at the end of a run, targets beside the figures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.stats import Figures
+
+# Targets, in one place so the report and its verdicts agree.
+TS_P50_MS = 8.0
+TS_VS_DENO = 3.0
+PYTHON_P50_MS = 3.0
+WASM_JS_P50_MS = 2.0
+PYTHON_EXEC_PER_S = 150.0
+TS_TOOL_OVERHEAD_MS = 1.0
+PY_TOOL_OVERHEAD_MS = 0.3
+TS_HUNDRED_CALLS_MS = 150.0
+PEER_RATIO = 500.0
+PING_PER_S = 15_000
+
+
+def row(name: str, figures: Figures) -> str:
+    p50, p99 = figures["p50_ms"], figures["p99_ms"]
+    return f"  {name:44} p50 {p50:8.2f} ms   p99 {p99:8.2f} ms   (n={figures['n']})"
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "MISSED"
+
+
+def report(results: dict[str, Any]) -> None:
+    machine = results["machine"]
+    print(
+        f"conduit bench — {machine['cpu']}, {machine['cores']} cores, {machine['date']}"
+        f"{' (quick)' if results['quick'] else ''}"
+    )
+    print(f"load average at start {machine['loadavg_1m_at_start']} (quiet: ~0)")
+    for phase, seen in machine["interference"].items():
+        print(
+            f"  {phase} phase: {seen['wall_s']} s; other processes used "
+            f"{seen['other_processes_cpu_s']} CPU-s, steal {seen['steal_cpu_s']} s (quiet: ~0)"
+        )
+    _ping(results)
+    _typescript(results)
+    _python(results)
+    _javascript(results)
+    _tool_calls(results)
+
+
+def _ping(results: dict[str, Any]) -> None:
+    print(
+        "ping (one connection, pipelined)      "
+        f"{results['ping_pipelined_rps']:10.0f} req/s   (target >= {PING_PER_S})"
+    )
+    print(f"ping (8 connections)                  {results['ping_8conn_rps']:10.0f} req/s")
+
+
+def _typescript(results: dict[str, Any]) -> None:
+    print("execute, trivial TypeScript (deno), end to end:")
+    print(row("conduit, warm pool", results["execute_warm"]))
+    print(row("conduit, cold (no pool)", results["execute_cold"]))
+    print(row("reference: plain `deno run`", results["plain_deno_run"]))
+    speedup = results["plain_deno_run"]["p50_ms"] / results["execute_warm"]["p50_ms"]
+    print(
+        f"  warm conduit vs plain deno run: {speedup:.1f}x faster at p50 "
+        f"(target >= {TS_VS_DENO:.0f}x, p50 <= {TS_P50_MS:.0f} ms)"
+    )
+    print(f"execute throughput, 8 clients         {results['execute_8clients_per_s']:10.1f} exec/s")
+
+
+def _python(results: dict[str, Any]) -> None:
+    ours = results["execute_python"]
+    print("execute, trivial Python (wasm-python), end to end:")
+    print(row("conduit, wasm-python", ours))
+    print(
+        f"  p50 {ours['p50_ms']:.2f} ms (target <= {PYTHON_P50_MS:.0f} ms: "
+        f"{verdict(ours['p50_ms'] <= PYTHON_P50_MS)})"
+    )
+    _peer_rows(results["peer"], "python", ours)
+    per_s = results["execute_python_8clients_per_s"]
+    print(
+        f"execute throughput, 8 clients, Python {per_s:9.1f} exec/s "
+        f"(target >= {PYTHON_EXEC_PER_S:.0f}: {verdict(per_s >= PYTHON_EXEC_PER_S)})"
+    )
+
+
+def _javascript(results: dict[str, Any]) -> None:
+    wasm_js = results["execute_wasm_js"]
+    ours = wasm_js.get("figures")
+    print("execute, trivial JavaScript (wasm-js), end to end:")
+    if ours is None:
+        print(f"  conduit, wasm-js: not measured: {wasm_js['skipped']}")
+    else:
+        print(row("conduit, wasm-js", ours))
+        print(
+            f"  p50 {ours['p50_ms']:.2f} ms (target <= {WASM_JS_P50_MS:.0f} ms: "
+            f"{verdict(ours['p50_ms'] <= WASM_JS_P50_MS)})"
+        )
+    _peer_rows(results["peer"], "javascript", ours)
+
+
+def _peer_rows(peer: dict[str, Any], language: str, ours: Figures | None) -> None:
+    label = f"peer: {peer['name']} {peer['version']}"
+    if "skipped" in peer:
+        print(f"  {label}: not measured: {peer['skipped']}")
+        return
+    theirs = peer[language]
+    print(row(label, theirs))
+    if ours is None:
+        return
+    ratio = theirs["p50_ms"] / ours["p50_ms"]
+    print(
+        f"  conduit vs peer: {ratio:,.0f}x faster at p50 "
+        f"(target >= {PEER_RATIO:.0f}x: {verdict(ratio >= PEER_RATIO)})"
+    )
+
+
+def _tool_calls(results: dict[str, Any]) -> None:
+    direct = results["direct_mcp_call"]
+    print("tool calls to a trivial stdio upstream:")
+    print(row("reference: MCP SDK client, directly", direct))
+    print(row("tools/call over the socket, no sandbox", results["tool_call_via_socket"]))
+    print(row("from inside a Deno sandbox, per call", results["tool_call_in_sandbox"]))
+    overhead = results["tool_call_in_sandbox"]["p50_ms"] - direct["p50_ms"]
+    print(
+        f"  Deno overhead per call at p50: {overhead:.3f} ms "
+        f"(target <= {TS_TOOL_OVERHEAD_MS:.0f} ms: {verdict(overhead <= TS_TOOL_OVERHEAD_MS)})"
+    )
+    hundred = results["hundred_tool_calls"]
+    print(row("TypeScript execute with 100 sequential calls", hundred))
+    print(
+        f"  (target: 100 calls <= {TS_HUNDRED_CALLS_MS:.0f} ms end to end: "
+        f"{verdict(hundred['p50_ms'] <= TS_HUNDRED_CALLS_MS)})"
+    )
+    python = results["python_tool_calls"]
+    print(row("from inside a wasm-python sandbox, per call", python["per_call"]))
+    overhead = python["per_call"]["p50_ms"] - direct["p50_ms"]
+    print(
+        f"  Python overhead per call at p50: {overhead:.3f} ms "
+        f"(target <= {PY_TOOL_OVERHEAD_MS} ms: {verdict(overhead <= PY_TOOL_OVERHEAD_MS)})"
+    )
+    print(row(f"Python execute with {python['calls']} sequential calls", python["total"]))

@@ -1,0 +1,131 @@
+"""Tool calls to a trivial stdio upstream (the echo fixture): from inside a Deno sandbox,
+from inside a wasm-python sandbox, over the daemon's socket with no sandbox, and, as the
+reference, straight from the MCP SDK."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import trio
+
+from bench.client import Client
+from bench.conduit_daemon import ECHO_SERVER
+from bench.latency import SERIES_BUDGET_S, wait_pool_full
+from bench.stats import Figures, percentiles
+
+# A TypeScript program timing each of `inputs.n` sequential calls from inside the sandbox.
+TS_TOOL_LOOP = """
+const times = [];
+for (let i = 0; i < inputs.n; i++) {
+  const started = performance.now();
+  await tools.echo.echo({ text: "x" });
+  times.push(performance.now() - started);
+}
+return times;
+"""
+TS_HUNDRED_CALLS = "for (let i = 0; i < 100; i++) await tools.echo.echo({ text: 'x' });\n'done'"
+# The same in Python, where a tool call is synchronous; the last expression is the result.
+PY_TOOL_LOOP = """
+import time
+times = []
+for _ in range(inputs["n"]):
+    started = time.perf_counter()
+    tools.echo.echo(text="x")
+    times.append((time.perf_counter() - started) * 1000)
+times
+"""
+
+
+async def ts_calls_in_sandbox(path: str, calls: int) -> Figures:
+    """Per-call round trip timed inside one Deno program (its first call opens the link
+    to the daemon, so it is made but not counted)."""
+    client = await Client.open(path)
+    params = {
+        "language": "typescript",
+        "code": TS_TOOL_LOOP,
+        "inputs": {"n": calls + 1},
+        "limits": {"tool_calls": calls + 1, "timeout_ms": 60_000},
+    }
+    result = await client.call("execute", params)
+    assert result["status"] == "ok", result
+    await client.aclose()
+    return percentiles([ms / 1000 for ms in result["result"][1:]])
+
+
+async def ts_hundred_calls(path: str, runs: int) -> Figures:
+    """`execute` of a TypeScript program making 100 sequential calls, whole request timed."""
+    client = await Client.open(path)
+    samples = []
+    with trio.move_on_after(SERIES_BUDGET_S):
+        for _ in range(runs):
+            await wait_pool_full(client, 2)
+            started = time.perf_counter()
+            result = await client.call(
+                "execute", {"language": "typescript", "code": TS_HUNDRED_CALLS}
+            )
+            samples.append(time.perf_counter() - started)
+            assert result["result"] == "done", result
+    await client.aclose()
+    return percentiles(samples)
+
+
+async def python_calls(path: str, calls: int, runs: int) -> dict[str, Any]:
+    """`runs` executions of one Python program making `calls` sequential calls: the whole
+    request timed from the client ("total"), and every call timed inside the guest."""
+    client = await Client.open(path)
+    params = {
+        "language": "python",
+        "code": PY_TOOL_LOOP,
+        "inputs": {"n": calls},
+        "limits": {"tool_calls": calls, "timeout_ms": 60_000},
+    }
+    totals: list[float] = []
+    per_call_ms: list[float] = []
+    with trio.move_on_after(SERIES_BUDGET_S):
+        for _ in range(runs):
+            started = time.perf_counter()
+            result = await client.call("execute", params)
+            totals.append(time.perf_counter() - started)
+            assert result["status"] == "ok" and len(result["result"]) == calls, result
+            per_call_ms.extend(result["result"])
+    await client.aclose()
+    return {
+        "calls": calls,
+        "total": percentiles(totals),
+        "per_call": percentiles([ms / 1000 for ms in per_call_ms]),
+    }
+
+
+async def daemon_calls(path: str, calls: int) -> Figures:
+    """`tools/call` sent straight to the daemon's socket, no sandbox: the daemon's and the
+    gateway's share of a call, between the SDK floor and a call from a guest."""
+    client = await Client.open(path)
+    params = {"name": "echo.echo", "arguments": {"text": "x"}, "shape": "value"}
+    await client.call("tools/call", params)
+    samples = []
+    with trio.move_on_after(SERIES_BUDGET_S):
+        for _ in range(calls):
+            started = time.perf_counter()
+            await client.call("tools/call", params)
+            samples.append(time.perf_counter() - started)
+    await client.aclose()
+    return percentiles(samples)
+
+
+async def direct_mcp_calls(calls: int) -> Figures:
+    """The same call made straight to the upstream with the official MCP SDK client."""
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    server = StdioServerParameters(command=sys.executable, args=[str(ECHO_SERVER)])
+    samples = []
+    async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        await session.call_tool("echo", {"text": "x"})
+        for _ in range(calls):
+            started = time.perf_counter()
+            await session.call_tool("echo", {"text": "x"})
+            samples.append(time.perf_counter() - started)
+    return percentiles(samples)
