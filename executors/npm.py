@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from conduit.executors.wasm_build import BuildError, run_tool, shim_path
+from conduit.executors.wasm_build import BuildError, move_into_place, run_tool, shim_path
 
 __all__ = ["install_locked", "locked_version", "node_tools"]
 
@@ -67,11 +67,7 @@ def install_locked(shim_dir: str, cache_dir: Path, *, expect: str) -> Path:
         run_tool("npm install", command, cwd=staging, env=env, timeout_s=INSTALL_TIMEOUT_S)
         if not (staging / expect).exists():
             raise BuildError(f"npm install in shims/{shim_dir} did not install {expect}")
-        try:
-            os.replace(staging, target)
-        except OSError:
-            if not (target / expect).exists():  # else another install won the race
-                raise
+        move_into_place(staging, target, expect)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target

@@ -29,6 +29,7 @@ __all__ = [
     "BuiltComponent",
     "GuestRecipe",
     "ensure_component",
+    "move_into_place",
     "run_tool",
     "shim_path",
 ]
@@ -115,13 +116,22 @@ def _build(recipe: GuestRecipe, cache_dir: Path, target: Path) -> None:
         final = work / "out"
         final.mkdir()
         os.replace(work / COMPONENT_FILE, final / COMPONENT_FILE)
-        try:
-            os.replace(final, target)
-        except OSError:
-            if not (target / COMPONENT_FILE).is_file():  # else another build won the race
-                raise
+        move_into_place(final, target, COMPONENT_FILE)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def move_into_place(staging: Path, target: Path, marker: str) -> None:
+    """Rename a finished `staging` directory to `target`, atomically.
+
+    If `target` exists already, another build finished first: fine when it holds
+    `marker`, an error otherwise.
+    """
+    try:
+        os.replace(staging, target)
+    except OSError:
+        if not (target / marker).exists():
+            raise
 
 
 def run_tool(

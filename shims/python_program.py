@@ -252,22 +252,20 @@ def _start(request, host_call, allow_await):
 
 def execute(request, host_call):
     """Run the request's program; the JSON answer."""
-    program, scope, refused = _start(request, host_call, allow_await=False)
-    if refused is not None:
-        return refused
+    # Without top-level await the program never suspends, so the coroutine below runs
+    # to its end on the first step.
+    run = execute_async(request, host_call, allow_await=False)
     try:
-        exec(program, scope)
-    except BaseException as exc:  # the program's own failure, reported as its result
-        return error_answer(exc)
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    return _result_answer(scope.get(RESULT_NAME))
+        run.send(None)
+    except StopIteration as finished:
+        return finished.value
+    run.close()
+    raise RuntimeError("a program without top-level await suspended")
 
 
-async def execute_async(request, host_call):
+async def execute_async(request, host_call, allow_await=True):
     """`execute`, allowing top-level `await` in the program."""
-    program, scope, refused = _start(request, host_call, allow_await=True)
+    program, scope, refused = _start(request, host_call, allow_await)
     if refused is not None:
         return refused
     try:
