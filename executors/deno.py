@@ -38,6 +38,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -214,6 +215,8 @@ class DenoExecutor:
 
     name = "deno"
     languages = frozenset({"typescript", "javascript"})
+    # The worker script in `shims/`; a subclass running another guest names its own.
+    shim = "deno_worker.js"
 
     def __init__(
         self,
@@ -233,9 +236,9 @@ class DenoExecutor:
         self._memory_mb = memory_mb
         self._permission_flags = permission_flags(callback)
         self._start_timeout_s = start_timeout_s
-        self._shim = Path(str(importlib.resources.files("conduit.shims") / "deno_worker.js"))
+        self._shim = Path(str(importlib.resources.files("conduit.shims") / self.shim))
         self._pool: WarmPool[DenoWorker] = WarmPool(
-            partial(self._run_worker, memory_mb, IDLE_WORKER_CPU_S), size=pool_size, name="deno"
+            partial(self._run_worker, memory_mb, IDLE_WORKER_CPU_S), size=pool_size, name=self.name
         )
         self._version: str | None = None
         self._reason: str | None = "the executor has not been started (serve() has not run)"
@@ -350,9 +353,31 @@ class DenoExecutor:
             "run",
             *SANDBOX_FLAGS,
             *self._permission_flags,
+            *self.extra_flags(),
             f"--v8-flags=--max-old-space-size={heap_mb}",
             str(self._shim),
+            *self.shim_args(),
         ]
+
+    # -- what a subclass running another guest changes ---------------------------------
+
+    def extra_flags(self) -> list[str]:
+        """Deno flags beyond the sandbox's and the callback's (none: no permission)."""
+        return []
+
+    def shim_args(self) -> list[str]:
+        """Arguments for the worker script."""
+        return []
+
+    def program_fields(self, job: Job) -> dict[str, Any]:
+        """The job's program, as the worker script reads it."""
+        prepared = prepare_module(job.code)
+        return {"module": prepared.text, "line_offset": prepared.line_offset}
+
+    def is_out_of_memory(self, error: ErrorInfo) -> bool:
+        """Whether the program's error means it ran out of memory."""
+        refused = error.message.lower()
+        return error.type == "RangeError" and any(s in refused for s in ALLOCATION_REFUSED)
 
     async def _run_worker(
         self, heap_mb: int, cpu_s: int, *, task_status: trio.TaskStatus[DenoWorker]
@@ -462,7 +487,7 @@ class DenoExecutor:
         if job.language not in self.languages:
             raise ValueError(f"the deno executor does not run {job.language!r}")
         nonce = secrets.token_hex(NONCE_BYTES)
-        request = _encode_job(job, nonce, bridge)
+        request = _encode_job(job, nonce, bridge, self.program_fields(job))
         if job.limits.memory_mb == self._memory_mb:
             worker = self._pool.acquire_nowait()
             if worker is not None:
@@ -563,6 +588,7 @@ class DenoExecutor:
             stdout,
             timed_out=deadline.cancelled_caught,
             returncode=process.returncode,
+            is_out_of_memory=self.is_out_of_memory,
         )
 
 
@@ -578,14 +604,13 @@ def _limit(worker: DenoWorker, limits: ProcessLimits) -> None:
         raise SandboxCrashed("a Deno worker exited right after starting") from exc
 
 
-def _encode_job(job: Job, nonce: str, bridge: ToolBridge) -> bytes:
-    prepared = prepare_module(job.code)
+def _encode_job(job: Job, nonce: str, bridge: ToolBridge, program: dict[str, Any]) -> bytes:
     callback = bridge.callback
     message = {
         "nonce": nonce,
-        "module": prepared.text,
-        "line_offset": prepared.line_offset,
+        **program,
         "inputs": job.inputs,
+        "timeout_ms": job.limits.timeout_ms,
         "lang": job.language,
         # How the program's `tools.*` calls reach the daemon: this execution's session
         # token, on the one address the sandbox may connect to.
@@ -624,6 +649,7 @@ def _outcome(
     *,
     timed_out: bool,
     returncode: int | None,
+    is_out_of_memory: Callable[[ErrorInfo], bool],
 ) -> Outcome:
     """How the execution ended, from what was observed. Limits come first: the
     sandbox was killed for them, so what it would have returned is unknown."""
@@ -635,11 +661,13 @@ def _outcome(
     if timed_out:
         return outcomes.timed_out(outcome, limits)
     if stdout.payload is not None:
-        return _from_payload(outcome, stdout.payload)
+        return _from_payload(outcome, stdout.payload, is_out_of_memory)
     return _from_exit(outcome, returncode, limits)
 
 
-def _from_payload(outcome: Outcome, payload: bytes) -> Outcome:
+def _from_payload(
+    outcome: Outcome, payload: bytes, is_out_of_memory: Callable[[ErrorInfo], bool]
+) -> Outcome:
     try:
         message: dict[str, Any] = json.loads(payload)
         error = message.get("error")
@@ -654,10 +682,8 @@ def _from_payload(outcome: Outcome, payload: bytes) -> Outcome:
         return outcome
     info = outcomes.error_info(error)
     outcome.error = info
-    # An ArrayBuffer or WebAssembly allocation refused by the memory backstop.
-    refused = info.message.lower()
-    out_of_memory = info.type == "RangeError" and any(s in refused for s in ALLOCATION_REFUSED)
-    outcome.status = Status.MEMORY_LIMIT if out_of_memory else Status.ERROR
+    # An allocation refused by the memory backstop.
+    outcome.status = Status.MEMORY_LIMIT if is_out_of_memory(info) else Status.ERROR
     return outcome
 
 

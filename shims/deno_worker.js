@@ -18,6 +18,7 @@
 // the only dynamic import here is of the program's own data: URL; the static one is
 // the SDK every JavaScript sandbox shares.
 
+import { socketRequester } from "./daemon_socket.js";
 import { ToolError, encodeResult, makeTools } from "./sandbox_sdk.js";
 
 // Captured before any program code runs: the program may replace globals and
@@ -29,6 +30,7 @@ const decode = TextDecoder.prototype.decode.bind(new TextDecoder());
 const stdoutWrite = Deno.stdout.writeSync.bind(Deno.stdout);
 const stdinRead = Deno.stdin.read.bind(Deno.stdin);
 const exit = Deno.exit;
+const connect = Deno.connect;
 const toBase64 = Uint8Array.prototype.toBase64;
 const RESULT_MARK = "\x1e";
 const READY = "\x1econduit-ready\n";
@@ -83,76 +85,10 @@ async function readJob() {
   return parse(decode(all));
 }
 
-// ---- tools: the program's way back to the daemon -----------------------------------
-//
-// `tools.<ns>.<tool>(args)` sends `tools/call` on ONE connection to the daemon's sandbox
-// socket, opened on first use and shared by every call (multiplexed by id), under this
-// execution's session token. The daemon shapes the answer (`shape: "value"`), so every
-// guest language returns the same value: see conduit.gateway.catalogue.value_of.
-
-const connect = Deno.connect;
+// ---- tools: the program's way back to the daemon (see daemon_socket.js) ----------
 
 function installTools(token, callback) {
-  let connection = null;
-  let nextId = 1;
-  const pending = new Map();
-
-  async function open() {
-    if (!callback) throw new ToolError("tools are not available in this execution", -32006, null);
-    const conn = callback.unix_path
-      ? await connect({ transport: "unix", path: callback.unix_path })
-      : await connect({ hostname: callback.tcp_host, port: callback.tcp_port });
-    readReplies(conn);
-    return conn;
-  }
-
-  async function readReplies(conn) {
-    const buffer = new Uint8Array(65536);
-    let text = "";
-    try {
-      for (;;) {
-        const n = await conn.read(buffer);
-        if (n === null) break;
-        text += decode(buffer.subarray(0, n), { stream: true });
-        let newline;
-        while ((newline = text.indexOf("\n")) >= 0) {
-          settle(parse(text.slice(0, newline)));
-          text = text.slice(newline + 1);
-        }
-      }
-    } catch {
-      // Fall through: every call still waiting learns the connection is gone.
-    }
-    for (const { reject } of pending.values()) {
-      reject(new ToolError("the connection to the daemon closed", -32603, null));
-    }
-    pending.clear();
-  }
-
-  function settle(reply) {
-    const waiter = pending.get(reply.id);
-    if (!waiter) return;
-    pending.delete(reply.id);
-    if (reply.error) {
-      const { code, message, data } = reply.error;
-      waiter.reject(new ToolError(message, code, data?.tool ?? waiter.tool, data));
-    } else {
-      waiter.resolve(reply.result);
-    }
-  }
-
-  async function request(method, params, tool) {
-    connection ??= open();
-    const conn = await connection;
-    const id = nextId++;
-    const message = { jsonrpc: "2.0", id, method, params, auth: { bearerToken: token } };
-    const reply = new Promise((resolve, reject) => pending.set(id, { resolve, reject, tool }));
-    const bytes = encode(stringify(message) + "\n");
-    for (let offset = 0; offset < bytes.length; ) offset += await conn.write(bytes.subarray(offset));
-    return reply;
-  }
-
-  const tools = makeTools(request);
+  const tools = makeTools(socketRequester(token, callback, connect));
   Object.defineProperty(globalThis, "tools", { value: tools, enumerable: true });
   Object.defineProperty(globalThis, "ToolError", { value: ToolError, enumerable: true });
 }
