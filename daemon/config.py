@@ -177,6 +177,16 @@ class WasmConfig(_Section):
     fuel: Annotated[int, Field(ge=0)] = 0
 
 
+class PyodideConfig(_Section):
+    # Off by default: each idle worker holds ~170 MB and takes ~2 s of CPU to load;
+    # wasm-python runs Python's default. Turn it on for programs that need the whole
+    # standard library or top-level `await`.
+    enabled: bool = False
+    binary: str = ""
+    # Loaded workers kept warm; each is used once, then replaced.
+    pool_size: Annotated[int, Field(ge=0, le=16)] = 1
+
+
 class ExecutorsConfig(_Section):
     python: str = "wasm-python"
     typescript: str = "deno"
@@ -184,6 +194,7 @@ class ExecutorsConfig(_Section):
     deno: DenoConfig = DenoConfig()
     wasm_python: WasmConfig = WasmConfig()
     wasm_js: WasmConfig = WasmConfig()
+    pyodide: PyodideConfig = PyodideConfig()
 
 
 class GatewayConfig(_Section):

@@ -61,6 +61,19 @@ def build_registry(config: Config, callback: CallbackAddress | None) -> Executor
         from conduit.executors.wasm_js import WasmJsExecutor
 
         executors.append(WasmJsExecutor(cache_dir=wasm_cache, fuel=wasm_js.fuel or None))
+    pyodide = config.executors.pyodide
+    if pyodide.enabled:
+        from conduit.executors.pyodide import PyodideExecutor
+
+        executors.append(
+            PyodideExecutor(
+                binary=pyodide.binary or None,
+                pool_size=pyodide.pool_size,
+                memory_mb=config.limits.defaults.memory_mb,
+                cache_dir=Path(config.server.state_dir) / "pyodide",
+                callback=callback,
+            )
+        )
     return ExecutorRegistry(executors, language_defaults(config))
 
 

@@ -19,8 +19,8 @@ __all__ = ["ExecutorRegistry"]
 
 log = logging.getLogger("conduit.executors")
 
-# Executors planned for Conduit that this build may not carry yet; asked for by name,
-# they are reported as unavailable rather than unknown.
+# Every executor Conduit has; one the configuration does not enable is reported as
+# unavailable (and says how to enable it) rather than unknown.
 KNOWN_EXECUTORS = {
     "deno": ("typescript", "javascript"),
     "wasm-python": ("python",),
@@ -113,9 +113,8 @@ class ExecutorRegistry:
     def _raise_missing(self, name: str) -> None:
         if name in KNOWN_EXECUTORS:
             raise ExecutorUnavailable(
-                f"executor {name!r} is not part of this version yet; "
-                "executors/list shows what is available",
-                {"executor": name, "reason": "not part of this version yet"},
+                f"executor {name!r} is {_disabled(name)}; executors/list shows what is available",
+                {"executor": name, "reason": _disabled(name)},
             )
         raise InvalidParams(
             f"invalid params: unknown executor {name!r}; executors/list shows the executors",
@@ -127,12 +126,13 @@ class ExecutorRegistry:
         infos = [executor.info() for executor in self._executors.values()]
         for name, languages in KNOWN_EXECUTORS.items():
             if name not in self._executors:
-                infos.append(
-                    ExecutorInfo(
-                        name, languages, available=False, reason="not part of this version yet"
-                    )
-                )
+                infos.append(ExecutorInfo(name, languages, available=False, reason=_disabled(name)))
         return infos
 
     def defaults(self) -> dict[str, str]:
         return dict(self._defaults)
+
+
+def _disabled(name: str) -> str:
+    section = name.replace("-", "_")
+    return f"disabled in the configuration (set executors.{section}.enabled = true)"

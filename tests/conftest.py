@@ -51,6 +51,20 @@ def wasm_cache(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFac
     return cache
 
 
+@pytest.fixture(scope="session")
+def pyodide_install(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Pyodide from npm, installed once (kept in pytest's cache like the components)."""
+    from conduit.executors.npm import install_locked
+    from conduit.executors.pyodide import PACKAGE, SHIM_DIR
+
+    if pytestconfig.cache is not None:
+        where = pytestconfig.cache.mkdir("pyodide")
+    else:
+        where = tmp_path_factory.mktemp("pyodide")
+    install_locked(SHIM_DIR, where, expect=f"node_modules/{PACKAGE}/pyodide.mjs")
+    return where
+
+
 def link_wasm_cache(state_dir: Path, cache: Path) -> None:
     """Give a daemon's state dir the session's built component (`<state>/wasm`)."""
     state_dir.mkdir(parents=True, exist_ok=True)

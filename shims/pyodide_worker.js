@@ -1,0 +1,135 @@
+// Conduit's one-shot Pyodide worker: loads Python, runs exactly one program, exits.
+//
+// Run by the daemon as `deno run <deny-all flags> --allow-read=<Pyodide's files and
+// python_program.py> pyodide_worker.js <pyodide dir> <python_program.py> <those paths>`
+// (conduit/executors/pyodide.py). The protocol is the Deno worker's (deno_worker.js):
+// READY on stdout once loaded, one JSON job on stdin, then "\x1e" + nonce + PAYLOAD as
+// the last thing on stdout, where PAYLOAD is python_program's JSON answer.
+//
+// Before any program runs, the worker gives up what it no longer needs and what Python
+// could reach through `import js`: read permission is revoked, and the ways a program
+// could end or write past the daemon's reading of this process are deleted. Whatever
+// is left, the daemon treats this process's stdout and exit as the program's own,
+// untrusted: only the nonce-marked line counts.
+
+import { socketRequester } from "./daemon_socket.js";
+
+// Captured first: nothing below may be reached or replaced by the program.
+const stringify = JSON.stringify;
+const parse = JSON.parse;
+const encode = TextEncoder.prototype.encode.bind(new TextEncoder());
+const decode = TextDecoder.prototype.decode.bind(new TextDecoder());
+const stdoutWrite = Deno.stdout.writeSync.bind(Deno.stdout);
+const stderrWrite = Deno.stderr.writeSync.bind(Deno.stderr);
+const stdinRead = Deno.stdin.read.bind(Deno.stdin);
+const exit = Deno.exit;
+const connect = Deno.connect;
+const readTextFile = Deno.readTextFileSync;
+const RESULT_MARK = "\x1e";
+const READY = "\x1econduit-ready\n";
+
+// Pyodide's directory, the program contract, then every path this worker may read.
+const [pyodideDir, programModule, ...readable] = Deno.args;
+
+function writeAll(write, bytes) {
+  let offset = 0;
+  while (offset < bytes.length) offset += write(bytes.subarray(offset));
+}
+
+async function readJob() {
+  const chunks = [];
+  let total = 0;
+  for (;;) {
+    const buffer = new Uint8Array(65536);
+    const n = await stdinRead(buffer);
+    if (n === null) break;
+    chunks.push(buffer.subarray(0, n));
+    total += n;
+  }
+  const all = new Uint8Array(total);
+  let offset = 0;
+  for (const chunk of chunks) {
+    all.set(chunk, offset);
+    offset += chunk.length;
+  }
+  return parse(decode(all));
+}
+
+const { loadPyodide } = await import(`file://${pyodideDir}/pyodide.mjs`);
+const pyodide = await loadPyodide({
+  indexURL: `${pyodideDir}/`,
+  stdout: () => {},
+  stderr: () => {},
+});
+// Raw writes as Python makes them: the daemon counts output against the budget as it
+// streams, and nothing is lost or reordered by line buffering.
+pyodide.setStdout({ write: (bytes) => (writeAll(stdoutWrite, bytes), bytes.length) });
+pyodide.setStderr({ write: (bytes) => (writeAll(stderrWrite, bytes), bytes.length) });
+pyodide.FS.mkdirTree("/conduit");
+pyodide.FS.writeFile("/conduit/python_program.py", readTextFile(programModule));
+// The program's contract (shims/python_program.py) and a runner that lets the program's
+// synchronous tool calls wait on the daemon's answer (JSPI's run_sync).
+const run = pyodide.runPython(`
+import json, sys
+sys.path.insert(0, "/conduit")
+import python_program
+from pyodide.ffi import run_sync
+
+async def conduit_run(request_json, js_host_call):
+    def host_call(method, params):
+        return run_sync(js_host_call(method, params))
+    return await python_program.execute_async(json.loads(request_json), host_call)
+
+conduit_run
+`);
+
+// Nothing more to read: Pyodide holds its files in memory now. (Only these paths: the
+// daemon's socket, if granted, must stay reachable.)
+for (const path of readable) Deno.permissions.revokeSync({ name: "read", path });
+for (const name of ["exit", "kill", "stdin", "stdout", "stderr", "addSignalListener", "removeSignalListener"]) {
+  delete Deno[name];
+}
+if (globalThis.process) {
+  for (const name of ["exit", "reallyExit", "abort", "kill", "stdin", "stdout", "stderr", "_rawDebug"]) {
+    delete globalThis.process[name];
+  }
+}
+delete globalThis.close;
+delete globalThis.Worker;
+// An error outside the awaited program (a timer, an unawaited promise) must not end the
+// process before it reports.
+globalThis.addEventListener("error", (event) => event.preventDefault());
+globalThis.addEventListener("unhandledrejection", (event) => event.preventDefault());
+
+writeAll(stdoutWrite, encode(READY));
+const job = await readJob();
+
+// One JSON-RPC call to the daemon, for python_program's `host_call`: the answer as JSON
+// text, {"result": ...} or {"error": {...}}, never a rejection.
+const request = socketRequester(job.session_token, job.callback, connect);
+async function hostCall(method, params) {
+  try {
+    return stringify({ result: await request(method, parse(params), null) });
+  } catch (error) {
+    return stringify({ error: { code: error.code ?? -32603, message: String(error.message ?? error), data: error.data } });
+  }
+}
+
+let answer;
+try {
+  // runPythonAsync: the program may await at top level, and run_sync may suspend it.
+  const scope = pyodide.globals.get("dict")();
+  scope.set("conduit_run", run);
+  scope.set("request_json", stringify(job.program));
+  scope.set("js_host_call", hostCall);
+  answer = await pyodide.runPythonAsync("await conduit_run(request_json, js_host_call)", { globals: scope });
+} catch (error) {
+  answer = stringify({ error: { type: "InternalError", message: String(error?.message ?? error), traceback: "" } });
+}
+try {
+  pyodide.runPython("import sys; sys.stdout.flush(); sys.stderr.flush()");
+} catch {
+  // Output already written stays written; the answer still goes out.
+}
+writeAll(stdoutWrite, encode(RESULT_MARK + job.nonce + answer + "\n"));
+exit(answer.startsWith('{"error"') ? 1 : 0);

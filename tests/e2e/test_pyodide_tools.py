@@ -1,0 +1,66 @@
+"""Python on Pyodide calling real MCP upstreams: the same source as on wasm-python.
+
+Slow: the daemon's Pyodide workers load Pyodide (seconds each).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.helpers import wait_upstreams
+from tests.e2e.test_tools import ECHO, TIME
+
+pytestmark = pytest.mark.slow
+
+PROGRAM = """
+said = tools.echo.echo(text="hi")
+summed = tools.echo.add({"a": 2, "b": 3})
+try:
+    tools.echo.fail(message="nope")
+except ToolError as e:
+    failed = [e.code, e.tool, e.message]
+listed = sorted(t["path"] for t in tools._discover() if t["path"].startswith("echo."))
+return {"said": said, "sum": summed, "failed": failed, "has_echo": "echo.echo" in listed}
+"""
+
+
+def share_install(state_dir: Path, install: Path) -> None:
+    """Give the daemon the session's Pyodide install instead of installing again."""
+    target = state_dir / "pyodide"
+    target.mkdir(parents=True, exist_ok=True)
+    for installed in install.glob("pyodide-npm-*"):
+        (target / installed.name).symlink_to(installed, target_is_directory=True)
+
+
+async def test_the_same_python_source_runs_unchanged_on_pyodide(
+    start_daemon: Any, connect: Any, tmp_path: Path, pyodide_install: Path
+) -> None:
+    share_install(tmp_path / "state", pyodide_install)
+    server, info = await start_daemon(
+        upstreams=[ECHO, TIME], executors={"pyodide": {"enabled": True, "pool_size": 1}}
+    )
+    await wait_upstreams(server, "echo", "time")
+    client = await connect(info)
+    on_wasm = await client.call("execute", {"language": "python", "code": PROGRAM})
+    on_pyodide = await client.call(
+        "execute", {"language": "python", "executor": "pyodide", "code": PROGRAM}
+    )
+    assert on_wasm["status"] == "ok", on_wasm
+    assert on_pyodide["status"] == "ok", on_pyodide["error"]
+    assert on_pyodide["executor"] == "pyodide"
+    assert on_pyodide["result"] == on_wasm["result"]
+    assert on_pyodide["tool_calls"] == on_wasm["tool_calls"] == 3
+    # Top-level await beside synchronous tool calls, and the allowlist binds here too.
+    code = (
+        "import asyncio\nawait asyncio.sleep(0)\n"
+        "try:\n    tools.time.get_current_time(timezone='UTC')\n"
+        "except ToolError as e:\n    return e.code"
+    )
+    limited = await client.call(
+        "execute",
+        {"language": "python", "executor": "pyodide", "code": code, "allowed_tools": ["echo.*"]},
+    )
+    assert limited["result"] == -32003, limited
