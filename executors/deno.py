@@ -243,6 +243,7 @@ class DenoExecutor:
         self._version: str | None = None
         self._reason: str | None = "the executor has not been started (serve() has not run)"
         self._cold_starts_other_heap = 0
+        self._settled = trio.Event()  # set once `serve` knows whether Deno works
 
     def __repr__(self) -> str:
         state = "available" if self._reason is None else f"unavailable: {self._reason}"
@@ -259,11 +260,17 @@ class DenoExecutor:
         broken Deno.
         """
         self._reason = await self._probe()
+        self._settled.set()
         if self._reason is not None:
             log.warning("deno executor unavailable: %s", self._reason)
             task_status.started()
             await trio.sleep_forever()
         await self._pool.run(task_status=task_status)
+
+    async def wait_ready(self) -> bool:
+        """Wait until `serve` knows whether the executor can run jobs; whether it can."""
+        await self._settled.wait()
+        return self._reason is None
 
     async def _probe(self) -> str | None:
         """Check Deno, the shim and the directories; return why not usable, or None."""

@@ -13,6 +13,7 @@
 // untrusted: only the nonce-marked line counts.
 
 import { socketRequester } from "./daemon_socket.js";
+import { boot } from "./pyodide_boot.js";
 
 // Captured first: nothing below may be reached or replaced by the program.
 const stringify = JSON.stringify;
@@ -28,8 +29,9 @@ const readTextFile = Deno.readTextFileSync;
 const RESULT_MARK = "\x1e";
 const READY = "\x1econduit-ready\n";
 
-// Pyodide's directory, the program contract, then every path this worker may read.
-const [pyodideDir, programModule, ...readable] = Deno.args;
+// Pyodide's directory, the program contract, the snapshot to start from ("" for none),
+// then every path this worker may read.
+const [pyodideDir, programModule, snapshotPath, ...readable] = Deno.args;
 
 function writeAll(write, bytes) {
   let offset = 0;
@@ -55,33 +57,15 @@ async function readJob() {
   return parse(decode(all));
 }
 
-const { loadPyodide } = await import(`file://${pyodideDir}/pyodide.mjs`);
-const pyodide = await loadPyodide({
-  indexURL: `${pyodideDir}/`,
-  stdout: () => {},
-  stderr: () => {},
+const { pyodide, run } = await boot({
+  pyodideDir,
+  programText: readTextFile(programModule),
+  snapshot: snapshotPath ? Deno.readFileSync(snapshotPath) : undefined,
 });
 // Raw writes as Python makes them: the daemon counts output against the budget as it
 // streams, and nothing is lost or reordered by line buffering.
 pyodide.setStdout({ write: (bytes) => (writeAll(stdoutWrite, bytes), bytes.length) });
 pyodide.setStderr({ write: (bytes) => (writeAll(stderrWrite, bytes), bytes.length) });
-pyodide.FS.mkdirTree("/conduit");
-pyodide.FS.writeFile("/conduit/python_program.py", readTextFile(programModule));
-// The program's contract (shims/python_program.py) and a runner that lets the program's
-// synchronous tool calls wait on the daemon's answer (JSPI's run_sync).
-const run = pyodide.runPython(`
-import json, sys
-sys.path.insert(0, "/conduit")
-import python_program
-from pyodide.ffi import run_sync
-
-async def conduit_run(request_json, js_host_call):
-    def host_call(method, params):
-        return run_sync(js_host_call(method, params))
-    return await python_program.execute_async(json.loads(request_json), host_call)
-
-conduit_run
-`);
 
 // Nothing more to read: Pyodide holds its files in memory now. (Only these paths: the
 // daemon's socket, if granted, must stay reachable.)

@@ -33,6 +33,8 @@ def share_install(state_dir: Path, install: Path) -> None:
     target.mkdir(parents=True, exist_ok=True)
     for installed in install.glob("pyodide-npm-*"):
         (target / installed.name).symlink_to(installed, target_is_directory=True)
+    for snapshot in install.glob("snapshot-*.bin"):
+        (target / snapshot.name).symlink_to(snapshot)
 
 
 async def test_the_same_python_source_runs_unchanged_on_pyodide(

@@ -29,8 +29,7 @@ async def pyodide(nursery: trio.Nursery, tmp_path: Path, pyodide_install: Path) 
     )
     await nursery.start(executor.serve)
     with trio.fail_after(LOAD_WAIT_S):
-        while not executor.info().available:
-            await trio.sleep(0.05)  # installing from the session's copy takes a moment
+        assert await executor.wait_ready(), executor.info().reason
     return executor
 
 
@@ -41,7 +40,9 @@ async def run(executor: PyodideExecutor, code: str, inputs: Any = None, **limits
 
 
 async def test_the_python_contract_holds(pyodide: PyodideExecutor) -> None:
-    assert pyodide.info().version is not None and pyodide.info().version.startswith("Pyodide 314")
+    info = pyodide.info()
+    assert info.version is not None and info.version.startswith("Pyodide 314")
+    assert info.pool is not None and info.pool["snapshot"], info  # workers restore, not load
     code = "import sys\nprint('hi', inputs['n'])\nprint('e', file=sys.stderr)\ninputs['n'] * 2"
     done = await run(pyodide, code, inputs={"n": 21})
     assert (done.status, done.result, done.stdout, done.stderr) == (Status.OK, 42, "hi 21\n", "e\n")
