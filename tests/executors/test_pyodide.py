@@ -6,6 +6,8 @@ Slow (each worker loads Pyodide, ~2-3 s of CPU), so each test batches its checks
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -115,3 +117,35 @@ async def test_limits_stop_the_program_and_keep_its_output(pyodide: PyodideExecu
     assert bomb.status is Status.MEMORY_LIMIT, bomb
     flood = await run(pyodide, "while True: print('x' * 99)", output_bytes=10_000)
     assert flood.status is Status.OUTPUT_LIMIT and len(flood.stdout) == 10_000
+
+
+def pyodide_workers() -> list[int]:
+    """Pids of this process's Pyodide workers (deno children running the worker)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes()
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"pyodide_worker.js" in command and parent == os.getpid():
+            found.append(int(entry.name))
+    return found
+
+
+async def test_a_killed_worker_is_a_crash_and_the_executor_keeps_serving(
+    pyodide: PyodideExecutor,
+) -> None:
+    async def kill_workers_soon() -> None:
+        await trio.sleep(1.0)  # the program is spinning by then
+        for pid in pyodide_workers():
+            os.kill(pid, signal.SIGKILL)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(kill_workers_soon)
+        killed = await run(pyodide, "print('up', flush=True)\nwhile True: pass", timeout_ms=30_000)
+    assert killed.status is Status.CRASHED, killed
+    assert killed.stdout == "up\n"
+    assert (await run(pyodide, "6 * 7")).result == 42
