@@ -42,3 +42,22 @@ def test_shims_ship_as_package_data() -> None:
     from importlib.resources import files
 
     assert (files("conduit.shims") / "deno_worker.js").is_file()
+
+
+def test_every_shim_file_is_declared_package_data() -> None:
+    """A wheel (what CI and users install) carries only what pyproject.toml declares."""
+    import fnmatch
+    import tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    package_of = {directory: name for name, directory in setuptools["package-dir"].items()}
+    missing = []
+    for path in sorted((root / "shims").rglob("*")):
+        if path.is_dir() or "__pycache__" in path.parts:
+            continue
+        directory = path.parent.relative_to(root).as_posix()
+        patterns = setuptools["package-data"].get(package_of.get(directory, ""), [])
+        if not any(fnmatch.fnmatch(path.name, pattern) for pattern in patterns):
+            missing.append(path.relative_to(root).as_posix())
+    assert missing == []
