@@ -239,12 +239,9 @@ class WasmExecutor:
             outcome = outcomes.captured(capture)
             outcome.status, outcome.error, outcome.exit_code = Status.ERROR, exc.error, 1
             return outcome
-        async with self._slots, trio.open_nursery() as nursery:
-            nursery.start_soon(_stop_when, job.stop, interrupt)
+        async with self._slots:
             answer, trap = await self._wait_for_guest(job, request, execution, capture)
-            stopped = interrupt.reason  # before cancelling the watcher, which sets one
-            nursery.cancel_scope.cancel()
-        outcome = self._outcome(job, capture, answer, trap, stopped)
+        outcome = self._outcome(job, capture, answer, trap, interrupt.reason)
         outcome.tool_calls = execution.tool_calls
         return outcome
 
@@ -439,7 +436,8 @@ def _record(execution: _Execution, capture: OutputCapture, stream: str, data: by
 async def _give_up_after_grace(
     interrupt: _wasmtime.Interrupt, stop: trio.Event, scope: trio.CancelScope
 ) -> None:
-    """Cancel `scope` LINGER_GRACE_S after the guest's time is up or it is stopped."""
+    """Stop the guest when its time is up or its job is stopped, and cancel `scope`
+    LINGER_GRACE_S later (it is cancelled first when the guest comes back in time)."""
     with trio.move_on_after(max(0.0, interrupt.deadline - time.monotonic())):
         await stop.wait()
     # A no-op if the guest was stopped for another reason first.
@@ -447,13 +445,6 @@ async def _give_up_after_grace(
     interrupt.stop(reason)
     await trio.sleep(LINGER_GRACE_S)
     scope.cancel()
-
-
-async def _stop_when(stop: trio.Event, interrupt: _wasmtime.Interrupt) -> None:
-    try:
-        await stop.wait()
-    finally:  # set, or the run cancelled: either way the guest stops
-        interrupt.stop(_wasmtime.StopReason.CANCELLED)
 
 
 def _rpc_error(code: int, message: str, data: Any = None) -> str:
