@@ -20,7 +20,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from conduit.executors.wasm_build import BuildError, move_into_place, run_tool, shim_path
+from conduit.executors.wasm_build import (
+    BuildError,
+    move_into_place,
+    prune_superseded,
+    run_tool,
+    shim_path,
+)
 
 __all__ = ["install_locked", "locked_version", "node_tools"]
 
@@ -68,6 +74,7 @@ def install_locked(shim_dir: str, cache_dir: Path, *, expect: str) -> Path:
         if not (staging / expect).exists():
             raise BuildError(f"npm install in shims/{shim_dir} did not install {expect}")
         move_into_place(staging, target, expect)
+        prune_superseded(cache_dir, f"{name}-npm", keep=target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target

@@ -5,8 +5,9 @@ knows how to turn them into a pre-initialised component with its pinned build to
 (see `wasm_guests`). `ensure_component` builds it into
 `<cache_dir>/<recipe>-<hash>/guest.wasm`, where the hash covers every build input
 (the sources and the tools' versions), so changing any of them builds a new component
-and an unchanged one is never built twice. A build runs in a temporary directory that
-is renamed into place only when complete: a crash mid-build leaves no half component.
+and an unchanged one is never built twice; a new build deletes those it supersedes.
+A build runs in a temporary directory that is renamed into place only when complete:
+a crash mid-build leaves no half component.
 
 Blocking (a build takes seconds): call `ensure_component` in a worker thread.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import importlib.resources
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -30,6 +32,7 @@ __all__ = [
     "GuestRecipe",
     "ensure_component",
     "move_into_place",
+    "prune_superseded",
     "run_tool",
     "shim_path",
 ]
@@ -98,6 +101,7 @@ def ensure_component(recipe: GuestRecipe, cache_dir: Path) -> BuiltComponent:
     if not wasm.is_file():
         cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         _build(recipe, cache_dir, target)
+        prune_superseded(cache_dir, recipe.name, keep=target)
         built = True
     component_hash = hashlib.sha256(wasm.read_bytes()).hexdigest()
     return BuiltComponent(
@@ -119,6 +123,15 @@ def _build(recipe: GuestRecipe, cache_dir: Path, target: Path) -> None:
         move_into_place(final, target, COMPONENT_FILE)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def prune_superseded(cache_dir: Path, prefix: str, *, keep: Path) -> None:
+    """Delete the `<prefix>-<16 hex>` directories in `cache_dir` other than `keep`:
+    builds for inputs that changed (an upgrade), which nothing will load again."""
+    pattern = re.compile(rf"{re.escape(prefix)}-[0-9a-f]{{16}}")
+    for old in cache_dir.iterdir():
+        if old != keep and old.is_dir() and pattern.fullmatch(old.name):
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def move_into_place(staging: Path, target: Path, marker: str) -> None:
