@@ -143,6 +143,9 @@ class PyodideExecutor(DenoExecutor):
             if done.returncode != 0:
                 raise OSError(done.stderr.decode("utf-8", "replace").strip()[-500:])
             os.replace(partial_file, target)
+            for superseded in self._install_dir.glob("snapshot-*.bin"):
+                if superseded != target:
+                    superseded.unlink(missing_ok=True)
         except (OSError, trio.TooSlowError) as exc:
             partial_file.unlink(missing_ok=True)
             log.warning("no Pyodide snapshot (workers load cold, ~2 s each): %s", exc)
