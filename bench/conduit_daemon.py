@@ -2,9 +2,9 @@
 
 The daemon's state directory is kept in the user's cache (not the run's temporary
 directory) so that the Wasmtime components it builds on first start (~12 s for
-wasm-python, more for wasm-js) are built once, not once per benchmark run; the deno
-executor keeps nothing there that outlives a worker. Daemons run one after another, so
-sharing it is safe.
+wasm-python, more for wasm-js), and the Pyodide install and snapshot, are made once,
+not once per benchmark run; the deno executor keeps nothing there that outlives a
+worker. Daemons run one after another, so sharing it is safe.
 """
 
 from __future__ import annotations
@@ -41,24 +41,37 @@ args = [{json.dumps(str(ECHO_SERVER))}]
 """
 
 
-def _config(pool_size: int, wasm: bool) -> str:
+def _config(pool_size: int, wasm: bool, pyodide_pool: int | None) -> str:
+    pyodide = (
+        f"[executors.pyodide]\nenabled = true\npool_size = {pyodide_pool}\n"
+        if pyodide_pool is not None
+        else ""
+    )
     return (
         f"[executors.deno]\npool_size = {pool_size}\n"
         f"[executors.wasm_python]\nenabled = {json.dumps(wasm)}\n"
         f"[executors.wasm_js]\nenabled = {json.dumps(wasm)}\n"
-        "[limits]\nmax_concurrent_executions = 8\nqueue_size = 256\n" + UPSTREAM
+        + pyodide
+        + "[limits]\nmax_concurrent_executions = 8\nqueue_size = 256\n"
+        + UPSTREAM
     )
 
 
 @asynccontextmanager
 async def daemon(
-    workdir: Path, name: str, *, pool_size: int, wasm: bool = True
+    workdir: Path,
+    name: str,
+    *,
+    pool_size: int,
+    wasm: bool = True,
+    pyodide_pool: int | None = None,
 ) -> AsyncIterator[str]:
     """A `conduit serve` process with the echo upstream; yields its socket path once
     it answers `ping` (executors may still be building: see `wait_executors`).
-    `wasm=False` leaves the Wasmtime executors out (a Deno-only daemon)."""
+    `wasm=False` leaves the Wasmtime executors out (a Deno-only daemon); a
+    `pyodide_pool` turns the pyodide executor on with that many warm workers."""
     config = workdir / f"{name}.toml"
-    config.write_text(_config(pool_size, wasm))
+    config.write_text(_config(pool_size, wasm, pyodide_pool))
     socket_path = str(workdir / f"{name}.sock")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONDUIT_")}
     env["CONDUIT_STATE_DIR"] = str(STATE_DIR)

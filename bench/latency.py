@@ -20,14 +20,16 @@ from bench.stats import Figures, percentiles
 SERIES_BUDGET_S = 120
 
 
-async def wait_pool_full(client: Client, size: int) -> None:
-    """Until the deno pool has `size` idle workers (at most 5 s), as an agent's requests,
-    seconds apart, would find it."""
-    with trio.move_on_after(5):
+async def wait_pool_full(
+    client: Client, size: int, executor: str = "deno", *, within_s: float = 5
+) -> None:
+    """Until `executor`'s pool has `size` idle workers (at most `within_s`), as an
+    agent's requests, seconds apart, would find it."""
+    with trio.move_on_after(within_s):
         while True:
             listed = await client.call("executors/list")
-            deno = next(e for e in listed["executors"] if e["name"] == "deno")
-            if (deno.get("pool") or {}).get("idle", 0) >= size:
+            info = next(e for e in listed["executors"] if e["name"] == executor)
+            if (info.get("pool") or {}).get("idle", 0) >= size:
                 return
             await trio.sleep(0.005)
 
@@ -38,10 +40,16 @@ def check_result(result: dict[str, Any], expected: Any = RESULT) -> None:
 
 
 async def execute_latency(
-    path: str, params: dict[str, Any], runs: int, *, warm_pool: int = 0, warmup: int = 0
+    path: str,
+    params: dict[str, Any],
+    runs: int,
+    *,
+    warm_pool: int = 0,
+    warmup: int = 0,
+    pool_of: str = "deno",
 ) -> Figures:
     """`runs` sequential executions of `params`, each timed end to end, after `warmup`
-    untimed ones; with `warm_pool`, each starts when the deno pool is full again."""
+    untimed ones; with `warm_pool`, each starts when `pool_of`'s pool is full again."""
     client = await Client.open(path)
     samples: list[float] = []
     with trio.move_on_after(SERIES_BUDGET_S):
@@ -49,7 +57,7 @@ async def execute_latency(
             check_result(await client.call("execute", params))
         for _ in range(runs):
             if warm_pool:
-                await wait_pool_full(client, warm_pool)
+                await wait_pool_full(client, warm_pool, pool_of)
             started = time.perf_counter()
             result = await client.call("execute", params)
             samples.append(time.perf_counter() - started)

@@ -16,6 +16,7 @@ RESULT = 6
 TYPESCRIPT_REQUEST: dict[str, Any] = {"language": "typescript", "code": TYPESCRIPT}
 # No executor named: the default for python is wasm-python.
 PYTHON_REQUEST: dict[str, Any] = {"language": "python", "code": PYTHON}
+PYODIDE_REQUEST: dict[str, Any] = {"language": "python", "executor": "pyodide", "code": PYTHON}
 WASM_JS_REQUEST: dict[str, Any] = {
     "language": "javascript",
     "executor": "wasm-js",

@@ -17,6 +17,10 @@ PY_TOOL_OVERHEAD_MS = 0.3
 TS_HUNDRED_CALLS_MS = 150.0
 PEER_RATIO = 500.0
 PING_PER_S = 15_000
+PYODIDE_WARM_P50_MS = 20.0
+# "No growth" of the daemon over the memory run, allowing for page-granular noise.
+PYODIDE_RSS_GROWTH_MIB = 1.0
+KIB_PER_MIB = 1024
 
 
 def row(name: str, figures: Figures) -> str:
@@ -45,6 +49,7 @@ def report(results: dict[str, Any]) -> None:
     _python(results)
     _javascript(results)
     _tool_calls(results)
+    _pyodide(results)
 
 
 def _ping(results: dict[str, Any]) -> None:
@@ -140,3 +145,80 @@ def _tool_calls(results: dict[str, Any]) -> None:
         f"(target <= {PY_TOOL_OVERHEAD_MS} ms: {verdict(overhead <= PY_TOOL_OVERHEAD_MS)})"
     )
     print(row(f"Python execute with {python['calls']} sequential calls", python["total"]))
+
+
+def _pyodide(results: dict[str, Any]) -> None:
+    pyodide = results["pyodide"]
+    if "skipped" in pyodide:
+        print(f"pyodide: not measured: {pyodide['skipped']}")
+        return
+    print(f"execute, trivial Python on pyodide ({pyodide['version']}), end to end:")
+    warm = pyodide["warm"]["figures"]
+    print(row("conduit, pyodide, warm (pool 2, paced)", warm))
+    print(f"    requests that found no warm worker: {pyodide['warm']['cold_starts']}")
+    print(
+        f"  warm p50 {warm['p50_ms']:.2f} ms (target <= {PYODIDE_WARM_P50_MS:.0f} ms: "
+        f"{verdict(warm['p50_ms'] <= PYODIDE_WARM_P50_MS)})"
+    )
+    cold = pyodide["cold"].get("figures")
+    if cold is None:
+        print(f"  conduit, pyodide, cold: not measured: {pyodide['cold']['skipped']}")
+    else:
+        print(row("conduit, pyodide, cold (pool 0, snapshot)", cold))
+    plain = pyodide["plain_pyodide_load"].get("figures")
+    if plain is None:
+        print(f"  reference: plain Pyodide load: not measured: {pyodide['plain_pyodide_load']}")
+    else:
+        print(row("reference: `deno run` loadPyodide() + 1+1", plain))
+        versus = f"warm {plain['p50_ms'] / warm['p50_ms']:.0f}x"
+        if cold is not None:
+            versus += f", cold {plain['p50_ms'] / cold['p50_ms']:.1f}x"
+        print(f"  conduit vs a plain Pyodide load at p50: {versus} faster")
+    per_s = pyodide["throughput_8clients_per_s"]
+    print(f"execute throughput, 8 clients, pyodide {per_s:8.1f} exec/s (bound by worker restores)")
+    _pyodide_tool_calls(results)
+    _pyodide_memory(pyodide["memory"])
+
+
+def _pyodide_tool_calls(results: dict[str, Any]) -> None:
+    calls = results["pyodide"]["tool_calls"]
+    direct = results["direct_mcp_call"]
+    socket = results["pyodide"]["tool_call_via_socket"]
+    print("tool calls from a pyodide program (same upstream and program as wasm-python):")
+    print(row("per call, timed inside the guest", calls["per_call"]))
+    print(row("tools/call over this daemon's socket", socket))
+    overhead = calls["per_call"]["p50_ms"] - direct["p50_ms"]
+    guest = calls["per_call"]["p50_ms"] - socket["p50_ms"]
+    print(
+        f"  per call at p50: {overhead:.3f} ms over the MCP SDK client, "
+        f"{guest:.3f} ms over the socket call"
+    )
+    if "first_call" in calls:
+        print(row("its first call (connects to the daemon)", calls["first_call"]))
+    print(row(f"execute with {calls['calls']} sequential calls", calls["total"]))
+
+
+def _pyodide_memory(memory: dict[str, Any]) -> None:
+    before, after = memory["daemon_before_kib"], memory["daemon_after_kib"]
+    growth = (after["VmRSS"] - before["VmRSS"]) / KIB_PER_MIB
+    print(
+        f"memory over {memory['executions']} pyodide executions "
+        f"(8 clients, {memory['seconds']} s, {memory['per_s']:.1f} exec/s):"
+    )
+    print(
+        f"  daemon VmRSS before {before['VmRSS'] / KIB_PER_MIB:.1f} MiB, after "
+        f"{after['VmRSS'] / KIB_PER_MIB:.1f} MiB: {growth:+.1f} MiB "
+        f"(target: no growth, <= {PYODIDE_RSS_GROWTH_MIB:.0f} MiB of noise: "
+        f"{verdict(growth <= PYODIDE_RSS_GROWTH_MIB)}); peak {after['VmHWM'] / KIB_PER_MIB:.1f} MiB"
+    )
+    if memory["executions"] < memory["asked"]:
+        print(f"  (only {memory['executions']} of {memory['asked']} finished in the time allowed)")
+    samples = " ".join(f"{rss / KIB_PER_MIB:.1f}" for _, rss in memory["daemon_rss_samples_kib"])
+    print(f"  daemon VmRSS along the run, MiB: {samples}")
+    for worker in memory["idle_workers_after_kib"][:1]:
+        print(
+            f"  one idle worker: VmRSS {worker['VmRSS'] / KIB_PER_MIB:.1f} MiB "
+            f"(anonymous {worker.get('RssAnon', 0) / KIB_PER_MIB:.1f}, "
+            f"file-backed {worker.get('RssFile', 0) / KIB_PER_MIB:.1f}) of "
+            f"{len(memory['idle_workers_after_kib'])} idle"
+        )

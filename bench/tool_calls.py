@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -71,31 +72,53 @@ async def ts_hundred_calls(path: str, runs: int) -> Figures:
     return percentiles(samples)
 
 
-async def python_calls(path: str, calls: int, runs: int) -> dict[str, Any]:
+async def python_calls(
+    path: str,
+    calls: int,
+    runs: int,
+    *,
+    executor: str | None = None,
+    before_each: Callable[[Client], Awaitable[None]] | None = None,
+    first_opens_link: bool = False,
+) -> dict[str, Any]:
     """`runs` executions of one Python program making `calls` sequential calls: the whole
-    request timed from the client ("total"), and every call timed inside the guest."""
+    request timed from the client ("total"), and every call timed inside the guest.
+    `executor` names one (default: Python's default, wasm-python); `before_each` runs,
+    untimed, before every execution (to wait for a warm worker). With
+    `first_opens_link` (a guest that connects to the daemon's socket on its first call,
+    as under Deno), each program makes one call more, reported apart as "first_call"."""
     client = await Client.open(path)
-    params = {
+    extra = 1 if first_opens_link else 0
+    params: dict[str, Any] = {
         "language": "python",
         "code": PY_TOOL_LOOP,
-        "inputs": {"n": calls},
-        "limits": {"tool_calls": calls, "timeout_ms": 60_000},
+        "inputs": {"n": calls + extra},
+        "limits": {"tool_calls": calls + extra, "timeout_ms": 60_000},
     }
+    if executor is not None:
+        params["executor"] = executor
     totals: list[float] = []
     per_call_ms: list[float] = []
+    first_ms: list[float] = []
     with trio.move_on_after(SERIES_BUDGET_S):
         for _ in range(runs):
+            if before_each is not None:
+                await before_each(client)
             started = time.perf_counter()
             result = await client.call("execute", params)
             totals.append(time.perf_counter() - started)
-            assert result["status"] == "ok" and len(result["result"]) == calls, result
-            per_call_ms.extend(result["result"])
+            assert result["status"] == "ok" and len(result["result"]) == calls + extra, result
+            first_ms.extend(result["result"][:extra])
+            per_call_ms.extend(result["result"][extra:])
     await client.aclose()
-    return {
+    figures = {
         "calls": calls,
         "total": percentiles(totals),
         "per_call": percentiles([ms / 1000 for ms in per_call_ms]),
     }
+    if first_ms:
+        figures["first_call"] = percentiles([ms / 1000 for ms in first_ms])
+    return figures
 
 
 async def daemon_calls(path: str, calls: int) -> Figures:
