@@ -20,13 +20,12 @@
 
 import { socketRequester } from "./daemon_socket.js";
 import { ToolError, encodeResult, makeTools } from "./sandbox_sdk.js";
+import { readJob, writeAll } from "./worker_io.js";
 
 // Captured before any program code runs: the program may replace globals and
 // prototypes, and nothing it does may reach the nonce or forge the marker.
 const stringify = JSON.stringify;
-const parse = JSON.parse;
 const encode = TextEncoder.prototype.encode.bind(new TextEncoder());
-const decode = TextDecoder.prototype.decode.bind(new TextDecoder());
 const stdoutWrite = Deno.stdout.writeSync.bind(Deno.stdout);
 const stdinRead = Deno.stdin.read.bind(Deno.stdin);
 const exit = Deno.exit;
@@ -60,29 +59,8 @@ globalThis.Worker = class Worker {
   }
 };
 
-function writeAll(text) {
-  const bytes = encode(text);
-  let offset = 0;
-  while (offset < bytes.length) offset += stdoutWrite(bytes.subarray(offset));
-}
-
-async function readJob() {
-  const chunks = [];
-  let total = 0;
-  for (;;) {
-    const buffer = new Uint8Array(65536);
-    const n = await stdinRead(buffer);
-    if (n === null) break;
-    chunks.push(buffer.subarray(0, n));
-    total += n;
-  }
-  const all = new Uint8Array(total);
-  let offset = 0;
-  for (const chunk of chunks) {
-    all.set(chunk, offset);
-    offset += chunk.length;
-  }
-  return parse(decode(all));
+function writeText(text) {
+  writeAll(stdoutWrite, encode(text));
 }
 
 // ---- tools: the program's way back to the daemon (see daemon_socket.js) ----------
@@ -99,7 +77,7 @@ let finished = false;
 function finish(payload, code) {
   if (finished) return;
   finished = true;
-  writeAll(RESULT_MARK + job.nonce + payload + "\n");
+  writeText(RESULT_MARK + job.nonce + payload + "\n");
   exit(code);
 }
 
@@ -169,8 +147,8 @@ globalThis.addEventListener("unhandledrejection", (event) => {
 await import("data:application/typescript;base64," + toBase64.call(encode("export const n: number = 1;")));
 await import("data:application/javascript;base64," + toBase64.call(encode("export const n = 1;")));
 
-writeAll(READY);
-const job = await readJob();
+writeText(READY);
+const job = await readJob(stdinRead);
 
 installTools(job.session_token, job.callback);
 

@@ -14,12 +14,12 @@
 
 import { socketRequester } from "./daemon_socket.js";
 import { boot } from "./pyodide_boot.js";
+import { readJob, writeAll } from "./worker_io.js";
 
 // Captured first: nothing below may be reached or replaced by the program.
 const stringify = JSON.stringify;
 const parse = JSON.parse;
 const encode = TextEncoder.prototype.encode.bind(new TextEncoder());
-const decode = TextDecoder.prototype.decode.bind(new TextDecoder());
 const stdoutWrite = Deno.stdout.writeSync.bind(Deno.stdout);
 const stderrWrite = Deno.stderr.writeSync.bind(Deno.stderr);
 const stdinRead = Deno.stdin.read.bind(Deno.stdin);
@@ -32,30 +32,6 @@ const READY = "\x1econduit-ready\n";
 // Pyodide's directory, the program contract, the snapshot to start from ("" for none),
 // then every path this worker may read.
 const [pyodideDir, programModule, snapshotPath, ...readable] = Deno.args;
-
-function writeAll(write, bytes) {
-  let offset = 0;
-  while (offset < bytes.length) offset += write(bytes.subarray(offset));
-}
-
-async function readJob() {
-  const chunks = [];
-  let total = 0;
-  for (;;) {
-    const buffer = new Uint8Array(65536);
-    const n = await stdinRead(buffer);
-    if (n === null) break;
-    chunks.push(buffer.subarray(0, n));
-    total += n;
-  }
-  const all = new Uint8Array(total);
-  let offset = 0;
-  for (const chunk of chunks) {
-    all.set(chunk, offset);
-    offset += chunk.length;
-  }
-  return parse(decode(all));
-}
 
 const { pyodide, run } = await boot({
   pyodideDir,
@@ -86,7 +62,7 @@ globalThis.addEventListener("error", (event) => event.preventDefault());
 globalThis.addEventListener("unhandledrejection", (event) => event.preventDefault());
 
 writeAll(stdoutWrite, encode(READY));
-const job = await readJob();
+const job = await readJob(stdinRead);
 
 // One JSON-RPC call to the daemon, for python_program's `host_call`: the answer as JSON
 // text, {"result": ...} or {"error": {...}}, never a rejection.

@@ -11,20 +11,9 @@ from typing import Any
 import pytest
 
 from tests.e2e.helpers import wait_upstreams
-from tests.e2e.test_tools import ECHO, TIME
+from tests.e2e.test_tools import ECHO, PYTHON_TOOLS_PROGRAM, TIME
 
 pytestmark = pytest.mark.slow
-
-PROGRAM = """
-said = tools.echo.echo(text="hi")
-summed = tools.echo.add({"a": 2, "b": 3})
-try:
-    tools.echo.fail(message="nope")
-except ToolError as e:
-    failed = [e.code, e.tool, e.message]
-listed = sorted(t["path"] for t in tools._discover() if t["path"].startswith("echo."))
-return {"said": said, "sum": summed, "failed": failed, "has_echo": "echo.echo" in listed}
-"""
 
 
 def share_install(state_dir: Path, install: Path) -> None:
@@ -46,9 +35,9 @@ async def test_the_same_python_source_runs_unchanged_on_pyodide(
     )
     await wait_upstreams(server, "echo", "time")
     client = await connect(info)
-    on_wasm = await client.call("execute", {"language": "python", "code": PROGRAM})
+    on_wasm = await client.call("execute", {"language": "python", "code": PYTHON_TOOLS_PROGRAM})
     on_pyodide = await client.call(
-        "execute", {"language": "python", "executor": "pyodide", "code": PROGRAM}
+        "execute", {"language": "python", "executor": "pyodide", "code": PYTHON_TOOLS_PROGRAM}
     )
     assert on_wasm["status"] == "ok", on_wasm
     assert on_pyodide["status"] == "ok", on_pyodide["error"]

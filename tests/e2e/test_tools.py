@@ -264,9 +264,8 @@ async def test_concurrent_calls_share_one_connection_and_come_back_matched(toole
     assert result["tool_calls"] == 20
 
 
-async def test_python_programs_call_tools_synchronously(tooled: Any) -> None:
-    _, _, client = await tooled()
-    code = """
+# Synchronous calls, ToolError and discovery from Python; every Python executor runs it.
+PYTHON_TOOLS_PROGRAM = """
 said = tools.echo.echo(text="hi")
 summed = tools.echo.add({"a": 2, "b": 3})
 try:
@@ -276,7 +275,11 @@ except ToolError as e:
 listed = sorted(t["path"] for t in tools._discover() if t["path"].startswith("echo."))
 return {"said": said, "sum": summed, "failed": failed, "has_echo": "echo.echo" in listed}
 """
-    result = await client.call("execute", {"language": "python", "code": code})
+
+
+async def test_python_programs_call_tools_synchronously(tooled: Any) -> None:
+    _, _, client = await tooled()
+    result = await client.call("execute", {"language": "python", "code": PYTHON_TOOLS_PROGRAM})
     assert result["status"] == "ok", result
     assert result["result"] == {
         "said": "hi",
