@@ -35,6 +35,8 @@ TOOL_FAILED = -32007
 # How long past the execution's end a shortened sleep wakes: a few epoch ticks, so the
 # host's deadline check has certainly passed when the program runs again.
 SLEEP_SLACK_S = 0.05
+# The interpreter's own sleep: every run bounds this one, never an earlier run's bound.
+_SLEEP = time.sleep
 
 
 class ToolError(Exception):
@@ -137,7 +139,7 @@ def bound_sleep(timeout_s):
     that outlives the execution would only hold its sandbox. Waking just after the
     end changes nothing the program could observe, as it is stopped on waking.
     """
-    sleep, monotonic = time.sleep, time.monotonic
+    sleep, monotonic = _SLEEP, time.monotonic
     end = monotonic() + timeout_s
 
     def bounded_sleep(seconds):

@@ -120,29 +120,37 @@ async def test_limits_stop_the_program_and_keep_its_output(pyodide: PyodideExecu
 
 
 def pyodide_workers() -> list[int]:
-    """Pids of this process's Pyodide workers (deno children running the worker)."""
+    """Pids of this process's Pyodide workers (deno children running the worker),
+    oldest first."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             command = (entry / "cmdline").read_bytes()
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            parent, started = int(fields[1]), int(fields[19])
         except (OSError, ValueError, IndexError):
             continue
         if b"pyodide_worker.js" in command and parent == os.getpid():
-            found.append(int(entry.name))
-    return found
+            found.append((started, int(entry.name)))
+    return [pid for _, pid in sorted(found)]
 
 
 async def test_a_killed_worker_is_a_crash_and_the_executor_keeps_serving(
     pyodide: PyodideExecutor,
 ) -> None:
     async def kill_workers_soon() -> None:
-        await trio.sleep(1.0)  # the program is spinning by then
-        for pid in pyodide_workers():
-            os.kill(pid, signal.SIGKILL)
+        with trio.fail_after(LOAD_WAIT_S):
+            while not (pyodide.info().pool or {}).get("in_use"):
+                await trio.sleep(0.02)  # until a worker has taken the program
+        await trio.sleep(1.0)  # it is spinning by then
+        # The oldest worker runs the program; the pool's refill started after it.
+        os.kill(pyodide_workers()[0], signal.SIGKILL)
 
+    with trio.fail_after(LOAD_WAIT_S):
+        while not (pyodide.info().pool or {}).get("idle"):
+            await trio.sleep(0.02)  # a warm worker, so the program starts at once
     async with trio.open_nursery() as nursery:
         nursery.start_soon(kill_workers_soon)
         killed = await run(pyodide, "print('up', flush=True)\nwhile True: pass", timeout_ms=30_000)
