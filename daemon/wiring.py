@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from conduit.daemon.config import Config
 from conduit.executors.base import CallbackAddress
@@ -17,6 +18,9 @@ from conduit.gateway.fetch import FETCH_TOOL, Fetcher
 from conduit.gateway.settings import HttpUpstreamSettings, StdioUpstreamSettings
 from conduit.gateway.ssrf import SsrfGuard
 from conduit.gateway.upstream import Upstream
+
+if TYPE_CHECKING:
+    from conduit.executors.deno import DenoExecutor
 
 __all__ = ["build_catalogue", "build_registry", "build_upstream", "language_defaults"]
 
@@ -37,19 +41,10 @@ def build_registry(config: Config, callback: CallbackAddress | None) -> Executor
     `callback` is where sandboxes reach the daemon for tool calls.
     """
     executors = []
-    deno = config.executors.deno
-    if deno.enabled:
+    if config.executors.deno.enabled:
         from conduit.executors.deno import DenoExecutor
 
-        executors.append(
-            DenoExecutor(
-                binary=deno.binary or None,
-                pool_size=deno.pool_size,
-                memory_mb=config.limits.defaults.memory_mb,
-                cache_dir=Path(config.server.state_dir) / "deno",
-                callback=callback,
-            )
-        )
+        executors.append(_deno_hosted(DenoExecutor, config, callback))
     wasm_cache = Path(config.server.state_dir) / "wasm"
     wasm_python = config.executors.wasm_python
     if wasm_python.enabled:
@@ -61,20 +56,25 @@ def build_registry(config: Config, callback: CallbackAddress | None) -> Executor
         from conduit.executors.wasm_js import WasmJsExecutor
 
         executors.append(WasmJsExecutor(cache_dir=wasm_cache, fuel=wasm_js.fuel or None))
-    pyodide = config.executors.pyodide
-    if pyodide.enabled:
+    if config.executors.pyodide.enabled:
         from conduit.executors.pyodide import PyodideExecutor
 
-        executors.append(
-            PyodideExecutor(
-                binary=pyodide.binary or None,
-                pool_size=pyodide.pool_size,
-                memory_mb=config.limits.defaults.memory_mb,
-                cache_dir=Path(config.server.state_dir) / "pyodide",
-                callback=callback,
-            )
-        )
+        executors.append(_deno_hosted(PyodideExecutor, config, callback))
     return ExecutorRegistry(executors, language_defaults(config))
+
+
+def _deno_hosted(
+    kind: type[DenoExecutor], config: Config, callback: CallbackAddress | None
+) -> DenoExecutor:
+    """A Deno-process executor (deno, pyodide) from its `[executors.<name>]` section."""
+    section = getattr(config.executors, kind.name)
+    return kind(
+        binary=section.binary or None,
+        pool_size=section.pool_size,
+        memory_mb=config.limits.defaults.memory_mb,
+        cache_dir=Path(config.server.state_dir) / kind.name,
+        callback=callback,
+    )
 
 
 def build_upstream(settings: StdioUpstreamSettings | HttpUpstreamSettings) -> Upstream:

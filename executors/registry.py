@@ -70,10 +70,6 @@ class ExecutorRegistry:
         first start, say) gives way to another available executor for the language;
         a named executor is used or refused, never substituted.
         """
-        if name is None:
-            fallback = self._fallback(language)
-            if fallback is not None:
-                return fallback
         chosen = name or self._defaults.get(language)
         if chosen is None:
             raise InvalidParams(
@@ -89,24 +85,24 @@ class ExecutorRegistry:
                 f"{', '.join(sorted(executor.languages))}, not {language}",
                 {"field": "executor", "reason": f"does not run {language}"},
             )
-        info = executor.info()
-        if not info.available:
-            raise ExecutorUnavailable(
-                f"executor {chosen!r} is unavailable: {info.reason}; run `conduit doctor`",
-                {"executor": chosen, "reason": info.reason},
-            )
-        return executor
+        info = executor.info()  # once per request: the common path asks nothing more
+        if info.available:
+            return executor
+        if name is None:
+            fallback = self._fallback(language, executor)
+            if fallback is not None:
+                return fallback
+        raise ExecutorUnavailable(
+            f"executor {chosen!r} is unavailable: {info.reason}; run `conduit doctor`",
+            {"executor": chosen, "reason": info.reason},
+        )
 
-    def _fallback(self, language: str) -> Executor | None:
-        """Another available executor for `language` when its default is unavailable."""
-        default = self._executors.get(self._defaults.get(language, ""))
-        if default is None or default.info().available:
-            return None
+    def _fallback(self, language: str, default: Executor) -> Executor | None:
+        """Another available executor for `language`, while its default is unavailable."""
         for executor in self._executors.values():
-            if language in executor.languages and executor.info().available:
-                log.debug(
-                    "%s is unavailable; %s runs %s meanwhile", default.name, executor.name, language
-                )
+            runs_it = executor is not default and language in executor.languages
+            if runs_it and executor.info().available:
+                log.debug("%s is unavailable; %s runs %s", default.name, executor.name, language)
                 return executor
         return None
 
