@@ -10,8 +10,10 @@ result with a non-ok status; only faults of the request itself are raised.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import secrets
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +21,14 @@ import trio
 
 from conduit.daemon.bridge import SessionBridge
 from conduit.daemon.errors import Forbidden, InvalidParams, NotFound, Overloaded, Unauthenticated
+from conduit.daemon.events import Event, EventType
+from conduit.daemon.records import (
+    SNIPPET_CHARS,
+    ExecutionRecord,
+    ToolCallRecord,
+    code_digest,
+    head,
+)
 from conduit.daemon.tool_access import requested_allowlist
 from conduit.executors.base import ErrorInfo, Executor, Job, Limits, Outcome, Status
 from conduit.executors.source import unwrap_fence
@@ -54,6 +64,7 @@ class _Running:
     scope: trio.CancelScope
     origin: tuple[int, Any] | None = None
     tool_calls: int = 0
+    tool_log: list[ToolCallRecord] = dataclasses.field(default_factory=list)
     # Why the daemon stopped it early (cancelled, tool limit), if it did.
     stopped_as: Status | None = None
 
@@ -116,8 +127,24 @@ class Executions:
             execution_id = _new_execution_id()
             job = Job(execution_id, request.language, code, limits, request.inputs)
             allowed = (requested, *principal.tool_patterns)
+            started_at = time.time()
+            digest = code_digest(code)
+            daemon.events.publish(
+                Event(
+                    EventType.EXECUTION_STARTED,
+                    {
+                        "execution_id": execution_id,
+                        "principal": principal.name,
+                        "executor": executor.name,
+                        "language": request.language,
+                        "code_sha256": digest,
+                    },
+                    principal.name,
+                    started_at,
+                )
+            )
             started = trio.current_time()
-            outcome = await self._run(job, executor, allowed, principal, request.origin)
+            outcome, tool_log = await self._run(job, executor, allowed, principal, request.origin)
             duration_s = trio.current_time() - started
         log.info(
             "execution finished",
@@ -129,7 +156,10 @@ class Executions:
                 "duration_ms": round(duration_s * 1000, 2),
             },
         )
-        return _wire_result(execution_id, executor.name, outcome, duration_s, queue_wait_s)
+        wire = _wire_result(execution_id, executor.name, outcome, duration_s, queue_wait_s)
+        record = _record(wire, job, principal.name, requested, digest, started_at, tuple(tool_log))
+        daemon.events.publish(_ended_event(record))
+        return wire
 
     async def _run(
         self,
@@ -138,7 +168,7 @@ class Executions:
         allowed: tuple[tuple[str, ...], ...],
         principal: Principal,
         origin: tuple[int, Any] | None,
-    ) -> Outcome:
+    ) -> tuple[Outcome, list[ToolCallRecord]]:
         entry = _Running(
             job, principal.name, executor.name, trio.current_time(), trio.CancelScope(), origin
         )
@@ -152,7 +182,7 @@ class Executions:
             del self._running[job.execution_id]
             if not self._running:
                 self._idle.set()
-        return _settle(outcome, entry)
+        return _settle(outcome, entry), entry.tool_log
 
     def cancel(
         self,
@@ -206,6 +236,14 @@ class Executions:
                 {"limit": limit},
             )
         entry.tool_calls += 1
+
+    def note_tool_call(self, execution_id: str | None, call: ToolCallRecord) -> str | None:
+        """Remember a tool call an execution made; returns who owns the execution."""
+        entry = self._running.get(execution_id or "")
+        if entry is None:
+            return None
+        entry.tool_log.append(call)
+        return entry.principal
 
     async def wait_idle(self) -> None:
         """Return once no execution is running."""
@@ -290,6 +328,81 @@ _OVERRIDDEN_BY = {
     Status.TOOL_LIMIT: frozenset({Status.OK, Status.ERROR, Status.CANCELLED, Status.CRASHED}),
     Status.CANCELLED: frozenset({Status.CANCELLED, Status.CRASHED}),
 }
+
+
+# Which limit each limit status means, as the audit store and metrics name it.
+_LIMIT_OF = {
+    Status.TIMEOUT: "timeout",
+    Status.MEMORY_LIMIT: "memory",
+    Status.OUTPUT_LIMIT: "output",
+    Status.TOOL_LIMIT: "tool_calls",
+}
+_ENDED_AS = {
+    Status.OK: EventType.EXECUTION_FINISHED,
+    Status.TIMEOUT: EventType.EXECUTION_TIMED_OUT,
+    Status.MEMORY_LIMIT: EventType.LIMIT_EXCEEDED,
+    Status.OUTPUT_LIMIT: EventType.LIMIT_EXCEEDED,
+    Status.TOOL_LIMIT: EventType.LIMIT_EXCEEDED,
+}
+
+
+def _record(
+    wire: dict[str, Any],
+    job: Job,
+    principal: str,
+    allowed: tuple[str, ...],
+    digest: str,
+    started_at: float,
+    tool_log: tuple[ToolCallRecord, ...],
+) -> ExecutionRecord:
+    """What the audit store and events keep of an ended execution."""
+    error = wire["error"] or {}
+    result = "" if wire["result"] is None else json.dumps(wire["result"], default=repr)
+    status = Status(wire["status"])
+    return ExecutionRecord(
+        execution_id=job.execution_id,
+        principal=principal,
+        executor=wire["executor"],
+        language=job.language,
+        code_sha256=digest,
+        code_bytes=len(job.code.encode()),
+        code_snippet=head(job.code, SNIPPET_CHARS),
+        allowed_tools=allowed,
+        status=wire["status"],
+        started_at=started_at,
+        queue_ms=wire["queue_ms"],
+        duration_ms=wire["duration_ms"],
+        exit_code=wire["exit_code"],
+        error_type=error.get("type"),
+        error_message=error.get("message"),
+        limit_hit=_LIMIT_OF.get(status),
+        result_bytes=len(result.encode()),
+        result_head=head(result),
+        stdout_bytes=len(wire["stdout"].encode()),
+        stdout_head=head(wire["stdout"]),
+        stderr_bytes=len(wire["stderr"].encode()),
+        stderr_head=head(wire["stderr"]),
+        memory_peak_bytes=wire["memory_peak_bytes"],
+        tool_calls=tool_log,
+    )
+
+
+def _ended_event(record: ExecutionRecord) -> Event:
+    kind = _ENDED_AS.get(Status(record.status), EventType.EXECUTION_FAILED)
+    data = {
+        "execution_id": record.execution_id,
+        "principal": record.principal,
+        "executor": record.executor,
+        "language": record.language,
+        "status": record.status,
+        "duration_ms": record.duration_ms,
+        "tool_calls": len(record.tool_calls),
+    }
+    if record.limit_hit:
+        data["limit"] = record.limit_hit
+    if record.error_type:
+        data["error"] = {"type": record.error_type, "message": record.error_message}
+    return Event(kind, data, record.principal, record=record)
 
 
 def _wire_result(

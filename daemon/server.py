@@ -31,6 +31,7 @@ from conduit.daemon.auth import Authenticator, peer_credentials, resolve_master_
 from conduit.daemon.config import Config, parse_tcp_address
 from conduit.daemon.connection import Connection
 from conduit.daemon.errors import ConfigError
+from conduit.daemon.events import EventBus
 from conduit.daemon.executions import Executions
 from conduit.daemon.limits import Admission, RateLimiter
 from conduit.daemon.listeners import (
@@ -80,6 +81,7 @@ class Daemon:
             limits.max_concurrent_executions, limits.queue_size, limits.queue_timeout_s
         )
         self.rate_limiter = RateLimiter(limits.executions_per_minute, limits.burst)
+        self.events = EventBus()
         self.executions = Executions(self)
         self.registry = ExecutorRegistry([], {})
         self.tools = ToolAccess(self, build_catalogue(config))

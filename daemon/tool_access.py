@@ -9,17 +9,23 @@ count against the rate limit: a program holding the only slot must finish.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
+
+import trio
 
 from conduit.daemon.errors import (
     Forbidden,
     GatewayError,
     InvalidParams,
     NotFound,
+    RpcError,
     UpstreamError,
 )
+from conduit.daemon.events import Event, EventType
+from conduit.daemon.records import ToolCallRecord
 from conduit.gateway.allowlist import Allowlist
 from conduit.gateway.catalogue import (
     Catalogue,
@@ -102,10 +108,43 @@ class ToolAccess:
     async def call(
         self, principal: Principal, name: str, arguments: dict[str, Any]
     ) -> tuple[Tool, dict[str, Any]]:
-        """Call a tool for `principal`; returns it and its MCP `CallToolResult` JSON."""
+        """Call a tool for `principal`; returns it and its MCP `CallToolResult` JSON.
+
+        Every call that reaches a tool, refused or not, is reported as a `tool.called`
+        event and, for a sandbox, kept in its execution's record.
+        """
         tool = self.resolve(principal, name)
+        started = trio.current_time()
+        outcome = "error"
+        try:
+            if principal.kind == "session":
+                self._daemon.executions.count_tool_call(principal.execution_id)
+            timeout_s = self._daemon.config.gateway.call_timeout_s
+            with gateway_errors(tool.id):
+                result = await self.catalogue.call(tool, arguments, timeout_s=timeout_s)
+            outcome = "error" if result.get("isError") else "ok"
+        except RpcError as exc:
+            outcome = _outcome_name(exc)
+            raise
+        finally:
+            self._report(principal, tool, trio.current_time() - started, outcome)
+        return tool, result
+
+    def _report(self, principal: Principal, tool: Tool, duration_s: float, outcome: str) -> None:
+        call = ToolCallRecord(tool.id, round(duration_s * 1000, 3), outcome)
+        owner = principal.name
         if principal.kind == "session":
-            self._daemon.executions.count_tool_call(principal.execution_id)
-        timeout_s = self._daemon.config.gateway.call_timeout_s
-        with gateway_errors(tool.id):
-            return tool, await self.catalogue.call(tool, arguments, timeout_s=timeout_s)
+            owner = self._daemon.executions.note_tool_call(principal.execution_id, call) or owner
+        data = {
+            "tool": tool.id,
+            "upstream": tool.upstream,
+            "duration_ms": call.duration_ms,
+            "outcome": outcome,
+            "execution_id": principal.execution_id,
+        }
+        self._daemon.events.publish(Event(EventType.TOOL_CALLED, data, owner))
+
+
+def _outcome_name(error: RpcError) -> str:
+    """`Forbidden` → `forbidden`, `NotFound` → `not_found`: how a refused call ended."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", type(error).__name__).lower()
