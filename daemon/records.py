@@ -32,7 +32,8 @@ def head(text: str, limit: int = HEAD_CHARS) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ToolCallRecord:
-    """One tool call a program made: the tool's id, how long it took, how it ended.
+    """One tool call a program made: the tool's id (or the name as called, when it was
+    refused before it could be resolved), how long it took, how it ended.
 
     `outcome` is `ok`, `error` (the tool answered with an error), or the wire error's
     name when the daemon refused or failed the call (`forbidden`, `not_found`, ...).

@@ -110,13 +110,17 @@ class ToolAccess:
     ) -> tuple[Tool, dict[str, Any]]:
         """Call a tool for `principal`; returns it and its MCP `CallToolResult` JSON.
 
-        Every call that reaches a tool, refused or not, is reported as a `tool.called`
-        event and, for a sandbox, kept in its execution's record.
+        Every call, refused or not, is reported as a `tool.called` event and, for a
+        sandbox, kept in its execution's record: a program reaching for a tool outside
+        its allowlist is something an operator wants to see.
         """
-        tool = self.resolve(principal, name)
         started = trio.current_time()
+        called = name
+        upstream = None
         outcome = "error"
         try:
+            tool = self.resolve(principal, name)
+            called, upstream = tool.id, tool.upstream
             if principal.kind == "session":
                 self._daemon.executions.count_tool_call(principal.execution_id)
             timeout_s = self._daemon.config.gateway.call_timeout_s
@@ -127,19 +131,19 @@ class ToolAccess:
             outcome = _outcome_name(exc)
             raise
         finally:
-            self._report(principal, tool, trio.current_time() - started, outcome)
+            call = ToolCallRecord(called, round((trio.current_time() - started) * 1000, 3), outcome)
+            self._report(principal, call, upstream)
         return tool, result
 
-    def _report(self, principal: Principal, tool: Tool, duration_s: float, outcome: str) -> None:
-        call = ToolCallRecord(tool.id, round(duration_s * 1000, 3), outcome)
+    def _report(self, principal: Principal, call: ToolCallRecord, upstream: str | None) -> None:
         owner = principal.name
         if principal.kind == "session":
             owner = self._daemon.executions.note_tool_call(principal.execution_id, call) or owner
         data = {
-            "tool": tool.id,
-            "upstream": tool.upstream,
+            "tool": call.tool,
+            "upstream": upstream,
             "duration_ms": call.duration_ms,
-            "outcome": outcome,
+            "outcome": call.outcome,
             "execution_id": principal.execution_id,
         }
         self._daemon.events.publish(Event(EventType.TOOL_CALLED, data, owner))

@@ -73,6 +73,7 @@ async def test_limits_and_refused_tool_calls_are_named(start_daemon: Any, connec
     assert timed_out.limit_hit == "timeout"
     assert ended[0].data["limit"] == "timeout"
     assert refused.error_type is not None
-    # The allowlist refused it before any upstream saw it: no tool call was made.
-    assert refused.tool_calls == ()
-    assert not [e for e in seen if e.type is EventType.TOOL_CALLED]
+    # The allowlist refused it before any upstream saw it, and that is on the record.
+    assert [(c.tool, c.outcome) for c in refused.tool_calls] == [("echo.fail", "forbidden")]
+    (called,) = [e for e in seen if e.type is EventType.TOOL_CALLED]
+    assert (called.data["upstream"], called.data["outcome"]) == (None, "forbidden")
