@@ -1,0 +1,75 @@
+"""The examples in `examples/` run, and say what really happens."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from tests.conftest import WAIT_S, RawClient
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+# What differs from one run to the next, and so is compared by presence only.
+VOLATILE = frozenset({"execution_id", "duration_ms", "queue_ms"})
+
+
+def _steady(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: "…" if k in VOLATILE else _steady(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_steady(item) for item in value]
+    return value
+
+
+def _exchanges(transcript: str) -> list[tuple[str, list[str]]]:
+    """Each typed line with the answer lines that follow it."""
+    exchanges: list[tuple[str, list[str]]] = []
+    for line in transcript.splitlines():
+        if line.startswith("> "):
+            exchanges.append((line[2:], []))
+        elif line.startswith("< "):
+            exchanges[-1][1].append(line[2:])
+    return exchanges
+
+
+async def test_the_nc_transcript_is_what_the_daemon_answers(daemon: Any, connect: Any) -> None:
+    client: RawClient = await connect(daemon[1])
+    exchanges = _exchanges((EXAMPLES / "nc-session.txt").read_text())
+    assert len(exchanges) >= 8
+    for typed, answers in exchanges:
+        await client.send_line(typed)
+        for expected in answers:
+            actual = await client.recv()
+            assert _steady(actual) == _steady(json.loads(expected)), (
+                f"after typing {typed}\nthe daemon answered {json.dumps(actual)}\n"
+                "update examples/nc-session.txt if the change is meant"
+            )
+
+
+async def test_socket_activation_starts_the_daemon_on_the_first_connection(
+    tmp_path: Path,
+) -> None:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env.pop("CONDUIT_TOKEN", None)
+    env.pop("CONDUIT_CONFIG", None)
+    with trio.fail_after(WAIT_S * 2):
+        done = await trio.run_process(
+            [str(EXAMPLES / "socket-activation.sh"), str(tmp_path / "state")],
+            env=env,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    log = done.stderr.decode()
+    assert done.returncode == 0, log
+    assert done.stdout.decode().split("\n")[:2] == ["[2, 4, 6]", "{}"]
+    assert "Execing" in log  # the activator started the daemon only when asked
+    assert '"msg": "stopped"' in log  # and the daemon drained when the example ended
+    leftover = await trio.run_process(
+        ["pgrep", "-f", str(tmp_path)], capture_stdout=True, check=False
+    )
+    assert leftover.stdout == b""
