@@ -131,12 +131,20 @@ class Router:
                 subscription.sink.close()
 
     def notify(self, notification: Notification) -> None:
-        if notification.method == "execution/output":
-            self._output(notification.params)
-        elif notification.method == "event":
-            self._event(Event.from_wire(notification.params))
-        else:
-            log.debug("notification ignored", extra={"method": notification.method})
+        """Hand a notification to its reader; one that cannot be read is logged and
+        dropped, never raised into the connection's reader."""
+        try:
+            if notification.method == "execution/output":
+                self._output(notification.params)
+            elif notification.method == "event":
+                self._event(Event.from_wire(notification.params))
+            else:
+                log.debug("notification ignored", extra={"method": notification.method})
+        except (TypeError, ValueError, AttributeError) as exc:
+            log.warning(
+                "malformed notification dropped",
+                extra={"method": notification.method, "error": str(exc)},
+            )
 
     def close_all(self, error: BaseException) -> None:
         """The connection is gone: end every stream and subscription with `error`."""

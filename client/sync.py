@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import EllipsisType, TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, NoReturn, Self, TypeVar
 
 from conduit.client import calls
 from conduit.client.calls import Call, effective_timeout_s
@@ -585,7 +585,7 @@ class Run:
         try:
             while not self._sink.items:
                 if self._sink.closed:
-                    return self._finish(connection, ident)
+                    self._finish(connection, ident)
                 connection.pump(self._deadline, "execute")
         except (Timeout, ConnectionLost):
             self._abandon()
@@ -617,7 +617,8 @@ class Run:
         line = encode_request(ident, self._call.method, self._call.params)
         connection.send(line, self._deadline, "execute")
 
-    def _finish(self, connection: _SocketConnection, ident: int) -> OutputChunk:
+    def _finish(self, connection: _SocketConnection, ident: int) -> NoReturn:
+        """Set `result` from the reply and end the iteration (or raise the reply's error)."""
         if self._sink.error is not None:
             raise self._sink.error
         reply = connection.take_reply(ident)

@@ -98,7 +98,11 @@ def classify(line: bytes) -> Reply | Notification | None:
         params = message.get("params")
         return Notification(message["method"], params if isinstance(params, dict) else {})
     if "result" in message or "error" in message:
-        return Reply(message.get("id"), message)
+        ident = message.get("id")
+        if isinstance(ident, bool) or not isinstance(ident, str | int | float | None):
+            log.warning("the daemon answered with an id the client never sends; ignored")
+            return None
+        return Reply(ident, message)
     log.warning("the daemon sent a message that is neither reply nor notification; ignored")
     return None
 
