@@ -2,12 +2,23 @@
 
 The public surface is small: start a daemon with `serve(config)` (or `Daemon`), read
 configuration with `load_config`, and catch errors from `conduit.daemon.errors`.
+
+The names below are imported on first use (PEP 562), not with the package: importing
+a light submodule such as `conduit.daemon.errors` (as `conduit.client` and the CLI do)
+must not pull in the server, the gateway and pydantic, which take over a second.
 """
 
-from conduit.daemon.config import Config, load_config
-from conduit.daemon.errors import ConduitError, ConfigError, RpcError
-from conduit.daemon.server import Daemon, ServingInfo, serve
-from conduit.daemon.version import VERSION
+from __future__ import annotations
+
+import importlib
+import typing
+from typing import Any
+
+if typing.TYPE_CHECKING:
+    from conduit.daemon.config import Config, load_config
+    from conduit.daemon.errors import ConduitError, ConfigError, RpcError
+    from conduit.daemon.server import Daemon, ServingInfo, serve
+    from conduit.daemon.version import VERSION
 
 __all__ = [
     "VERSION",
@@ -20,3 +31,25 @@ __all__ = [
     "load_config",
     "serve",
 ]
+
+# Where each public name lives.
+_HOMES = {
+    "VERSION": "conduit.daemon.version",
+    "ConduitError": "conduit.daemon.errors",
+    "Config": "conduit.daemon.config",
+    "ConfigError": "conduit.daemon.errors",
+    "Daemon": "conduit.daemon.server",
+    "RpcError": "conduit.daemon.errors",
+    "ServingInfo": "conduit.daemon.server",
+    "load_config": "conduit.daemon.config",
+    "serve": "conduit.daemon.server",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'conduit.daemon' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value

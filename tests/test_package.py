@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -14,7 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(
-    "name", ["conduit.daemon", "conduit.executors", "conduit.gateway", "conduit.daemon.errors"]
+    "name",
+    [
+        "conduit.client",
+        "conduit.daemon",
+        "conduit.executors",
+        "conduit.gateway",
+        "conduit.daemon.errors",
+    ],
 )
 def test_all_lists_exactly_the_public_names(name: str) -> None:
     module = importlib.import_module(name)
@@ -29,6 +38,16 @@ def test_all_lists_exactly_the_public_names(name: str) -> None:
         and attribute not in {"annotations"}
     }
     assert public <= exported | {"Any", "ClassVar"}
+
+
+def test_the_client_imports_none_of_the_daemons_machinery() -> None:
+    """`import conduit.client` stays light: scripts and agents import it on every start."""
+    heavy = ["conduit.daemon.server", "conduit.daemon.config", "pydantic", "wasmtime", "mcp"]
+    probe = f"import sys, conduit.client; print([m for m in {heavy!r} if m in sys.modules])"
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.strip()
+    assert loaded == "[]"
 
 
 def test_protocol_reference_is_generated_from_the_method_table() -> None:

@@ -1,0 +1,170 @@
+"""The API both clients offer, as data: which method, which params, how to read the result.
+
+`AsyncClient` and `Client` differ only in how they wait; each public method of theirs
+builds a `Call` here and runs it. Whether a call may be retried after a lost connection
+is decided here too (`Call.idempotent`): reads may, `execute` and `tools/call` never.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from conduit.client.results import ExecutionResult, Tool, ToolResult, ToolSchema
+
+__all__ = [
+    "IDEMPOTENT_METHODS",
+    "Call",
+    "call_tool",
+    "cancel",
+    "effective_timeout_s",
+    "execute",
+    "list_tools",
+    "login",
+    "ping",
+    "raw",
+    "sdk",
+    "subscribe",
+    "tool_schema",
+    "whoami",
+]
+
+T = TypeVar("T")
+
+# Methods that only read: sending one twice does no harm, so a call lost with its
+# connection is sent once more on a new one. Anything else (execute, tools/call,
+# upstreams/register, ...) may already have run and is never resent.
+IDEMPOTENT_METHODS = frozenset(
+    {
+        "ping",
+        "auth/whoami",
+        "rpc/discover",
+        "tools/list",
+        "tools/schema",
+        "tools/validate",
+        "tools/packages",
+        "tools/stubs",
+        "sdk/get",
+        "executors/list",
+        "executions/running",
+        "upstreams/list",
+        "daemon/status",
+    }
+)
+
+# Added to an execution's own time limit for the client's wait: an execution may sit in
+# the daemon's admission queue for up to `limits.queue_timeout_s` (30 s by default)
+# before it starts.
+EXECUTE_MARGIN_S = 30.0
+# The daemon's default `limits.defaults.timeout_ms`, for an execute that names none.
+DEFAULT_EXECUTION_TIMEOUT_S = 10.0
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One request to make and how to read its result."""
+
+    method: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    parse: Callable[[Any], T] = _identity
+    # The least time worth waiting for this call (an execution's own limit plus queueing);
+    # a client's default timeout is raised to it, an explicit timeout_s is not.
+    min_timeout_s: float | None = None
+
+    @property
+    def idempotent(self) -> bool:
+        return self.method in IDEMPOTENT_METHODS
+
+
+def effective_timeout_s(
+    call: Call[Any], explicit_s: float | None, default_s: float | None, *, given: bool
+) -> float | None:
+    """How long to wait for `call`: `explicit_s` if the caller passed one (`given`, None
+    meaning no limit), else the client's default raised to the call's own minimum."""
+    if given:
+        return explicit_s
+    if default_s is None or call.min_timeout_s is None:
+        return default_s
+    return max(default_s, call.min_timeout_s)
+
+
+def raw(method: str, params: Mapping[str, Any] | None) -> Call[Any]:
+    return Call(method, dict(params or {}))
+
+
+def ping() -> Call[None]:
+    return Call("ping", parse=lambda _: None)
+
+
+def login(token: str) -> Call[dict[str, Any]]:
+    return Call("auth/login", {"token": token}, parse=lambda result: result["principal"])
+
+
+def whoami() -> Call[dict[str, Any] | None]:
+    return Call("auth/whoami", parse=lambda result: result.get("principal"))
+
+
+def execute(
+    code: str,
+    *,
+    language: str,
+    executor: str | None = None,
+    limits: Mapping[str, int] | None = None,
+    allowed_tools: Iterable[str] | None = None,
+    inputs: Any = None,
+    stream: bool = False,
+) -> Call[ExecutionResult]:
+    params: dict[str, Any] = {"language": language, "code": code}
+    if executor is not None:
+        params["executor"] = executor
+    if limits:
+        params["limits"] = dict(limits)
+    if allowed_tools is not None:
+        params["allowed_tools"] = list(allowed_tools)
+    if inputs is not None:
+        params["inputs"] = inputs
+    if stream:
+        params["stream"] = True
+    timeout_ms = (limits or {}).get("timeout_ms")
+    own_s = timeout_ms / 1000 if timeout_ms else DEFAULT_EXECUTION_TIMEOUT_S
+    return Call("execute", params, ExecutionResult.from_wire, own_s + EXECUTE_MARGIN_S)
+
+
+def cancel(*, execution_id: str | None = None, request_id: Any = None) -> Call[str]:
+    params = {"execution_id": execution_id} if execution_id else {"request_id": request_id}
+    return Call("executions/cancel", params, parse=lambda result: result["execution_id"])
+
+
+def list_tools() -> Call[list[Tool]]:
+    return Call("tools/list", parse=lambda result: [Tool.from_wire(t) for t in result["tools"]])
+
+
+def tool_schema(name: str) -> Call[ToolSchema]:
+    return Call("tools/schema", {"name": name}, ToolSchema.from_wire)
+
+
+def sdk(
+    language: str, *, allowed_tools: Iterable[str] | None = None, namespace: str | None = None
+) -> Call[str]:
+    params: dict[str, Any] = {"language": language}
+    if allowed_tools is not None:
+        params["allowed_tools"] = list(allowed_tools)
+    if namespace is not None:
+        params["namespace"] = namespace
+    return Call("sdk/get", params, parse=lambda result: result["declarations"])
+
+
+def call_tool(name: str, arguments: Mapping[str, Any] | None = None) -> Call[ToolResult]:
+    return Call(
+        "tools/call", {"name": name, "arguments": dict(arguments or {})}, ToolResult.from_wire
+    )
+
+
+def subscribe(types: Iterable[str] | None = None) -> Call[str]:
+    params = {"types": list(types)} if types is not None else {}
+    return Call("events/subscribe", params, parse=lambda result: result["subscription"])

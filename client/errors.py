@@ -1,0 +1,127 @@
+"""What the client raises: the daemon's own error classes, and a few of the client's.
+
+```
+ConduitError
+├── RpcError(code, message, data)   the daemon's answer to a request, by code
+│   ├── ParseError -32700 · InvalidRequest -32600 · MethodNotFound -32601
+│   ├── InvalidParams -32602 · InternalError -32603 · Overloaded -32000 · NotFound -32001
+│   └── Unauthenticated -32002 · Forbidden -32003 · RateLimited -32005
+│       · ExecutorUnavailable -32006 · UpstreamError -32007
+└── ClientError                      raised by the client itself, never sent
+    ├── TransportError
+    │   ├── ConnectionFailed         the daemon could not be reached (after retries)
+    │   └── ConnectionLost           the connection dropped while a call was in flight
+    ├── Timeout                      no answer within timeout_s; the connection stays usable
+    ├── ProgramFailed                raise_for_status() on a result whose status is not ok
+    └── SubscriptionDropped          the daemon (or this client) dropped a slow subscriber
+```
+
+The `RpcError` classes are the daemon's (`conduit.daemon.errors`), re-exported here, so
+`except Unauthenticated` catches the same class whichever side raised it. A failing
+*program* is not an exception: it is an `ExecutionResult` with a non-ok status, which
+`raise_for_status()` turns into `ProgramFailed` for those who want one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from conduit.daemon.errors import (
+    ConduitError,
+    ExecutorUnavailable,
+    Forbidden,
+    InternalError,
+    InvalidParams,
+    InvalidRequest,
+    MethodNotFound,
+    NotFound,
+    Overloaded,
+    ParseError,
+    RateLimited,
+    RpcError,
+    Unauthenticated,
+    UpstreamError,
+)
+
+if TYPE_CHECKING:
+    from conduit.client.results import ExecutionResult
+
+__all__ = [
+    "ClientError",
+    "ConduitError",
+    "ConnectionFailed",
+    "ConnectionLost",
+    "ExecutorUnavailable",
+    "Forbidden",
+    "InternalError",
+    "InvalidParams",
+    "InvalidRequest",
+    "MethodNotFound",
+    "NotFound",
+    "Overloaded",
+    "ParseError",
+    "ProgramFailed",
+    "RateLimited",
+    "RpcError",
+    "SubscriptionDropped",
+    "Timeout",
+    "TransportError",
+    "Unauthenticated",
+    "UpstreamError",
+]
+
+
+class ClientError(ConduitError):
+    """Raised by the client itself; the daemon never sends these."""
+
+
+class TransportError(ClientError):
+    """The connection to the daemon failed."""
+
+
+class ConnectionFailed(TransportError, ConnectionError):
+    """The daemon could not be reached; the message says where the client looked."""
+
+    @classmethod
+    def after(cls, where: object, attempts: int, last: BaseException) -> ConnectionFailed:
+        return cls(
+            f"cannot reach the daemon at {where} after {attempts} attempts: {last}; "
+            "is `conduit serve` running?"
+        )
+
+
+class ConnectionLost(TransportError, ConnectionError):
+    """The connection dropped while this call was in flight.
+
+    Whether the daemon ran the call is unknown: a lost `execute` may have run. The client
+    never retries such a call by itself; the next call reconnects.
+    """
+
+
+class Timeout(ClientError, TimeoutError):
+    """No answer within `timeout_s`. The connection stays usable; a late answer is dropped.
+
+    An `execute` that times out on the client side is also cancelled on the daemon.
+    """
+
+    @classmethod
+    def after(cls, method: str, timeout_s: float | None) -> Timeout:
+        within = "in the time allowed" if timeout_s is None else f"within {timeout_s:g} s"
+        return cls(
+            f"{method}: no answer {within}; the connection is still usable. "
+            "Pass a larger timeout_s (None waits as long as it takes)"
+        )
+
+
+class ProgramFailed(ClientError):
+    """The program ended with a non-ok status; `result` is its whole `ExecutionResult`."""
+
+    def __init__(self, result: ExecutionResult) -> None:
+        error = result.error
+        detail = f": {error.type}: {error.message}" if error is not None else ""
+        super().__init__(f"the program ended with status {result.status}{detail}")
+        self.result = result
+
+
+class SubscriptionDropped(ClientError):
+    """An event subscription ended because its reader fell behind; the message says why."""

@@ -1,0 +1,243 @@
+"""Typed views of what the daemon answers: execution results, output, events, tools.
+
+Each is a frozen dataclass built by `from_wire(...)` from the JSON the daemon sends;
+`raw` keeps that JSON whole, so a field a newer daemon adds is never lost. Fields follow
+the wire names in snake_case. This module does no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from conduit.client.errors import ProgramFailed
+
+__all__ = [
+    "Event",
+    "ExecutionResult",
+    "OutputChunk",
+    "ProgramError",
+    "Tool",
+    "ToolResult",
+    "ToolSchema",
+]
+
+# The statuses an execution ends with (the daemon's `Status`): only "ok" is success;
+# every limit has its own status, and partial output is kept in all of them.
+STATUSES = (
+    "ok",
+    "error",
+    "timeout",
+    "memory_limit",
+    "output_limit",
+    "tool_limit",
+    "cancelled",
+    "crashed",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramError:
+    """Why a program failed: the exception it raised, or the limit it hit."""
+
+    type: str
+    message: str
+    traceback: str | None = None
+
+    @classmethod
+    def from_wire(cls, error: Mapping[str, Any] | None) -> ProgramError | None:
+        if not error:
+            return None
+        return cls(
+            str(error.get("type", "")), str(error.get("message", "")), error.get("traceback")
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionResult:
+    """How one execution ended. `status` is one of `STATUSES`; `ok` means "ok".
+
+    A non-ok result is still a result (the request itself succeeded): output, the error
+    and timings are all here. `raise_for_status()` raises `ProgramFailed` for it.
+    """
+
+    execution_id: str
+    status: str
+    result: Any = None
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = None
+    error: ProgramError | None = None
+    truncated_stdout: bool = False
+    truncated_stderr: bool = False
+    tool_calls: int = 0
+    duration_ms: float = 0.0
+    queue_ms: float = 0.0
+    executor: str = ""
+    memory_peak_bytes: int | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def raise_for_status(self) -> ExecutionResult:
+        """Return this result if it is ok; else raise `ProgramFailed` carrying it."""
+        if not self.ok:
+            raise ProgramFailed(self)
+        return self
+
+    @classmethod
+    def from_wire(cls, wire: Mapping[str, Any]) -> ExecutionResult:
+        truncated = wire.get("truncated") or {}
+        return cls(
+            execution_id=str(wire.get("execution_id", "")),
+            status=str(wire.get("status", "")),
+            result=wire.get("result"),
+            stdout=wire.get("stdout") or "",
+            stderr=wire.get("stderr") or "",
+            exit_code=wire.get("exit_code"),
+            error=ProgramError.from_wire(wire.get("error")),
+            truncated_stdout=bool(truncated.get("stdout", False)),
+            truncated_stderr=bool(truncated.get("stderr", False)),
+            tool_calls=int(wire.get("tool_calls") or 0),
+            duration_ms=float(wire.get("duration_ms") or 0.0),
+            queue_ms=float(wire.get("queue_ms") or 0.0),
+            executor=str(wire.get("executor", "")),
+            memory_peak_bytes=wire.get("memory_peak_bytes"),
+            raw=dict(wire),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class OutputChunk:
+    """A piece of a running program's output (`execution/output`), in `seq` order."""
+
+    execution_id: str
+    stream: str  # "stdout" or "stderr"
+    text: str
+    seq: int
+
+    @classmethod
+    def from_wire(cls, params: Mapping[str, Any]) -> OutputChunk:
+        return cls(
+            execution_id=str(params.get("execution_id", "")),
+            stream=str(params.get("stream", "stdout")),
+            text=str(params.get("text", "")),
+            seq=int(params.get("seq") or 0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One event from `events/subscribe`: its `type` (`execution.finished`, ...) and data."""
+
+    type: str
+    ts: float | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)
+    subscription: str | None = None
+
+    @classmethod
+    def from_wire(cls, params: Mapping[str, Any]) -> Event:
+        data = {k: v for k, v in params.items() if k not in ("type", "ts", "subscription")}
+        ts = params.get("ts")
+        return cls(
+            type=str(params.get("type", "")),
+            ts=float(ts) if isinstance(ts, int | float) else None,
+            data=data,
+            subscription=params.get("subscription"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A tool this caller may use, as `tools/list` describes it.
+
+    `name` is the tool id (`<upstream>__<tool>`, or a built-in such as
+    `execute_python`); `path` is its SDK name (`echo.add`) for upstream tools.
+    """
+
+    name: str
+    description: str = ""
+    input_schema: Mapping[str, Any] = field(default_factory=dict)
+    output_schema: Mapping[str, Any] | None = None
+    path: str | None = None
+    upstream: str | None = None
+    annotations: Mapping[str, Any] | None = None
+
+    @classmethod
+    def from_wire(cls, entry: Mapping[str, Any]) -> Tool:
+        meta = entry.get("_meta") or {}
+        return cls(
+            name=str(entry["name"]),
+            description=entry.get("description") or "",
+            input_schema=entry.get("inputSchema") or {},
+            output_schema=entry.get("outputSchema"),
+            path=meta.get("conduit/path"),
+            upstream=meta.get("conduit/upstream"),
+            annotations=entry.get("annotations"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSchema:
+    """One tool's schemas and any problems found in them (`tools/schema`)."""
+
+    id: str
+    path: str
+    upstream: str
+    description: str
+    input_schema: Mapping[str, Any] | None
+    output_schema: Mapping[str, Any] | None
+    strict: bool
+    schema_problems: tuple[str, ...]
+
+    @classmethod
+    def from_wire(cls, wire: Mapping[str, Any]) -> ToolSchema:
+        return cls(
+            id=str(wire["id"]),
+            path=str(wire.get("path", "")),
+            upstream=str(wire.get("upstream", "")),
+            description=wire.get("description") or "",
+            input_schema=wire.get("inputSchema"),
+            output_schema=wire.get("outputSchema"),
+            strict=bool(wire.get("strict", False)),
+            schema_problems=tuple(str(p) for p in wire.get("schemaProblems") or ()),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """What a tool answered (`tools/call`): MCP content, structured content, and whether
+    the tool reported an error. A failing tool is a result, as a failing program is."""
+
+    content: tuple[Mapping[str, Any], ...] = ()
+    structured: Any = None
+    is_error: bool = False
+
+    @property
+    def text(self) -> str:
+        """The text parts of `content`, joined by newlines."""
+        return "\n".join(
+            str(part.get("text", "")) for part in self.content if part.get("type") == "text"
+        )
+
+    @property
+    def value(self) -> Any:
+        """The structured content if any, else the text parsed as JSON, else the text."""
+        if self.structured is not None:
+            return self.structured
+        try:
+            return json.loads(self.text)
+        except ValueError:
+            return self.text
+
+    @classmethod
+    def from_wire(cls, wire: Mapping[str, Any]) -> ToolResult:
+        return cls(
+            content=tuple(wire.get("content") or ()),
+            structured=wire.get("structuredContent"),
+            is_error=bool(wire.get("isError", False)),
+        )
