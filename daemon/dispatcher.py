@@ -159,7 +159,24 @@ def _authorise(spec: MethodSpec, principal: Principal | None) -> None:
 
 
 async def dispatch(name: str, raw_params: dict[str, Any], ctx: CallContext) -> Any:
-    """Run one method and return its JSON-ready result; raise only `RpcError`."""
+    """Run one method and return its JSON-ready result; raise only `RpcError`.
+
+    Every call is counted in the daemon's metrics by method and outcome.
+    """
+    outcome: int | str = "ok"
+    try:
+        return await _call(name, raw_params, ctx)
+    except RpcError as exc:
+        outcome = exc.code
+        raise
+    except BaseException:
+        outcome = "cancelled"
+        raise
+    finally:
+        ctx.daemon.metrics.count_request(name, outcome)
+
+
+async def _call(name: str, raw_params: dict[str, Any], ctx: CallContext) -> Any:
     try:
         spec = METHODS.get(name)
         if spec is None:
