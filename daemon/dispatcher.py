@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from conduit.daemon.server import Daemon
 
 __all__ = [
+    "ANSWERED",
+    "CANCELLED",
     "METHODS",
     "CallContext",
     "MethodSpec",
@@ -43,6 +45,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("conduit.dispatcher")
+
+# How a call ended when not with an `RpcError` (whose code says it), for the metrics.
+ANSWERED = "ok"
+CANCELLED = "cancelled"
 
 
 class Params(BaseModel):
@@ -163,14 +169,14 @@ async def dispatch(name: str, raw_params: dict[str, Any], ctx: CallContext) -> A
 
     Every call is counted in the daemon's metrics by method and outcome.
     """
-    outcome: int | str = "ok"
+    outcome: int | str = ANSWERED
     try:
         return await _call(name, raw_params, ctx)
     except RpcError as exc:
         outcome = exc.code
         raise
     except BaseException:
-        outcome = "cancelled"
+        outcome = CANCELLED
         raise
     finally:
         ctx.daemon.metrics.count_request(name, outcome)

@@ -69,9 +69,7 @@ QUEUE_BUCKETS_S = (0.0001, 0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0)
 # Label values for requests that never named a method, and for names not in the table.
 NO_METHOD = "invalid"
 UNKNOWN_METHOD = "unknown"
-# The `code` label of a request answered with a result, and of one cut short.
-OK = "ok"
-CANCELLED = "cancelled"
+# The `code` label of an error code Conduit does not define (a relayed one, say).
 OTHER_CODE = "other"
 
 
@@ -187,7 +185,7 @@ class Metrics:
 
     def count_request(self, method: str | None, outcome: int | str) -> None:
         """Count one request: `method` as named (None: the message named none), and its
-        `outcome`, an `RpcError` code or `OK` or `CANCELLED`."""
+        `outcome`, an `RpcError` code or the dispatcher's `ANSWERED` or `CANCELLED`."""
         if method is None:
             method = NO_METHOD
         elif method not in METHODS:
