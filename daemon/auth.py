@@ -21,6 +21,7 @@ from typing import Any
 
 from conduit.daemon.config import SCOPES, AuthConfig
 from conduit.daemon.errors import ConfigError
+from conduit.daemon.logs import redact
 
 __all__ = [
     "ALL_SCOPES",
@@ -140,6 +141,9 @@ class Authenticator:
         digest = hash_token(token)
         for client in self.config.clients:
             if hmac.compare_digest(digest, client.sha256):
+                # Only its hash is configured: the token itself is known from now on,
+                # whatever its shape, and kept out of the log like the master token.
+                redact(token)
                 return Principal(
                     client.name,
                     "client",

@@ -29,6 +29,7 @@ __all__ = [
     "GatewayConfig",
     "LimitValues",
     "LimitsConfig",
+    "MetricsConfig",
     "ServerConfig",
     "default_socket_path",
     "default_state_dir",
@@ -169,12 +170,28 @@ class GatewayConfig(_Section):
     fetch: FetchConfig = FetchConfig()
 
 
+class MetricsConfig(_Section):
+    enabled: bool = True
+    # Beside the RPC example port 7780, and clear of 9464, the OpenTelemetry Prometheus
+    # exporter's default, which other services on a host commonly hold. Port 0 picks one.
+    listen: str = "127.0.0.1:7781"
+    # The endpoint has no authentication: off loopback only on explicit request.
+    allow_remote: bool = False
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str) -> str:
+        parse_tcp_address(value)
+        return value
+
+
 class Config(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     auth: AuthConfig = AuthConfig()
     limits: LimitsConfig = LimitsConfig()
     executors: ExecutorsConfig = ExecutorsConfig()
     gateway: GatewayConfig = GatewayConfig()
+    metrics: MetricsConfig = MetricsConfig()
     upstreams: UpstreamList = ()
     source: str = ""  # the file this came from, for messages and reloads
 
@@ -278,6 +295,14 @@ def _check_consistency(config: Config) -> None:
             raise ConfigError(
                 f"config key server.tcp = {config.server.tcp!r} is not a loopback address: "
                 "use 127.0.0.1 or [::1], or set server.allow_remote_tcp = true"
+            )
+    if config.metrics.enabled:
+        host, _ = parse_tcp_address(config.metrics.listen)
+        if not is_loopback(host) and not config.metrics.allow_remote:
+            raise ConfigError(
+                f"config key metrics.listen = {config.metrics.listen!r} is not a loopback "
+                "address: use 127.0.0.1 or [::1], or set metrics.allow_remote = true "
+                "(the endpoint has no authentication)"
             )
     for field in LimitValues.model_fields:
         default = getattr(config.limits.defaults, field)

@@ -141,7 +141,7 @@ class Connection:
         max_bytes = self._daemon.config.server.max_message_bytes
         async for line in LineReader(self._stream, max_bytes):
             if line is OVERSIZE:
-                await self._send_error(
+                await self._refuse(
                     None,
                     InvalidRequest(
                         f"message too large: a line may hold at most {max_bytes} bytes; "
@@ -152,7 +152,7 @@ class Connection:
             try:
                 message = decode(line)  # type: ignore[arg-type]
             except ParseError as exc:
-                await self._send_error(None, exc)
+                await self._refuse(None, exc)
                 continue
             await self._slots.acquire()
             requests.start_soon(self._serve_message, message)
@@ -170,9 +170,9 @@ class Connection:
 
     async def _answer_batch(self, batch: list[Any]) -> list[dict[str, Any]] | dict[str, Any] | None:
         if not batch:
-            return error_reply(None, InvalidRequest("invalid request: empty batch"))
+            return self._refusal(None, InvalidRequest("invalid request: empty batch"))
         if len(batch) > _MAX_BATCH:
-            return error_reply(
+            return self._refusal(
                 None, InvalidRequest(f"invalid request: a batch may hold {_MAX_BATCH} calls")
             )
         replies: list[dict[str, Any] | None] = [None] * len(batch)
@@ -190,7 +190,7 @@ class Connection:
         try:
             request = parse_request(message)
         except InvalidRequest as exc:
-            return error_reply(request_id(message), exc)
+            return self._refusal(request_id(message), exc)
         try:
             result = await dispatch(request.method, request.params, self._context(request))
         except RpcError as exc:
@@ -200,11 +200,21 @@ class Connection:
     def _context(self, request: Request) -> CallContext:
         principal = self.principal
         if request.bearer_token is not None:
-            principal = self.authenticate(request.bearer_token)
+            try:
+                principal = self.authenticate(request.bearer_token)
+            except Unauthenticated as exc:
+                # Refused before dispatch, which counts every other request.
+                self._daemon.metrics.count_request(request.method, exc.code)
+                raise
         return CallContext(self._daemon, principal, self, request.id)
 
-    async def _send_error(self, ident: Any, error: RpcError) -> None:
-        await self._send(error_reply(ident, error))
+    def _refusal(self, ident: Any, error: RpcError) -> dict[str, Any]:
+        """The reply to a message refused before it named a method, counted as such."""
+        self._daemon.metrics.count_request(None, error.code)
+        return error_reply(ident, error)
+
+    async def _refuse(self, ident: Any, error: RpcError) -> None:
+        await self._send(self._refusal(ident, error))
 
     async def _send(self, message: Any) -> None:
         # A closed outbox means the writer is gone with the peer: nobody is left to tell.

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from conduit.daemon.server import Daemon
 
 __all__ = [
+    "ANSWERED",
+    "CANCELLED",
     "METHODS",
     "CallContext",
     "MethodSpec",
@@ -43,6 +45,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("conduit.dispatcher")
+
+# How a call ended when not with an `RpcError` (whose code says it), for the metrics.
+ANSWERED = "ok"
+CANCELLED = "cancelled"
 
 
 class Params(BaseModel):
@@ -159,7 +165,24 @@ def _authorise(spec: MethodSpec, principal: Principal | None) -> None:
 
 
 async def dispatch(name: str, raw_params: dict[str, Any], ctx: CallContext) -> Any:
-    """Run one method and return its JSON-ready result; raise only `RpcError`."""
+    """Run one method and return its JSON-ready result; raise only `RpcError`.
+
+    Every call is counted in the daemon's metrics by method and outcome.
+    """
+    outcome: int | str = ANSWERED
+    try:
+        return await _call(name, raw_params, ctx)
+    except RpcError as exc:
+        outcome = exc.code
+        raise
+    except BaseException:
+        outcome = CANCELLED
+        raise
+    finally:
+        ctx.daemon.metrics.count_request(name, outcome)
+
+
+async def _call(name: str, raw_params: dict[str, Any], ctx: CallContext) -> Any:
     try:
         spec = METHODS.get(name)
         if spec is None:

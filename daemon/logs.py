@@ -1,8 +1,15 @@
 """Structured logs on stderr, one event per line, with secrets redacted on the way out.
 
 JSON lines when stderr is not a terminal (journald, files), `key=value` text when it is.
-Redaction happens in the formatter, so no call site can forget it: anything shaped like
-a Conduit token, and any value registered with `redact`, is replaced before writing.
+Redaction happens in the formatters, so no call site can forget it: anything shaped like
+a Conduit token, and any value registered with `redact`, is replaced in the message, in
+every `extra` field (keys, values, nested containers) and in exception text, before the
+event is serialised (so escaping cannot hide a secret from the scrubber).
+
+One event is one line: JSON escapes every line break, and the text format escapes them
+in the message and the fields. The one exception is a traceback in the text format,
+which follows its event on lines indented by two spaces, so no line of it can pass for
+an event of its own.
 """
 
 from __future__ import annotations
@@ -12,30 +19,66 @@ import logging
 import re
 import sys
 import time
-from typing import Any, ClassVar, TextIO
+from collections.abc import Mapping
+from typing import Any, TextIO
 
-__all__ = ["configure_logging", "redact"]
+__all__ = ["REDACTED", "configure_logging", "redact", "scrub"]
 
-_TOKEN_SHAPE = re.compile(r"cdt_[A-Za-z0-9_-]{16,}")
+REDACTED = "[redacted]"
+# What `auth.new_token` makes (master, client and session tokens): recognised by shape,
+# so a token the daemon never registered (another daemon's, say) is still hidden.
+_TOKEN_SHAPE = r"cdt_[A-Za-z0-9_-]{16,}"
+# Shorter registered values would redact ordinary words along with the secret.
+MIN_SECRET_CHARS = 8
 _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+_TRACEBACK_INDENT = "  "
 
 
 class _Redactor:
-    secrets: ClassVar[set[str]] = set()
+    """The secrets to hide, as one pattern: the longest first, so a secret that
+    contains another is hidden whole rather than leaving its remainder behind."""
 
-    @classmethod
-    def scrub(cls, text: str) -> str:
-        text = _TOKEN_SHAPE.sub("[redacted]", text)
-        for secret in cls.secrets:
-            if secret in text:
-                text = text.replace(secret, "[redacted]")
-        return text
+    def __init__(self) -> None:
+        self._secrets: set[str] = set()
+        self._pattern = re.compile(_TOKEN_SHAPE)
+
+    def add(self, secret: str) -> None:
+        if len(secret) < MIN_SECRET_CHARS or secret in self._secrets:
+            return
+        self._secrets.add(secret)
+        ordered = sorted(self._secrets, key=len, reverse=True)
+        self._pattern = re.compile("|".join([*map(re.escape, ordered), _TOKEN_SHAPE]))
+
+    def scrub(self, text: str) -> str:
+        return self._pattern.sub(REDACTED, text)
+
+
+# Process-wide, like logging itself: every daemon in the process writes to one stderr.
+_REDACTOR = _Redactor()
 
 
 def redact(secret: str) -> None:
-    """Never write `secret` to the log, whatever shape it has."""
-    if len(secret) >= 8:
-        _Redactor.secrets.add(secret)
+    """Never write `secret` to the log, whatever shape it has (if 8 characters or more)."""
+    _REDACTOR.add(secret)
+
+
+def scrub(text: str) -> str:
+    """`text` with every token and registered secret replaced by `[redacted]`."""
+    return _REDACTOR.scrub(text)
+
+
+def _scrubbed(value: Any) -> Any:
+    """`value` as JSON-ready data with every string in it scrubbed; anything that is not
+    JSON becomes its scrubbed `str`."""
+    if isinstance(value, str):
+        return _REDACTOR.scrub(value)
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, Mapping):
+        return {_REDACTOR.scrub(str(k)): _scrubbed(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_scrubbed(item) for item in value]
+    return _REDACTOR.scrub(str(value))
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
@@ -53,17 +96,37 @@ class _JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             event["exc"] = self.formatException(record.exc_info)
-        return _Redactor.scrub(json.dumps(event, default=str))
+        # ensure_ascii: every non-ASCII line separator (U+2028, NEL) is escaped too.
+        return json.dumps(_scrubbed(event), ensure_ascii=True)
+
+
+def _one_line(text: str) -> str:
+    """`text` with line breaks and other control characters escaped, as JSON would."""
+    return text if text.isprintable() else json.dumps(text)[1:-1]
+
+
+def _text_value(value: Any) -> str:
+    """A field's value for `key=value`: quoted when a space or quote would make the
+    line ambiguous, escaped when it holds a line break."""
+    text = json.dumps(value) if isinstance(value, list | dict) else str(value)
+    if text.isprintable() and not any(c in text for c in ' "='):
+        return text
+    return json.dumps(text)
 
 
 class _TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
-        extras = " ".join(f"{k}={v}" for k, v in _fields(record).items())
-        line = f"{stamp} {record.levelname.lower():7} {record.getMessage()} {extras}".rstrip()
+        fields = _scrubbed(_fields(record))
+        extras = " ".join(f"{k}={_text_value(v)}" for k, v in fields.items())
+        message = _one_line(scrub(record.getMessage()))
+        line = f"{stamp} {record.levelname.lower():7} {message} {extras}".rstrip()
         if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
-        return _Redactor.scrub(line)
+            trace = scrub(self.formatException(record.exc_info))
+            line += "".join(
+                f"\n{_TRACEBACK_INDENT}{_one_line(part)}" for part in trace.splitlines()
+            )
+        return line
 
 
 def configure_logging(level: str = "info", stream: TextIO | None = None) -> None:

@@ -4,6 +4,7 @@
 serve(config, *, task_status)         root nursery
 ├── registry.serve → each executor's pool
 ├── catalogue.serve → one task per upstream, holding its MCP session
+├── metrics endpoint (HTTP, loopback) → one task per scrape
 ├── watchdog, signal receiver
 └── connections nursery ← one Connection.run per accepted stream
     (acceptors: one accept loop per listener, cancelled first on shutdown)
@@ -42,6 +43,8 @@ from conduit.daemon.listeners import (
     remove_socket_file,
 )
 from conduit.daemon.logs import redact
+from conduit.daemon.metrics import CONTENT_TYPE, Metrics
+from conduit.daemon.metrics_endpoint import MetricsEndpoint
 from conduit.daemon.tool_access import ToolAccess
 from conduit.daemon.wiring import build_catalogue, build_registry, language_defaults
 from conduit.executors.base import CallbackAddress
@@ -65,6 +68,8 @@ class ServingInfo:
     tcp_address: tuple[str, int] | None
     token_source: str
     listeners: tuple[str, ...] = field(default=())
+    # Where GET /metrics answers (None: metrics off, or the port could not be bound).
+    metrics_address: tuple[str, int] | None = None
 
 
 class Daemon:
@@ -82,6 +87,11 @@ class Daemon:
         )
         self.rate_limiter = RateLimiter(limits.executions_per_minute, limits.burst)
         self.events = EventBus()
+        self.metrics = Metrics(self)
+        self.events.add_sink(self.metrics.observe)
+        # Where the metrics are served, or why they are not (set by `serve`).
+        self.metrics_address: tuple[str, int] | None = None
+        self.metrics_error: str | None = None
         self.executions = Executions(self)
         self.registry = ExecutorRegistry([], {})
         self.tools = ToolAccess(self, build_catalogue(config))
@@ -116,6 +126,7 @@ class Daemon:
                 self.registry = build_registry(self.config, self.callback_address)
                 await root.start(self.registry.serve)
                 await root.start(self.tools.catalogue.serve)
+                await self._start_metrics(root)
                 if handle_signals:
                     root.start_soon(self._handle_signals)
                 interval = systemd.watchdog_interval_s()
@@ -143,6 +154,25 @@ class Daemon:
             with trio.CancelScope(shield=True):
                 await _close_listeners(bound)
             await self._drain(connections)
+
+    async def _start_metrics(self, root: trio.Nursery) -> None:
+        """Serve the metrics in `root`, if enabled. A port that cannot be bound is
+        logged and left out rather than stopping the daemon: metrics are for watching
+        it work, not a reason for it not to."""
+        settings = self.config.metrics
+        if not settings.enabled:
+            return
+        try:
+            bound = await open_tcp_listener(*parse_tcp_address(settings.listen))
+        except ConfigError as exc:
+            self.metrics_error = (
+                f"{exc}; set metrics.listen to a free port or metrics.enabled = false"
+            )
+            log.error("metrics not served", extra={"reason": self.metrics_error})
+            return
+        endpoint = MetricsEndpoint(self.metrics.exposition, CONTENT_TYPE)
+        await root.start(endpoint.serve, bound.listener)
+        self.metrics_address = parse_tcp_address(bound.address)
 
     def shutdown(self) -> None:
         """Stop accepting and drain; `serve` returns once drained."""
@@ -226,12 +256,21 @@ class Daemon:
         )
         self.rate_limiter.reconfigure(limits.executions_per_minute, limits.burst)
         self.registry.set_defaults(language_defaults(new))
-        if (new.server.socket, new.server.tcp) != (
+        if (new.server.socket, new.server.tcp, new.metrics) != (
             self.config.server.socket,
             self.config.server.tcp,
+            self.config.metrics,
         ):
             log.warning("listener changes take effect on restart")
         self.config = new
+
+    def metrics_url(self) -> str | None:
+        """The URL Prometheus scrapes, once the endpoint serves."""
+        if self.metrics_address is None:
+            return None
+        host, port = self.metrics_address
+        shown = f"[{host}]" if ":" in host else host
+        return f"http://{shown}:{port}/metrics"
 
     # ---- set-up ------------------------------------------------------------------
 
@@ -264,6 +303,7 @@ class Daemon:
             listeners=tuple(
                 f"{b.transport}:{b.address}" for b in bound if b.transport != "sandbox"
             ),
+            metrics_address=self.metrics_address,
         )
 
     def _announce(self, info: ServingInfo) -> None:
@@ -278,6 +318,7 @@ class Daemon:
                 "listeners": ", ".join(info.listeners),
                 "auth": how,
                 "token": info.token_source,
+                "metrics": self.metrics_url() or ("not served" if self.metrics_error else "off"),
                 "pid": os.getpid(),
             },
         )

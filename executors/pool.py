@@ -62,14 +62,15 @@ class _Relay(Generic[W]):
     """A task_status for `spawn`: adopts the worker the moment it is ready, so no
     scheduling gap lets it die unnoticed, then passes it on."""
 
-    def __init__(self, task_status: trio.TaskStatus[W], adopt: Callable[[W], None]) -> None:
+    def __init__(self, task_status: trio.TaskStatus[W], adopt: Callable[[W, float], None]) -> None:
         self._task_status = task_status
         self._adopt = adopt
+        self._began = trio.current_time()
         self.worker: W | None = None
 
     def started(self, value: W) -> None:
         self.worker = value
-        self._adopt(value)
+        self._adopt(value, trio.current_time() - self._began)
         self._task_status.started(value)
 
 
@@ -94,6 +95,8 @@ class PoolStatistics:
     handed_out: int  # workers handed out since the pool started
     cold_starts: int  # acquire_nowait() calls that found no idle worker
     refills: int  # workers started successfully
+    refill_seconds_total: float  # time those starts took, spawn to ready, summed
+    last_refill_s: float | None  # how long the latest successful start took
     deaths: int  # idle workers that exited on their own and were replaced
     start_failures: int  # starts that failed
 
@@ -120,6 +123,8 @@ class WarmPool(Generic[W]):
         self._handed_out = 0
         self._cold_starts = 0
         self._refills = 0
+        self._refill_seconds_total = 0.0
+        self._last_refill_s: float | None = None
         self._deaths = 0
         self._start_failures = 0
         self._failures_in_a_row = 0
@@ -148,6 +153,8 @@ class WarmPool(Generic[W]):
             handed_out=self._handed_out,
             cold_starts=self._cold_starts,
             refills=self._refills,
+            refill_seconds_total=self._refill_seconds_total,
+            last_refill_s=self._last_refill_s,
             deaths=self._deaths,
             start_failures=self._start_failures,
         )
@@ -249,9 +256,11 @@ class WarmPool(Generic[W]):
             if relay.worker is not None:
                 self._forget(relay.worker)
 
-    def _adopt(self, worker: W) -> None:
+    def _adopt(self, worker: W, took_s: float) -> None:
         self._failures_in_a_row = 0
         self._refills += 1
+        self._refill_seconds_total += took_s
+        self._last_refill_s = took_s
         if self._state is PoolState.DRAINING:
             worker.kill()  # started too late to be used; its task then ends
         else:

@@ -117,9 +117,12 @@ class ExecutorRegistry:
             {"field": "executor", "reason": "unknown executor"},
         )
 
-    def infos(self) -> list[ExecutorInfo]:
-        """A snapshot of every known executor, including those not in this version."""
+    def infos(self, *, configured_only: bool = False) -> list[ExecutorInfo]:
+        """A snapshot of every known executor, including those the configuration leaves
+        out (reported unavailable), unless `configured_only`."""
         infos = [executor.info() for executor in self._executors.values()]
+        if configured_only:
+            return infos
         for name, languages in KNOWN_EXECUTORS.items():
             if name not in self._executors:
                 infos.append(ExecutorInfo(name, languages, available=False, reason=_disabled(name)))

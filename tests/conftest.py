@@ -94,6 +94,8 @@ def make_config(tmp_path: Path, short_dir: Path) -> Callable[..., Config]:
             },
             "auth": {"token": MASTER_TOKEN},
             "executors": {"deno": {"pool_size": 1}},
+            # Several daemons share a machine (and a test process): a free port each.
+            "metrics": {"listen": "127.0.0.1:0"},
         }
         for section, values in sections.items():
             if isinstance(values, dict):

@@ -24,7 +24,7 @@ async def reload(params: NoParams, ctx: CallContext) -> dict[str, Any]:
 
 @method("daemon/status", params=NoParams, scope="admin")
 async def status(params: NoParams, ctx: CallContext) -> dict[str, Any]:
-    """Uptime, connections, running executions, admission queue and config source."""
+    """Uptime, connections, running executions, admission queue, config, metrics URL."""
     daemon = ctx.daemon
     admission = daemon.admission.statistics()
     return {
@@ -41,4 +41,9 @@ async def status(params: NoParams, ctx: CallContext) -> dict[str, Any]:
             "draining": daemon.executions.draining,
         },
         "auth_failures": daemon.auth_failures,
+        "metrics": {
+            "enabled": daemon.config.metrics.enabled,
+            "url": daemon.metrics_url(),
+            "error": daemon.metrics_error,
+        },
     }

@@ -1,0 +1,329 @@
+"""Prometheus metrics: scraped over HTTP from a real daemon and read with the Prometheus
+client's own parser, the endpoint's HTTP behaviour, and its configuration."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from prometheus_client.parser import text_string_to_metric_families
+
+from conduit.daemon.config import load_config
+from conduit.daemon.errors import ConfigError, MethodNotFound, ParseError, Unauthenticated
+from conduit.daemon.metrics_endpoint import (
+    MAX_REQUEST_BYTES,
+    MAX_SCRAPES,
+    RENDER_INTERVAL_S,
+    REQUEST_TIMEOUT_S,
+    MetricsEndpoint,
+)
+from tests.conftest import WAIT_S
+from tests.e2e.helpers import wait_upstreams
+from tests.fixtures.mcp_echo_server import command as echo_command
+
+ECHO = {
+    "name": "echo",
+    "transport": "stdio",
+    "command": echo_command()[0],
+    "args": echo_command()[1:],
+}
+# A command that does not exist: the upstream never comes up.
+BROKEN = {"name": "broken", "transport": "stdio", "command": "/nonexistent/conduit-test-upstream"}
+
+
+async def http(address: tuple[str, int], request: bytes) -> tuple[str, dict[str, str], bytes]:
+    """Send one raw HTTP request; the status line, headers and body of the answer."""
+    with trio.fail_after(WAIT_S):
+        stream = await trio.open_tcp_stream(*address)
+        async with stream:
+            await stream.send_all(request)
+            data = b""
+            while chunk := await stream.receive_some(65536):
+                data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+    return status, headers, body
+
+
+async def scrape(address: tuple[str, int]) -> dict[str, Any]:
+    """GET /metrics, parsed by prometheus_client's parser: families by name."""
+    status, headers, body = await http(address, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == "HTTP/1.1 200 OK"
+    assert headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert int(headers["content-length"]) == len(body)
+    assert headers["connection"] == "close"
+    return {family.name: family for family in text_string_to_metric_families(body.decode())}
+
+
+def value(families: dict[str, Any], sample: str, **labels: str) -> float:
+    """The value of the one sample named `sample` whose labels include `labels`."""
+    family = families[sample.removesuffix("_total").removesuffix("_count").removesuffix("_sum")]
+    found = [
+        s.value for s in family.samples if s.name == sample and labels.items() <= s.labels.items()
+    ]
+    assert len(found) == 1, (sample, labels, family.samples)
+    return found[0]
+
+
+def series(families: dict[str, Any], sample: str, label: str) -> set[str]:
+    """Every value `label` takes among the samples named `sample`."""
+    family = families[sample.removesuffix("_total")]
+    return {s.labels[label] for s in family.samples if s.name == sample}
+
+
+async def test_a_scrape_reports_executions_tools_requests_pools_and_upstreams(
+    start_daemon: Any, connect: Any
+) -> None:
+    # Deno only: its warm pool is what the pool metrics describe.
+    executors = {"wasm_python": {"enabled": False}, "wasm_js": {"enabled": False}}
+    daemon, info = await start_daemon(upstreams=[ECHO, BROKEN], executors=executors)
+    await wait_upstreams(daemon, "echo")
+    assert info.metrics_address is not None
+    client = await connect(info)
+
+    result = await client.call("execute", {"language": "typescript", "code": "1 + 1"})
+    assert result["status"] == "ok", result
+    failed = await client.call("execute", {"language": "typescript", "code": "throw new Error()"})
+    assert failed["status"] == "error", failed
+    await client.call("tools/call", {"name": "echo__echo", "arguments": {"text": "hi"}})
+    await client.call("tools/call", {"name": "echo__fail", "arguments": {}})
+    # Hostile method names: each is refused, none becomes a label of its own.
+    for n in range(20):
+        assert (await client.request(f"no/such/method/{n}"))["error"]["code"] == MethodNotFound.code
+    await client.send_line("{not json")
+    assert (await client.recv())["error"]["code"] == ParseError.code
+    wrong = await client.request("ping", auth={"bearerToken": "cdt_wrong-token-0123456789abcdef"})
+    assert wrong["error"]["code"] == Unauthenticated.code
+
+    families = await scrape(info.metrics_address)
+
+    # Every metric is Conduit's (or the standard process ones) and says what it is.
+    for name, family in families.items():
+        assert name.startswith(("conduit_", "process_")), name
+        assert family.documentation, f"{name} has no help text"
+
+    ok = {"executor": "deno", "language": "typescript", "status": "ok"}
+    assert value(families, "conduit_executions_total", **ok) == 1
+    assert value(families, "conduit_executions_total", executor="deno", status="error") == 1
+    durations = value(families, "conduit_execution_duration_seconds_count", executor="deno")
+    assert durations == 2
+    assert value(families, "conduit_execution_duration_seconds_sum", executor="deno") > 0
+    assert value(families, "conduit_execution_queue_wait_seconds_count") == 2
+    assert value(families, "conduit_executions_active") == 0
+    assert value(families, "conduit_executions_queued") == 0
+    assert value(families, "conduit_execution_slots") == 4
+
+    assert value(families, "conduit_tool_calls_total", upstream="echo", outcome="ok") == 1
+    assert value(families, "conduit_tool_calls_total", upstream="echo", outcome="error") == 1
+    assert value(families, "conduit_tool_call_duration_seconds_count", upstream="echo") == 2
+
+    assert value(families, "conduit_rpc_requests_total", method="execute", code="ok") == 2
+    assert value(families, "conduit_rpc_requests_total", method="unknown", code="-32601") == 20
+    assert value(families, "conduit_rpc_requests_total", method="invalid", code="-32700") == 1
+    assert value(families, "conduit_rpc_requests_total", method="ping", code="-32002") == 1
+    methods = series(families, "conduit_rpc_requests_total", "method")
+    assert methods == {"execute", "tools/call", "unknown", "invalid", "ping"}
+    assert value(families, "conduit_auth_failures_total") == 1
+
+    assert value(families, "conduit_upstream_up", upstream="echo") == 1
+    assert value(families, "conduit_upstream_up", upstream="broken") == 0
+    assert value(families, "conduit_upstream_tools", upstream="echo") > 0
+
+    # Only this daemon's executors: those the configuration leaves out have no series.
+    assert value(families, "conduit_executor_available", executor="deno") == 1
+    assert series(families, "conduit_executor_available", "executor") == {"deno"}
+    assert value(families, "conduit_pool_target_workers", executor="deno") == 1
+    states = series(families, "conduit_pool_workers", "state")
+    assert states == {"idle", "starting", "in_use"}
+    assert value(families, "conduit_pool_workers", executor="deno", state="in_use") == 0
+    # The first fill and the refill after the execution: each start is timed.
+    refills = value(families, "conduit_pool_refill_seconds_count", executor="deno")
+    assert refills >= 1
+    assert value(families, "conduit_pool_refill_seconds_sum", executor="deno") > 0
+    assert value(families, "conduit_pool_last_refill_seconds", executor="deno") > 0
+    assert value(families, "conduit_pool_cold_starts_total", executor="deno") >= 0
+
+    assert value(families, "conduit_connections", transport="unix") == 1
+    assert value(families, "conduit_session_tokens") == 0
+    assert value(families, "conduit_draining") == 0
+    assert value(families, "conduit_build_info") == 1
+    assert value(families, "process_resident_memory_bytes") > 0
+
+
+async def test_the_endpoint_is_discoverable_and_answers_only_metrics(
+    start_daemon: Any, connect: Any
+) -> None:
+    daemon, info = await start_daemon(**_no_executors())
+    address = info.metrics_address
+    assert address is not None and address[0] == "127.0.0.1" and address[1] > 0
+    status = await (await connect(info)).call("daemon/status")
+    assert status["metrics"] == {
+        "enabled": True,
+        "url": f"http://127.0.0.1:{address[1]}/metrics",
+        "error": None,
+    }
+
+    missing = await http(address, b"GET / HTTP/1.1\r\n\r\n")
+    assert missing[0] == "HTTP/1.1 404 Not Found"
+    assert b"/metrics" in missing[2]
+    posted = await http(address, b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+    assert posted[0] == "HTTP/1.1 405 Method Not Allowed"
+    assert posted[1]["allow"] == "GET, HEAD"
+    head = await http(address, b"HEAD /metrics HTTP/1.1\r\n\r\n")
+    assert head[0] == "HTTP/1.1 200 OK" and int(head[1]["content-length"]) > 0
+    assert head[2] == b""
+    garbage = await http(address, b"hello\r\n\r\n")
+    assert garbage[0] == "HTTP/1.1 400 Bad Request"
+    too_long = await http(address, b"GET /metrics HTTP/1.1\r\nX: " + b"a" * MAX_REQUEST_BYTES)
+    assert too_long[0] == "HTTP/1.1 431 Request Header Fields Too Large"
+    # A person with nc sends bare line feeds; a query string is ignored.
+    by_hand = await http(address, b"GET /metrics?x=1 HTTP/1.0\n\n")
+    assert by_hand[0] == "HTTP/1.1 200 OK" and b"conduit_build_info" in by_hand[2]
+    # After all that, a plain scrape still works, and saw none of it as RPC.
+    families = await scrape(address)
+    assert series(families, "conduit_rpc_requests_total", "method") == {"daemon/status"}
+
+
+async def test_metrics_can_be_turned_off(start_daemon: Any, connect: Any) -> None:
+    daemon, info = await start_daemon(metrics={"enabled": False}, **_no_executors())
+    assert info.metrics_address is None
+    status = await (await connect(info)).call("daemon/status")
+    assert status["metrics"] == {"enabled": False, "url": None, "error": None}
+
+
+async def test_a_taken_port_is_reported_and_the_daemon_still_serves(
+    start_daemon: Any, connect: Any, make_config: Any, short_dir: Path
+) -> None:
+    first, first_info = await start_daemon(**_no_executors())
+    assert first_info.metrics_address is not None
+    host, port = first_info.metrics_address
+    second, second_info = await start_daemon(
+        server={"socket": str(short_dir / "second.sock")},
+        metrics={"listen": f"{host}:{port}"},
+        **_no_executors(),
+    )
+    assert second_info.metrics_address is None
+    client = await connect(second_info)
+    status = await client.call("daemon/status")
+    assert status["metrics"]["url"] is None
+    assert "cannot listen on" in status["metrics"]["error"]
+    assert "metrics.listen" in status["metrics"]["error"]
+    # Each daemon counts its own: the first never saw the second's request.
+    families = await scrape(first_info.metrics_address)
+    assert "daemon/status" not in series(families, "conduit_rpc_requests_total", "method")
+
+
+def test_a_non_loopback_address_needs_explicit_permission(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[metrics]\nlisten = "0.0.0.0:9100"\n')
+    with pytest.raises(ConfigError, match=r"metrics\.listen .* not a loopback address"):
+        load_config(path, environ={})
+    path.write_text('[metrics]\nlisten = "0.0.0.0:9100"\nallow_remote = true\n')
+    assert load_config(path, environ={}).metrics.listen == "0.0.0.0:9100"
+    path.write_text('[metrics]\nlisten = "0.0.0.0:9100"\nenabled = false\n')
+    assert not load_config(path, environ={}).metrics.enabled
+    path.write_text('[metrics]\nlisten = "localhost"\n')
+    with pytest.raises(ConfigError, match=r"metrics\.listen"):
+        load_config(path, environ={})
+
+
+# ---- the endpoint on its own, on a virtual clock -------------------------------------
+
+
+async def _endpoint(nursery: trio.Nursery, render: Any) -> tuple[str, int]:
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    endpoint = MetricsEndpoint(render, "text/plain; version=0.0.4; charset=utf-8")
+    await nursery.start(endpoint.serve, listeners[0])
+    return listeners[0].socket.getsockname()[:2]
+
+
+async def _closed_after(stream: trio.SocketStream) -> tuple[bytes, float]:
+    """What the server sent before closing `stream`, and when it closed it."""
+    data = b""
+    while chunk := await stream.receive_some(65536):
+        data += chunk
+    return data, trio.current_time()
+
+
+async def test_a_silent_client_is_dropped_after_the_timeout(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    address = await _endpoint(nursery, lambda: b"m 1\n")
+    start = trio.current_time()
+    async with await trio.open_tcp_stream(*address) as silent:
+        await silent.send_all(b"GET /metr")  # and nothing more
+        data, closed_at = await _closed_after(silent)
+    assert data == b""
+    assert closed_at - start == pytest.approx(REQUEST_TIMEOUT_S, abs=0.1)
+
+
+async def test_connections_beyond_the_cap_are_closed_at_once(nursery: trio.Nursery) -> None:
+    address = await _endpoint(nursery, lambda: b"m 1\n")
+    held = [await trio.open_tcp_stream(*address) for _ in range(MAX_SCRAPES)]
+    with trio.fail_after(WAIT_S):
+        await trio.testing.wait_all_tasks_blocked()  # the endpoint holds all of them
+        start = trio.current_time()
+        async with await trio.open_tcp_stream(*address) as extra:
+            data, closed_at = await _closed_after(extra)
+    assert data == b""
+    # Closed unanswered at once, not after the others' read timeout.
+    assert closed_at - start < REQUEST_TIMEOUT_S / 2
+    for stream in held:
+        await stream.aclose()
+    with trio.fail_after(WAIT_S):
+        await trio.testing.wait_all_tasks_blocked()
+    assert (await http(address, b"GET /metrics HTTP/1.1\r\n\r\n"))[2] == b"m 1\n"
+
+
+async def test_scrapes_in_quick_succession_share_one_render(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    renders: list[float] = []
+
+    def render() -> bytes:
+        renders.append(trio.current_time())
+        return f"m {len(renders)}\n".encode()
+
+    address = await _endpoint(nursery, render)
+    request = b"GET /metrics HTTP/1.1\r\n\r\n"
+    bodies = [(await http(address, request))[2] for _ in range(5)]
+    assert bodies == [b"m 1\n"] * 5
+    await trio.sleep(RENDER_INTERVAL_S)  # virtual time passing, not a wait for anything
+    assert (await http(address, request))[2] == b"m 2\n"
+
+
+async def test_a_failing_render_is_a_500_and_serving_goes_on(
+    nursery: trio.Nursery, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # configure_logging (the CLI) stops propagation; caplog listens at the root.
+    monkeypatch.setattr(logging.getLogger("conduit"), "propagate", True)
+    calls = []
+
+    def render() -> bytes:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("collector broke")
+        return b"m 1\n"
+
+    address = await _endpoint(nursery, render)
+    status, _, body = await http(address, b"GET /metrics HTTP/1.1\r\n\r\n")
+    assert status == "HTTP/1.1 500 Internal Server Error"
+    assert b"log" in body
+    assert any("rendering the metrics failed" in r.getMessage() for r in caplog.records)
+    assert (await http(address, b"GET /metrics HTTP/1.1\r\n\r\n"))[0] == "HTTP/1.1 200 OK"
+
+
+def _no_executors() -> dict[str, Any]:
+    """Executors off: these tests are about the endpoint, not about running programs."""
+    return {
+        "executors": {
+            "deno": {"enabled": False},
+            "wasm_python": {"enabled": False},
+            "wasm_js": {"enabled": False},
+        }
+    }
