@@ -42,6 +42,7 @@ from conduit.daemon.listeners import (
     remove_socket_file,
 )
 from conduit.daemon.logs import redact
+from conduit.daemon.policy import Policy
 from conduit.daemon.tool_access import ToolAccess
 from conduit.daemon.wiring import build_catalogue, build_registry, language_defaults
 from conduit.executors.base import CallbackAddress
@@ -82,6 +83,7 @@ class Daemon:
         )
         self.rate_limiter = RateLimiter(limits.executions_per_minute, limits.burst)
         self.events = EventBus()
+        self.policy = Policy(config.policy)
         self.executions = Executions(self)
         self.registry = ExecutorRegistry([], {})
         self.tools = ToolAccess(self, build_catalogue(config))
@@ -226,6 +228,7 @@ class Daemon:
         )
         self.rate_limiter.reconfigure(limits.executions_per_minute, limits.burst)
         self.registry.set_defaults(language_defaults(new))
+        self.policy = Policy(new.policy)
         if (new.server.socket, new.server.tcp) != (
             self.config.server.socket,
             self.config.server.tcp,

@@ -322,6 +322,25 @@ def test_deep_nesting_costs_no_recursion() -> None:
     assert check_python(f"import os\nx = {'(' * 50_000}1{')' * 50_000}") is None
 
 
+# --- What the policy is not -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("language", "executor", "code"),
+    [
+        ("python", "pyodide", '__import__("".join(["j", "s"]))'),
+        ("python", "wasm-python", 'getattr(__builtins__, "ev" + "al")("1")'),
+        ("typescript", "deno", 'globalThis["De" + "no"].env.get("HOME")'),
+        ("typescript", "deno", 'await import(["node", "fs"].join(":"))'),
+    ],
+)
+def test_the_bypasses_docs_security_shows_do_pass(language: str, executor: str, code: str) -> None:
+    """docs/security.md shows these to say the policy is no boundary: keep them true."""
+    rules = policy(python=PYTHON_RULES, javascript=JS_RULES)
+    assert rules.check(language, executor, code) is None
+    assert Policy(Config().policy).check(language, executor, code) is None
+
+
 # --- Defaults, switches, cost -----------------------------------------------------------
 
 ORDINARY_PYTHON = """\
