@@ -466,10 +466,10 @@ class _PythonReader:
         )
 
 
-def _spans(lines: list[int], first: int, last: int) -> bool:
-    """Whether any of the sorted `lines` falls within first..last."""
-    at = bisect.bisect_left(lines, first)
-    return at < len(lines) and lines[at] <= last
+def _spans(places: list[int], first: int, last: int) -> bool:
+    """Whether any of the sorted `places` (lines, offsets) falls within first..last."""
+    at = bisect.bisect_left(places, first)
+    return at < len(places) and places[at] <= last
 
 
 def _place(node: ast.AST) -> tuple[int, int]:
@@ -564,12 +564,13 @@ class _JavaScriptReader:
         # Groups holding a call's argument list, or a computed member's key, whose first
         # token says what the call imports or the member names: {content start: role}.
         roles: dict[int, str] = {}
-        search = self._words.pattern.search
+        mentions = [found.start() for found in self._words.pattern.finditer(code)]
 
         def enter(start: int, stop: int) -> bool:
             # Only groups that mention a word (or hold an argument to read) can break
-            # a rule; depth needs every group.
-            return start in roles or search(code, start, stop) is not None
+            # a rule; depth needs every group. A lookup, not a search of the group's
+            # text, keeps deep nesting linear.
+            return start in roles or _spans(mentions, start, stop - 1)
 
         walk_all = self._max_depth or escaped
         try:
