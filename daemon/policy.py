@@ -275,11 +275,14 @@ _ATTRIBUTE_CALLS = frozenset(("getattr", "setattr", "hasattr", "delattr"))
 _BUILTINS_MODULES = frozenset(("builtins", "__builtins__"))
 
 # Strings (prefixes are skipped as plain text), comments, and brackets: what Python's
-# bracket nesting is measured from. An unterminated string matches nothing, and its
-# quote is skipped like plain text.
+# bracket nesting is measured from. An unterminated string runs to the end of its line
+# (or of the text, if triple-quoted), so that no character is ever read twice.
 _PYTHON_BRACKETS = re.compile(
-    r"""'''(?:[^'\\]|\\[\s\S]|'(?!''))*'''|\"\"\"(?:[^"\\]|\\[\s\S]|"(?!""))*\"\"\""""
-    r"""|'(?:[^'\\\n]|\\[\s\S])*'|"(?:[^"\\\n]|\\[\s\S])*"|\#[^\n]*|[()\[\]{}]"""
+    r"""'''(?:[^'\\]|\\[\s\S]|'(?!''))*+(?:'''|\Z)"""
+    r"""|\"\"\"(?:[^"\\]|\\[\s\S]|"(?!""))*+(?:\"\"\"|\Z)"""
+    r"""|'(?:[^'\\\n]|\\[\s\S])*+(?:'|(?=\n)|\Z)"""
+    r"""|"(?:[^"\\\n]|\\[\s\S])*+(?:"|(?=\n)|\Z)"""
+    r"""|\#[^\n]*+|[()\[\]{}]"""
 )
 
 

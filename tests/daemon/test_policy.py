@@ -321,6 +321,31 @@ def test_deep_nesting_costs_no_recursion() -> None:
     )
     # The host's parser gives up first: unreadable, so allowed (the sandbox says why).
     assert check_python(f"import os\nx = {'(' * 50_000}1{')' * 50_000}") is None
+    assert check_python("import os\nx = " + "-" * 100_000 + "1") is None
+
+
+def test_unterminated_python_strings_are_read_once() -> None:
+    """A quote inside an unterminated string must not start another scan to the end."""
+    rules = policy(max_nesting_depth=2)
+    escaped_quotes = "\\'" * 50_000
+    code = f"x = 1\ns = '{escaped_quotes}\nt = '''{escaped_quotes}"
+    started = time.thread_time()
+    assert rules.check("python", "wasm-python", code + "\n((()))") is None  # inside '''
+    assert where(rules.check("python", "wasm-python", "((()))\n" + code)) == (
+        "shape.max_nesting_depth",
+        1,
+        3,
+    )
+    assert time.thread_time() - started < 5
+
+
+def test_reading_deeply_nested_mentions_stays_linear() -> None:
+    """Each group on the way to a mention is entered once, found by lookup: searching
+    each group's text for the word again would take minutes here."""
+    code = "f(" * 50_000 + "Deno" + ")" * 50_000
+    started = time.thread_time()
+    assert where(check_ts(code)) == ("javascript.forbidden_global", 1, 100_001)
+    assert time.thread_time() - started < 10
 
 
 # --- What the policy is not -------------------------------------------------------------
