@@ -351,10 +351,18 @@ class _PythonReader:
             if not self._refuse_unparsable:
                 return None
             return _unparsable(code, "python", str(exc) or type(exc).__name__, None)
-        lines = sorted(
-            {text.count("\n", 0, m.start()) + 1 for m in self._words.pattern.finditer(text)}
-        )
-        return self._first(code, self._findings(tree, lines))
+        return self._first(code, self._findings(tree, self._lines_mentioning(text)))
+
+    def _lines_mentioning(self, text: str) -> list[int]:
+        """The lines (from 1, in order) where the words are, counted in one pass."""
+        lines: list[int] = []
+        line, counted = 1, 0
+        for found in self._words.pattern.finditer(text):
+            line += text.count("\n", counted, found.start())
+            counted = found.start()
+            if not lines or lines[-1] != line:
+                lines.append(line)
+        return lines
 
     def _first(self, code: str, findings: Iterator[_Finding]) -> Violation | None:
         best = min(findings, default=None)
