@@ -239,7 +239,7 @@ class JavaScriptPolicy(_Section):
 
 
 class ExecutorPolicies(_Section):
-    """Rules for one executor, added to its language's rules."""
+    """Each executor's rules, added to its language's rules."""
 
     deno: JavaScriptPolicy = JavaScriptPolicy()
     wasm_js: JavaScriptPolicy = JavaScriptPolicy()

@@ -390,8 +390,7 @@ class _PythonReader:
             if visit is not None:
                 yield from visit(node)
             for child in ast.iter_child_nodes(node):
-                first = getattr(child, "lineno", None)
-                if first is None or _spans(lines, first, child.end_lineno or first):  # type: ignore[attr-defined]
+                if _may_span(child, lines):
                     pending.append(child)
 
     def _name_node(self, node: ast.Name) -> Iterator[_Finding]:
@@ -475,6 +474,19 @@ class _PythonReader:
         return "python.forbidden_builtin", (
             f"the builtin {name} is forbidden by the policy ({self._builtins[name]}); do without it"
         )
+
+
+def _may_span(node: ast.AST, lines: list[int]) -> bool:
+    """Whether `node` (or what it holds) may be on one of the sorted `lines`."""
+    first = getattr(node, "lineno", None)
+    if first is None:  # `arguments`, `comprehension`, ...: no place of their own
+        return True
+    last = getattr(node, "end_lineno", None) or first
+    # A definition's place starts at `def`/`class`, below its decorators.
+    decorators = getattr(node, "decorator_list", None)
+    if decorators:
+        first = min(first, decorators[0].lineno)
+    return _spans(lines, first, last)
 
 
 def _spans(places: list[int], first: int, last: int) -> bool:

@@ -95,6 +95,8 @@ def test_python_near_misses_are_not_imports(code: str) -> None:
         ("from builtins import eval as e", "python.forbidden_builtin", 1, 1),
         ("s = 'é'; eval('1')", "python.forbidden_builtin", 1, 10),  # columns in characters
         ("\uff45\uff56\uff41\uff4c('1')", "python.forbidden_builtin", 1, 1),  # NFKC: eval
+        ("x = 1\n@eval\nclass A:\n    pass", "python.forbidden_builtin", 2, 2),  # above `class`
+        ("@a.b(\n  eval)\ndef f(): pass", "python.forbidden_builtin", 2, 3),
     ],
 )
 def test_python_forbidden_names_and_builtins(code: str, rule: str, line: int, column: int) -> None:
