@@ -3,7 +3,8 @@
 Exit codes: 0 success; 2 usage or configuration error; 3 daemon unreachable;
 1 an RPC error. `conduit exec` exits with the program's own status: its exit code when
 it ran, 124 on timeout (as timeout(1) does), 125 for any other limit, 126 when the
-sandbox crashed, 130 when cancelled.
+sandbox crashed, 130 when cancelled, 77 when the policy refused it (sysexits'
+EX_NOPERM: it never ran).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from conduit.daemon.version import VERSION
 __all__ = ["main"]
 
 _EXEC_EXIT = {"timeout": 124, "memory_limit": 125, "output_limit": 125, "tool_limit": 125}
-_EXEC_EXIT |= {"crashed": 126, "cancelled": 130}
+_EXEC_EXIT |= {"crashed": 126, "cancelled": 130, "refused": 77}
 _EXTENSIONS = {".py": "python", ".ts": "typescript", ".mts": "typescript", ".js": "javascript"}
 _EXTENSIONS |= {".mjs": "javascript"}
 

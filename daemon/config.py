@@ -25,11 +25,15 @@ __all__ = [
     "ClientToken",
     "Config",
     "DenoConfig",
+    "ExecutorPolicies",
     "ExecutorsConfig",
     "GatewayConfig",
+    "JavaScriptPolicy",
     "LimitValues",
     "LimitsConfig",
     "MetricsConfig",
+    "PolicyConfig",
+    "PythonPolicy",
     "ServerConfig",
     "default_socket_path",
     "default_state_dir",
@@ -185,6 +189,61 @@ class MetricsConfig(_Section):
         return value
 
 
+# A dotted Python module path (`os`, `os.path`) and an identifier of either language.
+_ModuleName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]
+_Identifier = Annotated[str, Field(pattern=r"^[A-Za-z_$][A-Za-z0-9_$]*$")]
+_ImportPattern = Annotated[str, Field(min_length=1, max_length=1024)]
+
+
+class PythonPolicy(_Section):
+    """Python rules, read from the program's syntax tree (see docs/security.md)."""
+
+    # `import m`, `from m import x`, `__import__("m")`, `importlib.import_module("m")`;
+    # forbidding `m` forbids its submodules too.
+    forbidden_modules: tuple[_ModuleName, ...] = ()
+    # Names and attributes, wherever they appear, and as `getattr(x, "name")`.
+    forbidden_names: tuple[_Identifier, ...] = ()
+    # Builtins by their bare name or as `builtins.name`; `re.compile` is not `compile`.
+    forbidden_builtins: tuple[_Identifier, ...] = ()
+
+
+class JavaScriptPolicy(_Section):
+    """JavaScript and TypeScript rules, read from the program's tokens."""
+
+    # Module specifiers, exact or glob (`node:*`): static and dynamic `import`,
+    # `export … from`, `require`.
+    forbidden_imports: tuple[_ImportPattern, ...] = ()
+    # Global names (`Deno`, `eval`), also as `globalThis.name`; never a property or key.
+    forbidden_globals: tuple[_Identifier, ...] = ()
+
+
+class ExecutorPolicies(_Section):
+    """Each executor's rules, added to its language's rules."""
+
+    deno: JavaScriptPolicy = JavaScriptPolicy()
+    wasm_js: JavaScriptPolicy = JavaScriptPolicy()
+    wasm_python: PythonPolicy = PythonPolicy()
+    # On Pyodide these reach the Deno host's JavaScript (`js.Deno`, `run_js`): Deno's
+    # permissions still bound what that can do, and no tool needs them.
+    pyodide: PythonPolicy = PythonPolicy(forbidden_modules=("js", "pyodide_js", "pyodide.code"))
+
+
+class PolicyConfig(_Section):
+    """Checks on the program's text before it runs: a filter in front of the sandbox."""
+
+    enabled: bool = True
+    # Shape limits for every language (0 = off). `limits.max_code_bytes` bounds size.
+    max_lines: Annotated[int, Field(ge=0)] = 0
+    max_line_chars: Annotated[int, Field(ge=0)] = 0
+    max_nesting_depth: Annotated[int, Field(ge=0)] = 0
+    # A program the rules cannot read (a syntax error) runs, and its sandbox reports the
+    # error; true refuses it instead, whenever a rule would have read it.
+    refuse_unparsable: bool = False
+    python: PythonPolicy = PythonPolicy()
+    javascript: JavaScriptPolicy = JavaScriptPolicy()
+    executors: ExecutorPolicies = ExecutorPolicies()
+
+
 class Config(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     auth: AuthConfig = AuthConfig()
@@ -192,6 +251,7 @@ class Config(_Section):
     executors: ExecutorsConfig = ExecutorsConfig()
     gateway: GatewayConfig = GatewayConfig()
     metrics: MetricsConfig = MetricsConfig()
+    policy: PolicyConfig = PolicyConfig()
     upstreams: UpstreamList = ()
     source: str = ""  # the file this came from, for messages and reloads
 

@@ -2,9 +2,10 @@
 
 `Executions.execute` is the one path every way of running code takes (the `execute`
 method, the built-in `execute_*` tools, the seed aliases): it normalises the code, picks
-the executor, spends the caller's rate, waits for a slot, mints the session token, runs
-the job in a cancel scope of its own, and shapes the result. A failing program is a
-result with a non-ok status; only faults of the request itself are raised.
+the executor, spends the caller's rate, checks the code against the policy, waits for a
+slot, mints the session token, runs the job in a cancel scope of its own, and shapes the
+result. A failing program is a result with a non-ok status, and so is one the policy
+refuses (`refused`, never run); only faults of the request itself are raised.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import trio
 from conduit.daemon.bridge import SessionBridge
 from conduit.daemon.errors import Forbidden, InvalidParams, NotFound, Overloaded, Unauthenticated
 from conduit.daemon.events import Event, EventType
+from conduit.daemon.policy import Violation
 from conduit.daemon.records import (
     SNIPPET_CHARS,
     ExecutionRecord,
@@ -88,6 +90,15 @@ class _Running:
 _STOP_GRACE_S = 2.0
 
 
+# Programs up to this size are checked against the policy on the event loop (parsing
+# ~4 KiB of Python takes about a millisecond); larger ones in a worker thread, since a
+# 1 MiB program takes a few hundred milliseconds to parse.
+_INLINE_CHECK_CHARS = 4096
+# Checking holds the GIL (parsing, tokenizing): a second thread would only take turns
+# with the first, and both with the event loop.
+_POLICY_THREADS = 1
+
+
 def _new_execution_id() -> str:
     return "ex_" + secrets.token_hex(8)
 
@@ -98,6 +109,7 @@ class Executions:
     def __init__(self, daemon: Daemon) -> None:
         self._daemon = daemon
         self._running: dict[str, _Running] = {}
+        self._policy_limiter = trio.CapacityLimiter(_POLICY_THREADS)
         self._idle = trio.Event()
         self._idle.set()
         self.draining = False
@@ -108,7 +120,8 @@ class Executions:
     async def execute(self, request: ExecutionRequest, principal: Principal) -> dict[str, Any]:
         """Run one program for `principal` and return the wire result.
 
-        A failing program is a result with a non-ok status. Raises `Overloaded` while
+        A failing program is a result with a non-ok status; a program the policy
+        refuses is a `refused` result, and never takes a slot. Raises `Overloaded` while
         draining or when the queue is full, `Forbidden` for a sandbox's session,
         `InvalidParams` for bad code, limits, `allowed_tools` or executor, `RateLimited`,
         and `ExecutorUnavailable` when the chosen executor cannot run now.
@@ -123,6 +136,12 @@ class Executions:
         requested = _checked_patterns(request.allowed_tools)
         executor = daemon.registry.pick(request.language, request.executor)
         daemon.rate_limiter.check(principal.name)
+        checked = trio.current_time()
+        violation = await self._violation(request.language, executor.name, code)
+        if violation is not None:
+            job = Job(_new_execution_id(), request.language, code, limits, request.inputs)
+            check_s = trio.current_time() - checked
+            return self._refuse(job, executor.name, principal, requested, violation, check_s)
         async with daemon.admission.slot() as queue_wait_s:
             execution_id = _new_execution_id()
             job = Job(execution_id, request.language, code, limits, request.inputs)
@@ -159,6 +178,65 @@ class Executions:
         wire = _wire_result(execution_id, executor.name, outcome, duration_s, queue_wait_s)
         record = _record(wire, job, principal.name, requested, digest, started_at, tuple(tool_log))
         daemon.events.publish(_ended_event(record))
+        return wire
+
+    async def _violation(self, language: str, executor: str, code: str) -> Violation | None:
+        """The policy's verdict on `code`: inline for small programs, in a worker
+        thread for those whose parsing could hold the event loop up."""
+        policy = self._daemon.policy
+        if len(code) <= _INLINE_CHECK_CHARS or not policy.reads(language, executor):
+            return policy.check(language, executor, code)
+        return await trio.to_thread.run_sync(
+            policy.check, language, executor, code, limiter=self._policy_limiter
+        )
+
+    def _refuse(
+        self,
+        job: Job,
+        executor: str,
+        principal: Principal,
+        requested: tuple[str, ...],
+        violation: Violation,
+        check_s: float,
+    ) -> dict[str, Any]:
+        """The result, events and record of a program the policy refused: it never ran.
+
+        Publishes `policy.violation` (the rule and place) and then the execution's end
+        event carrying its record, so the audit trail holds every refused request.
+        """
+        started_at = time.time()
+        outcome = Outcome(Status.REFUSED, error=ErrorInfo("PolicyViolation", violation.describe()))
+        wire = _wire_result(job.execution_id, executor, outcome, check_s, 0.0)
+        wire["error"].update(violation.to_wire())
+        digest = code_digest(job.code)
+        record = _record(wire, job, principal.name, requested, digest, started_at, ())
+        log.info(
+            "execution refused by policy",
+            extra={
+                "execution_id": job.execution_id,
+                "principal": principal.name,
+                "executor": executor,
+                "rule": violation.rule,
+                "line": violation.line,
+            },
+        )
+        self._daemon.events.publish(
+            Event(
+                EventType.POLICY_VIOLATION,
+                {
+                    "execution_id": job.execution_id,
+                    "principal": principal.name,
+                    "executor": executor,
+                    "language": job.language,
+                    "code_sha256": digest,
+                    "message": violation.message,
+                    **violation.to_wire(),
+                },
+                principal.name,
+                started_at,
+            )
+        )
+        self._daemon.events.publish(_ended_event(record))
         return wire
 
     async def _run(
@@ -343,6 +421,8 @@ _ENDED_AS = {
     Status.MEMORY_LIMIT: EventType.LIMIT_EXCEEDED,
     Status.OUTPUT_LIMIT: EventType.LIMIT_EXCEEDED,
     Status.TOOL_LIMIT: EventType.LIMIT_EXCEEDED,
+    # Refused by the policy: it never ran, and `policy.violation` said why first.
+    Status.REFUSED: EventType.EXECUTION_FAILED,
 }
 
 
@@ -376,6 +456,7 @@ def _record(
         error_type=error.get("type"),
         error_message=error.get("message"),
         limit_hit=_LIMIT_OF.get(status),
+        policy_rule=error.get("rule") if status is Status.REFUSED else None,
         result_bytes=len(result.encode()),
         result_head=head(result),
         stdout_bytes=len(wire["stdout"].encode()),
@@ -400,6 +481,8 @@ def _ended_event(record: ExecutionRecord) -> Event:
     }
     if record.limit_hit:
         data["limit"] = record.limit_hit
+    if record.policy_rule:
+        data["rule"] = record.policy_rule
     if record.error_type:
         data["error"] = {"type": record.error_type, "message": record.error_message}
     return Event(kind, data, record.principal, record=record)

@@ -65,6 +65,8 @@ class ExecutionRecord:
     error_message: str | None = None
     # Which limit stopped it (timeout, memory, output, tool_calls), if one did.
     limit_hit: str | None = None
+    # Which policy rule refused it before it ran (`python.forbidden_import`), if one did.
+    policy_rule: str | None = None
     result_bytes: int = 0
     result_head: str = ""
     stdout_bytes: int = 0

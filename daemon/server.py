@@ -45,6 +45,7 @@ from conduit.daemon.listeners import (
 from conduit.daemon.logs import redact
 from conduit.daemon.metrics import CONTENT_TYPE, Metrics
 from conduit.daemon.metrics_endpoint import MetricsEndpoint
+from conduit.daemon.policy import Policy
 from conduit.daemon.tool_access import ToolAccess
 from conduit.daemon.wiring import build_catalogue, build_registry, language_defaults
 from conduit.executors.base import CallbackAddress
@@ -92,6 +93,7 @@ class Daemon:
         # Where the metrics are served, or why they are not (set by `serve`).
         self.metrics_address: tuple[str, int] | None = None
         self.metrics_error: str | None = None
+        self.policy = Policy(config.policy)
         self.executions = Executions(self)
         self.registry = ExecutorRegistry([], {})
         self.tools = ToolAccess(self, build_catalogue(config))
@@ -256,6 +258,7 @@ class Daemon:
         )
         self.rate_limiter.reconfigure(limits.executions_per_minute, limits.burst)
         self.registry.set_defaults(language_defaults(new))
+        self.policy = Policy(new.policy)
         if (new.server.socket, new.server.tcp, new.metrics) != (
             self.config.server.socket,
             self.config.server.tcp,

@@ -41,6 +41,8 @@ class Status(enum.StrEnum):
     TOOL_LIMIT = "tool_limit"
     CANCELLED = "cancelled"
     CRASHED = "crashed"
+    # Never run: the daemon's pre-execution policy refused the program's text.
+    REFUSED = "refused"
 
 
 @dataclass(frozen=True, slots=True)

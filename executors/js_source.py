@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["PreparedModule", "prepare_module"]
+__all__ = ["PreparedModule", "Token", "TokenGroup", "prepare_module", "token_groups"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,44 +283,104 @@ def _scan(text: str) -> tuple[int, list[int]]:
             raise _UntokenizableError(f"unbalanced {char!r} at offset {pos}")
 
 
-def _skip_nested(text: str, pos: int, expected: list[str]) -> int:
+def _skip_nested(
+    text: str, pos: int, expected: list[str], ends: dict[int, int] | None = None
+) -> int:
     """Return the offset just past the bracket (or substitution) that empties `expected`.
 
     `expected` is the stack of closers still open at `pos`: `)`, `]`, `}`, or
     `_SUBSTITUTION` for a template substitution, whose `}` resumes the template.
+    `ends`, if given, gets the end of every group, template literal and substitution
+    opened (and closed) on the way: see `_Opened`.
     """
     content, length = _CONTENT.match, len(text)
+    opened = _Opened(ends) if ends is not None else None
     while True:
         pos = content(text, pos).end()
         if pos >= length:
             raise _UntokenizableError("unbalanced brackets")
         char = text[pos]
         if char in ")]}":
-            closer = expected.pop()
-            if closer == _SUBSTITUTION and char == "}":
-                pos = _template_rest(text, pos + 1, expected)
-            elif closer != char:
-                raise _UntokenizableError(f"mismatched {char!r} at offset {pos}")
-            else:
-                pos += 1
+            pos = _close(text, pos, expected, opened)
             if not expected:
                 return pos
         elif char in _CLOSER:
             expected.append(_CLOSER[char])
+            if opened is not None:
+                opened.brackets.append(pos)
             pos += 1
         elif char == "`":
-            pos = _template_rest(text, pos + 1, expected)
+            depth = len(expected)
+            rest = _template_rest(text, pos + 1, expected)
+            if opened is not None:
+                opened.template(pos, rest, substituted=len(expected) > depth)
+            pos = rest
         elif char == "/":
             pos = _skip_slash(text, pos)
         else:
             raise _UntokenizableError(f"unterminated string at offset {pos}")
 
 
-def _skip_template(text: str, pos: int) -> int:
+def _close(text: str, pos: int, expected: list[str], opened: _Opened | None) -> int:
+    """Close the bracket or substitution whose closer is at `pos`; return what follows."""
+    char = text[pos]
+    closer = expected.pop()
+    if closer == _SUBSTITUTION and char == "}":
+        depth = len(expected)
+        rest = _template_rest(text, pos + 1, expected)
+        if opened is not None:
+            opened.substitution_closed(pos + 1, rest, reopened=len(expected) > depth)
+        return rest
+    if closer != char:
+        raise _UntokenizableError(f"mismatched {char!r} at offset {pos}")
+    if opened is not None:
+        opened.bracket_closed(pos + 1)
+    return pos + 1
+
+
+class _Opened:
+    """What one `_skip_nested` walk opened, to record in `ends` where each one ends.
+
+    `ends` maps a group's opening bracket, a template literal's opening backtick, and a
+    substitution's `{` (of `${`) to the offset just past its end. A reader that walks
+    into every group (`token_groups`) then finds each nested group's end without
+    walking it again, which keeps deep nesting linear rather than quadratic. What the
+    caller opened is not recorded (the caller knows its end), and neither are groups
+    `_CONTENT` swallows whole, which nest at most `_LEVELS` deep.
+    """
+
+    def __init__(self, ends: dict[int, int]) -> None:
+        self.ends = ends
+        self.brackets: list[int] = []
+        self.templates: list[int] = []
+        self.substitutions: list[int] = []
+
+    def bracket_closed(self, end: int) -> None:
+        if self.brackets:  # else the caller's
+            self.ends[self.brackets.pop()] = end
+
+    def template(self, tick: int, rest: int, *, substituted: bool) -> None:
+        if substituted:  # `rest` is just past the `${`
+            self.templates.append(tick)
+            self.substitutions.append(rest - 1)
+        else:
+            self.ends[tick] = rest
+
+    def substitution_closed(self, end: int, rest: int, *, reopened: bool) -> None:
+        if not self.substitutions:  # the caller's
+            return
+        self.ends[self.substitutions.pop()] = end
+        if reopened:
+            self.substitutions.append(rest - 1)
+        else:
+            self.ends[self.templates.pop()] = rest
+
+
+def _skip_template(text: str, pos: int, ends: dict[int, int] | None = None) -> int:
     """Return the end of the template literal whose opening backtick ends at `pos`."""
     expected: list[str] = []
     end = _template_rest(text, pos, expected)
-    return _skip_nested(text, end, expected) if expected else end
+    return _skip_nested(text, end, expected, ends) if expected else end
 
 
 def _template_rest(text: str, pos: int, expected: list[str]) -> int:
@@ -419,7 +480,11 @@ def _shebang_end(text: str) -> int:
 # all the statement reader needs.
 
 
-class _Token(NamedTuple):
+class Token(NamedTuple):
+    """One token: its kind ("name", "num", "str", "template", "regex", "punct" or
+    "group") and its span in the text. A group (a bracketed group) or a template
+    literal is one token, its contents included."""
+
     kind: str  # one of the kinds below
     value: str  # the word for NAME, the operator for PUNCT, the bracket for GROUP
     start: int
@@ -457,19 +522,29 @@ _WORD_KINDS = frozenset((_NAME, _PUNCT))
 _VALUE_KINDS = frozenset((_NUM, _STR))
 
 
-def _tokenize(text: str, pos: int, limit: int = -1) -> list[_Token]:
-    """Top-level tokens from `pos` to the end of text, or only the first `limit`.
+def _tokenize(
+    text: str,
+    pos: int,
+    limit: int = -1,
+    stop: int | None = None,
+    ends: dict[int, int] | None = None,
+) -> list[Token]:
+    """Top-level tokens from `pos` to `stop` (the end of text), or only the first `limit`.
 
-    Raises _UntokenizableError for text that is not lexically JavaScript.
+    `ends` records, and then supplies, where nested groups end (see `_Opened`). Raises
+    _UntokenizableError for text that is not lexically JavaScript.
     """
-    tokens: list[_Token] = []
+    tokens: list[Token] = []
     append = tokens.append
-    new = tuple.__new__  # builds a _Token without NamedTuple's Python-level __new__
+    new = tuple.__new__  # builds a Token without NamedTuple's Python-level __new__
     match, find = _TOKEN.match, text.find
     exotic = _has_exotic_line_breaks(text)
     pos = max(pos, _shebang_end(text))
+    stop = len(text) if stop is None else stop
     while len(tokens) != limit:
-        found = match(text, pos)
+        if pos > stop:  # a token ran past the end of its group
+            raise _UntokenizableError(f"unbalanced text before offset {pos}")
+        found = match(text, pos, stop)
         kind = found.lastgroup
         start = found.start(kind)
         end = found.end()
@@ -478,13 +553,13 @@ def _tokenize(text: str, pos: int, limit: int = -1) -> list[_Token]:
             or (exotic and _LINE_TERMINATOR.search(text, pos, start) is not None)
         )
         if kind in _WORD_KINDS:
-            append(new(_Token, (kind, found[kind], start, end, newline)))
+            append(new(Token, (kind, found[kind], start, end, newline)))
         elif kind in _VALUE_KINDS:
-            append(new(_Token, (kind, "", start, end, newline)))
+            append(new(Token, (kind, "", start, end, newline)))
         elif kind == "eof":
             break
         else:
-            append(_long_token(text, tokens, kind, start, end, newline))
+            append(_long_token(text, tokens, kind, start, end, newline, ends))
             end = tokens[-1].end
         pos = end
     return tokens
@@ -498,28 +573,35 @@ def _has_exotic_line_breaks(text: str) -> bool:
 
 
 def _long_token(
-    text: str, tokens: list[_Token], kind: str, start: int, end: int, newline: bool
-) -> _Token:
+    text: str,
+    tokens: list[Token],
+    kind: str,
+    start: int,
+    end: int,
+    newline: bool,
+    ends: dict[int, int] | None = None,
+) -> Token:
     """The group, template, regex literal or `/` operator starting at `start`."""
+    known = ends.get(start) if ends is not None else None
     if kind == "open":
         bracket = text[start]
-        end = _skip_nested(text, end, [_CLOSER[bracket]])
-        return _Token(_GROUP, bracket, start, end, newline)
+        end = known or _skip_nested(text, end, [_CLOSER[bracket]], ends)
+        return Token(_GROUP, bracket, start, end, newline)
     if kind == "tick":
-        return _Token(_TEMPLATE, "", start, _skip_template(text, end), newline)
+        return Token(_TEMPLATE, "", start, known or _skip_template(text, end, ends), newline)
     if kind == "slash":
         if text.startswith("/*", start):
             raise _UntokenizableError("unterminated comment")
         last = tokens[-1].end - 1 if tokens else _previous_significant(text, start)
         regex = _regex_after_offset(text, last) and _REGEX_LITERAL.match(text, start)
         if regex:
-            return _Token(_REGEX, "", start, regex.end(), newline)
+            return Token(_REGEX, "", start, regex.end(), newline)
         operator = "/=" if text.startswith("/=", start) else "/"
-        return _Token(_PUNCT, operator, start, start + len(operator), newline)
+        return Token(_PUNCT, operator, start, start + len(operator), newline)
     raise _UntokenizableError(f"unexpected character at offset {start}")
 
 
-def _is_property(tokens: list[_Token], index: int) -> bool:
+def _is_property(tokens: list[Token], index: int) -> bool:
     """Whether the NAME at `index` follows `.` or `?.` (so it is not a keyword)."""
     return index > 0 and tokens[index - 1].kind == _PUNCT and tokens[index - 1].value in (".", "?.")
 
@@ -556,7 +638,7 @@ _BINARY_WORDS = frozenset(("in", "instanceof", "as", "satisfies"))
 _NOT_BEFORE_BODY = frozenset(("extends", "implements", "keyof", "typeof", "is", "as", "new"))
 
 
-def _statement_end(tokens: list[_Token], index: int) -> int:
+def _statement_end(tokens: list[Token], index: int) -> int:
     """Return the index just past the statement that starts at tokens[index]."""
     token = tokens[index]
     if (token.kind == _GROUP and token.value == "{") or (
@@ -570,7 +652,7 @@ def _statement_end(tokens: list[_Token], index: int) -> int:
     return _simple_statement_end(tokens, index)
 
 
-def _keyword_statement_end(tokens: list[_Token], index: int) -> int | None:
+def _keyword_statement_end(tokens: list[Token], index: int) -> int | None:
     """The end of a statement read by its shape, or None for a simple statement."""
     word, following = tokens[index].value, index + 1
     if (word == "import" and _is_import_declaration(tokens, index)) or _is_reexport(tokens, index):
@@ -603,7 +685,7 @@ def _keyword_statement_end(tokens: list[_Token], index: int) -> int | None:
     return None
 
 
-def _control_end(tokens: list[_Token], index: int) -> int | None:
+def _control_end(tokens: list[Token], index: int) -> int | None:
     """The end of `if`, `for`, `while` or `with`: its head, its body, and any `else`.
 
     An `else if` chain is followed in a loop rather than by recursion, however long.
@@ -622,13 +704,13 @@ def _control_end(tokens: list[_Token], index: int) -> int | None:
         index = end + 1
 
 
-def _is_import_declaration(tokens: list[_Token], index: int) -> bool:
+def _is_import_declaration(tokens: list[Token], index: int) -> bool:
     """Whether the `import` at `index` is a declaration, not `import(…)` or `import.meta`."""
     following = index + 1
     return following < len(tokens) and tokens[following].value not in ("(", ".")
 
 
-def _is_reexport(tokens: list[_Token], index: int) -> bool:
+def _is_reexport(tokens: list[Token], index: int) -> bool:
     """Whether tokens[index] starts `export {…}`, `export * …` or `export type {…}`."""
     if not _is(tokens, index, _NAME, "export") or index + 1 >= len(tokens):
         return False
@@ -638,7 +720,7 @@ def _is_reexport(tokens: list[_Token], index: int) -> bool:
     return following.value in ("{", "*")
 
 
-def _module_clause_end(tokens: list[_Token], index: int) -> int:
+def _module_clause_end(tokens: list[Token], index: int) -> int:
     """The end of an import or re-export: its module specifier (and attributes), or `}`.
 
     JavaScript ends these declarations there even without a semicolon, so a following
@@ -662,12 +744,12 @@ def _module_clause_end(tokens: list[_Token], index: int) -> int:
     return count
 
 
-def _nested_statement_end(tokens: list[_Token], index: int) -> int:
+def _nested_statement_end(tokens: list[Token], index: int) -> int:
     """The end of the statement at `index`, which may be missing at the end of text."""
     return _statement_end(tokens, index) if index < len(tokens) else index
 
 
-def _try_end(tokens: list[_Token], index: int) -> int:
+def _try_end(tokens: list[Token], index: int) -> int:
     end = index + _is(tokens, index, _GROUP, "{")
     if _is(tokens, end, _NAME, "catch"):
         end += 1
@@ -679,11 +761,11 @@ def _try_end(tokens: list[_Token], index: int) -> int:
     return end
 
 
-def _is(tokens: list[_Token], index: int, kind: str, value: str) -> bool:
+def _is(tokens: list[Token], index: int, kind: str, value: str) -> bool:
     return index < len(tokens) and tokens[index].kind == kind and tokens[index].value == value
 
 
-def _is_declaration_with_body(tokens: list[_Token], index: int) -> bool:
+def _is_declaration_with_body(tokens: list[Token], index: int) -> bool:
     """Whether tokens[index] starts a function or class declaration."""
     word = tokens[index].value
     if tokens[index].kind != _NAME:
@@ -697,7 +779,7 @@ def _is_declaration_with_body(tokens: list[_Token], index: int) -> bool:
     return False
 
 
-def _body_end(tokens: list[_Token], index: int) -> int:
+def _body_end(tokens: list[Token], index: int) -> int:
     """The end of a function or class declaration: just past its `{…}` body.
 
     The body is the first brace group that follows something that can end a type or a
@@ -721,7 +803,7 @@ def _body_end(tokens: list[_Token], index: int) -> int:
     return count
 
 
-def _simple_statement_end(tokens: list[_Token], index: int) -> int:
+def _simple_statement_end(tokens: list[Token], index: int) -> int:
     """The end of an expression statement or declaration: `;`, ASI, or the end of text."""
     count = len(tokens)
     for position in range(index + 1, count):
@@ -733,7 +815,7 @@ def _simple_statement_end(tokens: list[_Token], index: int) -> int:
     return count
 
 
-def _line_break_ends_statement(tokens: list[_Token], index: int) -> bool:
+def _line_break_ends_statement(tokens: list[Token], index: int) -> bool:
     """Whether automatic semicolon insertion ends a statement before tokens[index].
 
     JavaScript inserts a semicolon at a line break when the next token cannot continue
@@ -759,7 +841,7 @@ def _line_break_ends_statement(tokens: list[_Token], index: int) -> bool:
     return kind != _TEMPLATE  # a template after an expression is a tagged template
 
 
-def _can_end_statement(tokens: list[_Token], index: int) -> bool:
+def _can_end_statement(tokens: list[Token], index: int) -> bool:
     kind, value = tokens[index].kind, tokens[index].value
     if kind == _NAME:
         return value not in _NOT_AT_END or _is_property(tokens, index)
@@ -785,7 +867,7 @@ def _can_end_statement(tokens: list[_Token], index: int) -> bool:
 _TYPE_ARGUMENTS_TOKENS = 16
 
 
-def _closes_type_arguments(tokens: list[_Token], index: int) -> bool:
+def _closes_type_arguments(tokens: list[Token], index: int) -> bool:
     """Whether the `>` at `index` closes TypeScript type arguments (`Map<K, V>`).
 
     The opening `<` must follow a name with no space between, the way generics are
@@ -808,7 +890,7 @@ def _closes_type_arguments(tokens: list[_Token], index: int) -> bool:
     return False
 
 
-def _is_expression_statement(tokens: list[_Token], index: int, end: int) -> bool:
+def _is_expression_statement(tokens: list[Token], index: int, end: int) -> bool:
     """Whether tokens[index:end] is a statement whose value may be returned.
 
     Only shapes that are certainly expressions qualify: declarations, control
@@ -916,7 +998,7 @@ def _plan_candidate(text: str, start: int, imports: list[str], edits: list[_Edit
 
 
 def _plan_statement(
-    text: str, tokens: list[_Token], index: int, end: int, imports: list[str], edits: list[_Edit]
+    text: str, tokens: list[Token], index: int, end: int, imports: list[str], edits: list[_Edit]
 ) -> str:
     """Edit an import or export statement; return what the statement became."""
     first = tokens[index]
@@ -934,7 +1016,7 @@ def _plan_statement(
     return _KEPT
 
 
-def _is_export_declaration(tokens: list[_Token], index: int) -> bool:
+def _is_export_declaration(tokens: list[Token], index: int) -> bool:
     """Whether tokens[index] is `export` before a declaration (not a default or re-export)."""
     return (
         _is(tokens, index, _NAME, "export")
@@ -944,7 +1026,7 @@ def _is_export_declaration(tokens: list[_Token], index: int) -> bool:
     )
 
 
-def _plan_export(text: str, tokens: list[_Token], index: int, end: int, edits: list[_Edit]) -> str:
+def _plan_export(text: str, tokens: list[Token], index: int, end: int, edits: list[_Edit]) -> str:
     """Edit a top-level `export` statement; return what it became."""
     export, following = tokens[index], tokens[index + 1]
     if _is_reexport(tokens, index) or following.value in ("=", "as"):
@@ -970,13 +1052,13 @@ def _plan_export(text: str, tokens: list[_Token], index: int, end: int, edits: l
     return _DECLARATION
 
 
-def _blank_export(tokens: list[_Token], index: int, edits: list[_Edit]) -> None:
+def _blank_export(tokens: list[Token], index: int, edits: list[_Edit]) -> None:
     """Blank the `export` keyword at `index`, so the declaration keeps its columns."""
     export = tokens[index]
     edits.append(_Edit(export.start, export.end, " " * (export.end - export.start)))
 
 
-def _is_named_declaration(tokens: list[_Token], index: int) -> bool:
+def _is_named_declaration(tokens: list[Token], index: int) -> bool:
     """Whether tokens[index] starts a function or class declaration that has a name."""
     if not _is_declaration_with_body(tokens, index):
         return False
@@ -992,7 +1074,7 @@ def _is_named_declaration(tokens: list[_Token], index: int) -> bool:
 _DECLARATION_HEADS = frozenset(("async", "abstract", "function", "class", "*"))
 
 
-def _expression_end(tokens: list[_Token], index: int, end: int) -> int:
+def _expression_end(tokens: list[Token], index: int, end: int) -> int:
     """The offset just past the statement's last token, not counting its `;`."""
     last = end - 1
     if last > index and tokens[last].kind == _PUNCT and tokens[last].value == ";":
@@ -1000,9 +1082,7 @@ def _expression_end(tokens: list[_Token], index: int, end: int) -> int:
     return tokens[last].end
 
 
-def _plan_return(
-    tokens: list[_Token], index: int, end: int, shape: str, edits: list[_Edit]
-) -> None:
+def _plan_return(tokens: list[Token], index: int, end: int, shape: str, edits: list[_Edit]) -> None:
     """Make the final statement return its value, if it is an expression statement."""
     first = tokens[index]
     if shape == _PARENTHESISED:  # already `(<expression>)`
@@ -1049,3 +1129,79 @@ def _apply(text: str, edits: list[_Edit]) -> str:
         pos = max(pos, end)
     pieces.append(text[pos:])
     return "".join(pieces)
+
+
+# --- Token groups -----------------------------------------------------------------------
+#
+# For readers that look at every token rather than at statements (the daemon's
+# pre-execution policy): the same tokens, one group at a time, at every depth.
+
+
+class TokenGroup(NamedTuple):
+    """The tokens directly inside one bracketed group, one template substitution, or
+    the top level.
+
+    `opener` is "(", "[", "{", "${", or "" for the top level; `depth` is how many groups
+    and substitutions enclose the tokens (0 at the top level); `start` is the offset
+    just past the opener. A nested group is one token of kind "group" here (its `start`
+    is its opener's), and its contents are a `TokenGroup` of their own.
+    """
+
+    opener: str
+    depth: int
+    start: int
+    tokens: list[Token]
+
+
+def token_groups(
+    code: str, enter: Callable[[int, int], bool] | None = None
+) -> Iterator[TokenGroup]:
+    """Every group of tokens in `code`: the top level first, then each group inside.
+
+    Strings, comments, regular expression literals and template text are never split
+    into tokens, so a word inside one of them is never a NAME token. `enter`, if given,
+    is asked about each nested group or template literal, by the span of its contents
+    (`start`, `stop`), after its parent group has been handed out: when it answers
+    False, that group and everything inside it is skipped.
+
+    Raises `ValueError` (possibly after yielding some groups) if `code` is not
+    lexically JavaScript or TypeScript as far as this module can tell. Walks
+    iteratively: nesting depth costs no recursion.
+    """
+    pending = [("", 0, 0, len(code))]
+    ends: dict[int, int] = {}
+    try:
+        while pending:
+            opener, depth, start, stop = pending.pop()
+            tokens = _tokenize(code, start, stop=stop, ends=ends)
+            yield TokenGroup(opener, depth, start, tokens)
+            inside: list[tuple[str, int, int, int]] = []
+            for token in tokens:
+                if token.kind not in (_GROUP, _TEMPLATE):
+                    continue
+                if enter is not None and not enter(token.start + 1, token.end - 1):
+                    continue
+                if token.kind == _GROUP:
+                    inside.append((token.value, depth + 1, token.start + 1, token.end - 1))
+                else:
+                    inside.extend(_substitutions(code, token, depth + 1, ends))
+            pending.extend(reversed(inside))  # popped in source order
+    except (_UntokenizableError, RecursionError) as exc:
+        raise ValueError(f"not lexically JavaScript: {exc}") from None
+
+
+def _substitutions(
+    code: str, template: Token, depth: int, ends: dict[int, int]
+) -> list[tuple[str, int, int, int]]:
+    """The `${…}` substitutions of a template literal token, as spans to tokenize."""
+    spans = []
+    pos = template.start + 1
+    while True:
+        expected: list[str] = []
+        pos = _template_rest(code, pos, expected)
+        if not expected:  # the closing backtick
+            return spans
+        # A substitution's contents are balanced like a `{` group's, closed by its `}`.
+        close = ends.get(pos - 1) or _skip_nested(code, pos, ["}"], ends)
+        spans.append((_SUBSTITUTION, depth, pos, close - 1))
+        pos = close

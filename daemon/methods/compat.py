@@ -86,9 +86,14 @@ _LIMIT_ERRORS: dict[str, type[RpcError]] = {
 }
 
 
+# Statuses whose error the seed showed on stderr: the program's own failure, and a
+# refusal by the policy (which the seed did not have, and whose reason is all there is).
+_ERROR_ON_STDERR = frozenset(("error", "refused"))
+
+
 def _seed_shape(result: dict[str, Any]) -> dict[str, Any]:
     stderr = result["stderr"]
-    if result["error"] and result["status"] == "error":
+    if result["error"] and result["status"] in _ERROR_ON_STDERR:
         error = result["error"]
         stderr += error.get("traceback") or f"{error['type']}: {error['message']}\n"
     exit_code = result["exit_code"]

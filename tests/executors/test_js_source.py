@@ -20,7 +20,13 @@ import pytest
 from deno import find_deno_bin
 
 from conduit.executors import js_source
-from conduit.executors.js_source import PreparedModule, prepare_module
+from conduit.executors.js_source import (
+    PreparedModule,
+    Token,
+    TokenGroup,
+    prepare_module,
+    token_groups,
+)
 
 HEAD = "export default async function () {"
 
@@ -636,3 +642,90 @@ def test_programs_run_under_deno(tmp_path: Path) -> None:
         frame = re.search(r"data:application/typescript;base64,[^:]*:(\d+):\d+", result["stack"])
         assert frame, result["stack"]
         assert int(frame[1]) - module.line_offset == user_line, (code, result["stack"])
+
+
+# --- token_groups: every token at every depth, for the daemon's policy ---------------
+
+
+def _shown(code: str, group: TokenGroup) -> tuple[str, int, list[str]]:
+    return group.opener, group.depth, [code[t.start : t.end] for t in group.tokens]
+
+
+def test_token_groups_yield_every_depth_in_source_order() -> None:
+    code = "f(a, [b, {c: `x ${d(e)} y`}]); // f(z)\nconst r = /[(]/g; 'g(h)'"
+    groups = list(token_groups(code))
+    assert [_shown(code, group) for group in groups] == [
+        (
+            "",
+            0,
+            ["f", "(a, [b, {c: `x ${d(e)} y`}])", ";", "const", "r", "=", "/[(]/g", ";", "'g(h)'"],
+        ),
+        ("(", 1, ["a", ",", "[b, {c: `x ${d(e)} y`}]"]),
+        ("[", 2, ["b", ",", "{c: `x ${d(e)} y`}"]),
+        ("{", 3, ["c", ":", "`x ${d(e)} y`"]),
+        ("${", 4, ["d", "(e)"]),
+        ("(", 5, ["e"]),
+    ]
+    assert all(
+        code[group.start - len(group.opener) : group.start] == group.opener for group in groups[1:]
+    )
+    names = {t.value for group in groups for t in group.tokens if t.kind == "name"}
+    assert names == {"f", "a", "b", "c", "d", "e", "const", "r"}  # never z, g or h
+
+
+def test_token_groups_skip_what_enter_declines() -> None:
+    code = "f(a(b)); g(c(d))"
+    asked: list[str] = []
+
+    def enter(start: int, stop: int) -> bool:
+        asked.append(code[start:stop])
+        return "c" in code[start:stop]
+
+    shown = [_shown(code, group)[2] for group in token_groups(code, enter)]
+    assert shown == [["f", "(a(b))", ";", "g", "(c(d))"], ["c", "(d)"]]
+    assert asked == ["a(b)", "c(d)", "d"]
+
+
+def _tokens_alone(code: str) -> list[list[Token]]:
+    """Each group tokenized on its own, as a reference: no spans remembered."""
+    found, pending = [], [(0, len(code))]
+    while pending:
+        start, stop = pending.pop()
+        tokens = js_source._tokenize(code, start, stop=stop)
+        found.append(tokens)
+        for token in reversed(tokens):
+            if token.kind == "group":
+                pending.append((token.start + 1, token.end - 1))
+            elif token.kind == "template":
+                spans = js_source._substitutions(code, token, 0, {})
+                pending.extend((start, stop) for _, _, start, stop in reversed(spans))
+    return found
+
+
+DEEP = [
+    "(" * 300 + ")" * 300,
+    "x = " + "[{(`${" * 100 + "a" + "}`)}]" * 100,
+    "`${`${`${a}`}${b}`}` + f(`${(c)}`, {d: [/]/]})",
+    "g(`a ${ h(`b ${ [i, `c ${j}`] }`) } d ${k}`)",
+]
+
+
+@pytest.mark.parametrize("code", ALL_PROGRAMS + _generated_programs(200, seed=7) + DEEP)
+def test_token_groups_agree_with_tokenizing_each_group_alone(code: str) -> None:
+    try:
+        reference = _tokens_alone(code)
+    except js_source._UntokenizableError:
+        with pytest.raises(ValueError, match="not lexically JavaScript"):
+            list(token_groups(code))
+        return
+    assert [group.tokens for group in token_groups(code)] == reference
+
+
+def test_token_groups_stay_linear_in_nesting_depth() -> None:
+    """Each group's end is found once: walking 40,000 levels takes well under a second
+    where walking each level again would take minutes."""
+    code = "f(" * 20_000 + "`${" * 10_000 + "1" + "}`" * 10_000 + ")" * 20_000
+    started = time.perf_counter()
+    depths = [group.depth for group in token_groups(code)]
+    assert max(depths) == 30_000
+    assert time.perf_counter() - started < 10
