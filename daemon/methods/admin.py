@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -24,7 +25,7 @@ async def reload(params: NoParams, ctx: CallContext) -> dict[str, Any]:
 
 @method("daemon/status", params=NoParams, scope="admin")
 async def status(params: NoParams, ctx: CallContext) -> dict[str, Any]:
-    """Uptime, connections, running executions, admission queue and config source."""
+    """Uptime, connections, running executions, admission queue, audit store, config."""
     daemon = ctx.daemon
     admission = daemon.admission.statistics()
     return {
@@ -41,4 +42,5 @@ async def status(params: NoParams, ctx: CallContext) -> dict[str, Any]:
             "draining": daemon.executions.draining,
         },
         "auth_failures": daemon.auth_failures,
+        "audit": dataclasses.asdict(daemon.audit.statistics()),
     }
