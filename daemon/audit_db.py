@@ -156,6 +156,11 @@ def open_writer(path: str) -> sqlite3.Connection:
     os.close(os.open(file, os.O_RDWR | os.O_CREAT, 0o600))
     db = _connect(path)
     try:
+        # Before changing anything in a newer version's file.
+        if _check_version(db, path) == 0:
+            # A new file. Incremental auto-vacuum lets a purge give freed pages back to
+            # the file system; it must be chosen before the file is first written.
+            db.execute("PRAGMA auto_vacuum = INCREMENTAL")
         mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if mode != "wal":
             raise sqlite3.OperationalError(f"cannot use write-ahead logging here (got {mode})")
@@ -177,18 +182,19 @@ def open_reader(path: str) -> sqlite3.Connection:
     return db
 
 
-def _migrate(db: sqlite3.Connection, path: str) -> None:
-    version = db.execute("PRAGMA user_version").fetchone()[0]
-    if version == SCHEMA_VERSION:
-        return
+def _check_version(db: sqlite3.Connection, path: str) -> int:
+    version = int(db.execute("PRAGMA user_version").fetchone()[0])
     if version > SCHEMA_VERSION:
         raise SchemaTooNew(
             f"{path} has schema version {version}, newer than this conduit's "
             f"{SCHEMA_VERSION}: upgrade conduit, or move the file away to start a new store"
         )
-    # Version 0: a new file. Incremental auto-vacuum must be chosen before any table
-    # exists; it lets a purge give freed pages back to the file system.
-    db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+    return version
+
+
+def _migrate(db: sqlite3.Connection, path: str) -> None:
+    if _check_version(db, path) == SCHEMA_VERSION:
+        return
     with _transaction(db, begin=True):
         # Another process may have created it since the first look.
         if db.execute("PRAGMA user_version").fetchone()[0] == 0:
@@ -461,5 +467,7 @@ def purge_oldest(db: sqlite3.Connection, target_bytes: int, limit: int) -> int:
 
 def release_space(db: sqlite3.Connection) -> None:
     """Give freed pages back to the file system and fold the log into the database."""
-    db.execute("PRAGMA incremental_vacuum")
-    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    # The vacuum frees one page per step, and execute() steps once: executescript()
+    # steps it to the end.
+    db.executescript("PRAGMA incremental_vacuum;")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
