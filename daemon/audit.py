@@ -80,6 +80,7 @@ class AuditState(enum.StrEnum):
     OPEN = "open"
     FAILING = "failing"  # open, but the last write failed
     UNAVAILABLE = "unavailable"  # could not be opened; retried at every upkeep
+    CLOSED = "closed"  # `run` has ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +149,7 @@ class AuditStore:
                 "buffer full",
                 f"the audit buffer is full ({BUFFER_RECORDS} records waiting): records are "
                 "being dropped until the store catches up; is its disk slow?",
+                level=logging.WARNING,
             )
             return
         except trio.ClosedResourceError:  # the store has stopped: the daemon is exiting
@@ -241,6 +243,7 @@ class AuditStore:
 
     async def _close(self) -> None:
         db, self._db = self._db, None
+        self._state, self._reason = AuditState.CLOSED, "the daemon is shutting down"
         if db is not None:
             await trio.to_thread.run_sync(db.close, limiter=self._writer)
 
@@ -264,10 +267,10 @@ class AuditStore:
             )
             self._logged.clear()
 
-    def _log_once(self, kind: str, message: str) -> None:
+    def _log_once(self, kind: str, message: str, *, level: int = logging.ERROR) -> None:
         if kind not in self._logged:
             self._logged.add(kind)
-            log.error(message, extra={"path": self.path, "kind": kind})
+            log.log(level, message, extra={"path": self.path, "kind": kind})
 
     # ---- upkeep --------------------------------------------------------------------
 
@@ -287,7 +290,7 @@ class AuditStore:
         once per kind and leaves the rows for the next upkeep.
         """
         try:
-            if self._db is None and self._state is not AuditState.OFF:
+            if self._db is None and self._state not in (AuditState.OFF, AuditState.CLOSED):
                 await self._open()
             if self._db is not None:
                 try:

@@ -614,3 +614,16 @@ async def test_a_disabled_store_records_nothing_and_says_so(
     assert "audit.enabled = false" in reply["error"]["message"]
     assert not Path(server.audit.path).exists()
     assert dataclasses.asdict(server.audit.statistics())["state"] == "off"
+
+
+async def test_a_reload_applies_retention_but_not_a_new_path(
+    start_daemon: Any, make_config: Any, tmp_path: Path
+) -> None:
+    server, _ = await start_daemon(audit={"retention_days": 30}, **PYTHON_ONLY)
+    changed = {"retention_days": 1.5, "max_bytes": 1048576, "path": "elsewhere.sqlite3"}
+    make_config(audit=changed, **PYTHON_ONLY)  # rewrites the daemon's config file
+    await server.reload()
+    assert server.audit.config.retention_days == 1.5
+    assert server.audit.config.max_bytes == 1048576
+    assert server.audit.path == str(tmp_path / "state" / "audit.sqlite3")
+    assert server.audit.config.path == ""
