@@ -7,7 +7,9 @@ import dataclasses
 import hashlib
 import logging
 import os
+import socket
 import sqlite3
+import struct
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,7 +25,7 @@ from conduit.daemon.auth import hash_token, new_token
 from conduit.daemon.errors import Forbidden, InvalidParams, NotFound, StoreUnavailable
 from conduit.daemon.events import Event, EventType
 from conduit.daemon.records import ExecutionRecord, ToolCallRecord, code_digest
-from tests.conftest import MASTER_TOKEN, WAIT_S
+from tests.conftest import MASTER_TOKEN, WAIT_S, RawClient
 from tests.e2e.helpers import wait_upstreams
 from tests.fixtures.mcp_echo_server import command as echo_command
 
@@ -198,6 +200,33 @@ async def test_a_running_execution_is_answered_from_the_running_table(
         await other.call("executions/cancel", {"execution_id": execution_id})
     after = await other.call("executions/get", {"execution_id": execution_id})
     assert after["status"] == ended[0]["status"] == "cancelled"
+
+
+async def test_an_execution_whose_client_vanishes_is_recorded_cancelled(
+    start_daemon: Any, connect: Any
+) -> None:
+    server, info = await start_daemon(server={"tcp": "127.0.0.1:0"}, **PYTHON_ONLY)
+    stream = await trio.open_tcp_stream(*info.tcp_address)
+    gone = RawClient(stream)
+    ended_types = [EventType.EXECUTION_STARTED, EventType.EXECUTION_FAILED]
+    with server.events.subscribe(ended_types) as events:
+        await gone.send(
+            {"id": 1, "method": "execute", "params": python("while True: pass"),
+             "auth": {"bearerToken": MASTER_TOKEN}}
+        )  # fmt: skip
+        with trio.fail_after(WAIT_S):
+            started = await events.__anext__()
+            # A reset, not a close: the daemon cancels what the peer can no longer hear.
+            stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            await stream.aclose()
+            ended = await events.__anext__()
+    execution_id = started.data["execution_id"]
+    assert ended.data["execution_id"] == execution_id
+    client = await connect(info)
+    record = await client.call("executions/get", {"execution_id": execution_id})
+    assert record["status"] == "cancelled"
+    assert record["error_type"] == "Cancelled"
+    assert record["principal"] == "master"
 
 
 # ---- reading back ------------------------------------------------------------------
