@@ -1,4 +1,4 @@
-"""The `conduit` command: serve, exec, call, token, doctor.
+"""The `conduit` command: serve, exec, call, executions, token, doctor.
 
 Exit codes: 0 success; 2 usage or configuration error; 3 daemon unreachable;
 1 an RPC error. `conduit exec` exits with the program's own status: its exit code when
@@ -58,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument("method")
     call.add_argument("params", nargs="?", default="{}", help="params as a JSON object")
 
+    _add_executions_parser(commands)
+
     token = commands.add_parser("token", help="manage client tokens")
     token_commands = token.add_subparsers(dest="token_command", required=True)
     new = token_commands.add_parser("new", help="make a client token and its config entry")
@@ -66,6 +68,54 @@ def _parser() -> argparse.ArgumentParser:
 
     commands.add_parser("doctor", help="check each executor and the daemon")
     return parser
+
+
+def _add_executions_parser(commands: Any) -> None:
+    executions = commands.add_parser("executions", help="read the audit store: list, get, stats")
+    sub = executions.add_subparsers(dest="executions_command", required=True, metavar="COMMAND")
+
+    listing = sub.add_parser("list", help="ended executions, newest first")
+    _add_connection_flags(listing)
+    listing.add_argument("--status", help="ok, error, timeout, memory_limit, ... cancelled")
+    listing.add_argument("--principal", help="a principal's executions (the master sees all)")
+    listing.add_argument("--executor", help="one executor's")
+    listing.add_argument("--language", help="python, typescript or javascript")
+    listing.add_argument("--since", type=_since, help="a duration ago (1h), ISO time or Unix s")
+    listing.add_argument("--code", dest="code_sha256", help="the code's sha256 or a prefix")
+    listing.add_argument("--limit", type=int, default=50, help="rows per page (max 1000)")
+    listing.add_argument("--cursor", help="the next page, as the previous one said")
+    listing.add_argument("--json", action="store_true", help="print the reply as JSON")
+
+    get = sub.add_parser("get", help="one execution in full")
+    _add_connection_flags(get)
+    get.add_argument("execution_id", metavar="ID")
+    get.add_argument("--json", action="store_true", help="print the reply as JSON")
+
+    stats = sub.add_parser("stats", help="counts, success rate, durations over a window")
+    _add_connection_flags(stats)
+    window = stats.add_mutually_exclusive_group()
+    window.add_argument("--window", type=_duration, default=None, help="e.g. 1h, 7d (24h)")
+    window.add_argument("--since", type=_since, help="a duration ago (1h), ISO time or Unix s")
+    stats.add_argument("--principal", help="a principal's executions (the master sees all)")
+    stats.add_argument("--json", action="store_true", help="print the reply as JSON")
+
+
+def _since(text: str) -> float:
+    from conduit.daemon.tables import parse_since
+
+    try:
+        return parse_since(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _duration(text: str) -> float:
+    from conduit.daemon.tables import parse_duration_s
+
+    try:
+        return parse_duration_s(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _add_connection_flags(parser: argparse.ArgumentParser) -> None:
@@ -192,6 +242,127 @@ def _exit_status(result: dict[str, Any]) -> int:
     return exit_code if exit_code else (0 if status == "ok" else 1)
 
 
+# ---- executions ----------------------------------------------------------------
+
+
+def _executions(args: argparse.Namespace) -> int:
+    method, params, show = _EXECUTIONS[args.executions_command](args)
+    with _connect(args) as client:
+        result = client.call(method, {k: v for k, v in params.items() if v is not None})
+    if args.json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    else:
+        show(result)
+    if result.get("warning"):
+        print(f"conduit: warning: {result['warning']}", file=sys.stderr)
+    return 0
+
+
+def _list_request(args: argparse.Namespace) -> tuple[str, dict[str, Any], Any]:
+    keys = ("status", "principal", "executor", "language", "since", "code_sha256", "limit")
+    params = {key: getattr(args, key) for key in (*keys, "cursor")}
+    return "executions/list", params, _print_list
+
+
+def _print_list(result: dict[str, Any]) -> None:
+    from conduit.daemon.tables import format_ms, format_time, render_table
+
+    rows = [
+        (
+            e["execution_id"],
+            format_time(e["started_at"]),
+            e["principal"],
+            e["executor"],
+            e["language"],
+            e["status"],
+            format_ms(e["duration_ms"]),
+            e["tool_calls"],
+            e["limit_hit"] or e["error_type"],
+        )
+        for e in result["executions"]
+    ]
+    headers = ("ID", "STARTED", "PRINCIPAL", "EXECUTOR", "LANGUAGE", "STATUS", "DURATION")
+    if rows:
+        print(render_table((*headers, "TOOLS", "ERROR"), rows, right={6, 7}))
+    else:
+        print("no executions match")
+    if result["next_cursor"]:
+        print(f"more: conduit executions list --cursor {result['next_cursor']}", file=sys.stderr)
+
+
+def _get_request(args: argparse.Namespace) -> tuple[str, dict[str, Any], Any]:
+    return "executions/get", {"execution_id": args.execution_id}, _print_execution
+
+
+def _print_execution(e: dict[str, Any]) -> None:
+    from conduit.daemon.tables import format_bytes, format_ms, format_time, render_table
+
+    if e["status"] == "running":
+        print(
+            f"{e['execution_id']} is running ({format_ms(e['running_ms'])} so far): "
+            f"{e['principal']} on {e['executor']}"
+        )
+        return
+    error = f"{e['error_type']}: {e['error_message']}" if e["error_type"] else None
+    fields = [
+        ("execution", e["execution_id"]),
+        ("principal", e["principal"]),
+        ("executor", f"{e['executor']} ({e['language']})"),
+        ("status", f"{e['status']}, exit code {e['exit_code']}"),
+        ("limit hit", e["limit_hit"]),
+        ("error", error),
+        ("started", format_time(e["started_at"])),
+        ("queued", format_ms(e["queue_ms"])),
+        ("duration", format_ms(e["duration_ms"])),
+        ("memory peak", format_bytes(e["memory_peak_bytes"])),
+        ("code", f"sha256 {e['code_sha256']}, {format_bytes(e['code_bytes'])}"),
+        ("allowed tools", ", ".join(e["allowed_tools"])),
+    ]
+    for name in ("result", "stdout", "stderr"):
+        excerpt = json.dumps(e[f"{name}_head"], ensure_ascii=False) if e[f"{name}_head"] else ""
+        fields.append((name, f"{format_bytes(e[f'{name}_bytes'])} {excerpt}".rstrip()))
+    print(render_table(None, fields))
+    print("\ncode (first lines):")
+    for line in e["code_snippet"].splitlines():
+        print(f"  {line}")
+    if e["tool_calls"]:
+        calls = [(c["tool"], format_ms(c["duration_ms"]), c["outcome"]) for c in e["tool_calls"]]
+        print("\n" + render_table(("TOOL", "DURATION", "OUTCOME"), calls, right={1}))
+
+
+def _stats_request(args: argparse.Namespace) -> tuple[str, dict[str, Any], Any]:
+    params = {"window_s": args.window, "since": args.since, "principal": args.principal}
+    return "executions/stats", params, _print_stats
+
+
+def _print_stats(result: dict[str, Any]) -> None:
+    from conduit.daemon.tables import format_ms, format_percent, format_time, render_table
+
+    print(f"executions started {format_time(result['since'])} to {format_time(result['until'])}")
+    groups = [("all", result["total"])]
+    groups += [(f"executor {name}", g) for name, g in result["by_executor"].items()]
+    groups += [(f"language {name}", g) for name, g in result["by_language"].items()]
+    rows = [
+        (
+            name,
+            g["count"],
+            format_percent(g["success_rate"]),
+            format_ms(g["duration_ms"]["p50"]),
+            format_ms(g["duration_ms"]["p95"]),
+            format_ms(g["duration_ms"]["max"]),
+            g["timeouts"],
+            g["limits_hit"],
+            g["tool_calls"],
+        )
+        for name, g in groups
+    ]
+    headers = ("GROUP", "COUNT", "OK", "P50", "P95", "MAX", "TIMEOUTS", "LIMITS", "TOOLS")
+    print(render_table(headers, rows, right=set(range(1, 9))))
+
+
+_EXECUTIONS = {"list": _list_request, "get": _get_request, "stats": _stats_request}
+
+
 # ---- token, doctor -------------------------------------------------------------
 
 
@@ -306,6 +477,7 @@ _COMMANDS = {
     "serve": _serve,
     "exec": _exec,
     "call": _call,
+    "executions": _executions,
     "token": _token,
     "doctor": _doctor,
 }

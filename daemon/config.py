@@ -21,6 +21,7 @@ from conduit.gateway.fetch import FetchConfig
 from conduit.gateway.settings import UpstreamList
 
 __all__ = [
+    "AuditConfig",
     "AuthConfig",
     "ClientToken",
     "Config",
@@ -174,6 +175,22 @@ class GatewayConfig(_Section):
     fetch: FetchConfig = FetchConfig()
 
 
+class AuditConfig(_Section):
+    enabled: bool = True
+    # "" = <state_dir>/audit.sqlite3; a relative path is taken from the state directory.
+    path: str = ""
+    # A month answers "what ran last week, and how often did it fail" with room to spare.
+    retention_days: Annotated[float, Field(gt=0, le=36_500)] = 30.0
+    # 256 MiB holds about half a million executions (~500 bytes each with its heads).
+    max_bytes: Annotated[int, Field(ge=64 * 1024)] = 256 * 1024 * 1024
+    # Ten minutes: the store outgrows max_bytes by at most what ten minutes write.
+    purge_interval_s: Annotated[float, Field(gt=0, le=86_400)] = 600.0
+
+    def database_path(self, state_dir: str) -> str:
+        """Where the store lives: `path`, resolved against `state_dir`."""
+        return str(Path(state_dir) / (self.path or "audit.sqlite3"))
+
+
 class MetricsConfig(_Section):
     enabled: bool = True
     # Beside the RPC example port 7780, and clear of 9464, the OpenTelemetry Prometheus
@@ -253,6 +270,7 @@ class Config(_Section):
     metrics: MetricsConfig = MetricsConfig()
     policy: PolicyConfig = PolicyConfig()
     upstreams: UpstreamList = ()
+    audit: AuditConfig = AuditConfig()
     source: str = ""  # the file this came from, for messages and reloads
 
 

@@ -5,8 +5,8 @@ ConduitError
 ├── RpcError(code, message, data)      the only errors that reach the wire
 │   ├── ParseError -32700 · InvalidRequest -32600 · MethodNotFound -32601
 │   ├── InvalidParams -32602 · InternalError -32603 · Overloaded -32000 · NotFound -32001
-│   ├── Unauthenticated -32002 · Forbidden -32003 · RateLimited -32005
-│   ├── ExecutorUnavailable -32006 · UpstreamError -32007
+│   ├── Unauthenticated -32002 · Forbidden -32003 · StoreUnavailable -32004
+│   ├── RateLimited -32005 · ExecutorUnavailable -32006 · UpstreamError -32007
 │   └── compat only: LimitTimeout -32008 · LimitMemory -32009 · LimitOutput -32013
 │                    · LimitLogLines -32014
 ├── ConfigError                        bad configuration; start-up or reload refuses it
@@ -49,6 +49,7 @@ __all__ = [
     "RuntimeMissing",
     "SandboxCrashed",
     "SchemaInvalid",
+    "StoreUnavailable",
     "Unauthenticated",
     "UpstreamError",
     "UpstreamUnreachable",
@@ -129,6 +130,12 @@ class Unauthenticated(RpcError):
 
 class Forbidden(RpcError):
     code = -32003
+
+
+class StoreUnavailable(RpcError):
+    """A store the method reads (the audit store) is off or failing; executions still run."""
+
+    code = -32004
 
 
 class RateLimited(RpcError):

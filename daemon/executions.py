@@ -125,6 +125,10 @@ class Executions:
         draining or when the queue is full, `Forbidden` for a sandbox's session,
         `InvalidParams` for bad code, limits, `allowed_tools` or executor, `RateLimited`,
         and `ExecutorUnavailable` when the chosen executor cannot run now.
+
+        Every execution that starts publishes how it ended, for the audit store and
+        subscribers: even one cancelled from outside (its caller gone, the daemon
+        stopping), as `cancelled`, before the cancellation goes on.
         """
         if self.draining:
             raise Overloaded("the daemon is shutting down; retry on its next start")
@@ -163,22 +167,37 @@ class Executions:
                 )
             )
             started = trio.current_time()
-            outcome, tool_log = await self._run(job, executor, allowed, principal, request.origin)
-            duration_s = trio.current_time() - started
-        log.info(
-            "execution finished",
-            extra={
-                "execution_id": execution_id,
-                "principal": principal.name,
-                "executor": executor.name,
-                "status": str(outcome.status),
-                "duration_ms": round(duration_s * 1000, 2),
-            },
-        )
-        wire = _wire_result(execution_id, executor.name, outcome, duration_s, queue_wait_s)
-        record = _record(wire, job, principal.name, requested, digest, started_at, tuple(tool_log))
-        daemon.events.publish(_ended_event(record))
-        return wire
+            tool_log: list[ToolCallRecord] = []
+
+            def end(outcome: Outcome) -> dict[str, Any]:
+                """Log and publish how the execution ended; returns the wire result."""
+                duration_s = trio.current_time() - started
+                log.info(
+                    "execution finished",
+                    extra={
+                        "execution_id": execution_id,
+                        "principal": principal.name,
+                        "executor": executor.name,
+                        "status": str(outcome.status),
+                        "duration_ms": round(duration_s * 1000, 2),
+                    },
+                )
+                wire = _wire_result(execution_id, executor.name, outcome, duration_s, queue_wait_s)
+                record = _record(
+                    wire, job, principal.name, requested, digest, started_at, tuple(tool_log)
+                )
+                daemon.events.publish(_ended_event(record))
+                return wire
+
+            try:
+                outcome = await self._run(job, executor, allowed, principal, request, tool_log)
+            except BaseException as exc:
+                # The caller is gone, the daemon stopped waiting, or the executor broke:
+                # the execution ended all the same, and is accounted for before the
+                # exception goes on.
+                end(_interrupted(exc, len(tool_log)))
+                raise
+        return end(outcome)
 
     async def _violation(self, language: str, executor: str, code: str) -> Violation | None:
         """The policy's verdict on `code`: inline for small programs, in a worker
@@ -245,10 +264,18 @@ class Executions:
         executor: Executor,
         allowed: tuple[tuple[str, ...], ...],
         principal: Principal,
-        origin: tuple[int, Any] | None,
-    ) -> tuple[Outcome, list[ToolCallRecord]]:
+        request: ExecutionRequest,
+        tool_log: list[ToolCallRecord],
+    ) -> Outcome:
+        """Run the job; the tool calls it makes are appended to `tool_log`."""
         entry = _Running(
-            job, principal.name, executor.name, trio.current_time(), trio.CancelScope(), origin
+            job,
+            principal.name,
+            executor.name,
+            trio.current_time(),
+            trio.CancelScope(),
+            request.origin,
+            tool_log=tool_log,
         )
         self._running[job.execution_id] = entry
         self._idle = trio.Event() if self._idle.is_set() else self._idle
@@ -260,7 +287,7 @@ class Executions:
             del self._running[job.execution_id]
             if not self._running:
                 self._idle.set()
-        return _settle(outcome, entry), entry.tool_log
+        return _settle(outcome, entry)
 
     def cancel(
         self,
@@ -387,6 +414,27 @@ def _stopped_error(status: Status) -> ErrorInfo:
             "the program made more tool calls than limits.tool_calls allows and was stopped",
         )
     return ErrorInfo("Cancelled", "the execution was cancelled before it finished")
+
+
+def _interrupted(exc: BaseException, tool_calls: int) -> Outcome:
+    """How an execution ended whose run raised `exc` instead of returning: cancelled
+    when it was cancelled (Trio may wrap that in an exception group), else crashed."""
+    if isinstance(exc, BaseExceptionGroup):
+        cancelled = exc.split(trio.Cancelled)[1] is None
+    else:
+        cancelled = isinstance(exc, trio.Cancelled)
+    if cancelled:
+        outcome = Outcome(Status.CANCELLED, error=_stopped_error(Status.CANCELLED))
+    else:
+        outcome = Outcome(
+            Status.CRASHED,
+            error=ErrorInfo(
+                type(exc).__name__,
+                "the executor failed rather than the program; the daemon's log has the details",
+            ),
+        )
+    outcome.tool_calls = tool_calls
+    return outcome
 
 
 def _settle(outcome: Outcome, entry: _Running) -> Outcome:

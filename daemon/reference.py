@@ -56,6 +56,7 @@ _ERROR_MEANINGS = {
     -32001: "not found: an execution, a tool",
     -32002: "unauthenticated",
     -32003: "forbidden: a scope the caller lacks, or a session token",
+    -32004: "the audit store is off or failing; the message says why (executions still run)",
     -32005: "rate limited; `data.retry_after_s`",
     -32006: "executor unavailable; the message says why",
     -32007: "an upstream failed",

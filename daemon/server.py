@@ -2,6 +2,7 @@
 
 ```
 serve(config, *, task_status)         root nursery
+├── audit.run → the audit store's writer and upkeep
 ├── registry.serve → each executor's pool
 ├── catalogue.serve → one task per upstream, holding its MCP session
 ├── metrics endpoint (HTTP, loopback) → one task per scrape
@@ -28,6 +29,7 @@ import trio
 
 from conduit.daemon import methods as _methods  # noqa: F401  (fills the method table)
 from conduit.daemon import systemd
+from conduit.daemon.audit import AuditStore
 from conduit.daemon.auth import Authenticator, peer_credentials, resolve_master_token
 from conduit.daemon.config import Config, parse_tcp_address
 from conduit.daemon.connection import Connection
@@ -94,6 +96,9 @@ class Daemon:
         self.metrics_address: tuple[str, int] | None = None
         self.metrics_error: str | None = None
         self.policy = Policy(config.policy)
+        self.audit = AuditStore(config.audit, config.server.state_dir)
+        if config.audit.enabled:
+            self.events.add_sink(self.audit.record_nowait)
         self.executions = Executions(self)
         self.registry = ExecutorRegistry([], {})
         self.tools = ToolAccess(self, build_catalogue(config))
@@ -125,6 +130,7 @@ class Daemon:
             bound.append(sandbox)
             self.callback_address = CallbackAddress(unix_path=sandbox.address)
             async with trio.open_nursery() as root:
+                await root.start(self.audit.run)
                 self.registry = build_registry(self.config, self.callback_address)
                 await root.start(self.registry.serve)
                 await root.start(self.tools.catalogue.serve)
@@ -258,6 +264,7 @@ class Daemon:
         )
         self.rate_limiter.reconfigure(limits.executions_per_minute, limits.burst)
         self.registry.set_defaults(language_defaults(new))
+        self.audit.reconfigure(new.audit)
         self.policy = Policy(new.policy)
         if (new.server.socket, new.server.tcp, new.metrics) != (
             self.config.server.socket,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -24,7 +25,7 @@ async def reload(params: NoParams, ctx: CallContext) -> dict[str, Any]:
 
 @method("daemon/status", params=NoParams, scope="admin")
 async def status(params: NoParams, ctx: CallContext) -> dict[str, Any]:
-    """Uptime, connections, running executions, admission queue, config, metrics URL."""
+    """Uptime, connections, executions, admission queue, audit store, metrics, config."""
     daemon = ctx.daemon
     admission = daemon.admission.statistics()
     return {
@@ -46,4 +47,5 @@ async def status(params: NoParams, ctx: CallContext) -> dict[str, Any]:
             "url": daemon.metrics_url(),
             "error": daemon.metrics_error,
         },
+        "audit": dataclasses.asdict(daemon.audit.statistics()),
     }

@@ -1,16 +1,29 @@
-"""`execute`, `executions/cancel` and `executions/running`."""
+"""`execute`, `executions/cancel`, `executions/running`, and the audit store's
+`executions/list`, `executions/get` and `executions/stats`.
+
+A principal sees only its own executions; the master (the `admin` scope) sees all.
+"""
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from conduit.daemon.audit import AuditState, ExecutionQuery
 from conduit.daemon.dispatcher import CallContext, NoParams, Params, method
-from conduit.daemon.errors import InvalidParams
+from conduit.daemon.errors import Forbidden, InvalidParams, NotFound
 from conduit.daemon.executions import ExecutionRequest
+from conduit.executors.base import Status
 
-__all__ = ["ExecuteParams", "LimitParams"]
+__all__ = ["ExecuteParams", "GetParams", "LimitParams", "ListParams", "StatsParams"]
+
+# A day: enough executions for percentiles to mean something, recent enough to act on.
+DEFAULT_STATS_WINDOW_S = 86_400.0
+# A page of 50 fits a terminal and an agent's context; 1000 bounds one reply's size.
+DEFAULT_PAGE = 50
+MAX_PAGE = 1000
 
 # What people and models write for the three languages.
 LANGUAGE_NAMES = {
@@ -21,6 +34,14 @@ LANGUAGE_NAMES = {
     "javascript": "javascript",
     "js": "javascript",
 }
+
+
+Language = Literal["python", "typescript", "javascript"]
+
+
+def _language_name(cls: type, value: Any) -> Any:
+    """The canonical name for what was written (`py` → `python`)."""
+    return LANGUAGE_NAMES.get(value.lower(), value) if isinstance(value, str) else value
 
 
 class LimitParams(Params):
@@ -38,7 +59,7 @@ class LimitParams(Params):
 
 
 class ExecuteParams(Params):
-    language: Literal["python", "typescript", "javascript"] = Field(
+    language: Language = Field(
         description="python, typescript or javascript (py, ts, js also accepted)"
     )
     code: str = Field(description="the program; a markdown fence around it is removed")
@@ -50,10 +71,7 @@ class ExecuteParams(Params):
     inputs: Any = Field(None, description="any JSON, visible to the program as `inputs`")
     stream: bool = Field(False, description="send execution/output notifications (not yet)")
 
-    @field_validator("language", mode="before")
-    @classmethod
-    def _language(cls, value: Any) -> Any:
-        return LANGUAGE_NAMES.get(value.lower(), value) if isinstance(value, str) else value
+    _language = field_validator("language", mode="before")(_language_name)
 
     def to_request(self, origin: tuple[int, Any] | None = None) -> ExecutionRequest:
         if self.stream:
@@ -115,3 +133,133 @@ async def running(params: NoParams, ctx: CallContext) -> dict[str, Any]:
     if not principal.is_admin:
         rows = [row for row in rows if row["principal"] == principal.name]
     return {"executions": rows}
+
+
+# ---- the audit store ---------------------------------------------------------------
+
+
+def _visible_owner(ctx: CallContext, asked: str | None) -> str | None:
+    """Whose executions the caller may read: `asked` (None: all) for the master, else
+    its own; asking for another's is `Forbidden`."""
+    principal = ctx.require_principal()
+    if principal.is_admin:
+        return asked
+    if asked is not None and asked != principal.name:
+        raise Forbidden(
+            f"forbidden: {principal.name} may read only its own executions; leave out "
+            "principal (only the master reads others')",
+            {"field": "principal"},
+        )
+    return principal.name
+
+
+def _store_warning(ctx: CallContext) -> dict[str, Any]:
+    """A `warning` member while the store is open but failing to write."""
+    stats = ctx.daemon.audit.statistics()
+    if stats.state is AuditState.FAILING:
+        return {"warning": f"recent executions may be missing: {stats.reason}"}
+    return {}
+
+
+class ListParams(Params):
+    principal: str | None = Field(
+        None, description="only this principal's executions (others' need the admin scope)"
+    )
+    status: str | None = Field(None, description="only this status: " + ", ".join(Status))
+    executor: str | None = Field(None, description="only this executor's")
+    language: Language | None = Field(None, description="only this language's")
+    since: float | None = Field(
+        None, ge=0, description="Unix time: only executions started at or after it"
+    )
+    code_sha256: str | None = Field(
+        None,
+        pattern=r"^[0-9a-fA-F]{4,64}$",
+        description="only runs of this program: its sha256, or a prefix of 4+ hex digits",
+    )
+    limit: int = Field(DEFAULT_PAGE, ge=1, le=MAX_PAGE, description="executions per page")
+    cursor: str | None = Field(None, description="next_cursor of the previous page")
+
+    _language = field_validator("language", mode="before")(_language_name)
+
+    @field_validator("status")
+    @classmethod
+    def _status(cls, value: str | None) -> str | None:
+        if value is not None and value not in set(Status):
+            raise ValueError(f"is not a status; use one of {', '.join(Status)}")
+        return value
+
+
+@method("executions/list", params=ListParams, scope="executions")
+async def list_executions(params: ListParams, ctx: CallContext) -> dict[str, Any]:
+    """Ended executions from the audit store, newest first, a page at a time."""
+    query = ExecutionQuery(
+        principal=_visible_owner(ctx, params.principal),
+        status=params.status,
+        executor=params.executor,
+        language=params.language,
+        since=params.since,
+        code_sha256=params.code_sha256,
+        limit=params.limit,
+        cursor=params.cursor,
+    )
+    page = await ctx.daemon.audit.list_executions(query)
+    return {"executions": page.executions, "next_cursor": page.next_cursor, **_store_warning(ctx)}
+
+
+class GetParams(Params):
+    execution_id: str = Field(description="as execute answered it, or executions/list lists it")
+
+
+@method("executions/get", params=GetParams, scope="executions")
+async def get(params: GetParams, ctx: CallContext) -> dict[str, Any]:
+    """One execution's audit record (code snippet, output heads, tool calls), or its age.
+
+    A running execution is not in the store yet: it answers from the table of running
+    executions, with `status: running` and `running_ms`.
+    """
+    owner = _visible_owner(ctx, None)
+    running = [
+        row
+        for row in ctx.daemon.executions.running()
+        if row["execution_id"] == params.execution_id and owner in (None, row["principal"])
+    ]
+    if running:
+        return {**running[0], "status": "running"}
+    record = await ctx.daemon.audit.get_execution(params.execution_id)
+    if record is None or owner not in (None, record.principal):
+        raise NotFound(
+            f"not found: no execution {params.execution_id} of yours in the audit store; "
+            "it may be older than audit.retention_days",
+            {"execution_id": params.execution_id},
+        )
+    return record.to_wire()
+
+
+class StatsParams(Params):
+    window_s: float | None = Field(
+        None, gt=0, description="the last this many seconds (default: a day)"
+    )
+    since: float | None = Field(
+        None, ge=0, description="Unix time: from then on (instead of window_s)"
+    )
+    principal: str | None = Field(
+        None, description="only this principal's executions (others' need the admin scope)"
+    )
+
+    @model_validator(mode="after")
+    def _one_window(self) -> StatsParams:
+        if self.window_s is not None and self.since is not None:
+            raise ValueError("give window_s or since, not both")
+        return self
+
+
+@method("executions/stats", params=StatsParams, scope="executions")
+async def stats(params: StatsParams, ctx: CallContext) -> dict[str, Any]:
+    """Counts, success rate, timeouts, p50/p95 durations over a window, by executor/language."""
+    owner = _visible_owner(ctx, params.principal)
+    until = time.time()
+    since = params.since
+    if since is None:
+        since = until - (params.window_s or DEFAULT_STATS_WINDOW_S)
+    summary = await ctx.daemon.audit.stats(since, owner)
+    return {"since": since, "until": until, "principal": owner, **summary, **_store_warning(ctx)}

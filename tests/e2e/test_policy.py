@@ -105,6 +105,10 @@ async def test_python_is_refused_with_its_line_and_the_refusal_is_published(
         assert record.code_snippet.startswith("x = 1\nimport os")
         assert record.error_type == "PolicyViolation"
         assert ended.data["rule"] == "python.forbidden_import"
+        stored = await client.call("executions/get", {"execution_id": result["execution_id"]})
+        assert (stored["status"], stored["policy_rule"]) == ("refused", "python.forbidden_import")
+        (listed,) = (await client.call("executions/list", {"status": "refused"}))["executions"]
+        assert listed["policy_rule"] == "python.forbidden_import"
 
         # The words in a string or a comment are no import: this one runs.
         fine = await client.call(
