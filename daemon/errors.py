@@ -5,7 +5,7 @@ ConduitError
 ├── RpcError(code, message, data)      the only errors that reach the wire
 │   ├── ParseError -32700 · InvalidRequest -32600 · MethodNotFound -32601
 │   ├── InvalidParams -32602 · InternalError -32603 · Overloaded -32000 · NotFound -32001
-│   ├── Unauthenticated -32002 · Forbidden -32003 · RateLimited -32005
+│   ├── Unauthenticated -32002 · Forbidden -32003 (ToolLimitReached) · RateLimited -32005
 │   ├── ExecutorUnavailable -32006 · UpstreamError -32007
 │   └── compat only: LimitTimeout -32008 · LimitMemory -32009 · LimitOutput -32013
 │                    · LimitLogLines -32014
@@ -49,6 +49,7 @@ __all__ = [
     "RuntimeMissing",
     "SandboxCrashed",
     "SchemaInvalid",
+    "ToolLimitReached",
     "Unauthenticated",
     "UpstreamError",
     "UpstreamUnreachable",
@@ -129,6 +130,11 @@ class Unauthenticated(RpcError):
 
 class Forbidden(RpcError):
     code = -32003
+
+
+class ToolLimitReached(Forbidden):
+    """An execution's tool calls are spent: a limit it reached, not a policy it broke
+    (so no `policy.violation` event; the execution ends with `tool_limit`)."""
 
 
 class RateLimited(RpcError):

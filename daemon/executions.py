@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from conduit.daemon.bridge import SessionBridge
-from conduit.daemon.errors import Forbidden, InvalidParams, NotFound, Overloaded, Unauthenticated
+from conduit.daemon.errors import (
+    Forbidden,
+    InvalidParams,
+    NotFound,
+    Overloaded,
+    ToolLimitReached,
+    Unauthenticated,
+)
 from conduit.daemon.events import Event, EventType
 from conduit.daemon.records import (
     SNIPPET_CHARS,
@@ -230,12 +237,17 @@ class Executions:
         limit = entry.job.limits.tool_calls
         if entry.tool_calls >= limit:
             entry.stop(Status.TOOL_LIMIT)
-            raise Forbidden(
+            raise ToolLimitReached(
                 f"forbidden: this execution may make {limit} tool calls and has made them; "
                 "raise limits.tool_calls to allow more",
                 {"limit": limit},
             )
         entry.tool_calls += 1
+
+    def owner(self, execution_id: str | None) -> str | None:
+        """Who started the running execution `execution_id` (None if none is running)."""
+        entry = self._running.get(execution_id or "")
+        return None if entry is None else entry.principal
 
     def note_tool_call(self, execution_id: str | None, call: ToolCallRecord) -> str | None:
         """Remember a tool call an execution made; returns who owns the execution."""

@@ -81,7 +81,7 @@ class Daemon:
             limits.max_concurrent_executions, limits.queue_size, limits.queue_timeout_s
         )
         self.rate_limiter = RateLimiter(limits.executions_per_minute, limits.burst)
-        self.events = EventBus()
+        self.events = EventBus(buffer=config.events.subscriber_buffer)
         self.executions = Executions(self)
         self.registry = ExecutorRegistry([], {})
         self.tools = ToolAccess(self, build_catalogue(config))
@@ -225,6 +225,7 @@ class Daemon:
             limits.max_concurrent_executions, limits.queue_size, limits.queue_timeout_s
         )
         self.rate_limiter.reconfigure(limits.executions_per_minute, limits.burst)
+        self.events.buffer = new.events.subscriber_buffer  # for new subscriptions
         self.registry.set_defaults(language_defaults(new))
         if (new.server.socket, new.server.tcp) != (
             self.config.server.socket,
