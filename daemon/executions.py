@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from conduit.daemon.auth import Principal
     from conduit.daemon.server import Daemon
 
-__all__ = ["ExecutionRequest", "Executions", "OutputSink"]
+__all__ = ["ExecutionRequest", "Executions", "LiveOutput", "OutputSink"]
 
 log = logging.getLogger("conduit.executions")
 
@@ -112,7 +112,7 @@ def _new_execution_id() -> str:
     return "ex_" + secrets.token_hex(8)
 
 
-class _LiveOutput:
+class LiveOutput:
     """An execution's output hook: each piece becomes an `execution/output` notification.
 
     Pieces are numbered (`seq`, from 0) and sent one at a time, in the order the
@@ -182,7 +182,7 @@ class Executions:
         daemon.rate_limiter.check(principal.name)
         async with daemon.admission.slot() as queue_wait_s:
             execution_id = _new_execution_id()
-            live = _LiveOutput(execution_id, request.on_output) if request.on_output else None
+            live = LiveOutput(execution_id, request.on_output) if request.on_output else None
             job = Job(execution_id, request.language, code, limits, request.inputs, on_output=live)
             allowed = (requested, *principal.tool_patterns)
             started_at = time.time()

@@ -240,6 +240,6 @@ async def test_upstreams_going_down_and_up_are_told_to_the_master(
     assert down["error"]
     up = await next_event(watcher)  # the keeper restarts it after a short back-off
     assert (up["type"], up["upstream"], up["state"]) == ("upstream.up", "echo", "ready")
-    assert up["restarts"] == 1
+    assert up["restarts"] >= 1
     assert up["error"] is None
     assert up["tools"] > 0
