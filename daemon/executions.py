@@ -4,7 +4,9 @@
 method, the built-in `execute_*` tools, the seed aliases): it normalises the code, picks
 the executor, spends the caller's rate, waits for a slot, mints the session token, runs
 the job in a cancel scope of its own, and shapes the result. A failing program is a
-result with a non-ok status; only faults of the request itself are raised.
+result with a non-ok status; only faults of the request itself are raised. A request
+with `on_output` also gets the program's output while it runs, as `execution/output`
+notification params (`LiveOutput`), all of them before `execute` returns.
 """
 
 from __future__ import annotations
