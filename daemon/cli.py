@@ -1,5 +1,9 @@
 """The `conduit` command: serve, exec, call, executions, token, doctor.
 
+`conduit exec` writes the program's output to its own stdout and stderr as the program
+prints it, then the result; on a terminal, a run that takes more than a second shows a
+progress line on stderr until it ends.
+
 Exit codes: 0 success; 2 usage or configuration error; 3 daemon unreachable;
 1 an RPC error. `conduit exec` exits with the program's own status: its exit code when
 it ran, 124 on timeout (as timeout(1) does), 125 for any other limit, 126 when the
@@ -15,11 +19,14 @@ import sys
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conduit.daemon.config import Config, load_config
 from conduit.daemon.errors import ConduitError, ConfigError, RpcError
 from conduit.daemon.version import VERSION
+
+if TYPE_CHECKING:
+    from conduit.daemon.progress import ProgressLine
 
 __all__ = ["main"]
 
@@ -206,26 +213,50 @@ def _read_program(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def _exec(args: argparse.Namespace) -> int:
+    from conduit.daemon.progress import ProgressLine
+
     code, language = _read_program(args)
-    params: dict[str, Any] = {"language": language, "code": code}
+    # With --json the output is in the one JSON document; otherwise it comes live.
+    params: dict[str, Any] = {"language": language, "code": code, "stream": not args.json}
     if args.executor:
         params["executor"] = args.executor
     if args.timeout_ms:
         params["limits"] = {"timeout_ms": args.timeout_ms}
     if args.inputs:
         params["inputs"] = json.loads(args.inputs)
-    with _connect(args) as client:
+    progress = ProgressLine(sys.stderr)
+    shown = _LiveOutput(progress)
+    with _connect(args) as client, progress.running():
+        client.on_notification = shown.take
         result = client.call("execute", params)
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
     else:
-        _print_result(result)
+        _print_result(result, shown.written)
     return _exit_status(result)
 
 
-def _print_result(result: dict[str, Any]) -> None:
-    sys.stdout.write(result["stdout"])
-    sys.stderr.write(result["stderr"])
+class _LiveOutput:
+    """Writes `execution/output` notifications to our own stdout and stderr as they
+    come, and counts what was written of each stream."""
+
+    def __init__(self, progress: ProgressLine) -> None:
+        self._progress = progress
+        self.written = {"stdout": 0, "stderr": 0}
+
+    def take(self, message: dict[str, Any]) -> None:
+        if message.get("method") != "execution/output":
+            return
+        params = message["params"]
+        stream, text = params["stream"], params["text"]
+        self._progress.write(sys.stdout if stream == "stdout" else sys.stderr, text)
+        self.written[stream] += len(text)
+
+
+def _print_result(result: dict[str, Any], written: dict[str, int]) -> None:
+    # The daemon stops streaming to a client that falls far behind; the rest is here.
+    sys.stdout.write(result["stdout"][written["stdout"] :])
+    sys.stderr.write(result["stderr"][written["stderr"] :])
     if result["result"] is not None:
         print(json.dumps(result["result"], ensure_ascii=False))
     if result["status"] != "ok":

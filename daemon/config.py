@@ -26,6 +26,7 @@ __all__ = [
     "ClientToken",
     "Config",
     "DenoConfig",
+    "EventsConfig",
     "ExecutorPolicies",
     "ExecutorsConfig",
     "GatewayConfig",
@@ -261,12 +262,19 @@ class PolicyConfig(_Section):
     executors: ExecutorPolicies = ExecutorPolicies()
 
 
+class EventsConfig(_Section):
+    # Events one subscriber may have waiting before it is dropped as too slow: a
+    # second or more of a busy daemon's events, a few hundred KiB at most per subscriber.
+    subscriber_buffer: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
+
+
 class Config(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     auth: AuthConfig = AuthConfig()
     limits: LimitsConfig = LimitsConfig()
     executors: ExecutorsConfig = ExecutorsConfig()
     gateway: GatewayConfig = GatewayConfig()
+    events: EventsConfig = EventsConfig()
     metrics: MetricsConfig = MetricsConfig()
     policy: PolicyConfig = PolicyConfig()
     upstreams: UpstreamList = ()

@@ -2,18 +2,28 @@
 
 Requests on a connection run concurrently (one task each, at most
 `max_in_flight_per_connection` at a time; past that the connection simply stops reading
-until one finishes) and are answered by id, possibly out of order. Replies go through
-one writer task that coalesces whatever is ready into a single send.
+until one finishes) and are answered by id, possibly out of order. Replies and
+notifications go through one writer task that coalesces whatever is ready into a
+single send.
+
+```
+Connection.run
+├── writer (outbox → stream)
+└── streams: tasks that outlive their request (event subscriptions), `start_stream`
+    └── requests: reader + one task per request
+```
 
 Resource handling: `run` owns the stream and closes it before returning. When the peer
-half-closes, in-flight requests still finish and are answered; when the peer is gone
-entirely, they are cancelled, and so are the executions they started.
+half-closes, in-flight requests still finish and are answered, then the streams are
+cancelled; when the peer is gone entirely, everything is cancelled, and so are the
+executions its requests started.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -73,6 +83,9 @@ class Connection:
         self._outbox_send, self._outbox = trio.open_memory_channel[bytes](_OUTBOX_SIZE)
         self._reader_scope = trio.CancelScope()
         self._scope = trio.CancelScope()
+        self._streams: trio.Nursery | None = None
+        # What this connection is subscribed to, by subscription id (events/subscribe).
+        self.subscriptions: dict[str, trio.CancelScope] = {}
 
     def __repr__(self) -> str:
         who = self.principal.name if self.principal else "anonymous"
@@ -84,9 +97,13 @@ class Connection:
             with self._scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._write_loop)
-                    async with trio.open_nursery() as requests:
-                        with self._reader_scope:
-                            await self._read_loop(requests)
+                    async with trio.open_nursery() as streams:
+                        self._streams = streams
+                        async with trio.open_nursery() as requests:
+                            with self._reader_scope:
+                                await self._read_loop(requests)
+                        self._streams = None
+                        streams.cancel_scope.cancel()
                     self._outbox_send.close()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
@@ -99,8 +116,23 @@ class Connection:
         self._reader_scope.cancel()
 
     async def notify(self, method: str, params: dict[str, Any]) -> None:
-        """Send a server-to-client notification on this connection."""
+        """Send a server-to-client notification on this connection.
+
+        Waits while the outbox is full (the client is not reading); returns at once,
+        sending nothing, once the connection is closing.
+        """
         await self._send({"jsonrpc": "2.0", "method": method, "params": params})
+
+    def start_stream(self, stream: Callable[[], Awaitable[object]]) -> None:
+        """Run `stream()` in a task of this connection's, beside its requests.
+
+        It runs until it returns, or is cancelled when the connection stops serving
+        requests (the peer closed or half-closed, and its requests are answered).
+        Raises `RuntimeError` once the connection has stopped serving requests.
+        """
+        if self._streams is None:
+            raise RuntimeError("this connection no longer serves requests")
+        self._streams.start_soon(stream)
 
     def login(self, token: str) -> Principal:
         """Authenticate the connection with `token`; raises `Unauthenticated`."""

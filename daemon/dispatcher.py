@@ -3,7 +3,8 @@
 `@method(name, params=Model, scope=...)` registers a handler; registering a name twice
 fails at import. `dispatch` validates params (a failure is -32602 naming the field),
 checks the caller's scope, runs the handler and maps anything unexpected to -32603 with
-an error id that is also logged. It is deliberately not about streams or framing.
+an error id that is also logged. Every refusal (`Forbidden`) is also published as a
+`policy.violation` event. It is deliberately not about streams or framing.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from conduit.daemon.errors import (
     InvalidParams,
     MethodNotFound,
     RpcError,
+    ToolLimitReached,
     Unauthenticated,
 )
+from conduit.daemon.events import Event, EventType
 
 if TYPE_CHECKING:
     from conduit.daemon.auth import Principal
@@ -164,6 +167,37 @@ def _authorise(spec: MethodSpec, principal: Principal | None) -> None:
         )
 
 
+def _access_rule(refusal: Forbidden) -> str:
+    """Which access rule refused a call, named like the pre-execution policy's rules so
+    one `policy.violation` subscriber reads both: `access.scope`, `access.tools`, or
+    `access.method` (a method a sandbox may not call)."""
+    data = refusal.data if isinstance(refusal.data, dict) else {}
+    if data.get("tool"):
+        return "access.tools"
+    if data.get("scope"):
+        return "access.scope"
+    return "access.method"
+
+
+def _violation(name: str, refusal: Forbidden, ctx: CallContext) -> Event:
+    """A `policy.violation` event for a refused call, owned by whoever answers for the
+    caller: a sandbox's refusals are its execution owner's to see."""
+    principal = ctx.principal
+    data: dict[str, Any] = {
+        "principal": principal.name if principal else None,
+        "rule": _access_rule(refusal),
+        "method": name,
+        "reason": refusal.message,
+    }
+    owner = data["principal"]
+    if principal is not None and principal.execution_id is not None:
+        data["execution_id"] = principal.execution_id
+        owner = ctx.daemon.executions.owner(principal.execution_id) or owner
+    if isinstance(refusal.data, dict) and refusal.data.get("tool"):
+        data["tool"] = refusal.data["tool"]
+    return Event(EventType.POLICY_VIOLATION, data, owner)
+
+
 async def dispatch(name: str, raw_params: dict[str, Any], ctx: CallContext) -> Any:
     """Run one method and return its JSON-ready result; raise only `RpcError`.
 
@@ -194,6 +228,10 @@ async def _call(name: str, raw_params: dict[str, Any], ctx: CallContext) -> Any:
             raise invalid_params(exc, name) from None
         result = await spec.handler(params, ctx)
         return result.model_dump(mode="json") if isinstance(result, BaseModel) else result
+    except Forbidden as exc:
+        if not isinstance(exc, ToolLimitReached):
+            ctx.daemon.events.publish(_violation(name, exc, ctx))
+        raise
     except (RpcError, trio.Cancelled):
         raise
     except Exception as exc:

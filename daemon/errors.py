@@ -5,8 +5,9 @@ ConduitError
 ├── RpcError(code, message, data)      the only errors that reach the wire
 │   ├── ParseError -32700 · InvalidRequest -32600 · MethodNotFound -32601
 │   ├── InvalidParams -32602 · InternalError -32603 · Overloaded -32000 · NotFound -32001
-│   ├── Unauthenticated -32002 · Forbidden -32003 · StoreUnavailable -32004
-│   ├── RateLimited -32005 · ExecutorUnavailable -32006 · UpstreamError -32007
+│   ├── Unauthenticated -32002 · Forbidden -32003 (ToolLimitReached)
+│   ├── StoreUnavailable -32004 · RateLimited -32005 · ExecutorUnavailable -32006
+│   ├── UpstreamError -32007
 │   └── compat only: LimitTimeout -32008 · LimitMemory -32009 · LimitOutput -32013
 │                    · LimitLogLines -32014
 ├── ConfigError                        bad configuration; start-up or reload refuses it
@@ -50,6 +51,7 @@ __all__ = [
     "SandboxCrashed",
     "SchemaInvalid",
     "StoreUnavailable",
+    "ToolLimitReached",
     "Unauthenticated",
     "UpstreamError",
     "UpstreamUnreachable",
@@ -136,6 +138,11 @@ class StoreUnavailable(RpcError):
     """A store the method reads (the audit store) is off or failing; executions still run."""
 
     code = -32004
+
+
+class ToolLimitReached(Forbidden):
+    """An execution's tool calls are spent: a limit it reached, not a policy it broke
+    (so no `policy.violation` event; the execution ends with `tool_limit`)."""
 
 
 class RateLimited(RpcError):

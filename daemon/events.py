@@ -100,6 +100,7 @@ class Subscription:
         self.types = types
         # None: sees every event (the master); else only this principal's own.
         self.principal = principal
+        self.buffer = buffer
         self._send, self._receive = trio.open_memory_channel[Event](buffer)
         self.dropped: str | None = None
 
@@ -114,7 +115,7 @@ class Subscription:
             self._send.send_nowait(event)
         except trio.WouldBlock:
             self.dropped = (
-                f"dropped: more than {self._bus.buffer} events were waiting; "
+                f"dropped: more than {self.buffer} events were waiting; "
                 "read faster or subscribe to fewer types"
             )
             self.close()

@@ -5,7 +5,9 @@ method, the built-in `execute_*` tools, the seed aliases): it normalises the cod
 the executor, spends the caller's rate, checks the code against the policy, waits for a
 slot, mints the session token, runs the job in a cancel scope of its own, and shapes the
 result. A failing program is a result with a non-ok status, and so is one the policy
-refuses (`refused`, never run); only faults of the request itself are raised.
+refuses (`refused`, never run); only faults of the request itself are raised. A request
+with `on_output` also gets the program's output while it runs, as `execution/output`
+notification params (`LiveOutput`), all of them before `execute` returns.
 """
 
 from __future__ import annotations
@@ -15,13 +17,21 @@ import json
 import logging
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from conduit.daemon.bridge import SessionBridge
-from conduit.daemon.errors import Forbidden, InvalidParams, NotFound, Overloaded, Unauthenticated
+from conduit.daemon.errors import (
+    Forbidden,
+    InvalidParams,
+    NotFound,
+    Overloaded,
+    ToolLimitReached,
+    Unauthenticated,
+)
 from conduit.daemon.events import Event, EventType
 from conduit.daemon.policy import Violation
 from conduit.daemon.records import (
@@ -33,15 +43,25 @@ from conduit.daemon.records import (
 )
 from conduit.daemon.tool_access import requested_allowlist
 from conduit.executors.base import ErrorInfo, Executor, Job, Limits, Outcome, Status
+from conduit.executors.output import StreamName
 from conduit.executors.source import unwrap_fence
 
 if TYPE_CHECKING:
     from conduit.daemon.auth import Principal
     from conduit.daemon.server import Daemon
 
-__all__ = ["ExecutionRequest", "Executions"]
+__all__ = ["ExecutionRequest", "Executions", "LiveOutput", "OutputSink"]
 
 log = logging.getLogger("conduit.executions")
+
+# Receives the params of each `execution/output` notification of a streamed execution.
+OutputSink = Callable[[dict[str, Any]], Awaitable[None]]
+
+# How long one piece of live output may wait for the client to take it. A client that
+# takes nothing for this long is not reading: streaming stops for that execution (its
+# whole output is still in the result), so the program is slowed by at most this much
+# and its timeout still holds.
+OUTPUT_STALL_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +75,8 @@ class ExecutionRequest:
     # (connection, request id) of the call that started it, so it can be cancelled by
     # request id before its execution id is known.
     origin: tuple[int, Any] | None = None
+    # Where `execution/output` notifications go while the program runs (None: nowhere).
+    on_output: OutputSink | None = None
 
 
 @dataclass(slots=True)
@@ -103,6 +125,43 @@ def _new_execution_id() -> str:
     return "ex_" + secrets.token_hex(8)
 
 
+class LiveOutput:
+    """An execution's output hook: each piece becomes an `execution/output` notification.
+
+    Pieces are numbered (`seq`, from 0) and sent one at a time, in the order the
+    executor hands them over. A piece the client does not take within OUTPUT_STALL_S
+    stops the streaming: later pieces are dropped here (they are in the result), so a
+    client that stops reading never holds the program up for long.
+    """
+
+    def __init__(self, execution_id: str, sink: OutputSink) -> None:
+        self._execution_id = execution_id
+        self._sink = sink
+        self._seq = 0
+        self._lock = trio.StrictFIFOLock()
+        self.stalled = False
+
+    async def __call__(self, stream: StreamName, text: str) -> None:
+        async with self._lock:
+            if self.stalled:
+                return
+            params = {
+                "execution_id": self._execution_id,
+                "stream": stream,
+                "text": text,
+                "seq": self._seq,
+            }
+            self._seq += 1
+            with trio.move_on_after(OUTPUT_STALL_S) as waited:
+                await self._sink(params)
+            if waited.cancelled_caught:
+                self.stalled = True
+                log.info(
+                    "live output stopped: the client is not reading",
+                    extra={"execution_id": self._execution_id},
+                )
+
+
 class Executions:
     """Starts executions and keeps the table of running ones."""
 
@@ -148,7 +207,8 @@ class Executions:
             return self._refuse(job, executor.name, principal, requested, violation, check_s)
         async with daemon.admission.slot() as queue_wait_s:
             execution_id = _new_execution_id()
-            job = Job(execution_id, request.language, code, limits, request.inputs)
+            live = LiveOutput(execution_id, request.on_output) if request.on_output else None
+            job = Job(execution_id, request.language, code, limits, request.inputs, on_output=live)
             allowed = (requested, *principal.tool_patterns)
             started_at = time.time()
             digest = code_digest(code)
@@ -335,12 +395,17 @@ class Executions:
         limit = entry.job.limits.tool_calls
         if entry.tool_calls >= limit:
             entry.stop(Status.TOOL_LIMIT)
-            raise Forbidden(
+            raise ToolLimitReached(
                 f"forbidden: this execution may make {limit} tool calls and has made them; "
                 "raise limits.tool_calls to allow more",
                 {"limit": limit},
             )
         entry.tool_calls += 1
+
+    def owner(self, execution_id: str | None) -> str | None:
+        """Who started the running execution `execution_id` (None if none is running)."""
+        entry = self._running.get(execution_id or "")
+        return None if entry is None else entry.principal
 
     def note_tool_call(self, execution_id: str | None, call: ToolCallRecord) -> str | None:
         """Remember a tool call an execution made; returns who owns the execution."""

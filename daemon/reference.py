@@ -40,6 +40,18 @@ TCP, systemd sockets). Blank lines are ignored and a trailing `\\r` is dropped.
   `auth/login` call for the connection, or `"auth": {"bearerToken": "..."}` on any one
   request. TCP callers always need a token.
 
+## Notifications from the daemon
+
+The daemon sends two kinds of notification (no `id`, never answered), only on the
+connection that asked for them; `docs/events.md` describes both in full.
+
+- `execution/output`: `{"execution_id", "stream": "stdout"|"stderr", "text", "seq"}`, the
+  output of an `execute` call made with `"stream": true`, in order, while the program
+  runs. All of them come before the call's result, which still holds the whole output.
+- `event`: `{"subscription", "type", "ts", ...}`, after `events/subscribe`. The last one
+  of a subscription the daemon dropped (its client read too slowly) has the type
+  `subscription.dropped` and a `reason`.
+
 ## Errors
 
 | code | name | meaning |

@@ -89,7 +89,7 @@ class Daemon:
             limits.max_concurrent_executions, limits.queue_size, limits.queue_timeout_s
         )
         self.rate_limiter = RateLimiter(limits.executions_per_minute, limits.burst)
-        self.events = EventBus()
+        self.events = EventBus(buffer=config.events.subscriber_buffer)
         self.metrics = Metrics(self)
         self.events.add_sink(self.metrics.observe)
         # Where the metrics are served, or why they are not (set by `serve`).
@@ -263,6 +263,7 @@ class Daemon:
             limits.max_concurrent_executions, limits.queue_size, limits.queue_timeout_s
         )
         self.rate_limiter.reconfigure(limits.executions_per_minute, limits.burst)
+        self.events.buffer = new.events.subscriber_buffer  # for new subscriptions
         self.registry.set_defaults(language_defaults(new))
         self.audit.reconfigure(new.audit)
         self.policy = Policy(new.policy)

@@ -35,7 +35,7 @@ from conduit.gateway.catalogue import (
     error_of,
     value_of,
 )
-from conduit.gateway.model import Tool
+from conduit.gateway.model import Tool, UpstreamState, UpstreamStatus
 from conduit.gateway.schemas import ArgumentsInvalid
 
 if TYPE_CHECKING:
@@ -90,11 +90,41 @@ def shaped(tool: Tool, result: dict[str, Any]) -> dict[str, Any]:
 
 
 class ToolAccess:
-    """The daemon's view of the catalogue, per principal."""
+    """The daemon's view of the catalogue, per principal.
+
+    It also reports upstreams coming and going on the event bus: `upstream.up` when
+    one becomes ready, `upstream.down` (with the error) when one that was up, or had
+    not come up yet, fails or starts backing off. Retries of an upstream that stays
+    down are not repeated; a daemon closing its upstreams reports nothing.
+    """
 
     def __init__(self, daemon: Daemon, catalogue: Catalogue) -> None:
         self._daemon = daemon
         self.catalogue = catalogue
+        # Whether each upstream was last reported up (absent: not reported yet).
+        self._reported_up: dict[str, bool] = {}
+        catalogue.watch_state(self._on_upstream_state)
+
+    def _on_upstream_state(self, status: UpstreamStatus) -> None:
+        if status.state is UpstreamState.READY:
+            up = True
+        elif status.state in (UpstreamState.BACKING_OFF, UpstreamState.FAILED):
+            up = False
+        else:  # starting (a retry under way) or closed (the daemon is stopping)
+            return
+        if self._reported_up.get(status.name) is up:
+            return
+        self._reported_up[status.name] = up
+        data = {
+            "upstream": status.name,
+            "transport": status.transport,
+            "state": str(status.state),
+            "tools": status.tools,
+            "restarts": status.restarts,
+            "error": status.last_error,
+        }
+        kind = EventType.UPSTREAM_UP if up else EventType.UPSTREAM_DOWN
+        self._daemon.events.publish(Event(kind, data))
 
     def visible(self, principal: Principal) -> list[Tool]:
         """The catalogue's tools this principal may call, by SDK path."""

@@ -17,6 +17,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import trio
 
+from conduit.executors.output import OutputHook
+
 __all__ = [
     "CallbackAddress",
     "ErrorInfo",
@@ -27,6 +29,7 @@ __all__ = [
     "Outcome",
     "Status",
     "ToolBridge",
+    "python_request",
 ]
 
 
@@ -65,6 +68,12 @@ class Job:
     limit the daemon enforces, such as tool calls): the executor then kills the
     sandbox and returns `Status.CANCELLED` with the output so far, rather than
     raising. The daemon overrides the status with the reason it stopped it.
+
+    `on_output`, when set, is awaited with each piece of output the program writes,
+    in the order it was written (across stdout and stderr as far as the runtime can
+    tell), while it runs; guests then flush each line as it is printed. It is the
+    hook's business to bound its waiting (see `OutputCapture`). When it is None the
+    executor does no work for streaming at all.
     """
 
     execution_id: str
@@ -73,6 +82,19 @@ class Job:
     limits: Limits = field(default_factory=Limits)
     inputs: Any = None
     stop: trio.Event = field(default_factory=trio.Event, compare=False)
+    on_output: OutputHook | None = field(default=None, compare=False)
+
+
+def python_request(job: Job) -> dict[str, Any]:
+    """The request the Python program runner takes (`shims/python_program.py`).
+
+    `live_output` asks it to flush every line as it is printed, for a job whose output
+    is streamed; otherwise stdout is flushed when the program ends.
+    """
+    request = {"code": job.code, "inputs": job.inputs, "timeout_ms": job.limits.timeout_ms}
+    if job.on_output is not None:
+        request["live_output"] = True
+    return request
 
 
 @dataclass(frozen=True, slots=True)

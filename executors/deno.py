@@ -555,7 +555,10 @@ class DenoExecutor:
             return None
         # Limits are enforced by killing the sandbox the moment they are hit.
         capture = OutputCapture(
-            max_bytes=limits.output_bytes, max_lines=limits.output_lines, on_limit=worker.kill
+            max_bytes=limits.output_bytes,
+            max_lines=limits.output_lines,
+            on_limit=worker.kill,
+            on_output=job.on_output,
         )
         stdout = ResultSplitter(
             process.stdout,
@@ -581,6 +584,7 @@ class DenoExecutor:
                     io.cancel_scope.cancel()
             if stdout.payload is not None:
                 await capture.write("stderr", read_buffered(process.stderr))
+                await capture.finish("stderr")
             # Without a result or a limit hit, the exit status tells how it ended.
             # Otherwise the outcome is known and reaping is left to the worker's task.
             elif not (died_before_job or stdout.settled or capture.limit_hit):

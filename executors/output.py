@@ -81,7 +81,9 @@ class OutputCapture:
 
     `on_output(stream, text)` is awaited with each accepted piece, decoded
     incrementally so multi-byte characters are never split; a slow hook slows the
-    reading, which is the back-pressure live streaming wants.
+    reading, which is the back-pressure live streaming wants. `pump` awaits it
+    shielded from cancellation (a chunk once read is kept), so the hook must bound its
+    own waiting: a timeout cannot interrupt it.
     """
 
     def __init__(
@@ -143,25 +145,37 @@ class OutputCapture:
                     self._on_limit()
         return kept
 
-    def write_nowait(self, stream: StreamName, data: bytes) -> None:
+    def write_nowait(self, stream: StreamName, data: bytes) -> bytes:
         """`write` without the `on_output` hook, for a writer on another thread (an
         in-process runtime's output callback); the owner reads the capture only after
-        that writer is done."""
+        that writer is done. Returns the part of `data` that was kept, which the owner
+        may hand to `emit` on its own thread to stream it."""
         kept = self._accept(stream, data)
         if kept:
             self._streams[stream].buffer += kept
+        return kept
 
     async def write(self, stream: StreamName, data: bytes) -> None:
         """Offer `data` as the next output of `stream`; keep what the budget allows."""
         kept = self._accept(stream, data)
-        if not kept:
-            return
-        state = self._streams[stream]
-        state.buffer += kept
+        if kept:
+            self._streams[stream].buffer += kept
+            await self.emit(stream, kept)
+
+    async def emit(self, stream: StreamName, kept: bytes) -> None:
+        """Give `kept` (bytes already accepted, in order) to the `on_output` hook,
+        decoded incrementally so a character split across writes comes out whole."""
         if self._on_output is not None:
-            text = state.decoder.decode(kept)
+            text = self._streams[stream].decoder.decode(kept)
             if text:
                 await self._on_output(stream, text)
+
+    async def finish(self, stream: StreamName) -> None:
+        """Give the hook what is left of an incomplete character at the end of `stream`."""
+        if self._on_output is not None:
+            tail = self._streams[stream].decoder.decode(b"", final=True)
+            if tail:
+                await self._on_output(stream, tail)
 
     async def pump(self, stream: StreamName, source: trio.abc.ReceiveStream) -> None:
         """Read `source` to its end as `stream`.
@@ -174,10 +188,7 @@ class OutputCapture:
             # Once read, a chunk is kept even if the reader is cancelled meanwhile.
             with trio.CancelScope(shield=True):
                 await self.write(stream, bytes(chunk))
-        if self._on_output is not None:
-            tail = self._streams[stream].decoder.decode(b"", final=True)
-            if tail:
-                await self._on_output(stream, tail)
+        await self.finish(stream)
 
 
 def read_buffered(stream: trio.lowlevel.FdStream) -> bytes:

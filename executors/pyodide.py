@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from conduit.executors.base import ErrorInfo, ExecutorInfo, Job
+from conduit.executors.base import ErrorInfo, ExecutorInfo, Job, python_request
 from conduit.executors.deno import DENO_ENV, SANDBOX_FLAGS, DenoExecutor
 from conduit.executors.npm import install_locked, locked_version
 from conduit.executors.process import kill_process_group, minimal_env, sandbox_process_options
@@ -184,8 +184,7 @@ class PyodideExecutor(DenoExecutor):
         ]
 
     def program_fields(self, job: Job) -> dict[str, Any]:
-        request = {"code": job.code, "inputs": job.inputs, "timeout_ms": job.limits.timeout_ms}
-        return {"program": request}
+        return {"program": python_request(job)}
 
     def is_out_of_memory(self, error: ErrorInfo) -> bool:
         return error.type == "MemoryError"

@@ -17,7 +17,10 @@ looping) and a random source (what `random`, `uuid` and `Math.random` seed from)
 The blocking instantiate-and-run happens in a worker thread behind a limiter sized to
 the machine; the guest's `host-call` import runs in that thread and reaches the Trio
 side with `trio.from_thread.run(bridge.request, ...)`, so a tool call goes through
-the daemon's one dispatcher under the execution's session token. A timeout, a stop
+the daemon's one dispatcher under the execution's session token. When the job has an
+`on_output` hook, each piece of output the guest writes is also handed, in order and
+without waiting, to a task on the Trio side that awaits the hook (`_LiveOutput`);
+without one, nothing is done for streaming. A timeout, a stop
 (`job.stop` or cancellation) or an exhausted output budget interrupts the guest at
 its next epoch tick (`_wasmtime.Interrupt`); the thread always finishes and the store
 is always closed before `run` returns.
@@ -25,11 +28,14 @@ is always closed before `run` returns.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,8 +46,17 @@ import wasmtime.component
 
 from conduit.daemon.errors import RpcError, RuntimeMissing
 from conduit.executors import _wasmtime, outcomes
-from conduit.executors.base import ErrorInfo, ExecutorInfo, Job, Limits, Outcome, Status, ToolBridge
-from conduit.executors.output import OutputCapture
+from conduit.executors.base import (
+    ErrorInfo,
+    ExecutorInfo,
+    Job,
+    Limits,
+    Outcome,
+    Status,
+    ToolBridge,
+    python_request,
+)
+from conduit.executors.output import OutputCapture, StreamName
 from conduit.executors.wasm_build import BuildError, BuiltComponent, GuestRecipe, ensure_component
 
 __all__ = ["ProgramRejected", "WasmExecutor"]
@@ -80,6 +95,8 @@ class _Execution:
 
     bridge: ToolBridge
     interrupt: _wasmtime.Interrupt
+    # Hands kept output to the Trio side as it is written (streaming only).
+    live: Callable[[StreamName, bytes], None] | None = None
     tool_calls: int = 0
     # Set when the Trio side stops waiting for a thread blocked in a WASI call (see
     # `_wait_for_guest`): from then on the guest's output is dropped, not recorded.
@@ -230,6 +247,7 @@ class WasmExecutor:
             max_bytes=limits.output_bytes,
             max_lines=limits.output_lines,
             on_limit=lambda: interrupt.stop(_wasmtime.StopReason.OUTPUT_LIMIT),
+            on_output=job.on_output,
         )
         execution = _Execution(bridge, interrupt)
         self._runs += 1
@@ -240,7 +258,10 @@ class WasmExecutor:
             outcome.status, outcome.error, outcome.exit_code = Status.ERROR, exc.error, 1
             return outcome
         async with self._slots:
-            answer, trap = await self._wait_for_guest(job, request, execution, capture)
+            if job.on_output is None:
+                answer, trap = await self._wait_for_guest(job, request, execution, capture)
+            else:
+                answer, trap = await self._wait_streaming(job, request, execution, capture)
         outcome = self._outcome(job, capture, answer, trap, interrupt.reason)
         outcome.tool_calls = execution.tool_calls
         return outcome
@@ -280,6 +301,24 @@ class WasmExecutor:
             nursery.cancel_scope.cancel()
         return answer
 
+    async def _wait_streaming(
+        self, job: Job, request: str, execution: _Execution, capture: OutputCapture
+    ) -> tuple[str | None, str | None]:
+        """`_wait_for_guest`, with the guest's output streamed to `job.on_output`.
+
+        Returns once every piece the guest wrote has been through the hook.
+        """
+        live = _LiveOutput()
+        execution.live = live.hand_over
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(live.forward, capture)
+            try:
+                return await self._wait_for_guest(job, request, execution, capture)
+            finally:
+                # The thread's hand-overs were queued before its result came back
+                # (one FIFO queue), so everything it wrote is in the channel now.
+                live.close()
+
     def _abandon(self, execution: _Execution) -> None:
         execution.interrupt.stop(_wasmtime.StopReason.CANCELLED)
         with self._lingering_lock:
@@ -295,8 +334,7 @@ class WasmExecutor:
 
     def request_for(self, job: Job) -> str:
         """The guest's JSON request for `job`; raises `ProgramRejected` to refuse it."""
-        request = {"code": job.code, "inputs": job.inputs, "timeout_ms": job.limits.timeout_ms}
-        return json.dumps(request, ensure_ascii=False)
+        return json.dumps(python_request(job), ensure_ascii=False)
 
     def _run_in_thread(
         self, job: Job, request: str, execution: _Execution, capture: OutputCapture
@@ -310,8 +348,10 @@ class WasmExecutor:
             if self._fuel is not None:
                 store.set_fuel(self._fuel)
             wasi = wasmtime.WasiConfig()
-            wasi.stdout_custom = lambda data: _record(execution, capture, "stdout", data)
-            wasi.stderr_custom = lambda data: _record(execution, capture, "stderr", data)
+            # Chosen once here, so a run nobody streams does no work for streaming.
+            record = _record if execution.live is None else _record_live
+            wasi.stdout_custom = lambda data: record(execution, capture, "stdout", data)
+            wasi.stderr_custom = lambda data: record(execution, capture, "stderr", data)
             store.set_wasi(wasi)
             execution.interrupt.install(store)
             self._current.execution = execution
@@ -431,6 +471,51 @@ def _parse_answer(answer: str) -> dict[str, Any] | None:
 def _record(execution: _Execution, capture: OutputCapture, stream: str, data: bytes) -> None:
     if not execution.abandoned:  # the execution's report may already be out
         capture.write_nowait(stream, data)  # type: ignore[arg-type]
+
+
+def _record_live(
+    execution: _Execution, capture: OutputCapture, stream: StreamName, data: bytes
+) -> None:
+    """`_record`, also handing what was kept to the Trio side (worker thread)."""
+    if not execution.abandoned:
+        kept = capture.write_nowait(stream, data)
+        if kept and execution.live is not None:
+            execution.live(stream, kept)
+
+
+class _LiveOutput:
+    """A guest's output on its way from the worker thread to the `on_output` hook.
+
+    `hand_over` (worker thread) never blocks the guest: it queues a callback on the
+    Trio loop, and Trio runs such callbacks in the order they were queued, so stdout
+    and stderr keep the order the guest wrote them in. Only output the budget kept is
+    handed over, so what waits here is bounded by `limits.output_bytes`. `forward`
+    (Trio side) awaits the hook with each piece until `close`.
+    """
+
+    def __init__(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self._send, self._receive = trio.open_memory_channel[tuple[StreamName, bytes]](math.inf)
+
+    def hand_over(self, stream: StreamName, kept: bytes) -> None:
+        # A finished run: the daemon is gone and nobody is watching.
+        with contextlib.suppress(trio.RunFinishedError):
+            self._token.run_sync_soon(self._deliver, (stream, kept))
+
+    def _deliver(self, item: tuple[StreamName, bytes]) -> None:
+        # Runs on the Trio loop, where raising would be fatal. A closed channel means the
+        # piece came after the execution was reported: dropped, as the capture drops it.
+        with contextlib.suppress(trio.ClosedResourceError):
+            self._send.send_nowait(item)
+
+    def close(self) -> None:
+        self._send.close()
+
+    async def forward(self, capture: OutputCapture) -> None:
+        async for stream, kept in self._receive:
+            await capture.emit(stream, kept)
+        await capture.finish("stdout")
+        await capture.finish("stderr")
 
 
 async def _give_up_after_grace(

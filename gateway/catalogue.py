@@ -64,7 +64,7 @@ from conduit.gateway.allowlist import Allowlist, permits
 from conduit.gateway.model import Tool, UpstreamState, UpstreamStatus
 from conduit.gateway.naming import assign_names, namespace_for
 from conduit.gateway.schemas import SchemaCache
-from conduit.gateway.upstream import RawTool, Upstream
+from conduit.gateway.upstream import RawTool, ReportsState, StateListener, Upstream
 
 __all__ = [
     "Catalogue",
@@ -358,6 +358,7 @@ class Catalogue:
         self._sorted: list[Tool] = []
         self._state = CatalogueState.NEW
         self._nursery: trio.Nursery | None = None
+        self._state_listeners: list[StateListener] = []
         overrides = strict_upstreams or {}
         for upstream in upstreams:
             self._add(upstream, overrides.get(upstream.name))
@@ -393,7 +394,26 @@ class Catalogue:
                 )
         entry = _Entry(upstream, namespace, self._strict if strict is None else strict)
         self._entries[name] = entry
+        if isinstance(upstream, ReportsState):
+            upstream.watch_state(self._report_state)
         return entry
+
+    def watch_state(self, listener: StateListener) -> None:
+        """Call `listener(status)` whenever an upstream's state changes, for every
+        upstream, present and future, that reports its state (`ReportsState`), and
+        when an upstream's task fails (its status then says `failed`).
+
+        Listeners are called from upstream tasks, must not block, and may not raise
+        (a raising one is logged and ignored).
+        """
+        self._state_listeners.append(listener)
+
+    def _report_state(self, status: UpstreamStatus) -> None:
+        for listener in self._state_listeners:
+            try:
+                listener(status)
+            except Exception:  # a watcher's fault must not stop the upstream
+                log.exception("upstream %r: a state listener failed", status.name)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run every upstream, each in its own task, until cancelled.
@@ -444,6 +464,8 @@ class Catalogue:
             entry.failure = _describe(exc)
         entry.tools = {}
         self._reindex()
+        if entry.failure is not None:
+            self._report_state(self._status(entry))
         status.started()
 
     def _on_tools(self, entry: _Entry, raw_tools: list[RawTool]) -> None:
@@ -536,16 +558,13 @@ class Catalogue:
 
     def statuses(self) -> list[UpstreamStatus]:
         """Every upstream's status, by name; one whose task died shows as failed."""
-        statuses = []
-        for name in sorted(self._entries):
-            entry = self._entries[name]
-            status = entry.upstream.status()
-            if entry.failure is not None:
-                status = replace(
-                    status, state=UpstreamState.FAILED, last_error=entry.failure, tools=0
-                )
-            statuses.append(status)
-        return statuses
+        return [self._status(self._entries[name]) for name in sorted(self._entries)]
+
+    def _status(self, entry: _Entry) -> UpstreamStatus:
+        status = entry.upstream.status()
+        if entry.failure is not None:
+            status = replace(status, state=UpstreamState.FAILED, last_error=entry.failure, tools=0)
+        return status
 
     def packages(self, allow: Sequence[Allowlist] | None = None) -> list[Package]:
         """The tools `allow` permits, grouped by namespace (sorted), for `tools/packages`."""

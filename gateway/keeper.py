@@ -47,7 +47,7 @@ from conduit.daemon.errors import UpstreamUnreachable
 from conduit.daemon.version import VERSION
 from conduit.gateway.model import UpstreamState, UpstreamStatus
 from conduit.gateway.settings import HttpUpstreamSettings, StdioUpstreamSettings
-from conduit.gateway.upstream import RawTool
+from conduit.gateway.upstream import RawTool, StateListener
 
 __all__ = ["Backoff", "Misconfigured", "RateLimit", "SessionKeeper"]
 
@@ -228,6 +228,7 @@ class SessionKeeper(abc.ABC):
         self._garbage: str | None = None
         # When the current session became ready (None: it has not).
         self._ready_since: float | None = None
+        self._state_listeners: list[StateListener] = []
 
     def __repr__(self) -> str:
         return (
@@ -315,6 +316,13 @@ class SessionKeeper(abc.ABC):
                 f"{timeout_s:g} s; the call was cancelled (raise its timeout if the tool is slow)"
             )
         return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+    def watch_state(self, listener: StateListener) -> None:
+        """Call `listener(self.status())` after every change of state (`ReportsState`).
+
+        Called from the `serve` task; a listener that raises is logged and ignored.
+        """
+        self._state_listeners.append(listener)
 
     # -- for the gateway and tests ------------------------------------------------
 
@@ -559,10 +567,18 @@ class SessionKeeper(abc.ABC):
     # -- state ----------------------------------------------------------------------
 
     def _set_state(self, state: UpstreamState, *, error: str | None = None) -> None:
+        changed = state is not self._state
         self._state = state
         self._last_error = error if error is None else _bounded(error)
         self._changed.set()
         self._changed = trio.Event()
+        if changed and self._state_listeners:
+            status = self.status()
+            for listener in self._state_listeners:
+                try:
+                    listener(status)
+                except Exception:  # a watcher's fault must not stop the upstream
+                    log.exception("upstream %s: a state listener failed", self.name)
 
     def _set_error(self, error: str | None) -> None:
         self._set_state(self._state, error=error)

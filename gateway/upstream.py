@@ -9,17 +9,29 @@ back-off when it dies. `call_tool` may be called from any task while it is ready
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import trio
 
 from conduit.gateway.model import UpstreamStatus
 
-__all__ = ["RawTool", "Upstream"]
+__all__ = ["RawTool", "ReportsState", "StateListener", "Upstream"]
 
 # A tool as the upstream described it: the MCP `Tool` object as JSON
 # ({"name", "description", "inputSchema", "outputSchema"?, "annotations"?}).
 RawTool = dict[str, Any]
+
+# Told an upstream's status each time its state changes; must not block or raise.
+StateListener = Callable[[UpstreamStatus], None]
+
+
+@runtime_checkable
+class ReportsState(Protocol):
+    """An upstream that tells when its state changes (optional beside `Upstream`)."""
+
+    def watch_state(self, listener: StateListener) -> None:
+        """Call `listener(status)` after every change of state, from the upstream's task."""
+        ...
 
 
 class Upstream(Protocol):

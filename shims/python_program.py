@@ -1,7 +1,8 @@
 """How a Python program runs on every Python executor (wasm-python, pyodide).
 
 A guest calls `execute(request, host_call)` (or `execute_async` where the program may
-use top-level `await`) once, with the request `{"code", "inputs", "timeout_ms"}`, and
+use top-level `await`) once, with the request `{"code", "inputs", "timeout_ms",
+"live_output"?}` (`live_output`: flush stdout at every line, for streaming), and
 gets back JSON: `{"result": value}` or `{"error": {"type", "message", "traceback"}}`.
 `host_call(method, params_json) -> answer_json` is the guest's one way to the daemon:
 a JSON-RPC call under the execution's session token.
@@ -237,6 +238,8 @@ def _start(request, host_call, allow_await):
     """The compiled program and its globals, or the answer reporting why it cannot run."""
     code = request["code"]
     linecache.cache[PROGRAM_FILE] = (len(code), None, code.splitlines(True), PROGRAM_FILE)
+    if request.get("live_output"):
+        _flush_lines()
     bound_sleep(request.get("timeout_ms", 0) / 1000)
     try:
         program = _prepare(code, allow_await)
@@ -250,6 +253,15 @@ def _start(request, host_call, allow_await):
         "ToolError": ToolError,
     }
     return program, scope, None
+
+
+def _flush_lines():
+    """Someone watches the output as it comes: send each line out as it is printed
+    rather than when the program ends (each run has a fresh interpreter)."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
 
 
 def execute(request, host_call):

@@ -7,13 +7,14 @@ A principal sees only its own executions; the master (the `admin` scope) sees al
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from conduit.daemon.audit import AuditState, ExecutionQuery
 from conduit.daemon.dispatcher import CallContext, NoParams, Params, method
-from conduit.daemon.errors import Forbidden, InvalidParams, NotFound
+from conduit.daemon.errors import Forbidden, NotFound
 from conduit.daemon.executions import ExecutionRequest
 from conduit.executors.base import Status
 
@@ -69,16 +70,23 @@ class ExecuteParams(Params):
         None, description="tool patterns this program may call: *, ns.*, ns.tool"
     )
     inputs: Any = Field(None, description="any JSON, visible to the program as `inputs`")
-    stream: bool = Field(False, description="send execution/output notifications (not yet)")
+    stream: bool = Field(
+        False,
+        description="send the output as execution/output notifications while the program "
+        "runs, before the result",
+    )
 
     _language = field_validator("language", mode="before")(_language_name)
 
-    def to_request(self, origin: tuple[int, Any] | None = None) -> ExecutionRequest:
-        if self.stream:
-            raise InvalidParams(
-                "invalid params: stream is not supported by this version; omit it",
-                {"field": "stream", "reason": "not supported yet"},
-            )
+    def to_request(self, ctx: CallContext) -> ExecutionRequest:
+        """The execution this asks for, on behalf of the call `ctx`.
+
+        With `stream`, its output goes to the caller's connection as `execution/output`
+        notifications; a caller with no connection (in-process) gets the result only.
+        """
+        on_output = None
+        if self.stream and ctx.connection is not None:
+            on_output = partial(ctx.connection.notify, "execution/output")
         return ExecutionRequest(
             language=self.language,
             code=self.code,
@@ -86,14 +94,15 @@ class ExecuteParams(Params):
             limits=self.limits.overrides() if self.limits else {},
             allowed_tools=tuple(self.allowed_tools) if self.allowed_tools is not None else None,
             inputs=self.inputs,
-            origin=origin,
+            origin=_origin(ctx, ctx.request_id),
+            on_output=on_output,
         )
 
 
 @method("execute", params=ExecuteParams, scope="execute")
 async def execute(params: ExecuteParams, ctx: CallContext) -> dict[str, Any]:
     """Run a program in a fresh sandbox and return its result, output and status."""
-    request = params.to_request(origin=_origin(ctx, ctx.request_id))
+    request = params.to_request(ctx)
     return await ctx.daemon.executions.execute(request, ctx.require_principal())
 
 

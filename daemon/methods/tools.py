@@ -113,7 +113,7 @@ async def _call_builtin(language: str, params: CallParams, ctx: CallContext) -> 
         arguments = ExecuteParams.model_validate({**params.arguments, "language": language})
     except ValidationError as exc:
         raise invalid_params(exc, params.name) from None
-    result = await ctx.daemon.executions.execute(arguments.to_request(), principal)
+    result = await ctx.daemon.executions.execute(arguments.to_request(ctx), principal)
     return _execution_result(result)
 
 

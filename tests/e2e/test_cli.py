@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -59,6 +60,80 @@ async def test_exec_prints_output_and_result_and_exits_with_the_status(running: 
     slow = await conduit("exec", "--socket", sock, "--timeout-ms", "300", "-", stdin=b"for(;;){}")
     assert slow.returncode == 124
     assert "[timeout]" in slow.stderr.decode()
+
+
+async def test_exec_shows_the_output_while_the_program_runs(running: Any) -> None:
+    # "second" comes 2 s after "first": seeing "first" without it, while the command is
+    # still running, shows the output is written as it comes, not with the result.
+    code = (
+        b"console.log('first'); console.error('note');\n"
+        b"await new Promise((r) => setTimeout(r, 2000));\n"
+        b"console.log('second'); Deno.exit(3);"
+    )
+    command = [CONDUIT, "exec", "--socket", running.socket_path, "--lang", "ts", "-"]
+    process = await trio.lowlevel.open_process(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert process.stdin and process.stdout and process.stderr
+    try:
+        await process.stdin.send_all(code)
+        await process.stdin.aclose()
+        seen = b""
+        with trio.fail_after(60):
+            while b"first\n" not in seen:
+                chunk = await process.stdout.receive_some()
+                assert chunk, f"stdout ended without 'first': {seen!r}"
+                seen += chunk
+            assert b"second" not in seen
+            assert process.poll() is None
+            while chunk := await process.stdout.receive_some():
+                seen += chunk
+            errors = b""
+            while chunk := await process.stderr.receive_some():
+                errors += chunk
+            status = await process.wait()
+    finally:
+        process.kill()
+    assert seen == b"first\nsecond\n"
+    assert status == 3, errors
+    # stderr is a pipe here: the program's own, and no progress line.
+    assert errors.startswith(b"note\n")
+    assert b"running" not in errors and b"\r" not in errors
+
+
+async def test_exec_on_a_terminal_shows_progress_on_a_long_run(running: Any) -> None:
+    primary, secondary = os.openpty()  # stderr is a terminal, stdout a pipe
+    try:
+        command = [CONDUIT, "exec", "--socket", running.socket_path, "--lang", "ts", "-"]
+        code = b"await new Promise((r) => setTimeout(r, 3000)); 'done'"
+        with trio.fail_after(60):
+            done = await trio.run_process(
+                command, stdin=code, capture_stdout=True, stderr=secondary, check=False
+            )
+        os.close(secondary)
+        secondary = -1
+        shown = _read_all(primary).decode()
+    finally:
+        os.close(primary)
+        if secondary >= 0:
+            os.close(secondary)
+    assert done.returncode == 0
+    assert done.stdout == b'"done"\n'  # the result, never mixed with the progress line
+    assert re.search(r"\r\x1b\[K. running [1-9]\.\d s", shown), repr(shown)
+    assert shown.endswith("\r\x1b[K")  # erased at the end
+
+
+def _read_all(fd: int) -> bytes:
+    """What a pty's other side wrote, once that side is closed (EIO ends it)."""
+    data = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            return data
+        if not chunk:
+            return data
+        data += chunk
 
 
 async def test_exec_of_a_file_with_json_and_inputs(running: Any, tmp_path: Path) -> None:

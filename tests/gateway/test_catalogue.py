@@ -187,6 +187,48 @@ async def test_an_upstream_failing_never_kills_the_catalogue(nursery: trio.Nurse
     assert catalogue.state is CatalogueState.SERVING
 
 
+class ReportingUpstream(FakeUpstream):
+    """A fake that tells of its state changes, as the MCP keepers do."""
+
+    def __init__(self, name: str, raw: list[RawTool]) -> None:
+        super().__init__(name, raw)
+        self.listeners: list[Callable[[UpstreamStatus], None]] = []
+
+    def watch_state(self, listener: Callable[[UpstreamStatus], None]) -> None:
+        self.listeners.append(listener)
+
+    def become(self, state: UpstreamState) -> None:
+        self.state = state
+        for listener in self.listeners:
+            listener(self.status())
+
+
+async def test_watchers_hear_of_state_changes_and_of_failed_tasks(
+    nursery: trio.Nursery,
+) -> None:
+    reporting, broken = ReportingUpstream("git", [_raw("t")]), _github()
+    broken.fail_at_start = True
+    catalogue = Catalogue([reporting, broken])
+    heard: list[tuple[str, UpstreamState]] = []
+    catalogue.watch_state(lambda status: heard.append((status.name, status.state)))
+
+    def faulty(status: UpstreamStatus) -> None:
+        raise RuntimeError("a broken watcher")  # logged; the others still hear
+
+    catalogue.watch_state(faulty)
+    with trio.fail_after(WAIT_S):
+        await nursery.start(catalogue.serve)
+    assert heard == [("github", UpstreamState.FAILED)]  # a task that died
+    reporting.become(UpstreamState.READY)
+    reporting.become(UpstreamState.BACKING_OFF)
+    assert heard[1:] == [("git", UpstreamState.READY), ("git", UpstreamState.BACKING_OFF)]
+    # One that joins later is watched too.
+    late = ReportingUpstream("late", [_raw("t")])
+    await catalogue.register(late)
+    late.become(UpstreamState.READY)
+    assert heard[-1] == ("late", UpstreamState.READY)
+
+
 async def test_upstreams_start_concurrently(nursery: trio.Nursery, autojump_clock: Any) -> None:
     slow = [FakeUpstream(f"up{i}", [_raw("t")], start_delay_s=5) for i in range(4)]
     start = trio.current_time()
