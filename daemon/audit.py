@@ -63,8 +63,11 @@ PURGE_TARGET_FRACTION = 0.9
 # How often a store that could not be opened is tried again (or every
 # purge_interval_s, if that is shorter).
 REOPEN_INTERVAL_S = 30.0
-# How long a read waits for records handed over before it, then reads anyway.
-READ_WAIT_S = 2.0
+# How long a read waits for records handed over before it, then reads anyway. A write
+# takes milliseconds; on a starved two-core machine (a component build beside a burst of
+# executions) it was seen to take over 2 s, and a client that has its result should
+# find its record. A failing write counts as done, so a broken disk never waits here.
+READ_WAIT_S = 10.0
 # On shutdown, how long the records still waiting get to be written.
 FINAL_FLUSH_S = 5.0
 # Reads at once; each holds a worker thread and the machine has two cores.

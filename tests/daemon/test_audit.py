@@ -161,7 +161,7 @@ await tools.echo.echo({ text: "one too many" });
     assert [(c["tool"], c["outcome"]) for c in record["tool_calls"]] == [
         ("echo__echo", "ok"),
         ("echo__fail", "error"),
-        ("echo__echo", "forbidden"),
+        ("echo__echo", "tool_limit_reached"),
     ]
     assert all(c["duration_ms"] >= 0 for c in record["tool_calls"])
 
