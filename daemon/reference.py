@@ -45,7 +45,8 @@ TCP, systemd sockets). Blank lines are ignored and a trailing `\\r` is dropped.
 The daemon sends two kinds of notification (no `id`, never answered), only on the
 connection that asked for them; `docs/events.md` describes both in full.
 
-- `execution/output`: `{"execution_id", "stream": "stdout"|"stderr", "text", "seq"}`, the
+- `execution/output`: `{"execution_id", "request_id", "stream": "stdout"|"stderr", "text",
+  "seq"}`, the
   output of an `execute` call made with `"stream": true`, in order, while the program
   runs. All of them come before the call's result, which still holds the whole output.
 - `event`: `{"subscription", "type", "ts", ...}`, after `events/subscribe`. The last one

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from functools import partial
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -17,6 +17,9 @@ from conduit.daemon.dispatcher import CallContext, NoParams, Params, method
 from conduit.daemon.errors import Forbidden, NotFound
 from conduit.daemon.executions import ExecutionRequest
 from conduit.executors.base import Status
+
+if TYPE_CHECKING:
+    from conduit.daemon.connection import Connection
 
 __all__ = ["ExecuteParams", "GetParams", "LimitParams", "ListParams", "StatsParams"]
 
@@ -86,7 +89,7 @@ class ExecuteParams(Params):
         """
         on_output = None
         if self.stream and ctx.connection is not None:
-            on_output = partial(ctx.connection.notify, "execution/output")
+            on_output = partial(_send_output, ctx.connection, ctx.request_id)
         return ExecutionRequest(
             language=self.language,
             code=self.code,
@@ -97,6 +100,12 @@ class ExecuteParams(Params):
             origin=_origin(ctx, ctx.request_id),
             on_output=on_output,
         )
+
+
+async def _send_output(connection: Connection, request_id: Any, params: dict[str, Any]) -> None:
+    # The request id lets a client with several streams in flight route each piece
+    # before it has learnt the execution id from the first piece or the result.
+    await connection.notify("execution/output", {**params, "request_id": request_id})
 
 
 @method("execute", params=ExecuteParams, scope="execute")

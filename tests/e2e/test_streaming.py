@@ -115,6 +115,7 @@ async def test_pieces_come_in_order_before_the_result_and_add_up_to_it(
     assert result["result"] == 7
     assert [piece["seq"] for piece in pieces] == list(range(len(pieces)))
     assert {piece["execution_id"] for piece in pieces} == {result["execution_id"]}
+    assert {piece["request_id"] for piece in pieces} == {1}
     assert joined(pieces, "stdout") == result["stdout"] == "one\nthree\n"
     assert joined(pieces, "stderr") == result["stderr"] == "two\n"
     # "three" was printed 200 ms after the rest: never in the same piece as "one".
