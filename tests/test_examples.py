@@ -11,6 +11,8 @@ from typing import Any
 import trio
 
 from tests.conftest import WAIT_S, RawClient
+from tests.e2e.helpers import wait_upstreams
+from tests.e2e.test_tools import ECHO, TIME
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 # What differs from one run to the next, and so is compared by presence only.
@@ -73,3 +75,29 @@ async def test_socket_activation_starts_the_daemon_on_the_first_connection(
         ["pgrep", "-f", str(tmp_path)], capture_stdout=True, check=False
     )
     assert leftover.stdout == b""
+
+
+async def test_the_agent_loop_feeds_a_failure_back_and_ends_with_two_upstreams_answers(
+    start_daemon: Any,
+) -> None:
+    # Strict validation tells the model which argument was wrong, before the upstream
+    # ever sees the call.
+    server, info = await start_daemon(upstreams=[ECHO, TIME], gateway={"strict": True})
+    await wait_upstreams(server, "echo", "time")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONDUIT_")}
+    env["CONDUIT_SOCKET"] = info.unix_path
+    with trio.fail_after(WAIT_S * 2):
+        done = await trio.run_process(
+            [sys.executable, str(EXAMPLES / "agent_loop.py")],
+            env=env,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    lines = done.stdout.decode().splitlines()
+    assert lines[0] == "turn 1: error (1 tool calls)"
+    assert "invalid arguments for echo__add" in lines[1], lines[1]
+    assert "'a' is a required property" in lines[1], lines[1]
+    assert lines[2] == "turn 2: ok (3 tool calls)"
+    assert json.loads(lines[3]) == {"said": "hello from the sandbox", "sum": 5, "timezone": "UTC"}
