@@ -245,7 +245,7 @@ async def test_garbage_on_stdout_backs_off_and_other_upstreams_are_unaffected(
     serve: Any, tag: str
 ) -> None:
     healthy = await serve(echo(tag, name="healthy"))
-    garbage = await serve(echo(tag, "--garbage", name="garbage", list_timeout_s=1))
+    garbage = await serve(echo(tag, "--garbage", name="garbage", list_timeout_s=5))
     status = garbage.upstream.status()
     assert status.state is UpstreamState.BACKING_OFF
     assert "not JSON-RPC" in (status.last_error or "")
