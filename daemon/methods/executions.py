@@ -10,7 +10,7 @@ from conduit.daemon.dispatcher import CallContext, NoParams, Params, method
 from conduit.daemon.errors import InvalidParams
 from conduit.daemon.executions import ExecutionRequest
 
-__all__ = ["ExecuteParams", "LimitParams"]
+__all__ = ["ExecuteParams", "LimitParams", "request_origin"]
 
 # What people and models write for the three languages.
 LANGUAGE_NAMES = {
@@ -75,11 +75,12 @@ class ExecuteParams(Params):
 @method("execute", params=ExecuteParams, scope="execute")
 async def execute(params: ExecuteParams, ctx: CallContext) -> dict[str, Any]:
     """Run a program in a fresh sandbox and return its result, output and status."""
-    request = params.to_request(origin=_origin(ctx, ctx.request_id))
+    request = params.to_request(origin=request_origin(ctx, ctx.request_id))
     return await ctx.daemon.executions.execute(request, ctx.require_principal())
 
 
-def _origin(ctx: CallContext, request_id: Any) -> tuple[int, Any] | None:
+def request_origin(ctx: CallContext, request_id: Any) -> tuple[int, Any] | None:
+    """Who started an execution, as `executions/cancel` names it: (connection, request id)."""
     return (id(ctx.connection), request_id) if ctx.connection is not None else None
 
 
@@ -102,7 +103,7 @@ async def cancel(params: CancelParams, ctx: CallContext) -> dict[str, Any]:
     execution_id = ctx.daemon.executions.cancel(
         ctx.require_principal(),
         execution_id=params.execution_id,
-        origin=_origin(ctx, params.request_id) if params.request_id is not None else None,
+        origin=request_origin(ctx, params.request_id) if params.request_id is not None else None,
     )
     return {"cancelled": True, "execution_id": execution_id}
 
