@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conduit.daemon.config import SCOPES, AuthConfig
+from conduit.daemon.config import SCOPES, AuthConfig, ClientToken
 from conduit.daemon.errors import ConfigError
 
 __all__ = [
@@ -123,6 +123,12 @@ def resolve_master_token(config: AuthConfig, state_dir: str) -> tuple[str, str]:
     return token, str(path)
 
 
+def _client_principal(client: ClientToken) -> Principal:
+    return Principal(
+        client.name, "client", frozenset(client.scopes), tool_patterns=(client.allowed_tools,)
+    )
+
+
 @dataclass
 class Authenticator:
     """Maps presented tokens and peer credentials to principals."""
@@ -140,13 +146,19 @@ class Authenticator:
         digest = hash_token(token)
         for client in self.config.clients:
             if hmac.compare_digest(digest, client.sha256):
-                return Principal(
-                    client.name,
-                    "client",
-                    frozenset(client.scopes),
-                    tool_patterns=(client.allowed_tools,),
-                )
+                return _client_principal(client)
         return self._session(token)
+
+    def client_principal(self, name: str) -> Principal | None:
+        """The principal of the configured client `name`, without its token, or None.
+
+        For callers already trusted as the daemon's own user (`conduit mcp --client`),
+        who choose to act with less than the master's reach.
+        """
+        for client in self.config.clients:
+            if client.name == name:
+                return _client_principal(client)
+        return None
 
     def _session(self, token: str) -> Principal | None:
         # Session tokens are looked up by hash so timing reveals nothing of a stored one.

@@ -1,4 +1,4 @@
-"""The `conduit` command: serve, exec, call, token, doctor.
+"""The `conduit` command: serve, exec, call, token, doctor, mcp.
 
 Exit codes: 0 success; 2 usage or configuration error; 3 daemon unreachable;
 1 an RPC error. `conduit exec` exits with the program's own status: its exit code when
@@ -64,7 +64,25 @@ def _parser() -> argparse.ArgumentParser:
     new.add_argument("--scopes", default="execute,executions,tools", help="comma-separated")
 
     commands.add_parser("doctor", help="check each executor and the daemon")
+    _add_mcp_parser(commands)
     return parser
+
+
+def _add_mcp_parser(commands: Any) -> None:
+    mcp = commands.add_parser("mcp", help="serve MCP on standard input and output")
+    # SUPPRESS: given after `mcp` it counts; absent, it leaves the top-level one alone.
+    mcp.add_argument("--config", default=argparse.SUPPRESS, help="config file")
+    mcp.add_argument("--state-dir", help="where tokens and caches live")
+    mcp.add_argument("--socket", help="embedded: also listen on this Unix socket")
+    mcp.add_argument("--client", metavar="NAME", help="embedded: act as the configured client NAME")
+    mcp.add_argument(
+        "--connect",
+        nargs="?",
+        const="",
+        metavar="PATH",
+        help="relay to a running daemon's Unix socket (default: the configured one)",
+    )
+    mcp.add_argument("--connect-tcp", metavar="HOST:PORT", help="relay to a daemon over TCP")
 
 
 def _add_connection_flags(parser: argparse.ArgumentParser) -> None:
@@ -301,7 +319,14 @@ async def _probe_executors(registry: Any) -> list[Any]:
     return infos
 
 
+def _mcp(args: argparse.Namespace) -> int:
+    from conduit.daemon.mcp_stdio import run_command
+
+    return run_command(args, _config)
+
+
 _COMMANDS = {
+    "mcp": _mcp,
     "serve": _serve,
     "exec": _exec,
     "call": _call,
