@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import weakref
+from functools import partial
 from typing import Any, Literal
 
+import trio
 from pydantic import ConfigDict, Field, ValidationError
 
 from conduit.daemon.dispatcher import CallContext, NoParams, Params, invalid_params, method
@@ -68,6 +71,18 @@ _HOW_TO_CALL = {
 }
 _FENCES = {"python": "python", "typescript": "typescript", "javascript": "typescript"}
 _NO_TOOLS = "No tools are available to these programs: they compute, print and return."
+
+# Rendered sections per catalogue, by (fence, tool ids), replaced by an empty dict
+# whenever its tools change (a render still running then lands in the old one, unseen):
+# rendering checks every tool's schema, milliseconds a tool, too much to redo on
+# every tools/list. Keys differ only by the callers' allowlists, so they stay few.
+_SECTIONS: weakref.WeakKeyDictionary[Catalogue, dict[tuple[str, ...], str]] = (
+    weakref.WeakKeyDictionary()
+)
+# Past this many distinct allowlists between two changes, start the cache afresh.
+_MAX_SECTIONS = 64
+# Rendering runs in a worker thread (large catalogues take a second); one at a time.
+_RENDERING = trio.CapacityLimiter(1)
 
 
 def _listing(catalogue: Catalogue, tools: list[Tool], budget: int) -> str:
@@ -194,11 +209,33 @@ INPUT_SCHEMA = _input_schema()
 OUTPUT_SCHEMA = _output_schema()
 
 
-def builtin_tool_list(tools: list[Tool], catalogue: Catalogue) -> list[dict[str, Any]]:
+def _forget_sections(catalogue: weakref.ref[Catalogue]) -> None:
+    alive = catalogue()
+    if alive is not None:
+        _SECTIONS[alive] = {}
+
+
+async def _section(language: str, tools: list[Tool], catalogue: Catalogue) -> str:
+    """`_tools_section`, from the cache or rendered off the event loop."""
+    sections = _SECTIONS.get(catalogue)
+    if sections is None:
+        sections = _SECTIONS[catalogue] = {}
+        catalogue.watch(partial(_forget_sections, weakref.ref(catalogue)))
+    key = (_FENCES[language], *(tool.id for tool in tools))
+    if key not in sections:
+        render = partial(_tools_section, language, tools, catalogue)
+        text = await trio.to_thread.run_sync(render, limiter=_RENDERING)
+        if len(sections) >= _MAX_SECTIONS:
+            sections.clear()
+        sections[key] = text
+    return sections[key]
+
+
+async def builtin_tool_list(tools: list[Tool], catalogue: Catalogue) -> list[dict[str, Any]]:
     """The execute tools as MCP `Tool`s, their descriptions declaring `tools`."""
     listed = []
     for name, language in BUILTIN_TOOLS.items():
-        section = _tools_section(language, tools, catalogue)
+        section = await _section(language, tools, catalogue)
         listed.append(
             {
                 "name": name,
@@ -245,7 +282,8 @@ async def list_tools(params: ListParams, ctx: CallContext) -> dict[str, Any]:
     upstream_tools = [_mcp_tool(tool) for tool in visible]
     if principal.kind == "session" or "execute" not in principal.scopes:
         return {"tools": upstream_tools}
-    return {"tools": builtin_tool_list(visible, ctx.daemon.tools.catalogue) + upstream_tools}
+    builtin = await builtin_tool_list(visible, ctx.daemon.tools.catalogue)
+    return {"tools": builtin + upstream_tools}
 
 
 class CallParams(_McpParams):

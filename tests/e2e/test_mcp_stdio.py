@@ -102,6 +102,7 @@ async def _check_tools_and_programs(client: Client) -> None:
     assert direct.content[0].text == "straight"
 
 
+@pytest.mark.slow
 async def test_sdk_client_runs_programs_on_an_embedded_daemon(
     make_config: Callable[..., Config],
 ) -> None:
@@ -114,6 +115,7 @@ async def test_sdk_client_runs_programs_on_an_embedded_daemon(
         await _check_tools_and_programs(client)
 
 
+@pytest.mark.slow
 async def test_sdk_client_through_connect_hears_tool_changes_and_cancels(
     start_daemon: Any, make_config: Callable[..., Config]
 ) -> None:
@@ -137,8 +139,9 @@ async def test_sdk_client_through_connect_hears_tool_changes_and_cancels(
         await client.call_tool("echo__add_tool", {"name": "fresh"})
         with trio.fail_after(WAIT_S):
             await changed.wait()
-        names = {tool.name for tool in (await client.list_tools()).tools}
-        assert "echo__fresh" in names
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+        assert "echo__fresh" in tools
+        assert "fresh(args: {" in (tools["execute_typescript"].description or "")
 
         # A call the client abandons sends notifications/cancelled: the program stops.
         endless = {"code": "while (true) {}", "limits": {"timeout_ms": ENDLESS_TIMEOUT_MS}}
@@ -189,6 +192,7 @@ NOISY = {
 }
 
 
+@pytest.mark.slow
 async def test_stdout_carries_only_protocol_whatever_sandboxes_print(
     make_config: Callable[..., Config], tmp_path: Path
 ) -> None:
@@ -248,6 +252,7 @@ os.write(fds.write_fd, os.read(fds.read_fd, 100))
 # ---- who the stdio peer is ------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_client_option_narrows_the_stdio_peer_to_a_configured_client(
     make_config: Callable[..., Config],
 ) -> None:
