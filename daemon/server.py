@@ -311,7 +311,7 @@ class Daemon:
         log.info(
             "conduit listening",
             extra={
-                "listeners": ", ".join(info.listeners),
+                "listeners": ", ".join(info.listeners) or "none (clients come in on stdio)",
                 "auth": how,
                 "token": info.token_source,
                 "pid": os.getpid(),

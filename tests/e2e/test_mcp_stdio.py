@@ -171,6 +171,21 @@ async def test_connect_with_a_wrong_token_fails_with_a_message(
     assert "the token is not valid" in done.stderr.decode()
 
 
+async def test_connect_to_no_daemon_says_where_it_looked(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nobody.sock")
+    with trio.fail_after(WAIT_S):
+        done = await trio.run_process(
+            [CONDUIT, "mcp", "--connect", missing, "--state-dir", str(tmp_path / "s")],
+            stdin=b"",
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert done.returncode == 3
+    assert done.stdout == b""
+    assert f"cannot reach the daemon at {missing}" in done.stderr.decode()
+
+
 # ---- stdout hygiene -------------------------------------------------------------------
 
 

@@ -104,12 +104,11 @@ async def test_input_schema_is_flat_and_output_schema_describes_every_result(
         jsonschema.validate({"code": "1", "stream": True}, schema)
 
     programs = {
-        "ok": "console.log('x'); ({ n: 1 })",
-        "error": "throw new Error('no')",
-        "timeout": "for (;;) {}",
+        "ok": {"code": "console.log('x'); ({ n: 1 })"},
+        "error": {"code": "throw new Error('no')"},
+        "timeout": {"code": "for (;;) {}", "limits": {"timeout_ms": 300}},
     }
-    for status, code in programs.items():
-        arguments = {"code": code, "limits": {"timeout_ms": 500}}
+    for status, arguments in programs.items():
         result = await client.call("tools/call", {"name": tool["name"], "arguments": arguments})
         assert result["structuredContent"]["status"] == status
         assert result["isError"] is (status != "ok")
