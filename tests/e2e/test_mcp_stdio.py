@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -27,7 +28,7 @@ from mcp.shared.exceptions import MCPError
 from conduit.daemon.auth import hash_token
 from conduit.daemon.config import Config
 from tests.conftest import MASTER_TOKEN, WAIT_S
-from tests.e2e.helpers import CONDUIT, wait_upstreams
+from tests.e2e.helpers import CONDUIT, call, wait_for_socket, wait_upstreams
 from tests.fixtures.mcp_echo_server import command as echo_command
 
 ECHO = {"name": "echo", "transport": "stdio", "command": echo_command()[0]}
@@ -262,6 +263,32 @@ os.write(fds.write_fd, os.read(fds.read_fd, 100))
         )
     assert done.stdout == b'{"jsonrpc": "2.0", "method": "ping", "id": 1}\n'
     assert done.stderr.decode().splitlines() == ["stray print", "stray write", "stray child"]
+
+
+async def test_embedded_daemon_shares_itself_on_a_socket_only_when_asked(
+    make_config: Callable[..., Config], short_dir: Path
+) -> None:
+    config = make_config(executors=NO_SANDBOXES)
+    assert not Path(config.server.socket).exists()  # the configured one stays free
+    shared = str(short_dir / "shared.sock")
+    command = [CONDUIT, "mcp", "--config", config.source, "--socket", shared]
+    process = await trio.lowlevel.open_process(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    try:
+        await wait_for_socket(shared, process)
+        assert not Path(config.server.socket).exists()
+        reply = await call(shared, "auth/whoami")
+        assert reply["result"]["principal"]["name"] == f"uid:{os.getuid()}"  # peer credentials
+        await process.stdin.aclose()  # the MCP client leaves: the daemon drains and stops
+        with trio.fail_after(WAIT_S):
+            assert await process.wait() == 0
+        assert not Path(shared).exists()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await process.stdout.aclose()
 
 
 # ---- who the stdio peer is ------------------------------------------------------------
