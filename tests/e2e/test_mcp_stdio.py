@@ -172,6 +172,44 @@ async def test_connect_with_a_wrong_token_fails_with_a_message(
     assert "the token is not valid" in done.stderr.decode()
 
 
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+async def test_relay_bounds_lines_and_ends_when_the_client_does(
+    start_daemon: Any, tmp_path: Path, transport: str
+) -> None:
+    max_bytes = 4096
+    server = {"max_message_bytes": max_bytes, "tcp": "127.0.0.1:0"}
+    _, info = await start_daemon(server=server, executors=NO_SANDBOXES)
+    host, port = info.tcp_address
+    where = (
+        ["--connect", info.unix_path]
+        if transport == "unix"
+        else ["--connect-tcp", f"{host}:{port}"]
+    )
+    requests = [
+        _rpc(1, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {}}),
+        _rpc(2, "ping", {"padding": "x" * max_bytes}),  # too long: refused by the relay
+        _rpc(3, "auth/whoami", {}),
+    ]
+    env = {**os.environ, "CONDUIT_TOKEN": MASTER_TOKEN}
+    command = [CONDUIT, "mcp", *where, "--state-dir", str(tmp_path / "s")]
+    with trio.fail_after(WAIT_S):
+        done = await trio.run_process(
+            command,
+            stdin=b"\n".join(requests) + b"\n",
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env=env,
+        )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    # Answers come as they are ready: the relay's own refusal may overtake the daemon's.
+    replies = {reply["id"]: reply for reply in map(json.loads, done.stdout.splitlines())}
+    assert set(replies) == {1, None, 3}
+    assert replies[None]["error"]["code"] == -32600
+    assert f"at most {max_bytes} bytes" in replies[None]["error"]["message"]
+    assert replies[3]["result"]["principal"]["name"] == "master"  # the relay logged in
+
+
 async def test_connect_to_no_daemon_says_where_it_looked(tmp_path: Path) -> None:
     missing = str(tmp_path / "nobody.sock")
     with trio.fail_after(WAIT_S):
