@@ -304,7 +304,8 @@ def run_command(args: argparse.Namespace, load_config: Callable[..., Config]) ->
             partial(relay_to_daemon, config, fds, unix_path=unix_path, tcp=args.connect_tcp)
         )
         if not ended_by_client:
-            log.error("the daemon closed the connection", extra={"daemon": unix_path})
+            where = args.connect_tcp or unix_path
+            log.error("the daemon closed the connection", extra={"daemon": where})
             return 3
         return 0
     # The config file's listeners belong to `conduit serve`; this daemon's client is stdio.
