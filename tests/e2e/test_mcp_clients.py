@@ -28,7 +28,7 @@ from conduit.executors.deno import find_deno
 from conduit.executors.npm import install_lock_dir
 from tests.conftest import MASTER_TOKEN
 from tests.e2e.helpers import CONDUIT, wait_upstreams
-from tests.e2e.test_mcp_stdio import ECHO, NO_SANDBOXES
+from tests.e2e.mcp_helpers import ECHO, NO_SANDBOXES
 from tests.fixtures.mcp_http_bridge import running_bridge
 
 CLIENTS_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "mcp_clients"

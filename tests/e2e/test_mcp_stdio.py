@@ -29,15 +29,7 @@ from conduit.daemon.auth import hash_token
 from conduit.daemon.config import Config
 from tests.conftest import MASTER_TOKEN, WAIT_S
 from tests.e2e.helpers import CONDUIT, call, wait_for_socket, wait_upstreams
-from tests.fixtures.mcp_echo_server import command as echo_command
-
-ECHO = {"name": "echo", "transport": "stdio", "command": echo_command()[0]}
-ECHO["args"] = echo_command()[1:]
-# For tests about the connection alone.
-NO_SANDBOXES = {"deno": {"enabled": False}, "wasm_python": {"enabled": False}}
-NO_SANDBOXES["wasm_js"] = {"enabled": False}
-# Long enough that only a cancellation, never the program's own end, explains a stop.
-ENDLESS_TIMEOUT_MS = 120_000
+from tests.e2e.mcp_helpers import ECHO, ENDLESS_TIMEOUT_MS, NO_SANDBOXES
 
 
 def conduit_mcp(config: Config, *args: str, env: dict[str, str] | None = None) -> Any:

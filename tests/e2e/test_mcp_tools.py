@@ -13,7 +13,7 @@ import trio
 from conduit.daemon.methods.tools import MAX_DECLARATIONS_CHARS
 from tests.conftest import WAIT_S, RawClient
 from tests.e2e.helpers import wait_upstreams
-from tests.e2e.test_mcp_stdio import ECHO, ENDLESS_TIMEOUT_MS, NO_SANDBOXES
+from tests.e2e.mcp_helpers import ECHO, ENDLESS_TIMEOUT_MS, NO_SANDBOXES
 from tests.fixtures.mcp_echo_server import command as echo_command
 
 # Enough tools that their declarations overflow MAX_DECLARATIONS_CHARS several times.
