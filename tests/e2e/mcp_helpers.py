@@ -19,3 +19,5 @@ NO_SANDBOXES = {
 }
 # Long enough that only a cancellation, never the program's own end, explains a stop.
 ENDLESS_TIMEOUT_MS = 120_000
+# For tests that run only TypeScript: no WebAssembly component to load.
+DENO_ONLY = {"wasm_python": {"enabled": False}, "wasm_js": {"enabled": False}}

@@ -13,7 +13,7 @@ import trio
 from conduit.daemon.methods.tools import MAX_DECLARATIONS_CHARS
 from tests.conftest import WAIT_S, RawClient
 from tests.e2e.helpers import wait_upstreams
-from tests.e2e.mcp_helpers import ECHO, ENDLESS_TIMEOUT_MS, NO_SANDBOXES
+from tests.e2e.mcp_helpers import DENO_ONLY, ECHO, ENDLESS_TIMEOUT_MS, NO_SANDBOXES
 from tests.fixtures.mcp_echo_server import command as echo_command
 
 # Enough tools that their declarations overflow MAX_DECLARATIONS_CHARS several times.
@@ -87,7 +87,7 @@ async def test_without_upstreams_the_description_says_there_are_no_tools(
 async def test_input_schema_is_flat_and_output_schema_describes_every_result(
     start_daemon: Any, connect: Any
 ) -> None:
-    _, _, client = await _mcp_client(start_daemon, connect)
+    _, _, client = await _mcp_client(start_daemon, connect, executors=DENO_ONLY)
     tool = (await _execute_tools(client))["execute_typescript"]
     schema, output = tool["inputSchema"], tool["outputSchema"]
     text = json.dumps(schema)
@@ -149,7 +149,7 @@ async def test_tool_list_changes_reach_mcp_clients_only(start_daemon: Any, conne
 async def test_notifications_cancelled_stops_the_program_of_that_request(
     start_daemon: Any, connect: Any
 ) -> None:
-    daemon, _, client = await _mcp_client(start_daemon, connect)
+    daemon, _, client = await _mcp_client(start_daemon, connect, executors=DENO_ONLY)
     endless = {"code": "while (true) {}", "limits": {"timeout_ms": ENDLESS_TIMEOUT_MS}}
     call = {"name": "execute_typescript", "arguments": endless}
     await client.send({"jsonrpc": "2.0", "id": "long", "method": "tools/call", "params": call})
