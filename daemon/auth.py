@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conduit.daemon.config import SCOPES, AuthConfig
+from conduit.daemon.config import SCOPES, AuthConfig, ClientToken
 from conduit.daemon.errors import ConfigError
 from conduit.daemon.logs import redact
 
@@ -124,6 +124,12 @@ def resolve_master_token(config: AuthConfig, state_dir: str) -> tuple[str, str]:
     return token, str(path)
 
 
+def _client_principal(client: ClientToken) -> Principal:
+    return Principal(
+        client.name, "client", frozenset(client.scopes), tool_patterns=(client.allowed_tools,)
+    )
+
+
 @dataclass
 class Authenticator:
     """Maps presented tokens and peer credentials to principals."""
@@ -144,13 +150,19 @@ class Authenticator:
                 # Only its hash is configured: the token itself is known from now on,
                 # whatever its shape, and kept out of the log like the master token.
                 redact(token)
-                return Principal(
-                    client.name,
-                    "client",
-                    frozenset(client.scopes),
-                    tool_patterns=(client.allowed_tools,),
-                )
+                return _client_principal(client)
         return self._session(token)
+
+    def client_principal(self, name: str) -> Principal | None:
+        """The principal of the configured client `name`, without its token, or None.
+
+        For callers already trusted as the daemon's own user (`conduit mcp --client`),
+        who choose to act with less than the master's reach.
+        """
+        for client in self.config.clients:
+            if client.name == name:
+                return _client_principal(client)
+        return None
 
     def _session(self, token: str) -> Principal | None:
         # Session tokens are looked up by hash so timing reveals nothing of a stored one.

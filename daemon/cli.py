@@ -1,4 +1,4 @@
-"""The `conduit` command: serve, exec, call, executions, token, doctor.
+"""The `conduit` command: serve, exec, call, executions, token, doctor, mcp.
 
 `conduit exec` writes the program's output to its own stdout and stderr as the program
 prints it, then the result; on a terminal, a run that takes more than a second shows a
@@ -74,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     new.add_argument("--scopes", default="execute,executions,tools", help="comma-separated")
 
     commands.add_parser("doctor", help="check each executor and the daemon")
+    _add_mcp_parser(commands)
     return parser
 
 
@@ -123,6 +124,23 @@ def _duration(text: str) -> float:
         return parse_duration_s(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_mcp_parser(commands: Any) -> None:
+    mcp = commands.add_parser("mcp", help="serve MCP on standard input and output")
+    # SUPPRESS: given after `mcp` it counts; absent, it leaves the top-level one alone.
+    mcp.add_argument("--config", default=argparse.SUPPRESS, help="config file")
+    mcp.add_argument("--state-dir", help="where tokens and caches live")
+    mcp.add_argument("--socket", help="embedded: also listen on this Unix socket")
+    mcp.add_argument("--client", metavar="NAME", help="embedded: act as the configured client NAME")
+    mcp.add_argument(
+        "--connect",
+        nargs="?",
+        const="",
+        metavar="PATH",
+        help="relay to a running daemon's Unix socket (default: the configured one)",
+    )
+    mcp.add_argument("--connect-tcp", metavar="HOST:PORT", help="relay to a daemon over TCP")
 
 
 def _add_connection_flags(parser: argparse.ArgumentParser) -> None:
@@ -504,7 +522,14 @@ async def _probe_executors(registry: Any) -> list[Any]:
     return infos
 
 
+def _mcp(args: argparse.Namespace) -> int:
+    from conduit.daemon.mcp_stdio import run_command
+
+    return run_command(args, _config)
+
+
 _COMMANDS = {
+    "mcp": _mcp,
     "serve": _serve,
     "exec": _exec,
     "call": _call,

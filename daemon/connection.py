@@ -67,6 +67,7 @@ class Connection:
         transport: str,
         peer: PeerCredentials | None = None,
         sessions_only: bool = False,
+        principal: Principal | None = None,
     ) -> None:
         self._stream = stream
         self._daemon = daemon
@@ -75,9 +76,13 @@ class Connection:
         # On the sandboxes' socket only session tokens count: peer credentials there
         # would be the daemon's own uid, and nothing else should reach it.
         self._sessions_only = sessions_only
-        self.principal: Principal | None = (
+        # `principal` is for streams whose peer is known without asking (`conduit mcp`'s
+        # stdio is the user who started it); otherwise peer credentials may decide.
+        self.principal: Principal | None = principal or (
             None if sessions_only else daemon.auth.authenticate_peer(peer)
         )
+        # Set by `initialize`: this peer is an MCP client, and hears MCP notifications.
+        self.mcp_session = False
         self._failures = 0
         self._slots = trio.Semaphore(daemon.config.server.max_in_flight_per_connection)
         self._outbox_send, self._outbox = trio.open_memory_channel[bytes](_OUTBOX_SIZE)
@@ -133,6 +138,19 @@ class Connection:
         if self._streams is None:
             raise RuntimeError("this connection no longer serves requests")
         self._streams.start_soon(stream)
+
+    def notify_nowait(self, method: str, params: dict[str, Any]) -> bool:
+        """Queue a notification without waiting; False if it was dropped.
+
+        For notifications sent from synchronous code. One is dropped only when the
+        peer has stopped reading (its outbox is full) or is gone.
+        """
+        line = encode({"jsonrpc": "2.0", "method": method, "params": params}) + b"\n"
+        try:
+            self._outbox_send.send_nowait(line)
+        except (trio.WouldBlock, trio.ClosedResourceError):
+            return False
+        return True
 
     def login(self, token: str) -> Principal:
         """Authenticate the connection with `token`; raises `Unauthenticated`."""

@@ -30,7 +30,7 @@ import trio
 from conduit.daemon import methods as _methods  # noqa: F401  (fills the method table)
 from conduit.daemon import systemd
 from conduit.daemon.audit import AuditStore
-from conduit.daemon.auth import Authenticator, peer_credentials, resolve_master_token
+from conduit.daemon.auth import Authenticator, Principal, peer_credentials, resolve_master_token
 from conduit.daemon.config import Config, parse_tcp_address
 from conduit.daemon.connection import Connection
 from conduit.daemon.errors import ConfigError
@@ -102,6 +102,7 @@ class Daemon:
         self.executions = Executions(self)
         self.registry = ExecutorRegistry([], {})
         self.tools = ToolAccess(self, build_catalogue(config))
+        self.tools.catalogue.watch(self._tools_changed)
         self.callback_address: CallbackAddress | None = None
         self.auth_failures = 0
         self.connections: set[Connection] = set()
@@ -112,19 +113,35 @@ class Daemon:
     def note_auth_failure(self) -> None:
         self.auth_failures += 1
 
+    def _tools_changed(self) -> None:
+        """Tell every MCP client its tool list changed (the capability `initialize` states).
+
+        Every one hears it, whatever it may see: re-listing costs a client little, and
+        the execute tools' descriptions, which list the callable tools, change too.
+        """
+        for connection in list(self.connections):
+            if connection.mcp_session:
+                connection.notify_nowait("notifications/tools/list_changed", {})
+
     # ---- running -----------------------------------------------------------------
 
     async def serve(
         self,
         *,
         handle_signals: bool = False,
+        allow_no_listener: bool = False,
         task_status: trio.TaskStatus[ServingInfo] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Serve until `shutdown()` (or SIGTERM with `handle_signals`); then drain."""
+        """Serve until `shutdown()` (or SIGTERM with `handle_signals`); then drain.
+
+        With `allow_no_listener`, a configuration without `server.socket` or
+        `server.tcp` opens no client listener (clients come through `serve_stream`)
+        instead of being refused; the sandboxes' callback socket opens regardless.
+        """
         self.started_at = trio.current_time()
         Path(self.config.server.state_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
         self._notifier = systemd.Notifier.from_environ()
-        bound = await self._open_listeners()
+        bound = await self._open_listeners(allow_none=allow_no_listener)
         try:
             sandbox = await open_sandbox_listener(_unix_directory(bound))
             bound.append(sandbox)
@@ -153,6 +170,8 @@ class Daemon:
         async with trio.open_nursery() as connections:
             async with trio.open_nursery() as acceptors:
                 self._acceptors = acceptors.cancel_scope
+                # Holds the nursery open until shutdown() even with no listener at all.
+                acceptors.start_soon(trio.sleep_forever)
                 for listener in bound:
                     acceptors.start_soon(self._accept_loop, listener, connections)
                 info = self._serving_info(bound)
@@ -219,6 +238,23 @@ class Daemon:
         connection = Connection(
             stream, self, transport=transport, peer=peer, sessions_only=transport == "sandbox"
         )
+        await self._run_connection(connection)
+
+    async def serve_stream(
+        self, stream: trio.abc.Stream, *, transport: str, principal: Principal | None = None
+    ) -> None:
+        """Serve one stream the daemon did not accept itself, as a client connection.
+
+        Returns when the peer has left (or the connection was cancelled), its stream
+        closed. `principal` authenticates the peer up front, for a stream whose far end
+        is known (`conduit mcp` on stdio); otherwise it logs in like any client. While
+        the daemon drains, the connection stops reading and finishes what it has.
+        """
+        await self._run_connection(
+            Connection(stream, self, transport=transport, principal=principal)
+        )
+
+    async def _run_connection(self, connection: Connection) -> None:
         self.connections.add(connection)
         try:
             await connection.run()
@@ -285,7 +321,7 @@ class Daemon:
 
     # ---- set-up ------------------------------------------------------------------
 
-    async def _open_listeners(self) -> list[BoundListener]:
+    async def _open_listeners(self, *, allow_none: bool = False) -> list[BoundListener]:
         inherited = systemd.listen_fds()
         if inherited:
             return [_from_inherited(item) for item in inherited]
@@ -300,7 +336,7 @@ class Daemon:
             with trio.CancelScope(shield=True):
                 await _close_listeners(bound)
             raise
-        if not bound:
+        if not bound and not allow_none:
             raise ConfigError("no listener configured: set server.socket or server.tcp")
         return bound
 
@@ -326,7 +362,7 @@ class Daemon:
         log.info(
             "conduit listening",
             extra={
-                "listeners": ", ".join(info.listeners),
+                "listeners": ", ".join(info.listeners) or "none (clients come in on stdio)",
                 "auth": how,
                 "token": info.token_source,
                 "metrics": self.metrics_url() or ("not served" if self.metrics_error else "off"),

@@ -28,7 +28,7 @@ from conduit.executors.wasm_build import (
     shim_path,
 )
 
-__all__ = ["install_locked", "locked_version", "node_tools"]
+__all__ = ["install_lock_dir", "install_locked", "locked_version", "node_tools"]
 
 # An install takes ~10 s here; anything past this is hung.
 INSTALL_TIMEOUT_S = 600
@@ -54,8 +54,13 @@ def install_locked(shim_dir: str, cache_dir: Path, *, expect: str) -> Path:
 
     `expect` is a path under that directory whose presence means a complete install.
     """
-    lock = shim_path(f"{shim_dir}/package-lock.json").read_bytes()
-    name = Path(shim_dir).name.replace("_", "-")
+    return install_lock_dir(shim_path(shim_dir), cache_dir, expect=expect)
+
+
+def install_lock_dir(source: Path, cache_dir: Path, *, expect: str) -> Path:
+    """`install_locked` for a set kept in any directory `source` (tests keep their own)."""
+    lock = (source / "package-lock.json").read_bytes()
+    name = source.name.replace("_", "-")
     target = cache_dir / f"{name}-npm-{hashlib.sha256(lock).hexdigest()[:16]}"
     if (target / expect).exists():
         return target
@@ -63,7 +68,7 @@ def install_locked(shim_dir: str, cache_dir: Path, *, expect: str) -> Path:
     cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".npm-", dir=cache_dir))
     try:
-        shutil.copyfile(shim_path(f"{shim_dir}/package.json"), staging / "package.json")
+        shutil.copyfile(source / "package.json", staging / "package.json")
         (staging / "package-lock.json").write_bytes(lock)
         env = dict(os.environ, npm_config_cache=str(cache_dir / "npm-cache"))
         # Not `npm ci`: it refuses a lock that omits optional per-platform packages
@@ -72,7 +77,7 @@ def install_locked(shim_dir: str, cache_dir: Path, *, expect: str) -> Path:
         command = [npm, "install", "--ignore-scripts", "--no-audit", "--no-fund"]
         run_tool("npm install", command, cwd=staging, env=env, timeout_s=INSTALL_TIMEOUT_S)
         if not (staging / expect).exists():
-            raise BuildError(f"npm install in shims/{shim_dir} did not install {expect}")
+            raise BuildError(f"npm install in {source} did not install {expect}")
         move_into_place(staging, target, expect)
         prune_superseded(cache_dir, f"{name}-npm", keep=target)
     finally:

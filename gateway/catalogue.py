@@ -359,6 +359,7 @@ class Catalogue:
         self._state = CatalogueState.NEW
         self._nursery: trio.Nursery | None = None
         self._state_listeners: list[StateListener] = []
+        self._watchers: list[Callable[[], None]] = []
         overrides = strict_upstreams or {}
         for upstream in upstreams:
             self._add(upstream, overrides.get(upstream.name))
@@ -371,6 +372,14 @@ class Catalogue:
     @property
     def state(self) -> CatalogueState:
         return self._state
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` each time the set of tools, or any tool's schema, changes.
+
+        It is called synchronously from whichever task changed the list, so it must only
+        hand the news on (set a flag, queue a message), never block.
+        """
+        self._watchers.append(callback)
 
     # -- upstream lifecycle ------------------------------------------------------------
 
@@ -479,10 +488,20 @@ class Catalogue:
             (tool for entry in self._entries.values() for tool in entry.tools.values()),
             key=lambda tool: tool.path,
         )
+        changed = tools != self._sorted
         self._sorted = tools
         self._by_id = {tool.id: tool for tool in tools}
         self._by_path = {tool.path: tool for tool in tools}
         self._schemas.retain(self._by_id)
+        if changed:
+            self._announce()
+
+    def _announce(self) -> None:
+        for callback in self._watchers:
+            try:
+                callback()
+            except Exception:  # a watcher's bug must not stop the catalogue updating
+                log.exception("tool list watcher failed")
 
     # -- lookups -----------------------------------------------------------------------
 

@@ -1,12 +1,19 @@
-"""`initialize`, `notifications/initialized`, `ping` and `rpc/discover`."""
+"""`initialize`, `notifications/initialized`, `notifications/cancelled`, `ping`, `rpc/discover`.
+
+What `initialize` states is what is implemented: tools, whose list changing is announced
+with `notifications/tools/list_changed` (see `Daemon._tools_changed`). No prompts,
+resources, logging or completions.
+"""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from pydantic import ConfigDict, Field
 
 from conduit.daemon.dispatcher import METHODS, CallContext, Params, method
+from conduit.daemon.errors import NotFound
 from conduit.daemon.version import VERSION
 
 __all__ = ["PROTOCOL_VERSIONS"]
@@ -34,9 +41,11 @@ async def initialize(params: InitializeParams, ctx: CallContext) -> dict[str, An
     version = params.protocolVersion
     if version not in PROTOCOL_VERSIONS:
         version = PROTOCOL_VERSIONS[0]
+    if ctx.connection is not None:
+        ctx.connection.mcp_session = True
     return {
         "protocolVersion": version,
-        "capabilities": {"tools": {"listChanged": False}},
+        "capabilities": {"tools": {"listChanged": True}},
         "serverInfo": {"name": "conduit", "version": VERSION},
         "instructions": INSTRUCTIONS,
     }
@@ -49,6 +58,23 @@ class AnyParams(Params):
 @method("notifications/initialized", params=AnyParams, scope=None)
 async def initialized(params: AnyParams, ctx: CallContext) -> None:
     """The client's acknowledgement of `initialize`; nothing to answer."""
+
+
+class CancelledParams(Params):
+    model_config = ConfigDict(extra="allow", frozen=True)
+    requestId: str | int = Field(description="the id of the request to stop")
+    reason: str | None = None
+
+
+@method("notifications/cancelled", params=CancelledParams, scope=None)
+async def cancelled(params: CancelledParams, ctx: CallContext) -> None:
+    """MCP's cancellation of an earlier request on this connection: stops its program."""
+    if ctx.principal is None or ctx.connection is None:
+        return
+    # The request may have finished already, or started no program: nothing to stop.
+    with contextlib.suppress(NotFound):
+        origin = (id(ctx.connection), params.requestId)
+        ctx.daemon.executions.cancel(ctx.principal, origin=origin)
 
 
 @method("ping", params=AnyParams, scope=None, session=True)

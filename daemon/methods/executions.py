@@ -116,6 +116,7 @@ async def execute(params: ExecuteParams, ctx: CallContext) -> dict[str, Any]:
 
 
 def _origin(ctx: CallContext, request_id: Any) -> tuple[int, Any] | None:
+    """Who started an execution, as `executions/cancel` names it: (connection, request id)."""
     return (id(ctx.connection), request_id) if ctx.connection is not None else None
 
 

@@ -12,8 +12,11 @@ from pydantic import Field
 
 from conduit.daemon.dispatcher import CallContext, Params, method
 from conduit.daemon.tool_access import allowlists_for, requested_allowlist
+from conduit.gateway.catalogue import Catalogue
 from conduit.gateway.model import Tool
 from conduit.gateway.sdk import python_stubs, typescript_declarations
+
+__all__ = ["render_declarations"]
 
 # What each guest language reads: TypeScript declarations serve JavaScript too.
 _RENDERERS = {
@@ -41,11 +44,18 @@ def _selected(params: SdkParams, ctx: CallContext) -> list[Tool]:
     return tools
 
 
+def render_declarations(language: str, tools: list[Tool], catalogue: Catalogue) -> str:
+    """The `tools.*` declarations of `tools` in `language`'s terms, namespaces described.
+
+    TypeScript declarations for typescript and javascript, Python stubs for python.
+    """
+    descriptions = {package.namespace: package.description for package in catalogue.packages()}
+    return _RENDERERS[language](tools, descriptions=descriptions)
+
+
 def _render(params: SdkParams, ctx: CallContext) -> dict[str, Any]:
     tools = _selected(params, ctx)
-    packages = ctx.daemon.tools.catalogue.packages()
-    descriptions = {package.namespace: package.description for package in packages}
-    text = _RENDERERS[params.language](tools, descriptions=descriptions)
+    text = render_declarations(params.language, tools, ctx.daemon.tools.catalogue)
     return {"language": params.language, "tools": len(tools), "declarations": text}
 
 

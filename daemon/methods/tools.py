@@ -5,29 +5,48 @@ Two kinds of tool share these methods. The built-in execution tools
 as `execute` (less `language`), so any MCP client can use Conduit directly. Upstream
 tools (`<upstream>__<tool>`) come from the gateway; sandboxes reach them with their
 session tokens and see only what their execution's allowlist permits.
+
+What an MCP client's model reads about the execution tools is built here, per caller:
+each description carries the declarations of the `tools.*` that caller's programs may
+call (Python stubs for Python, TypeScript declarations for TypeScript and JavaScript),
+cut down to a list of names past `MAX_DECLARATIONS_CHARS`. Their input schema is the
+`execute` params model flattened to what strict clients accept (no `$ref`, no nullable
+`anyOf`), and their output schema describes the execution result that every call
+returns as `structuredContent`, failed programs included.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import weakref
+from functools import partial
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+import trio
+from pydantic import ConfigDict, Field, ValidationError
 
 from conduit.daemon.dispatcher import CallContext, NoParams, Params, invalid_params, method
-from conduit.daemon.errors import Forbidden
+from conduit.daemon.errors import Forbidden, InvalidParams
 from conduit.daemon.methods.executions import ExecuteParams
+from conduit.daemon.methods.sdk import render_declarations
 from conduit.daemon.tool_access import allowlists_for, shaped
+from conduit.executors.base import Status
+from conduit.gateway.catalogue import Catalogue
 from conduit.gateway.model import Tool
 
-__all__ = ["BUILTIN_TOOLS"]
+__all__ = ["BUILTIN_TOOLS", "MAX_DECLARATIONS_CHARS"]
 
 BUILTIN_TOOLS = {
     "execute_python": "python",
     "execute_typescript": "typescript",
     "execute_javascript": "javascript",
 }
+
+# MCP clients put every tool's description in the model's context, and the three
+# execute tools each carry the declarations: 16,000 characters (about 4,000 tokens)
+# apiece holds a few dozen typed tools; past it, names and a pointer to discovery.
+MAX_DECLARATIONS_CHARS = 16_000
 
 _DESCRIPTIONS = {
     "python": "Run Python in a fresh sandbox. The value of the last expression, or of a "
@@ -38,25 +57,195 @@ _DESCRIPTIONS = {
     "of the final expression, or of a top-level return, is the result.",
 }
 
+_JS_CALLS = (
+    "Call a tool as `await tools.<namespace>.<tool>({...})`: it resolves to the tool's "
+    "result and throws `ToolError` if the call fails; `await tools.$discover()` lists "
+    "the tools with their schemas."
+)
+_HOW_TO_CALL = {
+    "python": "Call a tool as `tools.<namespace>.<tool>(name=value, ...)` (synchronous, "
+    "no await): it returns the tool's result and raises `ToolError` if the call fails; "
+    "`tools._discover()` lists the tools with their schemas.",
+    "typescript": _JS_CALLS,
+    "javascript": _JS_CALLS,
+}
+_FENCES = {"python": "python", "typescript": "typescript", "javascript": "typescript"}
+_NO_TOOLS = "No tools are available to these programs: they compute, print and return."
+
+# Rendered sections per catalogue, by (fence, tool ids), replaced by an empty dict
+# whenever its tools change (a render still running then lands in the old one, unseen):
+# rendering checks every tool's schema, milliseconds a tool, too much to redo on
+# every tools/list. Keys differ only by the callers' allowlists, so they stay few.
+_SECTIONS: weakref.WeakKeyDictionary[Catalogue, dict[tuple[str, ...], str]] = (
+    weakref.WeakKeyDictionary()
+)
+# Past this many distinct allowlists between two changes, start the cache afresh.
+_MAX_SECTIONS = 64
+# Rendering runs in a worker thread (large catalogues take a second); one at a time.
+_RENDERING = trio.CapacityLimiter(1)
+
+
+def _listing(catalogue: Catalogue, tools: list[Tool], budget: int) -> str:
+    """Namespaces and tool names within `budget` characters, for too many to declare."""
+    lines: list[str] = []
+    used = shown = 0
+    for package in catalogue.packages():
+        names = [tool.sdk_name for tool in tools if tool.namespace == package.namespace]
+        line = f"- {package.namespace}: {', '.join(names)}"
+        if not names:
+            continue
+        if used + len(line) + 1 > budget:
+            break
+        lines.append(line)
+        used += len(line) + 1
+        shown += len(names)
+    if shown < len(tools):
+        lines.append(f"- ... and {len(tools) - shown} more")
+    return "\n".join(lines)
+
+
+def _tools_section(language: str, tools: list[Tool], catalogue: Catalogue) -> str:
+    if not tools:
+        return _NO_TOOLS
+    how = _HOW_TO_CALL[language]
+    declarations = render_declarations(language, tools, catalogue)
+    if len(declarations) <= MAX_DECLARATIONS_CHARS:
+        return (
+            f"{how} The tools your programs may call:\n\n```{_FENCES[language]}\n{declarations}```"
+        )
+    return (
+        f"{how} Your programs may call {len(tools)} tools, too many to declare here: "
+        "discover them from inside a program (socket clients: sdk/get gives the "
+        f"declarations).\n\n{_listing(catalogue, tools, MAX_DECLARATIONS_CHARS)}"
+    )
+
+
+def _flat(schema: Any, defs: dict[str, Any]) -> Any:
+    """`schema` with `$ref`s inlined, `anyOf: [X, null]` read as X, no titles or null
+    defaults: the same contract in the form the strictest MCP clients accept (a
+    missing member is how a tool call leaves an option out)."""
+    if isinstance(schema, list):
+        return [_flat(item, defs) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    if "$ref" in schema:
+        return _flat(defs[schema["$ref"].rsplit("/", 1)[-1]], defs)
+    options = schema.get("anyOf")
+    if isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
+        (kept,) = [option for option in options if option != {"type": "null"}]
+        schema = {**{k: v for k, v in schema.items() if k != "anyOf"}, **_flat(kept, defs)}
+    flat: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in ("title", "$defs") or (key == "default" and value is None):
+            continue
+        if key == "properties":  # property names are data, not keywords
+            flat[key] = {name: _flat(sub, defs) for name, sub in value.items()}
+        else:
+            flat[key] = _flat(value, defs)
+    return flat
+
+
+# "Any JSON value" spelled out type by type: a schema with no keyword at all means the
+# same, but clients that map schemas onto a one-type dialect (Gemini's) cannot read it.
+_ANY_JSON = [{"type": kind} for kind in ("object", "array", "string", "number", "boolean")]
+_ANY_JSON.append({"type": "null"})
+
+
+def _any_json(description: str) -> dict[str, Any]:
+    return {"anyOf": _ANY_JSON, "description": description}
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` or null, as `anyOf` branches of one type each (the portable spelling)."""
+    return {"anyOf": [schema, {"type": "null"}]}
+
 
 def _input_schema() -> dict[str, Any]:
     schema = ExecuteParams.model_json_schema()
-    schema["properties"].pop("language")
+    properties = schema["properties"]
+    properties.pop("language")
+    # Streaming needs notifications an MCP tool call has no place for.
+    properties.pop("stream")
+    properties["inputs"] = _any_json(properties["inputs"]["description"])
     schema["required"] = ["code"]
-    return schema
+    return _flat(schema, schema.get("$defs", {}))
 
 
-def builtin_tool_list() -> list[dict[str, Any]]:
-    schema = _input_schema()
-    return [
-        {
-            "name": name,
-            "description": _DESCRIPTIONS[language],
-            "inputSchema": schema,
-            "annotations": {"openWorldHint": False},
-        }
-        for name, language in BUILTIN_TOOLS.items()
-    ]
+def _output_schema() -> dict[str, Any]:
+    """The execution result (`execute`'s), as every execute tool's `structuredContent`.
+
+    Only what every result carries is required, and other members are allowed, so a
+    result that gains a member still validates.
+    """
+    text = {"type": "string"}
+    return {
+        "type": "object",
+        "properties": {
+            "execution_id": text,
+            "status": {"type": "string", "enum": [str(status) for status in Status]},
+            "result": _any_json("the program's result"),
+            "stdout": text,
+            "stderr": text,
+            "exit_code": _nullable({"type": "integer"}),
+            "error": _nullable(
+                {
+                    "type": "object",
+                    "properties": {"type": text, "message": text, "traceback": text},
+                }
+            ),
+            "truncated": {
+                "type": "object",
+                "properties": {"stdout": {"type": "boolean"}, "stderr": {"type": "boolean"}},
+            },
+            "tool_calls": {"type": "integer", "minimum": 0},
+            "duration_ms": {"type": "number", "minimum": 0},
+            "executor": text,
+        },
+        "required": ["execution_id", "status", "stdout", "stderr", "error", "executor"],
+    }
+
+
+INPUT_SCHEMA = _input_schema()
+OUTPUT_SCHEMA = _output_schema()
+
+
+def _forget_sections(catalogue: weakref.ref[Catalogue]) -> None:
+    alive = catalogue()
+    if alive is not None:
+        _SECTIONS[alive] = {}
+
+
+async def _section(language: str, tools: list[Tool], catalogue: Catalogue) -> str:
+    """`_tools_section`, from the cache or rendered off the event loop."""
+    sections = _SECTIONS.get(catalogue)
+    if sections is None:
+        sections = _SECTIONS[catalogue] = {}
+        catalogue.watch(partial(_forget_sections, weakref.ref(catalogue)))
+    key = (_FENCES[language], *(tool.id for tool in tools))
+    if key not in sections:
+        render = partial(_tools_section, language, tools, catalogue)
+        text = await trio.to_thread.run_sync(render, limiter=_RENDERING)
+        if len(sections) >= _MAX_SECTIONS:
+            sections.clear()
+        sections[key] = text
+    return sections[key]
+
+
+async def builtin_tool_list(tools: list[Tool], catalogue: Catalogue) -> list[dict[str, Any]]:
+    """The execute tools as MCP `Tool`s, their descriptions declaring `tools`."""
+    listed = []
+    for name, language in BUILTIN_TOOLS.items():
+        section = await _section(language, tools, catalogue)
+        listed.append(
+            {
+                "name": name,
+                "description": f"{_DESCRIPTIONS[language]}\n\n{section}",
+                "inputSchema": INPUT_SCHEMA,
+                "outputSchema": OUTPUT_SCHEMA,
+                "annotations": {"openWorldHint": bool(tools)},
+            }
+        )
+    return listed
 
 
 def _mcp_tool(tool: Tool) -> dict[str, Any]:
@@ -73,7 +262,15 @@ def _mcp_tool(tool: Tool) -> dict[str, Any]:
     return entry
 
 
-class ListParams(Params):
+class _McpParams(Params):
+    # MCP lets every request carry `_meta` (progress tokens, client extensions).
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    meta: dict[str, Any] | None = Field(
+        None, alias="_meta", description="MCP request metadata; accepted and not used"
+    )
+
+
+class ListParams(_McpParams):
     cursor: str | None = Field(None, description="ignored: the whole list comes at once")
 
 
@@ -81,13 +278,15 @@ class ListParams(Params):
 async def list_tools(params: ListParams, ctx: CallContext) -> dict[str, Any]:
     """The tools this caller may call (a sandbox sees only its execution's allowlist)."""
     principal = ctx.require_principal()
-    upstream_tools = [_mcp_tool(tool) for tool in ctx.daemon.tools.visible(principal)]
+    visible = ctx.daemon.tools.visible(principal)
+    upstream_tools = [_mcp_tool(tool) for tool in visible]
     if principal.kind == "session" or "execute" not in principal.scopes:
         return {"tools": upstream_tools}
-    return {"tools": builtin_tool_list() + upstream_tools}
+    builtin = await builtin_tool_list(visible, ctx.daemon.tools.catalogue)
+    return {"tools": builtin + upstream_tools}
 
 
-class CallParams(Params):
+class CallParams(_McpParams):
     name: str = Field(min_length=1, description="a tool id (ns__tool) or SDK path (ns.tool)")
     arguments: dict[str, Any] = Field(default_factory=dict)
     shape: Literal["mcp", "value"] = Field(
@@ -105,15 +304,30 @@ def _execution_result(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _refused(message: str) -> dict[str, Any]:
+    """A tool error for arguments the program never ran with, for the model to fix."""
+    return {"content": [{"type": "text", "text": message}], "isError": True}
+
+
 async def _call_builtin(language: str, params: CallParams, ctx: CallContext) -> dict[str, Any]:
     principal = ctx.require_principal()
     if principal.kind == "session" or "execute" not in principal.scopes:
         raise Forbidden(f"forbidden: {principal.name} may not call {params.name}")
+    # Bad arguments are the model's to correct, so they come back as tool errors
+    # (MCP's advice), not as protocol errors a client might hide from it.
     try:
         arguments = ExecuteParams.model_validate({**params.arguments, "language": language})
     except ValidationError as exc:
-        raise invalid_params(exc, params.name) from None
-    result = await ctx.daemon.executions.execute(arguments.to_request(ctx), principal)
+        problem = invalid_params(exc, params.name).data
+        return _refused(
+            f"invalid arguments for {params.name}: {problem['field']} {problem['reason']}; "
+            "the tool's inputSchema lists its arguments"
+        )
+    request = arguments.to_request(ctx)
+    try:
+        result = await ctx.daemon.executions.execute(request, principal)
+    except InvalidParams as exc:
+        return _refused(exc.message)
     return _execution_result(result)
 
 

@@ -1,0 +1,222 @@
+"""`conduit mcp` against MCP clients from the npm registry: the MCP Inspector's CLI and the
+MCP conformance suite's server checks.
+
+Both come pinned by `tests/fixtures/mcp_clients/package-lock.json`, installed once with
+the machine's npm into pytest's cache (as the executors install their own npm sets) and
+run from there, offline. No Node.js or npm is a failure that says so, not a skip.
+
+The Inspector runs on the machine's Node.js. The conformance suite needs Node.js 22's
+`fs.globSync`, so it runs under the Deno that Conduit already depends on (Node-compatible).
+Its server checks connect over streamable HTTP only, so `mcp_http_bridge` puts an HTTP
+front on `conduit mcp`, relaying each message unchanged. Which checks apply to Conduit,
+and why the others cannot, is `APPLICABLE` and `NOT_APPLICABLE` below (and docs/mcp.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from conduit.daemon.config import Config
+from conduit.executors.deno import find_deno
+from conduit.executors.npm import install_lock_dir
+from tests.conftest import MASTER_TOKEN
+from tests.e2e.helpers import CONDUIT, wait_upstreams
+from tests.e2e.mcp_helpers import ECHO, NO_SANDBOXES
+from tests.fixtures.mcp_http_bridge import running_bridge
+
+CLIENTS_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "mcp_clients"
+INSPECTOR = "node_modules/@modelcontextprotocol/inspector/clients/launcher/build/index.js"
+CONFORMANCE = "node_modules/@modelcontextprotocol/conformance/dist/index.js"
+# A Node.js client starting and spawning `conduit mcp`, on a loaded two-core machine.
+CLIENT_TIMEOUT_S = 120
+# The Inspector's exit status when the called tool answered `isError: true`.
+INSPECTOR_TOOL_IS_ERROR = 5
+
+# The conformance suite's server scenarios that check what Conduit implements.
+APPLICABLE = ("server-initialize", "ping", "tools-list")
+# The rest, and why each cannot pass against Conduit (docs/mcp.md says the same).
+_NO_CAPABILITY = "a capability Conduit does not declare"
+_FIXED_TOOL = "the suite's own fixed test tool (test_*), which Conduit does not have"
+_HTTP_ONLY = "the streamable HTTP transport itself; Conduit speaks stdio (the bridge's HTTP)"
+NOT_APPLICABLE = {
+    "logging-set-level": _NO_CAPABILITY + " (logging)",
+    "completion-complete": _NO_CAPABILITY + " (completions)",
+    "tools-call-simple-text": _FIXED_TOOL,
+    "tools-call-image": _FIXED_TOOL,
+    "tools-call-audio": _FIXED_TOOL,
+    "tools-call-embedded-resource": _FIXED_TOOL,
+    "tools-call-mixed-content": _FIXED_TOOL,
+    "tools-call-with-logging": _FIXED_TOOL,
+    "tools-call-error": _FIXED_TOOL,
+    "tools-call-with-progress": _FIXED_TOOL,
+    "tools-call-sampling": _FIXED_TOOL + " calling back into the client (sampling)",
+    "tools-call-elicitation": _FIXED_TOOL + " calling back into the client (elicitation)",
+    "json-schema-2020-12": _FIXED_TOOL,
+    "elicitation-sep1034-defaults": _FIXED_TOOL + " calling back into the client (elicitation)",
+    "elicitation-sep1330-enums": _FIXED_TOOL + " calling back into the client (elicitation)",
+    "server-sse-polling": _HTTP_ONLY,
+    "server-sse-multiple-streams": _HTTP_ONLY,
+    "dns-rebinding-protection": _HTTP_ONLY,
+    "resources-list": _NO_CAPABILITY + " (resources)",
+    "resources-read-text": _NO_CAPABILITY + " (resources)",
+    "resources-read-binary": _NO_CAPABILITY + " (resources)",
+    "resources-templates-read": _NO_CAPABILITY + " (resources)",
+    "resources-subscribe": _NO_CAPABILITY + " (resources)",
+    "resources-unsubscribe": _NO_CAPABILITY + " (resources)",
+    "prompts-list": _NO_CAPABILITY + " (prompts)",
+    "prompts-get-simple": _NO_CAPABILITY + " (prompts)",
+    "prompts-get-with-args": _NO_CAPABILITY + " (prompts)",
+    "prompts-get-embedded-resource": _NO_CAPABILITY + " (prompts)",
+    "prompts-get-with-image": _NO_CAPABILITY + " (prompts)",
+}
+
+
+@pytest.fixture(scope="session")
+def mcp_clients(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The pinned npm clients, installed once (kept in pytest's cache like the wasm builds)."""
+    if pytestconfig.cache is not None:
+        cache = pytestconfig.cache.mkdir("mcp-clients")
+    else:
+        cache = tmp_path_factory.mktemp("mcp-clients")
+    expect = "node_modules/@modelcontextprotocol/inspector/package.json"
+    return install_lock_dir(CLIENTS_DIR, cache, expect=expect)
+
+
+async def _run(command: list[str], *, cwd: Path, env: dict[str, str]) -> Any:
+    with trio.fail_after(CLIENT_TIMEOUT_S):
+        return await trio.run_process(
+            command, cwd=cwd, env=env, capture_stdout=True, capture_stderr=True, check=False
+        )
+
+
+def _client_env(home: Path) -> dict[str, str]:
+    """The machine's environment with a private HOME (the clients keep files there)."""
+    home.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONDUIT_")}
+    return {**env, "HOME": str(home), "DENO_NO_UPDATE_CHECK": "1"}
+
+
+# ---- the MCP Inspector CLI ------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_inspector_cli_lists_and_calls_the_tools(
+    mcp_clients: Path, make_config: Callable[..., Config], tmp_path: Path
+) -> None:
+    # Each Inspector call starts its own `conduit mcp`: only the executors it uses.
+    config = make_config(upstreams=[ECHO], executors={"wasm_js": {"enabled": False}})
+    # After `--`: the Inspector would take `--config` for its own option.
+    server = ["--", CONDUIT, "mcp", "--config", config.source]
+    inspector = ["node", str(mcp_clients / INSPECTOR), "--cli"]
+    env = _client_env(tmp_path / "home")
+
+    # --strict reports every tool-schema portability problem; there must be none.
+    listed = await _run(
+        [*inspector, "--method", "tools/list", "--strict", *server], cwd=tmp_path, env=env
+    )
+    assert listed.returncode == 0, listed.stderr.decode()[-3000:]
+    assert b"Issue:" not in listed.stderr and b"warning" not in listed.stderr.lower()
+    tools = {tool["name"]: tool for tool in json.loads(listed.stdout)["tools"]}
+    assert {"execute_python", "execute_typescript", "execute_javascript", "echo__echo"} <= set(
+        tools
+    )
+    assert "def echo(" in tools["execute_python"]["description"]
+
+    call = [*inspector, "--method", "tools/call", "--format", "json"]
+    program = "said = tools.echo.echo(text='via the inspector')\nsaid.upper()"
+    ran = await _run(
+        [
+            *call,
+            "--tool-name",
+            "execute_python",
+            "--tool-args-json",
+            json.dumps({"code": program}),
+            *server,
+        ],
+        cwd=tmp_path,
+        env=env,
+    )
+    assert ran.returncode == 0, ran.stderr.decode()[-3000:]
+    result = json.loads(ran.stdout)["result"]
+    assert result["isError"] is False
+    assert result["structuredContent"]["result"] == "VIA THE INSPECTOR"
+
+    failing = json.dumps({"code": "throw new RangeError('out of range')"})
+    failed = await _run(
+        [*call, "--tool-name", "execute_typescript", "--tool-args-json", failing, *server],
+        cwd=tmp_path,
+        env=env,
+    )
+    assert failed.returncode == INSPECTOR_TOOL_IS_ERROR, failed.stderr.decode()[-3000:]
+    result = json.loads(failed.stdout)["result"]
+    assert result["isError"] is True
+    assert result["structuredContent"]["error"] == {
+        "type": "RangeError",
+        "message": "out of range",
+        "traceback": result["structuredContent"]["error"]["traceback"],
+    }
+
+
+# ---- the MCP conformance suite --------------------------------------------------------
+
+
+def _conformance(mcp_clients: Path, *args: str) -> list[str]:
+    deno = find_deno()
+    assert deno, "Deno is missing: it comes with conduit's dependencies (pip install .)"
+    return [deno, "run", "--allow-all", str(mcp_clients / CONFORMANCE), *args]
+
+
+async def test_conformance_suite_lists_the_server_scenarios_we_classified(
+    mcp_clients: Path, tmp_path: Path
+) -> None:
+    """A new suite version with new server scenarios must be looked at, not ignored."""
+    env = _client_env(tmp_path / "home")
+    done = await _run(_conformance(mcp_clients, "list"), cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    text = done.stdout.decode()
+    server_part = text.split("Server scenarios", 1)[1].split("Client scenarios", 1)[0]
+    listed = {line.split()[1] for line in server_part.splitlines() if line.strip().startswith("- ")}
+    assert listed == set(APPLICABLE) | set(NOT_APPLICABLE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["embedded", "connect"])
+async def test_conformance_server_checks_that_apply_pass(
+    mcp_clients: Path,
+    make_config: Callable[..., Config],
+    start_daemon: Any,
+    tmp_path: Path,
+    mode: str,
+) -> None:
+    # The checks run no program: sandboxes would only slow every session's start.
+    config = make_config(upstreams=[ECHO], executors=NO_SANDBOXES)
+    server = [CONDUIT, "mcp", "--config", config.source]
+    if mode == "connect":
+        daemon, info = await start_daemon(config)
+        await wait_upstreams(daemon, "echo")
+        server += ["--connect", info.unix_path]
+    env = _client_env(tmp_path / "home")
+    bridge_env = {**env, "CONDUIT_TOKEN": MASTER_TOKEN}
+    results = tmp_path / "results"
+    with (tmp_path / "bridge.log").open("wb") as log:
+        async with running_bridge(server, stderr=log, env=bridge_env) as url:
+            for scenario in APPLICABLE:
+                command = _conformance(
+                    mcp_clients, "server", "--url", url, "--scenario", scenario, "-o", str(results)
+                )
+                done = await _run(command, cwd=tmp_path, env=env)
+                assert done.returncode == 0, (scenario, done.stdout.decode()[-3000:])
+    checks = [
+        check
+        for path in sorted(results.glob("server-*/checks.json"))
+        for check in json.loads(path.read_text())
+    ]
+    assert {check["id"] for check in checks} == set(APPLICABLE)
+    assert all(check["status"] == "SUCCESS" for check in checks), checks
