@@ -45,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="run the daemon")
+    _add_config_flag(serve)
     serve.add_argument("--socket", help="Unix socket path")
     serve.add_argument("--tcp", help="also listen on HOST:PORT (loopback unless allowed)")
     serve.add_argument("--state-dir", help="where tokens and caches live")
@@ -73,7 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     new.add_argument("--name", default="client", help="the client's name")
     new.add_argument("--scopes", default="execute,executions,tools", help="comma-separated")
 
-    commands.add_parser("doctor", help="check each executor and the daemon")
+    doctor = commands.add_parser("doctor", help="check each executor and the daemon")
+    _add_config_flag(doctor)
     _add_mcp_parser(commands)
     return parser
 
@@ -128,8 +130,7 @@ def _duration(text: str) -> float:
 
 def _add_mcp_parser(commands: Any) -> None:
     mcp = commands.add_parser("mcp", help="serve MCP on standard input and output")
-    # SUPPRESS: given after `mcp` it counts; absent, it leaves the top-level one alone.
-    mcp.add_argument("--config", default=argparse.SUPPRESS, help="config file")
+    _add_config_flag(mcp)
     mcp.add_argument("--state-dir", help="where tokens and caches live")
     mcp.add_argument("--socket", help="embedded: also listen on this Unix socket")
     mcp.add_argument("--client", metavar="NAME", help="embedded: act as the configured client NAME")
@@ -143,7 +144,16 @@ def _add_mcp_parser(commands: Any) -> None:
     mcp.add_argument("--connect-tcp", metavar="HOST:PORT", help="relay to a daemon over TCP")
 
 
+def _add_config_flag(parser: argparse.ArgumentParser) -> None:
+    """`--config` after the command too (`conduit serve --config FILE`, as the systemd
+    unit writes it). Left out there, it leaves the one before the command alone."""
+    parser.add_argument(
+        "--config", default=argparse.SUPPRESS, help="config file (default: $CONDUIT_CONFIG)"
+    )
+
+
 def _add_connection_flags(parser: argparse.ArgumentParser) -> None:
+    _add_config_flag(parser)
     parser.add_argument("--socket", help="Unix socket path (default from config)")
     parser.add_argument("--tcp", help="connect over TCP to HOST:PORT instead")
 

@@ -162,6 +162,32 @@ async def test_call_prints_results_and_errors(running: Any) -> None:
     assert bad_json.returncode == 2
 
 
+async def test_config_is_taken_before_or_after_the_command(running: Any, tmp_path: Path) -> None:
+    # The systemd unit writes `conduit serve --config FILE`: that must reach the
+    # configuration, not stop at a usage error.
+    unit = (Path(__file__).parents[2] / "deploy" / "conduit.service").read_text()
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    missing = str(tmp_path / "missing.toml")
+    argv = exec_start.removeprefix("ExecStart=").split()[1:]
+    argv = [missing if arg == "/etc/conduit/conduit.toml" else arg for arg in argv]
+    assert argv == ["serve", "--config", missing]
+    env = base_env(tmp_path / "state")  # no CONDUIT_SOCKET to outrank the file
+    for args in (argv, ["doctor", "--config", missing], ["--config", missing, "doctor"]):
+        done = await conduit(*args, env=env)
+        assert done.returncode == 2, (args, done.stderr)
+        assert f"config file {missing} does not exist" in done.stderr.decode(), args
+    # After the command it wins over the one before it; left out, the one before counts.
+    config = tmp_path / "client.toml"
+    config.write_text(f'[server]\nsocket = "{running.socket_path}"\n')
+    for args in (
+        ["call", "--config", str(config), "ping"],
+        ["--config", missing, "call", "--config", str(config), "ping"],
+        ["--config", str(config), "call", "ping"],
+    ):
+        done = await conduit(*args, env=env)
+        assert (done.returncode, done.stdout.strip()) == (0, b"{}"), (args, done.stderr)
+
+
 async def test_no_daemon_is_a_clear_error(short_dir: Path) -> None:
     done = await conduit("call", "--socket", str(short_dir / "none.sock"), "ping")
     assert done.returncode == 3
