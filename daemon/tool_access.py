@@ -9,6 +9,7 @@ count against the rate limit: a program holding the only slot must finish.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -46,8 +47,17 @@ __all__ = ["ToolAccess", "allowlists_for", "gateway_errors", "requested_allowlis
 
 
 def allowlists_for(principal: Principal) -> list[Allowlist]:
-    """The allowlists that must all allow a tool for `principal` to use it."""
-    return [Allowlist(patterns) for patterns in principal.tool_patterns]
+    """The allowlists that must all allow a tool for `principal` to use it (a new list)."""
+    return list(_allowlists(principal.tool_patterns))
+
+
+# Parsing patterns (checked against the SDK's naming rules) costs more than matching a
+# tool; a sandbox asks once per tool call with the same patterns. Allowlists depend
+# on nothing but their patterns, so entries never go stale; the bound covers the
+# distinct allowed_tools of the executions running at once, and then some.
+@functools.lru_cache(maxsize=1024)
+def _allowlists(tool_patterns: tuple[tuple[str, ...], ...]) -> tuple[Allowlist, ...]:
+    return tuple(Allowlist(patterns) for patterns in tool_patterns)
 
 
 def requested_allowlist(patterns: Sequence[str]) -> Allowlist:

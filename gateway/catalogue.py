@@ -137,6 +137,11 @@ def _texts(result: Mapping[str, Any]) -> list[str] | None:
     return texts if len(texts) == len(content) else None
 
 
+# How a JSON text may begin, after the whitespace JSON allows (RFC 8259).
+_JSON_SPACE = " \t\n\r"
+_JSON_STARTS = ("{", "[", '"', "-", *"0123456789", "t", "f", "n")
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
@@ -151,6 +156,8 @@ def value_of(result: Mapping[str, Any]) -> Any:
     if texts is None:
         return result["content"]
     text = "\n".join(texts)
+    if not text.lstrip(_JSON_SPACE).startswith(_JSON_STARTS):
+        return text  # prose: what json.loads would refuse, without raising to say so
     try:
         return json.loads(text, parse_constant=_reject_constant)
     except ValueError:
