@@ -19,12 +19,14 @@ Wasmtime (deserializing is only safe on bytes Wasmtime wrote), it is compiled ag
 An executor's engine allocates instances from a pool (`new_engine(instances=...)`,
 Wasmtime's pooling allocator): the address space of every instance it may ever hold at
 once is reserved up front, and each slot is reset to the component's initial state
-when its instance is dropped, keeping up to `KEEP_RESIDENT_BYTES` of each linear memory
-resident. An execution then neither maps nor unmaps memory and faults in few pages:
-for a pre-initialised guest whose heap is megabytes of snapshot, that was most of the
-time an instance took to answer. The reset happens when the store is closed, which
-the executors do after the answer is on its way (see `wasm.py`). Compiled code is the
-same with or without the pool, so the compiled-code cache is unaffected.
+when its instance is dropped, so an execution maps and unmaps no memory. A slot may
+also keep the first `keep_resident_bytes` of its linear memory resident: the next
+instance then faults none of it in, but the reset copies all of it back (Wasmtime's C
+API cannot limit that to the dirty pages). That pays where a guest touches most of
+its snapshot heap, as CPython does, not where it touches a little of a large one. The
+reset happens when the store is closed, which the executors do after the answer is on
+its way (see `wasm.py`). Compiled code is the same with or without the pool, so the
+compiled-code cache is unaffected.
 """
 
 from __future__ import annotations
@@ -82,32 +84,31 @@ POOL_TABLES_PER_COMPONENT = 8
 # 4 GiB: a 32-bit linear memory's own limit; each store's limits enforce the
 # execution's `memory_mb`, so the pool never is the limit a program meets.
 POOL_MEMORY_BYTES = 4 << 30
-# Measured with the trivial programs: the first ~30 MiB of a guest's memory is what an
-# execution dirties (the interpreters' snapshot heaps); kept resident, an instance
-# answers in about half the time, and resetting it costs about what faulting it back
-# in would, but after the answer. Beyond this, memory is released to the system.
-KEEP_RESIDENT_BYTES = 32 << 20
-# Table slots kept resident likewise; the guests' tables are a few hundred entries.
+# Table slots kept resident: the guests' tables are a few hundred entries, so the
+# reset is a small copy rather than a page fault on each first use.
 TABLE_KEEP_RESIDENT_BYTES = 1 << 20
 
 
-def new_engine(*, fuel: bool = False, instances: int | None = None) -> wasmtime.Engine:
+def new_engine(
+    *, fuel: bool = False, instances: int | None = None, keep_resident_bytes: int = 0
+) -> wasmtime.Engine:
     """An engine for components, with epoch interruption (and fuel when asked).
 
-    With `instances`, instances come from a pool of that many slots (see the module
-    docstring); the caller must never hold more stores of this engine at once, or
-    instantiating fails. Without it, every instance maps fresh memory.
+    With `instances`, instances come from a pool of that many slots, each keeping
+    `keep_resident_bytes` of its memory resident (see the module docstring); the
+    caller must never hold more stores of this engine at once, or instantiating
+    fails. Without it, every instance maps fresh memory.
     """
     config = wasmtime.Config()
     config.wasm_component_model = True
     config.epoch_interruption = True
     config.consume_fuel = fuel
     if instances is not None:
-        _use_pool(config, instances)
+        _use_pool(config, instances, keep_resident_bytes)
     return wasmtime.Engine(config)
 
 
-def _use_pool(config: wasmtime.Config, instances: int) -> None:
+def _use_pool(config: wasmtime.Config, instances: int, keep_resident_bytes: int) -> None:
     pool = ffi.wasmtime_pooling_allocation_config_new()
     try:
         ffi.wasmtime_pooling_allocation_config_total_component_instances_set(pool, instances)
@@ -135,7 +136,7 @@ def _use_pool(config: wasmtime.Config, instances: int) -> None:
         # two memory mappings (the default 1000 exhaust a process's map count).
         ffi.wasmtime_pooling_allocation_config_total_stacks_set(pool, 0)
         ffi.wasmtime_pooling_allocation_config_linear_memory_keep_resident_set(
-            pool, KEEP_RESIDENT_BYTES
+            pool, keep_resident_bytes
         )
         ffi.wasmtime_pooling_allocation_config_table_keep_resident_set(
             pool, TABLE_KEEP_RESIDENT_BYTES

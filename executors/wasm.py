@@ -138,13 +138,17 @@ class WasmExecutor:
     languages: frozenset[str]
     recipe: GuestRecipe
     runtime: str  # what runs the programs, e.g. "CPython 3.14"
+    # How much of an instance's memory its pool slot keeps resident (see `_wasmtime`).
+    keep_resident_bytes: int = 0
 
     def __init__(self, *, cache_dir: str | os.PathLike[str], fuel: int | None = None) -> None:
         self._cache_dir = Path(cache_dir)
         self._fuel = fuel
         # Each worker thread holds at most one store: the pool has a slot for every one.
         self._engine = _wasmtime.new_engine(
-            fuel=fuel is not None, instances=(os.cpu_count() or 1) + MAX_LINGERING_THREADS
+            fuel=fuel is not None,
+            instances=(os.cpu_count() or 1) + MAX_LINGERING_THREADS,
+            keep_resident_bytes=self.keep_resident_bytes,
         )
         self._linker: wasmtime.component.Linker | None = None
         self._component: wasmtime.component.Component | None = None
@@ -280,8 +284,14 @@ class WasmExecutor:
             outcome = outcomes.captured(capture)
             outcome.status, outcome.error, outcome.exit_code = Status.ERROR, exc.error, 1
             return outcome
-        async with self._slots:
+        try:  # the usual case, without the checkpoint `acquire` adds
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            await self._slots.acquire()
+        try:
             answer, trap = await self._wait_for_guest(job, request, execution, capture)
+        finally:
+            self._slots.release()
         outcome = self._outcome(job, capture, answer, trap, interrupt.reason)
         outcome.tool_calls = execution.tool_calls
         return outcome
