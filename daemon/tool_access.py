@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import functools
 import re
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
-
-import trio
 
 from conduit.daemon.errors import (
     Forbidden,
@@ -43,7 +42,14 @@ if TYPE_CHECKING:
     from conduit.daemon.auth import Principal
     from conduit.daemon.server import Daemon
 
-__all__ = ["ToolAccess", "allowlists_for", "gateway_errors", "requested_allowlist", "shaped"]
+__all__ = [
+    "ToolAccess",
+    "allowlists_for",
+    "gateway_errors",
+    "requested_allowlist",
+    "shaped",
+    "wire_error",
+]
 
 
 def allowlists_for(principal: Principal) -> list[Allowlist]:
@@ -73,23 +79,29 @@ def requested_allowlist(patterns: Sequence[str]) -> Allowlist:
 
 @contextmanager
 def gateway_errors(tool: str | None = None) -> Iterator[None]:
-    """Translate gateway failures into wire errors, most specific first."""
-    data = {"tool": tool}
+    """Translate gateway failures into wire errors (`wire_error`)."""
     try:
         yield
-    except ToolNotFound as exc:
-        raise NotFound(f"not found: {exc}; tools/list shows the tools", data) from exc
-    except ToolForbidden as exc:
-        raise Forbidden(f"forbidden: {exc}", data) from exc
-    except ArgumentsInvalid as exc:
-        raise InvalidParams(
+    except GatewayError as exc:
+        raise wire_error(exc, tool) from exc
+
+
+def wire_error(exc: GatewayError, tool: str | None = None) -> RpcError:
+    """The wire error for a gateway failure, most specific first."""
+    data = {"tool": tool}
+    if isinstance(exc, ToolNotFound):
+        return NotFound(f"not found: {exc}; tools/list shows the tools", data)
+    if isinstance(exc, ToolForbidden):
+        return Forbidden(f"forbidden: {exc}", data)
+    if isinstance(exc, ArgumentsInvalid):
+        return InvalidParams(
             f"invalid arguments for {tool}: {'; '.join(exc.errors)}",
             {**data, "field": "arguments", "errors": exc.errors},
-        ) from exc
-    except UpstreamRefused as exc:
-        raise InvalidParams(f"invalid params: {exc}", data) from exc
-    except GatewayError as exc:  # SchemaInvalid, UpstreamUnreachable, and any other
-        raise UpstreamError(f"upstream error: {exc}", data) from exc
+        )
+    if isinstance(exc, UpstreamRefused):
+        return InvalidParams(f"invalid params: {exc}", data)
+    # SchemaInvalid, UpstreamUnreachable, and any other
+    return UpstreamError(f"upstream error: {exc}", data)
 
 
 def shaped(tool: Tool, result: dict[str, Any]) -> dict[str, Any]:
@@ -112,8 +124,10 @@ class ToolAccess:
 
     def resolve(self, principal: Principal, name: str) -> Tool:
         """The tool `name` names (id or SDK path), if this principal may call it."""
-        with gateway_errors(name):
-            return self.catalogue.resolve(name, allow=allowlists_for(principal))
+        try:  # on every tool call: plain try, no context manager
+            return self.catalogue.resolve(name, allow=_allowlists(principal.tool_patterns))
+        except GatewayError as exc:
+            raise wire_error(exc, name) from exc
 
     async def call(
         self, principal: Principal, name: str, arguments: dict[str, Any]
@@ -124,20 +138,22 @@ class ToolAccess:
         event and, for a sandbox, kept in its execution's record.
         """
         tool = self.resolve(principal, name)
-        started = trio.current_time()
+        started = time.perf_counter()
         outcome = "error"
         try:
             if principal.kind == "session":
                 self._daemon.executions.count_tool_call(principal.execution_id)
             timeout_s = self._daemon.config.gateway.call_timeout_s
-            with gateway_errors(tool.id):
+            try:
                 result = await self.catalogue.call(tool, arguments, timeout_s=timeout_s)
+            except GatewayError as exc:
+                raise wire_error(exc, tool.id) from exc
             outcome = "error" if result.get("isError") else "ok"
         except RpcError as exc:
             outcome = _outcome_name(exc)
             raise
         finally:
-            self._report(principal, tool, trio.current_time() - started, outcome)
+            self._report(principal, tool, time.perf_counter() - started, outcome)
         return tool, result
 
     def _report(self, principal: Principal, tool: Tool, duration_s: float, outcome: str) -> None:

@@ -83,7 +83,8 @@ __all__ = [
 
 log = logging.getLogger("conduit.gateway")
 
-# Upstreams enforce `timeout_s` themselves; this backstop only catches one that does not.
+# Upstreams enforce `timeout_s` themselves; this backstop only catches one that does not
+# (an upstream whose `enforces_timeout` is true is trusted to, and spared the scope).
 CALL_GRACE_S = 1.0
 # Enough to catch a typo, few enough to read in one error line.
 MAX_SUGGESTIONS = 3
@@ -244,6 +245,8 @@ class LocalUpstream:
     until cancelled; `call_tool` runs the handler under `timeout_s`, raising
     `UpstreamUnreachable` if it takes longer.
     """
+
+    enforces_timeout = True  # see `Upstream`
 
     def __init__(self, name: str, tools: Sequence[LocalTool], *, description: str = "") -> None:
         self.name = name
@@ -533,6 +536,8 @@ class Catalogue:
         if entry is None or current is None:
             raise ToolNotFound(tool.id, self._suggest(tool.id, self.tools()))
         self._schemas.enforce(current, arguments, strict=entry.strict)
+        if getattr(entry.upstream, "enforces_timeout", False):
+            return await entry.upstream.call_tool(current.name, arguments, timeout_s=timeout_s)
         with trio.move_on_after(timeout_s + CALL_GRACE_S):
             return await entry.upstream.call_tool(current.name, arguments, timeout_s=timeout_s)
         raise UpstreamUnreachable(
