@@ -37,6 +37,7 @@ __all__ = [
 log = logging.getLogger("conduit.auth")
 
 ALL_SCOPES = frozenset(SCOPES)
+_SESSION_SCOPES = frozenset({"tools"})
 # 32 bytes = 256 bits: unguessable, and short enough to paste.
 _TOKEN_BYTES = 32
 _TOKEN_PREFIX = "cdt_"
@@ -180,19 +181,24 @@ class Authenticator:
             )
         return None
 
-    def mint_session(self, execution_id: str, tool_patterns: tuple[tuple[str, ...], ...]) -> str:
-        """A new session token for one execution; `revoke_session` ends it.
-
-        It may list and call only tools every set of `tool_patterns` allows.
-        """
-        token = new_token()
-        self._sessions[hash_token(token)] = Principal(
+    def session_principal(
+        self, execution_id: str, tool_patterns: tuple[tuple[str, ...], ...]
+    ) -> Principal:
+        """Who one execution's sandbox is: it may list and call only tools every set of
+        `tool_patterns` allows, and nothing else."""
+        return Principal(
             f"session:{execution_id}",
             "session",
-            frozenset({"tools"}),
+            _SESSION_SCOPES,
             tool_patterns=tool_patterns,
             execution_id=execution_id,
         )
+
+    def mint_session(self, execution_id: str, tool_patterns: tuple[tuple[str, ...], ...]) -> str:
+        """A new session token for one execution's `session_principal`;
+        `revoke_session` ends it."""
+        token = new_token()
+        self._sessions[hash_token(token)] = self.session_principal(execution_id, tool_patterns)
         return token
 
     def revoke_session(self, token: str) -> None:

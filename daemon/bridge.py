@@ -3,7 +3,11 @@
 Every sandbox is a client with the least privilege there is. In-process executors
 (Wasmtime) call `request`, which goes through the same dispatcher as a socket client,
 under the session principal; subprocess sandboxes connect to `callback` and present
-`session_token`. Either way the token is revoked when the execution ends.
+`session_token`. Either way the session ends with the execution.
+
+The token is minted the first time it is asked for: an in-process sandbox never
+presents one, so for it there is nothing to mint, hash, look up per call or revoke,
+only the principal this bridge holds until it closes.
 """
 
 from __future__ import annotations
@@ -14,28 +18,45 @@ from conduit.daemon.dispatcher import CallContext, dispatch
 from conduit.executors.base import CallbackAddress
 
 if TYPE_CHECKING:
+    from conduit.daemon.auth import Principal
     from conduit.daemon.server import Daemon
 
 __all__ = ["SessionBridge"]
 
 
 class SessionBridge:
-    """One execution's way back in. Use as a context manager: it revokes on exit."""
+    """One execution's way back in. Use as a context manager: it ends the session on exit."""
 
     def __init__(
         self, daemon: Daemon, execution_id: str, tool_patterns: tuple[tuple[str, ...], ...]
     ) -> None:
         self._daemon = daemon
-        self.session_token = daemon.auth.mint_session(execution_id, tool_patterns)
+        self._execution_id = execution_id
+        self._tool_patterns = tool_patterns
+        # None once the execution has ended: requests are then unauthenticated.
+        self._principal: Principal | None = daemon.auth.session_principal(
+            execution_id, tool_patterns
+        )
+        self._token: str | None = None
         self.callback: CallbackAddress | None = daemon.callback_address
+
+    @property
+    def session_token(self) -> str:
+        """The token a subprocess sandbox presents; minted on first use, dead on exit."""
+        if self._token is None:
+            if self._principal is None:
+                raise RuntimeError("this execution has ended; its session cannot be used")
+            self._token = self._daemon.auth.mint_session(self._execution_id, self._tool_patterns)
+        return self._token
 
     def __enter__(self) -> SessionBridge:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._daemon.auth.revoke_session(self.session_token)
+        self._principal = None
+        if self._token is not None:
+            self._daemon.auth.revoke_session(self._token)
 
     async def request(self, method: str, params: dict[str, Any]) -> Any:
         """Dispatch `method` as the sandbox; raises `RpcError` exactly as a client sees."""
-        principal = self._daemon.auth.authenticate_token(self.session_token)
-        return await dispatch(method, params, CallContext(self._daemon, principal))
+        return await dispatch(method, params, CallContext(self._daemon, self._principal))

@@ -2,9 +2,11 @@
 
 Requests on a connection run concurrently (one task each, at most
 `max_in_flight_per_connection` at a time; past that the connection simply stops reading
-until one finishes) and are answered by id, possibly out of order. Replies and
-notifications go through one writer task that coalesces whatever is ready into a
-single send.
+until one finishes) and are answered by id, possibly out of order. A reply is written
+by the task that made it when nothing else is being written or waiting to be (the
+common, one-request-at-a-time case: no hand-off to another task); otherwise it goes
+to the writer task, which coalesces whatever is ready into a single send. Either way
+the messages of one task reach the peer in the order it sent them.
 
 ```
 Connection.run
@@ -86,6 +88,11 @@ class Connection:
         self._failures = 0
         self._slots = trio.Semaphore(daemon.config.server.max_in_flight_per_connection)
         self._outbox_send, self._outbox = trio.open_memory_channel[bytes](_OUTBOX_SIZE)
+        # Held by whoever is writing to the stream: the writer task, or a task
+        # writing its own reply directly (see `_send`).
+        self._writing = trio.Lock()
+        # Messages handed to the writer and not yet written.
+        self._queued = 0
         self._reader_scope = trio.CancelScope()
         self._scope = trio.CancelScope()
         self._streams: trio.Nursery | None = None
@@ -267,9 +274,24 @@ class Connection:
         await self._send(self._refusal(ident, error))
 
     async def _send(self, message: Any) -> None:
+        data = encode(message) + b"\n"
+        if self._queued == 0:
+            try:
+                self._writing.acquire_nowait()
+            except trio.WouldBlock:
+                pass
+            else:  # nothing is being written or waits to be: write it here
+                try:
+                    await self._stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    self._scope.cancel()  # the peer is gone, as in `_write_loop`
+                finally:
+                    self._writing.release()
+                return
+        self._queued += 1
         # A closed outbox means the writer is gone with the peer: nobody is left to tell.
         with contextlib.suppress(trio.ClosedResourceError):
-            await self._outbox_send.send(encode(message) + b"\n")
+            await self._outbox_send.send(data)
 
     async def _write_loop(self) -> None:
         try:
@@ -280,7 +302,9 @@ class Connection:
                         chunks.append(self._outbox.receive_nowait())
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
-                await self._stream.send_all(b"".join(chunks))
+                async with self._writing:
+                    await self._stream.send_all(b"".join(chunks))
+                self._queued -= len(chunks)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             # The peer is gone: nothing we compute can reach it any more.
             self._scope.cancel()

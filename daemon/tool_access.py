@@ -9,12 +9,12 @@ count against the rate limit: a program holding the only slot must finish.
 
 from __future__ import annotations
 
+import functools
 import re
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
-
-import trio
 
 from conduit.daemon.errors import (
     Forbidden,
@@ -42,12 +42,28 @@ if TYPE_CHECKING:
     from conduit.daemon.auth import Principal
     from conduit.daemon.server import Daemon
 
-__all__ = ["ToolAccess", "allowlists_for", "gateway_errors", "requested_allowlist", "shaped"]
+__all__ = [
+    "ToolAccess",
+    "allowlists_for",
+    "gateway_errors",
+    "requested_allowlist",
+    "shaped",
+    "wire_error",
+]
 
 
 def allowlists_for(principal: Principal) -> list[Allowlist]:
-    """The allowlists that must all allow a tool for `principal` to use it."""
-    return [Allowlist(patterns) for patterns in principal.tool_patterns]
+    """The allowlists that must all allow a tool for `principal` to use it (a new list)."""
+    return list(_allowlists(principal.tool_patterns))
+
+
+# Parsing patterns (checked against the SDK's naming rules) costs more than matching a
+# tool; a sandbox asks once per tool call with the same patterns. Allowlists depend
+# on nothing but their patterns, so entries never go stale; the bound covers the
+# distinct allowed_tools of the executions running at once, and then some.
+@functools.lru_cache(maxsize=1024)
+def _allowlists(tool_patterns: tuple[tuple[str, ...], ...]) -> tuple[Allowlist, ...]:
+    return tuple(Allowlist(patterns) for patterns in tool_patterns)
 
 
 def requested_allowlist(patterns: Sequence[str]) -> Allowlist:
@@ -63,23 +79,29 @@ def requested_allowlist(patterns: Sequence[str]) -> Allowlist:
 
 @contextmanager
 def gateway_errors(tool: str | None = None) -> Iterator[None]:
-    """Translate gateway failures into wire errors, most specific first."""
-    data = {"tool": tool}
+    """Translate gateway failures into wire errors (`wire_error`)."""
     try:
         yield
-    except ToolNotFound as exc:
-        raise NotFound(f"not found: {exc}; tools/list shows the tools", data) from exc
-    except ToolForbidden as exc:
-        raise Forbidden(f"forbidden: {exc}", data) from exc
-    except ArgumentsInvalid as exc:
-        raise InvalidParams(
+    except GatewayError as exc:
+        raise wire_error(exc, tool) from exc
+
+
+def wire_error(exc: GatewayError, tool: str | None = None) -> RpcError:
+    """The wire error for a gateway failure, most specific first."""
+    data = {"tool": tool}
+    if isinstance(exc, ToolNotFound):
+        return NotFound(f"not found: {exc}; tools/list shows the tools", data)
+    if isinstance(exc, ToolForbidden):
+        return Forbidden(f"forbidden: {exc}", data)
+    if isinstance(exc, ArgumentsInvalid):
+        return InvalidParams(
             f"invalid arguments for {tool}: {'; '.join(exc.errors)}",
             {**data, "field": "arguments", "errors": exc.errors},
-        ) from exc
-    except UpstreamRefused as exc:
-        raise InvalidParams(f"invalid params: {exc}", data) from exc
-    except GatewayError as exc:  # SchemaInvalid, UpstreamUnreachable, and any other
-        raise UpstreamError(f"upstream error: {exc}", data) from exc
+        )
+    if isinstance(exc, UpstreamRefused):
+        return InvalidParams(f"invalid params: {exc}", data)
+    # SchemaInvalid, UpstreamUnreachable, and any other
+    return UpstreamError(f"upstream error: {exc}", data)
 
 
 def shaped(tool: Tool, result: dict[str, Any]) -> dict[str, Any]:
@@ -132,8 +154,10 @@ class ToolAccess:
 
     def resolve(self, principal: Principal, name: str) -> Tool:
         """The tool `name` names (id or SDK path), if this principal may call it."""
-        with gateway_errors(name):
-            return self.catalogue.resolve(name, allow=allowlists_for(principal))
+        try:  # on every tool call: plain try, no context manager
+            return self.catalogue.resolve(name, allow=_allowlists(principal.tool_patterns))
+        except GatewayError as exc:
+            raise wire_error(exc, name) from exc
 
     async def call(
         self, principal: Principal, name: str, arguments: dict[str, Any]
@@ -144,7 +168,7 @@ class ToolAccess:
         sandbox, kept in its execution's record: a program reaching for a tool outside
         its allowlist is something an operator wants to see.
         """
-        started = trio.current_time()
+        started = time.perf_counter()
         called = name
         upstream = None
         outcome = "error"
@@ -154,14 +178,16 @@ class ToolAccess:
             if principal.kind == "session":
                 self._daemon.executions.count_tool_call(principal.execution_id)
             timeout_s = self._daemon.config.gateway.call_timeout_s
-            with gateway_errors(tool.id):
+            try:
                 result = await self.catalogue.call(tool, arguments, timeout_s=timeout_s)
+            except GatewayError as exc:
+                raise wire_error(exc, tool.id) from exc
             outcome = "error" if result.get("isError") else "ok"
         except RpcError as exc:
             outcome = _outcome_name(exc)
             raise
         finally:
-            call = ToolCallRecord(called, round((trio.current_time() - started) * 1000, 3), outcome)
+            call = ToolCallRecord(called, round((time.perf_counter() - started) * 1000, 3), outcome)
             self._report(principal, call, upstream)
         return tool, result
 

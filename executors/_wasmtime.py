@@ -15,6 +15,18 @@ the compiled form in a cache file named after everything it depends on (the
 component's hash, the Wasmtime version, the CPU, whether fuel is counted) with the
 SHA-256 of its bytes beside it: a file whose bytes do not match is never handed to
 Wasmtime (deserializing is only safe on bytes Wasmtime wrote), it is compiled again.
+
+An executor's engine allocates instances from a pool (`new_engine(instances=...)`,
+Wasmtime's pooling allocator): the address space of every instance it may ever hold at
+once is reserved up front, and each slot is reset to the component's initial state
+when its instance is dropped, so an execution maps and unmaps no memory. A slot may
+also keep the first `keep_resident_bytes` of its linear memory resident: the next
+instance then faults none of it in, but the reset copies all of it back (Wasmtime's C
+API cannot limit that to the dirty pages). That pays where a guest touches most of
+its snapshot heap, as CPython does, not where it touches a little of a large one. The
+reset happens when the store is closed, which the executors do after the answer is on
+its way (see `wasm.py`). Compiled code is the same with or without the pool, so the
+compiled-code cache is unaffected.
 """
 
 from __future__ import annotations
@@ -63,13 +75,78 @@ def wasmtime_version() -> str:
     return importlib.metadata.version("wasmtime")
 
 
-def new_engine(*, fuel: bool = False) -> wasmtime.Engine:
-    """An engine for components, with epoch interruption (and fuel when asked)."""
+# The pool's bounds per component instance, above what the guests need (wasm-js: 4
+# core instances, 1 memory, 2 tables; wasm-python: 14, 1, 2). A guest that needs more
+# fails to load, with Wasmtime's message saying which bound, never mid-execution.
+POOL_CORE_INSTANCES_PER_COMPONENT = 32
+POOL_MEMORIES_PER_COMPONENT = 2
+POOL_TABLES_PER_COMPONENT = 8
+# 4 GiB: a 32-bit linear memory's own limit; each store's limits enforce the
+# execution's `memory_mb`, so the pool never is the limit a program meets.
+POOL_MEMORY_BYTES = 4 << 30
+# Table slots kept resident: the guests' tables are a few hundred entries, so the
+# reset is a small copy rather than a page fault on each first use.
+TABLE_KEEP_RESIDENT_BYTES = 1 << 20
+
+
+def new_engine(
+    *, fuel: bool = False, instances: int | None = None, keep_resident_bytes: int = 0
+) -> wasmtime.Engine:
+    """An engine for components, with epoch interruption (and fuel when asked).
+
+    With `instances`, instances come from a pool of that many slots, each keeping
+    `keep_resident_bytes` of its memory resident (see the module docstring); the
+    caller must never hold more stores of this engine at once, or instantiating
+    fails. Without it, every instance maps fresh memory.
+    """
     config = wasmtime.Config()
     config.wasm_component_model = True
     config.epoch_interruption = True
     config.consume_fuel = fuel
+    if instances is not None:
+        _use_pool(config, instances, keep_resident_bytes)
     return wasmtime.Engine(config)
+
+
+def _use_pool(config: wasmtime.Config, instances: int, keep_resident_bytes: int) -> None:
+    pool = ffi.wasmtime_pooling_allocation_config_new()
+    try:
+        ffi.wasmtime_pooling_allocation_config_total_component_instances_set(pool, instances)
+        # Totals follow from the per-component bounds, so they cannot run out first.
+        ffi.wasmtime_pooling_allocation_config_max_core_instances_per_component_set(
+            pool, POOL_CORE_INSTANCES_PER_COMPONENT
+        )
+        ffi.wasmtime_pooling_allocation_config_total_core_instances_set(
+            pool, instances * POOL_CORE_INSTANCES_PER_COMPONENT
+        )
+        ffi.wasmtime_pooling_allocation_config_max_memories_per_component_set(
+            pool, POOL_MEMORIES_PER_COMPONENT
+        )
+        ffi.wasmtime_pooling_allocation_config_total_memories_set(
+            pool, instances * POOL_MEMORIES_PER_COMPONENT
+        )
+        ffi.wasmtime_pooling_allocation_config_max_tables_per_component_set(
+            pool, POOL_TABLES_PER_COMPONENT
+        )
+        ffi.wasmtime_pooling_allocation_config_total_tables_set(
+            pool, instances * POOL_TABLES_PER_COMPONENT
+        )
+        ffi.wasmtime_pooling_allocation_config_max_memory_size_set(pool, POOL_MEMORY_BYTES)
+        # Stacks are for async calls, which these engines never make; each would cost
+        # two memory mappings (the default 1000 exhaust a process's map count).
+        ffi.wasmtime_pooling_allocation_config_total_stacks_set(pool, 0)
+        ffi.wasmtime_pooling_allocation_config_linear_memory_keep_resident_set(
+            pool, keep_resident_bytes
+        )
+        ffi.wasmtime_pooling_allocation_config_table_keep_resident_set(
+            pool, TABLE_KEEP_RESIDENT_BYTES
+        )
+        # Resident memory is held by idle slots: one per core is what a busy daemon
+        # reuses; slots idle beyond that give their memory back.
+        ffi.wasmtime_pooling_allocation_config_max_unused_warm_slots_set(pool, os.cpu_count() or 1)
+        ffi.wasmtime_pooling_allocation_strategy_set(config.ptr(), pool)
+    finally:
+        ffi.wasmtime_pooling_allocation_config_delete(pool)
 
 
 class EpochTicker:

@@ -136,13 +136,16 @@ class ToolBridge(Protocol):
     """The sandbox's only way back into the daemon, scoped to one execution.
 
     `session_token` authenticates the sandbox as its own least-privileged client;
-    `request` sends a JSON-RPC call through the daemon's one dispatcher under that token
+    `request` sends a JSON-RPC call through the daemon's one dispatcher as that client
     (in-process executors such as Wasmtime use it directly; subprocess sandboxes connect
-    to `callback` and present the token instead).
+    to `callback` and present the token instead). A bridge may mint the token only when
+    it is first read, so an executor that never hands one out should not read it.
     """
 
-    session_token: str
     callback: CallbackAddress | None
+
+    @property
+    def session_token(self) -> str: ...
 
     async def request(self, method: str, params: dict[str, Any]) -> Any:
         """Dispatch `method` as the sandbox; its result, or the `RpcError` a client gets."""

@@ -16,14 +16,20 @@ looping) and a random source (what `random`, `uuid` and `Math.random` seed from)
 
 The blocking instantiate-and-run happens in a worker thread behind a limiter sized to
 the machine; the guest's `host-call` import runs in that thread and reaches the Trio
-side with `trio.from_thread.run(bridge.request, ...)`, so a tool call goes through
-the daemon's one dispatcher under the execution's session token. When the job has an
-`on_output` hook, each piece of output the guest writes is also handed, in order and
-without waiting, to a task on the Trio side that awaits the hook (`_LiveOutput`);
-without one, nothing is done for streaming. A timeout, a stop
-(`job.stop` or cancellation) or an exhausted output budget interrupts the guest at
-its next epoch tick (`_wasmtime.Interrupt`); the thread always finishes and the store
-is always closed before `run` returns.
+side with `trio.from_thread.run` (`bridge.request`, in a task of its own), so a tool
+call goes through the daemon's one dispatcher under the execution's session. When the
+job has an `on_output` hook, each piece of output the guest writes is also handed, in
+order and without waiting, to a task on the Trio side that awaits the hook
+(`_LiveOutput`); without one, nothing is done for streaming. A timeout, a stop
+(`job.stop` or cancellation) or an exhausted output budget interrupts the guest at its
+next epoch tick (`_wasmtime.Interrupt`).
+
+The thread hands the guest's answer to `run` as soon as it has it, and only then
+closes the store (resetting its pool slot, see `_wasmtime`): that teardown is real
+work, and no caller needs to wait for it. So the thread outlives `run` by a moment,
+and is owned by a task in the executor's own nursery (the one `serve` runs) rather
+than by the execution's: it holds its limiter slot until the store is closed, and the
+guest's host calls run in that task, cancelled when `run` gives up on the guest.
 """
 
 from __future__ import annotations
@@ -46,16 +52,7 @@ import wasmtime.component
 
 from conduit.daemon.errors import RpcError, RuntimeMissing
 from conduit.executors import _wasmtime, outcomes
-from conduit.executors.base import (
-    ErrorInfo,
-    ExecutorInfo,
-    Job,
-    Limits,
-    Outcome,
-    Status,
-    ToolBridge,
-    python_request,
-)
+from conduit.executors.base import ErrorInfo, ExecutorInfo, Job, Limits, Outcome, Status, ToolBridge
 from conduit.executors.output import OutputCapture, StreamName
 from conduit.executors.wasm_build import BuildError, BuiltComponent, GuestRecipe, ensure_component
 
@@ -89,19 +86,43 @@ class _State:
     FAILED = "failed"
 
 
+# What the worker thread hands back: (the guest's answer, None) or (None, the trap).
+_Answer = tuple[str | None, str | None]
+
+
 @dataclass(slots=True)
 class _Execution:
-    """One run's host side: read by the `host-call` import in the worker thread."""
+    """One run's host side: shared by `run` (Trio) and its worker thread.
+
+    The thread reads `bridge` and `interrupt` (in the `host-call` import) and hands
+    back its answer with `token.run_sync_soon(execution.answer, ...)`; `answer` runs
+    on the Trio side and wakes `run` by cancelling `waiter`, the scope it waits in.
+    """
 
     bridge: ToolBridge
     interrupt: _wasmtime.Interrupt
+    token: trio.lowlevel.TrioToken
+    tool_calls: int = 0
+    # Set once `run` has stopped waiting for the thread (its report may be out).
+    abandoned: bool = False
+    # Set by the thread once the guest has answered: output from then on is dropped.
+    output_closed: bool = False
+    finished: bool = False  # the worker thread is done with the store
+    answered: bool = False
+    result: _Answer | BaseException | None = None
+    waiter: trio.CancelScope | None = None
+    # The scope of the host call in flight, if any: `run` giving up cancels it.
+    host_call: trio.CancelScope | None = None
     # Hands kept output to the Trio side as it is written (streaming only).
     live: Callable[[StreamName, bytes], None] | None = None
-    tool_calls: int = 0
-    # Set when the Trio side stops waiting for a thread blocked in a WASI call (see
-    # `_wait_for_guest`): from then on the guest's output is dropped, not recorded.
-    abandoned: bool = False
-    finished: bool = False  # the worker thread is done with the store
+
+    def answer(self, result: _Answer | BaseException) -> None:
+        """Take the thread's answer (or failure) and wake `run`; Trio thread only."""
+        if self.answered:
+            return
+        self.answered, self.result = True, result
+        if self.waiter is not None:
+            self.waiter.cancel()
 
 
 class ProgramRejected(Exception):
@@ -124,11 +145,18 @@ class WasmExecutor:
     languages: frozenset[str]
     recipe: GuestRecipe
     runtime: str  # what runs the programs, e.g. "CPython 3.14"
+    # How much of an instance's memory its pool slot keeps resident (see `_wasmtime`).
+    keep_resident_bytes: int = 0
 
     def __init__(self, *, cache_dir: str | os.PathLike[str], fuel: int | None = None) -> None:
         self._cache_dir = Path(cache_dir)
         self._fuel = fuel
-        self._engine = _wasmtime.new_engine(fuel=fuel is not None)
+        # Each worker thread holds at most one store: the pool has a slot for every one.
+        self._engine = _wasmtime.new_engine(
+            fuel=fuel is not None,
+            instances=(os.cpu_count() or 1) + MAX_LINGERING_THREADS,
+            keep_resident_bytes=self.keep_resident_bytes,
+        )
         self._linker: wasmtime.component.Linker | None = None
         self._component: wasmtime.component.Component | None = None
         self._built: BuiltComponent | None = None
@@ -139,13 +167,16 @@ class WasmExecutor:
         # Each execution holds a slot while it runs; more than the cores only queue.
         self._slots = trio.CapacityLimiter(os.cpu_count() or 1)
         # Threads, counting those left finishing a blocking WASI call after their
-        # execution was reported (see `_wait_for_guest`); a bound on what they hold.
+        # execution was reported (see `_wait_for_guest`) and those closing a store
+        # after the answer; a bound on what they hold (and the size of the pool).
         self._threads = trio.CapacityLimiter((os.cpu_count() or 1) + MAX_LINGERING_THREADS)
         self._lingering = 0
         self._lingering_lock = threading.Lock()  # the count is kept by two threads
         self._current = threading.local()
         self._runs = 0
         self._settled = trio.Event()  # set once the build has succeeded or failed
+        # Where worker threads are awaited; set while `serve` runs.
+        self._nursery: trio.Nursery | None = None
 
     def __repr__(self) -> str:
         state = self._state if self._reason is None else f"{self._state}: {self._reason}"
@@ -161,10 +192,14 @@ class WasmExecutor:
         failed build.
         """
         _wasmtime.TICKER.register(self._engine)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_wasmtime.serve_ticker)
-            task_status.started()
-            await self.prepare()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(_wasmtime.serve_ticker)
+                task_status.started()
+                await self.prepare()
+        finally:
+            self._nursery = None
 
     async def prepare(self) -> None:
         """Build (or find) and load the component in a worker thread; idempotent."""
@@ -249,7 +284,7 @@ class WasmExecutor:
             on_limit=lambda: interrupt.stop(_wasmtime.StopReason.OUTPUT_LIMIT),
             on_output=job.on_output,
         )
-        execution = _Execution(bridge, interrupt)
+        execution = _Execution(bridge, interrupt, trio.lowlevel.current_trio_token())
         self._runs += 1
         try:
             request = self.request_for(job)
@@ -257,18 +292,24 @@ class WasmExecutor:
             outcome = outcomes.captured(capture)
             outcome.status, outcome.error, outcome.exit_code = Status.ERROR, exc.error, 1
             return outcome
-        async with self._slots:
+        try:  # the usual case, without the checkpoint `acquire` adds
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            await self._slots.acquire()
+        try:
             if job.on_output is None:
                 answer, trap = await self._wait_for_guest(job, request, execution, capture)
             else:
                 answer, trap = await self._wait_streaming(job, request, execution, capture)
+        finally:
+            self._slots.release()
         outcome = self._outcome(job, capture, answer, trap, interrupt.reason)
         outcome.tool_calls = execution.tool_calls
         return outcome
 
     async def _wait_for_guest(
         self, job: Job, request: str, execution: _Execution, capture: OutputCapture
-    ) -> tuple[str | None, str | None]:
+    ) -> _Answer:
         """Run the guest in a worker thread; its answer, or the trap that ended it.
 
         The epoch interrupt stops guest code within a tick, but not a thread blocked
@@ -278,32 +319,27 @@ class WasmExecutor:
         is reported without it, and the thread finishes on its own, trapping as soon as
         the call returns and closing its store. Cancellation abandons it at once.
         """
-        answer: tuple[str | None, str | None] = (None, None)
-        returned = False
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(
-                _give_up_after_grace, execution.interrupt, job.stop, nursery.cancel_scope
-            )
-            try:
-                answer = await trio.to_thread.run_sync(
-                    self._run_in_thread,
-                    job,
-                    request,
-                    execution,
-                    capture,
-                    limiter=self._threads,
-                    abandon_on_cancel=True,
-                )
-                returned = True
-            finally:
-                if not returned:  # given up on, or the run itself was cancelled
-                    self._abandon(execution)
-            nursery.cancel_scope.cancel()
-        return answer
+        if self._nursery is None:
+            raise RuntimeMissing(f"the {self.name} executor is not being served (serve() runs it)")
+        interrupt = execution.interrupt
+        self._nursery.start_soon(self._guest_thread, job, request, execution, capture)
+        try:
+            remaining_s = max(0.0, interrupt.deadline - time.monotonic())
+            if not await _wait_answer(execution, trio.current_time() + remaining_s, job.stop):
+                # A no-op if the guest was stopped for another reason first.
+                reason = _wasmtime.StopReason.CANCELLED if job.stop.is_set() else None
+                interrupt.stop(reason or _wasmtime.StopReason.TIMEOUT)
+                await _wait_answer(execution, trio.current_time() + LINGER_GRACE_S, None)
+        finally:
+            if not execution.answered:  # given up on, or the run itself was cancelled
+                self._abandon(execution)
+        if isinstance(execution.result, BaseException):
+            raise execution.result
+        return execution.result or (None, None)
 
     async def _wait_streaming(
         self, job: Job, request: str, execution: _Execution, capture: OutputCapture
-    ) -> tuple[str | None, str | None]:
+    ) -> _Answer:
         """`_wait_for_guest`, with the guest's output streamed to `job.on_output`.
 
         Returns once every piece the guest wrote has been through the hook.
@@ -319,8 +355,36 @@ class WasmExecutor:
                 # (one FIFO queue), so everything it wrote is in the channel now.
                 live.close()
 
+    async def _guest_thread(
+        self, job: Job, request: str, execution: _Execution, capture: OutputCapture
+    ) -> None:
+        """The task owning one worker thread, in the executor's nursery (see the module
+        doc); hands `run` whatever the thread raised. Cancelled only with `serve`."""
+        try:
+            await trio.to_thread.run_sync(
+                self._run_in_thread,
+                job,
+                request,
+                execution,
+                capture,
+                limiter=self._threads,
+                abandon_on_cancel=True,
+            )
+        except trio.Cancelled:
+            execution.interrupt.stop(_wasmtime.StopReason.CANCELLED)
+            if execution.host_call is not None:
+                execution.host_call.cancel()
+            raise
+        except Exception as exc:
+            if execution.answered:  # the guest had answered: only the teardown failed
+                log.exception("%s: closing a store failed", self.name)
+            else:  # raised in `run`, where the daemon reports it
+                execution.answer(exc)
+
     def _abandon(self, execution: _Execution) -> None:
         execution.interrupt.stop(_wasmtime.StopReason.CANCELLED)
+        if execution.host_call is not None:  # a task of its own: it would carry on
+            execution.host_call.cancel()
         with self._lingering_lock:
             execution.abandoned = True
             if execution.finished:
@@ -334,14 +398,19 @@ class WasmExecutor:
 
     def request_for(self, job: Job) -> str:
         """The guest's JSON request for `job`; raises `ProgramRejected` to refuse it."""
-        return json.dumps(python_request(job), ensure_ascii=False)
+        request = {"code": job.code, "inputs": job.inputs, "timeout_ms": job.limits.timeout_ms}
+        return json.dumps(request, ensure_ascii=False)
 
     def _run_in_thread(
         self, job: Job, request: str, execution: _Execution, capture: OutputCapture
-    ) -> tuple[str | None, str | None]:
-        """Instantiate and run; (the guest's answer, None) or (None, the trap message)."""
+    ) -> None:
+        """Instantiate and run, hand `run` (the guest's answer, None) or (None, the trap
+        message), then close the store."""
         assert self._component is not None
         assert self._linker is not None
+        if execution.abandoned:  # given up on while waiting for a thread
+            self._finish(execution)
+            return
         store = wasmtime.Store(self._engine)
         try:
             store.set_limits(memory_size=job.limits.memory_mb * MIB)
@@ -359,17 +428,25 @@ class WasmExecutor:
                 instance = self._linker.instantiate(store, self._component)
                 run = instance.get_func(store, RUN_EXPORT)
                 assert run is not None
-                return run(store, request), None
+                answer: _Answer = (run(store, request), None)
             except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:
-                return None, str(exc)
+                answer = (None, str(exc))
             finally:
                 self._current.execution = None
+            # The output is complete; whatever tearing down writes is not the program's.
+            execution.output_closed = True
+            with contextlib.suppress(trio.RunFinishedError):
+                execution.token.run_sync_soon(execution.answer, answer)
         finally:
             store.close()
-            with self._lingering_lock:
-                execution.finished = True
-                if execution.abandoned:
-                    self._lingering -= 1
+            self._finish(execution)
+
+    def _finish(self, execution: _Execution) -> None:
+        """The worker thread is done with the execution (worker thread)."""
+        with self._lingering_lock:
+            execution.finished = True
+            if execution.abandoned:
+                self._lingering -= 1
 
     def _host_call(self, _store: Any, method: str, params: str) -> str:
         """The guest's `host-call`: a JSON-RPC call under the session token (worker thread)."""
@@ -382,12 +459,17 @@ class WasmExecutor:
             decoded = json.loads(params)
             if not isinstance(decoded, dict):
                 return _rpc_error(-32602, "invalid params: params must be an object")
-            result = trio.from_thread.run(execution.bridge.request, method, decoded)
+            # A task of its own (the token's system nursery), rather than a turn of the
+            # task awaiting this thread: two scheduler passes fewer per call, and
+            # `_request_for_guest` scopes it for cancelling either way.
+            result = trio.from_thread.run(
+                _request_for_guest, execution, method, decoded, trio_token=execution.token
+            )
         except RpcError as exc:
             return _rpc_error(exc.code, exc.message, exc.data)
         except ValueError as exc:
             return _rpc_error(-32700, f"parse error: {exc}")
-        except trio.Cancelled:
+        except (trio.Cancelled, _Stopped):
             execution.interrupt.stop(_wasmtime.StopReason.CANCELLED)
             return _rpc_error(INTERNAL_ERROR, "the execution is being stopped")
         except Exception as exc:  # reported to the guest; the daemon's side logs its own
@@ -469,7 +551,7 @@ def _parse_answer(answer: str) -> dict[str, Any] | None:
 
 
 def _record(execution: _Execution, capture: OutputCapture, stream: str, data: bytes) -> None:
-    if not execution.abandoned:  # the execution's report may already be out
+    if not (execution.abandoned or execution.output_closed):  # the report may be out
         capture.write_nowait(stream, data)  # type: ignore[arg-type]
 
 
@@ -477,7 +559,7 @@ def _record_live(
     execution: _Execution, capture: OutputCapture, stream: StreamName, data: bytes
 ) -> None:
     """`_record`, also handing what was kept to the Trio side (worker thread)."""
-    if not execution.abandoned:
+    if not (execution.abandoned or execution.output_closed):
         kept = capture.write_nowait(stream, data)
         if kept and execution.live is not None:
             execution.live(stream, kept)
@@ -518,18 +600,39 @@ class _LiveOutput:
         await capture.finish("stderr")
 
 
-async def _give_up_after_grace(
-    interrupt: _wasmtime.Interrupt, stop: trio.Event, scope: trio.CancelScope
-) -> None:
-    """Stop the guest when its time is up or its job is stopped, and cancel `scope`
-    LINGER_GRACE_S later (it is cancelled first when the guest comes back in time)."""
-    with trio.move_on_after(max(0.0, interrupt.deadline - time.monotonic())):
-        await stop.wait()
-    # A no-op if the guest was stopped for another reason first.
-    reason = _wasmtime.StopReason.CANCELLED if stop.is_set() else _wasmtime.StopReason.TIMEOUT
-    interrupt.stop(reason)
-    await trio.sleep(LINGER_GRACE_S)
-    scope.cancel()
+class _Stopped(Exception):
+    """A host call cut short because its execution was given up on."""
+
+
+async def _request_for_guest(execution: _Execution, method: str, params: dict[str, Any]) -> Any:
+    """`bridge.request` for the guest's thread, in a scope that `_abandon` (and the
+    executor's shutdown) cancels: the call runs in a task of its own, which would
+    otherwise outlive the execution."""
+    with trio.CancelScope() as scope:
+        execution.host_call = scope
+        if execution.abandoned:
+            scope.cancel()
+        try:
+            return await execution.bridge.request(method, params)
+        finally:
+            execution.host_call = None
+    raise _Stopped
+
+
+async def _wait_answer(execution: _Execution, deadline: float, stop: trio.Event | None) -> bool:
+    """Wait until the thread has answered, `deadline` (Trio time) or `stop`; whether
+    it has answered. One scope, cancelled by `_Execution.answer`: no helper task."""
+    with trio.CancelScope(deadline=deadline) as scope:
+        execution.waiter = scope
+        try:
+            if not execution.answered:
+                if stop is None:
+                    await trio.sleep_forever()
+                else:
+                    await stop.wait()
+        finally:
+            execution.waiter = None
+    return execution.answered
 
 
 def _rpc_error(code: int, message: str, data: Any = None) -> str:

@@ -49,6 +49,10 @@ class WasmJsExecutor(WasmExecutor):
     languages = frozenset({"javascript"})
     recipe = JS_GUEST
     runtime = "SpiderMonkey"
+    # Nothing kept resident: a trivial program touches a few MiB of SpiderMonkey's
+    # heap, and copying the resident part back after each run cost more CPU than the
+    # page faults it saved (measured through the daemon: p50 3.5 ms kept, 2.9 ms not).
+    keep_resident_bytes = 0
 
     def request_for(self, job: Job) -> str:
         module = prepare_module(job.code)

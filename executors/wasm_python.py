@@ -21,3 +21,7 @@ class WasmPythonExecutor(WasmExecutor):
     languages = frozenset({"python"})
     recipe = PYTHON_GUEST
     runtime = "CPython 3.14"
+    # A trivial program dirties most of the first ~30 MiB (CPython's snapshot heap):
+    # kept resident, an instance answered in half the time (4.6 -> 2.5 ms measured
+    # in-process on a loaded 2-core VM) for less CPU in all, the reset included.
+    keep_resident_bytes = 32 * 1024 * 1024

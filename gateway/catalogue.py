@@ -83,7 +83,8 @@ __all__ = [
 
 log = logging.getLogger("conduit.gateway")
 
-# Upstreams enforce `timeout_s` themselves; this backstop only catches one that does not.
+# Upstreams enforce `timeout_s` themselves; this backstop only catches one that does not
+# (an upstream whose `enforces_timeout` is true is trusted to, and spared the scope).
 CALL_GRACE_S = 1.0
 # Enough to catch a typo, few enough to read in one error line.
 MAX_SUGGESTIONS = 3
@@ -137,6 +138,11 @@ def _texts(result: Mapping[str, Any]) -> list[str] | None:
     return texts if len(texts) == len(content) else None
 
 
+# How a JSON text may begin, after the whitespace JSON allows (RFC 8259).
+_JSON_SPACE = " \t\n\r"
+_JSON_STARTS = ("{", "[", '"', "-", *"0123456789", "t", "f", "n")
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
@@ -151,6 +157,8 @@ def value_of(result: Mapping[str, Any]) -> Any:
     if texts is None:
         return result["content"]
     text = "\n".join(texts)
+    if not text.lstrip(_JSON_SPACE).startswith(_JSON_STARTS):
+        return text  # prose: what json.loads would refuse, without raising to say so
     try:
         return json.loads(text, parse_constant=_reject_constant)
     except ValueError:
@@ -237,6 +245,8 @@ class LocalUpstream:
     until cancelled; `call_tool` runs the handler under `timeout_s`, raising
     `UpstreamUnreachable` if it takes longer.
     """
+
+    enforces_timeout = True  # see `Upstream`
 
     def __init__(self, name: str, tools: Sequence[LocalTool], *, description: str = "") -> None:
         self.name = name
@@ -567,6 +577,8 @@ class Catalogue:
         if entry is None or current is None:
             raise ToolNotFound(tool.id, self._suggest(tool.id, self.tools()))
         self._schemas.enforce(current, arguments, strict=entry.strict)
+        if getattr(entry.upstream, "enforces_timeout", False):
+            return await entry.upstream.call_tool(current.name, arguments, timeout_s=timeout_s)
         with trio.move_on_after(timeout_s + CALL_GRACE_S):
             return await entry.upstream.call_tool(current.name, arguments, timeout_s=timeout_s)
         raise UpstreamUnreachable(

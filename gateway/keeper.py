@@ -209,6 +209,8 @@ class SessionKeeper(abc.ABC):
     """
 
     transport: ClassVar[str]
+    # `call_tool` bounds every call by its `timeout_s` (see `Upstream`).
+    enforces_timeout: ClassVar[bool] = True
 
     def __init__(self, settings: StdioUpstreamSettings | HttpUpstreamSettings) -> None:
         self.name = settings.name

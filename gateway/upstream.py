@@ -35,7 +35,11 @@ class ReportsState(Protocol):
 
 
 class Upstream(Protocol):
-    """One MCP server Conduit is a client of."""
+    """One MCP server Conduit is a client of.
+
+    An upstream may also set `enforces_timeout = True` to promise that `call_tool`
+    never outlives its `timeout_s`; the catalogue then adds no backstop of its own.
+    """
 
     name: str
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import trio
 
 from conduit.daemon.errors import Forbidden, NotFound
 from tests.e2e.test_tools import tooled  # noqa: F401 (a fixture)
@@ -96,3 +97,23 @@ async def test_the_tool_call_limit_stops_the_program_and_keeps_its_output(
     assert result["status"] == "tool_limit", result
     assert result["stdout"].startswith("0\n1\n2\n3\n")
     assert result["error"]["type"] == "ToolLimit"
+
+
+async def test_a_program_waiting_on_a_slow_tool_is_stopped_at_its_timeout(
+    tooled: Any,  # noqa: F811
+) -> None:
+    """The tool call in flight is cancelled with the execution, not left to finish:
+    no thread stays behind waiting for the upstream's 10 s."""
+    server, _, client = await tooled()
+    started = trio.current_time()
+    code = "console.log('waiting');\nawait tools.echo.slow({ seconds: 10 });"
+    result = await run(client, code, "wasm-js", limits={"timeout_ms": 300})
+    assert result["status"] == "timeout", result
+    assert result["stdout"] == "waiting\n"
+    assert trio.current_time() - started < 5
+    executor = server.registry.pick("javascript", "wasm-js")
+    with trio.fail_after(5):
+        while executor.info().pool["lingering_threads"] != 0:
+            await trio.sleep(0.05)  # the count changes in a worker thread
+    again = await run(client, "await tools.echo.echo({ text: 'after' })", "wasm-js")
+    assert (again["status"], again["result"]) == ("ok", "after")
