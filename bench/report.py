@@ -123,7 +123,10 @@ def _peer_rows(peer: dict[str, Any], language: str, ours: Figures | None) -> Non
 def _tool_calls(results: dict[str, Any]) -> None:
     direct = results["direct_mcp_call"]
     print("tool calls to a trivial stdio upstream:")
-    print(row("reference: MCP SDK client, directly", direct))
+    print(row("reference: MCP SDK client, directly (same protocol)", direct))
+    if "direct_mcp_call_legacy" in results:
+        legacy = results["direct_mcp_call_legacy"]
+        print(row("  the same, `initialize` handshake (older)", legacy))
     print(row("tools/call over the socket, no sandbox", results["tool_call_via_socket"]))
     print(row("from inside a Deno sandbox, per call", results["tool_call_in_sandbox"]))
     overhead = results["tool_call_in_sandbox"]["p50_ms"] - direct["p50_ms"]

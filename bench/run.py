@@ -108,6 +108,9 @@ async def conduit_figures(workdir: Path, n: dict[str, int]) -> dict[str, Any]:
         results["execute_cold"] = await execute_latency(path, TYPESCRIPT_REQUEST, n["ts_cold"])
     results["plain_deno_run"] = plain_deno(n["plain_deno"], workdir)
     results["direct_mcp_call"] = await tool_calls.direct_mcp_calls(n["direct_mcp"])
+    results["direct_mcp_call_legacy"] = await tool_calls.direct_mcp_calls(
+        n["direct_mcp"], mode="legacy"
+    )
     return results
 
 

@@ -137,18 +137,22 @@ async def daemon_calls(path: str, calls: int) -> Figures:
     return percentiles(samples)
 
 
-async def direct_mcp_calls(calls: int) -> Figures:
-    """The same call made straight to the upstream with the official MCP SDK client."""
-    from mcp.client.session import ClientSession
-    from mcp.client.stdio import StdioServerParameters, stdio_client
+async def direct_mcp_calls(calls: int, mode: str = "auto") -> Figures:
+    """The same call made straight to the upstream with the official MCP SDK client.
+
+    `mode` is the SDK's handshake: "auto" negotiates as the daemon's own client of the
+    upstream does (the newest protocol the server speaks), so the two are compared on
+    the same protocol; "legacy" is the `initialize` handshake, for older figures.
+    """
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
 
     server = StdioServerParameters(command=sys.executable, args=[str(ECHO_SERVER)])
     samples = []
-    async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
-        await session.initialize()
-        await session.call_tool("echo", {"text": "x"})
+    async with Client(server, mode=mode, cache=None) as client:  # type: ignore[arg-type]
+        await client.call_tool("echo", {"text": "x"})
         for _ in range(calls):
             started = time.perf_counter()
-            await session.call_tool("echo", {"text": "x"})
+            await client.call_tool("echo", {"text": "x"})
             samples.append(time.perf_counter() - started)
     return percentiles(samples)
