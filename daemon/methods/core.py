@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field
 
 from conduit.daemon.dispatcher import METHODS, CallContext, Params, method
 from conduit.daemon.errors import NotFound
+from conduit.daemon.methods.executions import origin_of
 from conduit.daemon.version import VERSION
 
 __all__ = ["PROTOCOL_VERSIONS"]
@@ -73,8 +74,7 @@ async def cancelled(params: CancelledParams, ctx: CallContext) -> None:
         return
     # The request may have finished already, or started no program: nothing to stop.
     with contextlib.suppress(NotFound):
-        origin = (id(ctx.connection), params.requestId)
-        ctx.daemon.executions.cancel(ctx.principal, origin=origin)
+        ctx.daemon.executions.cancel(ctx.principal, origin=origin_of(ctx, params.requestId))
 
 
 @method("ping", params=AnyParams, scope=None, session=True)

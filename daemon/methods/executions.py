@@ -21,7 +21,7 @@ from conduit.executors.base import Status
 if TYPE_CHECKING:
     from conduit.daemon.connection import Connection
 
-__all__ = ["ExecuteParams", "GetParams", "LimitParams", "ListParams", "StatsParams"]
+__all__ = ["ExecuteParams", "GetParams", "LimitParams", "ListParams", "StatsParams", "origin_of"]
 
 # A day: enough executions for percentiles to mean something, recent enough to act on.
 DEFAULT_STATS_WINDOW_S = 86_400.0
@@ -97,7 +97,7 @@ class ExecuteParams(Params):
             limits=self.limits.overrides() if self.limits else {},
             allowed_tools=tuple(self.allowed_tools) if self.allowed_tools is not None else None,
             inputs=self.inputs,
-            origin=_origin(ctx, ctx.request_id),
+            origin=origin_of(ctx, ctx.request_id),
             on_output=on_output,
         )
 
@@ -115,7 +115,7 @@ async def execute(params: ExecuteParams, ctx: CallContext) -> dict[str, Any]:
     return await ctx.daemon.executions.execute(request, ctx.require_principal())
 
 
-def _origin(ctx: CallContext, request_id: Any) -> tuple[int, Any] | None:
+def origin_of(ctx: CallContext, request_id: Any) -> tuple[int, Any] | None:
     """Who started an execution, as `executions/cancel` names it: (connection, request id)."""
     return (id(ctx.connection), request_id) if ctx.connection is not None else None
 
@@ -139,7 +139,7 @@ async def cancel(params: CancelParams, ctx: CallContext) -> dict[str, Any]:
     execution_id = ctx.daemon.executions.cancel(
         ctx.require_principal(),
         execution_id=params.execution_id,
-        origin=_origin(ctx, params.request_id) if params.request_id is not None else None,
+        origin=origin_of(ctx, params.request_id) if params.request_id is not None else None,
     )
     return {"cancelled": True, "execution_id": execution_id}
 
