@@ -232,7 +232,10 @@ class Executions:
             def end(outcome: Outcome) -> dict[str, Any]:
                 """Log and publish how the execution ended; returns the wire result."""
                 duration_s = trio.current_time() - started
-                log.info(
+                # Debug, not info: the audit store and the events already record every
+                # execution, and one formatted line each cost as much as the rest of the
+                # bookkeeping together (~0.1 ms of the event loop per execution).
+                log.debug(
                     "execution finished",
                     extra={
                         "execution_id": execution_id,

@@ -239,7 +239,10 @@ class Interrupt:
             self.reason = reason
 
     def install(self, store: wasmtime.Store) -> None:
-        """Check this interrupt every tick while `store` runs guest code."""
+        """Check this interrupt every tick while `store` runs guest code.
+
+        The store keeps only a pointer to this object's callback: keep the object alive
+        for as long as it is installed (until the store is closed or another is)."""
         store.set_epoch_deadline(1)
         ffi.wasmtime_store_epoch_deadline_callback(store.ptr(), self._callback, None, _no_finalizer)
 

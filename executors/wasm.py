@@ -7,7 +7,8 @@ component (or finds it in the cache) and loads its compiled form (see
 unavailable, with the reason, until that is done or if it fails.
 
 Every execution gets a brand-new instance in a brand-new `Store`, closed after its
-one program: nothing survives from one execution to the next. The store has no
+one program: nothing survives from one execution to the next. A few are made ahead
+(`wasm_instances`), so the request path seldom waits for instantiation. The store has no
 preopened directory, no environment, no arguments, no sockets; its linear memory is
 capped by the store's limits; its stdout and stderr go into an `OutputCapture` as the
 guest writes them. WASI's clocks and random numbers are Wasmtime's defaults: wall and
@@ -55,15 +56,16 @@ from conduit.executors import _wasmtime, outcomes
 from conduit.executors.base import ErrorInfo, ExecutorInfo, Job, Limits, Outcome, Status, ToolBridge
 from conduit.executors.output import OutputCapture, StreamName
 from conduit.executors.wasm_build import BuildError, BuiltComponent, GuestRecipe, ensure_component
+from conduit.executors.wasm_instances import MIB, Instance, Instances
 
 __all__ = ["ProgramRejected", "WasmExecutor"]
 
 log = logging.getLogger(__name__)
 
-MIB = 1024 * 1024
-# The export the host calls and the import the guest calls (shims/world.wit).
-RUN_EXPORT = "run"
+# The import the guest calls (shims/world.wit).
 HOST_CALL_IMPORT = "host-call"
+# Instances made ahead: one per core is what executions running at once take.
+STANDBY_INSTANCES = os.cpu_count() or 1
 # How long a guest whose time is up (or that was stopped) may take to come back before
 # its execution is reported without it: many epoch ticks, so only a thread blocked in a
 # WASI call is ever left behind.
@@ -151,14 +153,14 @@ class WasmExecutor:
     def __init__(self, *, cache_dir: str | os.PathLike[str], fuel: int | None = None) -> None:
         self._cache_dir = Path(cache_dir)
         self._fuel = fuel
-        # Each worker thread holds at most one store: the pool has a slot for every one.
+        # Each worker thread holds at most one store, and so does each standby
+        # instance: the pool has a slot for every one.
         self._engine = _wasmtime.new_engine(
             fuel=fuel is not None,
-            instances=(os.cpu_count() or 1) + MAX_LINGERING_THREADS,
+            instances=(os.cpu_count() or 1) + MAX_LINGERING_THREADS + STANDBY_INSTANCES,
             keep_resident_bytes=self.keep_resident_bytes,
         )
-        self._linker: wasmtime.component.Linker | None = None
-        self._component: wasmtime.component.Component | None = None
+        self._instances: Instances | None = None
         self._built: BuiltComponent | None = None
         self._compiled_cache: str | None = None
         self._timings: dict[str, float] = {}
@@ -200,6 +202,8 @@ class WasmExecutor:
                 await self.prepare()
         finally:
             self._nursery = None
+            if self._instances is not None:
+                self._instances.close()
 
     async def prepare(self) -> None:
         """Build (or find) and load the component in a worker thread; idempotent."""
@@ -232,6 +236,14 @@ class WasmExecutor:
         linker = wasmtime.component.Linker(self._engine)
         linker.add_wasip2()
         linker.root().add_func(HOST_CALL_IMPORT, self._host_call)
+        instances = Instances(
+            self._engine,
+            linker,
+            loaded.component,
+            fuel=self._fuel is not None,
+            standby=STANDBY_INSTANCES,
+        )
+        instances.refill()
         self._timings = {
             "build_s" if built.built else "build_check_s": round(built.seconds, 3),
             ("compile_s" if loaded.cache is not _wasmtime.CompiledCache.HIT else "deserialize_s"): (
@@ -240,8 +252,7 @@ class WasmExecutor:
         }
         self._built = built
         self._compiled_cache = loaded.cache.value
-        self._component = loaded.component
-        self._linker = linker
+        self._instances = instances
         log.info("%s component %s ready (%s)", self.name, built.component_hash[:12], self._timings)
 
     def info(self) -> ExecutorInfo:
@@ -258,6 +269,11 @@ class WasmExecutor:
                 build_inputs=self._built.inputs,
                 compiled_cache=self._compiled_cache,
                 timings=self._timings,
+            )
+        if self._instances is not None:
+            details.update(
+                standby_instances=self._instances.standing_by,
+                base_memory_mib=self._instances.base_memory_mib,
             )
         return ExecutorInfo(
             name=self.name,
@@ -404,42 +420,54 @@ class WasmExecutor:
     def _run_in_thread(
         self, job: Job, request: str, execution: _Execution, capture: OutputCapture
     ) -> None:
-        """Instantiate and run, hand `run` (the guest's answer, None) or (None, the trap
-        message), then close the store."""
-        assert self._component is not None
-        assert self._linker is not None
+        """Take (or make) an instance and run, hand `run` (the guest's answer, None) or
+        (None, the trap message), then close the store and make the next standby."""
+        instances = self._instances
+        assert instances is not None
         if execution.abandoned:  # given up on while waiting for a thread
             self._finish(execution)
             return
-        store = wasmtime.Store(self._engine)
+        memory_bytes = job.limits.memory_mb * MIB
+        instance: Instance | None = None
         try:
-            store.set_limits(memory_size=job.limits.memory_mb * MIB)
-            if self._fuel is not None:
-                store.set_fuel(self._fuel)
-            wasi = wasmtime.WasiConfig()
-            # Chosen once here, so a run nobody streams does no work for streaming.
-            record = _record if execution.live is None else _record_live
-            wasi.stdout_custom = lambda data: record(execution, capture, "stdout", data)
-            wasi.stderr_custom = lambda data: record(execution, capture, "stderr", data)
-            store.set_wasi(wasi)
-            execution.interrupt.install(store)
-            self._current.execution = execution
             try:
-                instance = self._linker.instantiate(store, self._component)
-                run = instance.get_func(store, RUN_EXPORT)
-                assert run is not None
-                answer: _Answer = (run(store, request), None)
+                instance = instances.take(memory_bytes) or instances.new(memory_bytes)
+                output = self._run_guest(instance, job, request, execution, capture)
+                answer: _Answer = (output, None)
             except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:
                 answer = (None, str(exc))
-            finally:
-                self._current.execution = None
             # The output is complete; whatever tearing down writes is not the program's.
             execution.output_closed = True
             with contextlib.suppress(trio.RunFinishedError):
                 execution.token.run_sync_soon(execution.answer, answer)
         finally:
-            store.close()
+            if instance is not None:
+                instance.close()
             self._finish(execution)
+        instances.refill()
+
+    def _run_guest(
+        self,
+        instance: Instance,
+        job: Job,
+        request: str,
+        execution: _Execution,
+        capture: OutputCapture,
+    ) -> str:
+        """Give `instance` the execution's limits, interrupt and output, and run it."""
+        store = instance.store
+        store.set_limits(memory_size=job.limits.memory_mb * MIB)
+        if self._fuel is not None:
+            store.set_fuel(self._fuel)
+        instance.install(execution.interrupt)
+        # Chosen once here, so a run nobody streams does no work for streaming.
+        record = _record if execution.live is None else _record_live
+        instance.output.attach(lambda stream, data: record(execution, capture, stream, data))
+        self._current.execution = execution
+        try:
+            return instance.run(store, request)
+        finally:
+            self._current.execution = None
 
     def _finish(self, execution: _Execution) -> None:
         """The worker thread is done with the execution (worker thread)."""
