@@ -292,6 +292,7 @@ class WasmExecutor:
             raise RuntimeMissing(f"the {self.name} executor is unavailable: {self._reason}")
         if job.language not in self.languages:
             raise ValueError(f"the {self.name} executor does not run {job.language!r}")
+        assert self._instances is not None  # loaded, as the executor is available
         limits = job.limits
         interrupt = _wasmtime.Interrupt(limits.timeout_ms / 1000)
         capture = OutputCapture(
@@ -308,6 +309,15 @@ class WasmExecutor:
             outcome = outcomes.captured(capture)
             outcome.status, outcome.error, outcome.exit_code = Status.ERROR, exc.error, 1
             return outcome
+        base_mib = self._instances.base_memory_mib
+        if limits.memory_mb < base_mib:
+            return outcomes.failed(
+                outcomes.captured(capture),
+                Status.MEMORY_LIMIT,
+                "MemoryLimit",
+                f"the {self.name} sandbox needs {base_mib} MB to start, more than the "
+                f"program's limit of {limits.memory_mb} MB; raise limits.memory_mb",
+            )
         try:  # the usual case, without the checkpoint `acquire` adds
             self._slots.acquire_nowait()
         except trio.WouldBlock:
@@ -431,7 +441,7 @@ class WasmExecutor:
         instance: Instance | None = None
         try:
             try:
-                instance = instances.take(memory_bytes) or instances.new(memory_bytes)
+                instance = instances.take() or instances.new(memory_bytes)
                 output = self._run_guest(instance, job, request, execution, capture)
                 answer: _Answer = (output, None)
             except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:

@@ -12,10 +12,10 @@ What an instance needs that depends on its execution (the memory limit, the fuel
 budget, the interrupt, where its output goes) is set when it is taken; only what
 Wasmtime fixes at instantiation is fixed ahead: the WASI context, whose output goes
 through an `OutputRoute` that drops everything until the execution attaches its sink.
-One exception: a store's memory limit also bounds the memory an instance starts with,
-so a request whose limit is below what the component starts with (`base_memory_mib`)
-gets an instance made on the spot, which fails to instantiate exactly as it always
-did.
+A store's memory limit also bounds the memory an instance starts with, so standby
+instances are made without one: an execution may take one only if its own limit is
+at least what the component starts with, `base_memory_mib` (the executor refuses the
+others before they run, saying so).
 
 Every method but `take` blocks (instantiating, closing stores): call them in worker
 threads. A store is used by one thread at a time, though not always the thread that
@@ -155,11 +155,9 @@ class Instances:
             raise
         return Instance(store, run, output, interrupt)
 
-    def take(self, memory_bytes: int) -> Instance | None:
-        """A standby instance for an execution limited to `memory_bytes`, if one is ready
-        and the limit would let the component instantiate; never blocks."""
-        if memory_bytes < self.base_memory_mib * MIB:
-            return None
+    def take(self) -> Instance | None:
+        """A standby instance, if one is ready; never blocks. Its store has no memory
+        limit yet: set one of at least `base_memory_mib`."""
         try:
             return self._ready.popleft()
         except IndexError:

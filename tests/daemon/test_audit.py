@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 import pytest
 import trio
 
+from conduit.daemon import audit, audit_db
 from conduit.daemon.audit import BUFFER_RECORDS, AuditState
 from conduit.daemon.audit_db import store_bytes
 from conduit.daemon.auth import hash_token, new_token
@@ -420,6 +421,30 @@ async def test_a_full_buffer_drops_records_without_blocking(
         await server.audit.wait_flushed()
     assert server.audit.statistics().recorded == stats.waiting
     assert rows(server.audit.path, "SELECT count(*) FROM executions") == [(stats.waiting,)]
+
+
+async def test_records_arriving_apart_are_committed_together_and_a_read_ends_the_wait(
+    start_daemon: Any, monkeypatch: Any
+) -> None:
+    # A delay no test outlives: only the reader can have the records written in time.
+    monkeypatch.setattr(audit, "WRITE_DELAY_S", 600.0)
+    batches: list[int] = []
+    insert = audit_db.insert_records
+
+    def counting(db: sqlite3.Connection, records: list[ExecutionRecord]) -> int:
+        batches.append(len(records))
+        return insert(db, records)
+
+    monkeypatch.setattr(audit_db, "insert_records", counting)
+    server, _ = await start_daemon(**PYTHON_ONLY)
+    for n in range(3):
+        publish(server, fabricated(f"ex_{n}", time.time()))
+        await trio.sleep(0.01)  # the writer is scheduled between them
+    assert batches == []
+    with trio.fail_after(WAIT_S):
+        await server.audit.wait_flushed()
+    assert batches == [3]
+    assert server.audit.statistics().recorded == 3
 
 
 async def test_records_waiting_at_shutdown_are_written(make_config: Any) -> None:
