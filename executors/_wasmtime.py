@@ -7,8 +7,8 @@ daemon-wide `EpochTicker` advances the epoch of every registered engine every
 `Interrupt` decides in the worker thread whether the guest goes on for another tick or
 traps (wall time used up, the execution stopped, its output budget spent). So one
 shared epoch serves executions that each stop for their own reason, and a stop takes
-effect within a tick, on the thread that owns the store (a store is never touched from
-another thread).
+effect within a tick, on the thread running the store (a store is used by one thread
+at a time).
 
 Compiling a ~20 MB component to native code takes seconds, so `load_component` keeps
 the compiled form in a cache file named after everything it depends on (the

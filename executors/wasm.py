@@ -26,8 +26,8 @@ order and without waiting, to a task on the Trio side that awaits the hook
 next epoch tick (`_wasmtime.Interrupt`).
 
 The thread hands the guest's answer to `run` as soon as it has it, and only then
-closes the store (resetting its pool slot, see `_wasmtime`): that teardown is real
-work, and no caller needs to wait for it. So the thread outlives `run` by a moment,
+closes the store (resetting its pool slot, see `_wasmtime`) and makes the next standby
+instance: that is real work, and no caller needs to wait for it. So the thread outlives `run` by a moment,
 and is owned by a task in the executor's own nursery (the one `serve` runs) rather
 than by the execution's: it holds its limiter slot until the store is closed, and the
 guest's host calls run in that task, cancelled when `run` gives up on the guest.
