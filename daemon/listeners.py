@@ -44,6 +44,10 @@ class BoundListener:
     address: str
     owned_path: str | None = None  # a socket file we created and must remove
     owned_dir: str | None = None  # a private directory we created for it
+    # Which file we created (device, inode, change time: an inode number is reused
+    # once freed): another daemon may have bound a new one at the same path once we
+    # stopped listening, and that one is not ours.
+    owned_identity: tuple[int, int, int] | None = None
 
 
 def _prepare_directory(directory: Path) -> None:
@@ -99,7 +103,17 @@ async def open_unix_listener(path: str) -> BoundListener:
         os.umask(previous)
     os.chmod(socket_path, 0o600)
     sock.listen(_BACKLOG)
-    return BoundListener(trio.SocketListener(sock), "unix", str(socket_path), str(socket_path))
+    bound = BoundListener(trio.SocketListener(sock), "unix", str(socket_path), str(socket_path))
+    bound.owned_identity = _identity(socket_path)
+    return bound
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    try:
+        info = path.lstat()
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino, info.st_ctime_ns
 
 
 async def open_tcp_listener(host: str, port: int) -> BoundListener:
@@ -137,9 +151,13 @@ async def open_sandbox_listener(beside: str | None) -> BoundListener:
 
 
 def remove_socket_file(bound: BoundListener) -> None:
-    """Remove the socket file (and directory) this daemon created, if still there."""
-    if bound.owned_path:
-        Path(bound.owned_path).unlink(missing_ok=True)
-    if bound.owned_dir:
+    """Remove the socket file (and directory) this daemon created, if still there and
+    still the one it created; once: a later call leaves the path alone. A new daemon
+    may already be listening there (a restart), and its file must survive ours."""
+    path, bound.owned_path = bound.owned_path, None
+    if path and _identity(Path(path)) == bound.owned_identity:
+        Path(path).unlink(missing_ok=True)
+    directory, bound.owned_dir = bound.owned_dir, None
+    if directory:
         with contextlib.suppress(OSError):
-            os.rmdir(bound.owned_dir)
+            os.rmdir(directory)

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from conduit.daemon.errors import ConfigError
-from conduit.daemon.listeners import open_unix_listener
+from conduit.daemon.listeners import open_unix_listener, remove_socket_file
 
 NO_DENO = {"executors": {"deno": {"enabled": False}}}
 
@@ -58,3 +58,27 @@ async def test_socket_file_is_removed_on_shutdown(start_daemon: Any, short_dir: 
     with trio.fail_after(10):
         while path.exists():
             await trio.sleep(0.01)
+
+
+async def test_a_stopping_daemon_leaves_the_socket_of_the_one_replacing_it(
+    short_dir: Path,
+) -> None:
+    # A restart: the old daemon stops listening, the new one binds the same path, and
+    # the old one's clean-up (which may run again, or late) must not remove the new file.
+    path = short_dir / "conduit.sock"
+    old = await open_unix_listener(str(path))
+    remove_socket_file(old)
+    await old.listener.aclose()
+    new = await open_unix_listener(str(path))
+    remove_socket_file(old)
+    assert path.exists()
+    late = await open_unix_listener(str(short_dir / "late.sock"))
+    (short_dir / "late.sock").unlink()  # replaced behind its back before its clean-up
+    other = await open_unix_listener(str(short_dir / "late.sock"))
+    remove_socket_file(late)
+    assert (short_dir / "late.sock").exists()
+    for listener in (new, late, other):
+        remove_socket_file(listener)
+        await listener.listener.aclose()
+    assert not path.exists()
+    assert not (short_dir / "late.sock").exists()
