@@ -27,10 +27,11 @@ next epoch tick (`_wasmtime.Interrupt`).
 
 The thread hands the guest's answer to `run` as soon as it has it, and only then
 closes the store (resetting its pool slot, see `_wasmtime`) and makes the next standby
-instance: that is real work, and no caller needs to wait for it. So the thread outlives `run` by a moment,
-and is owned by a task in the executor's own nursery (the one `serve` runs) rather
-than by the execution's: it holds its limiter slot until the store is closed, and the
-guest's host calls run in that task, cancelled when `run` gives up on the guest.
+instance: that is real work, and no caller needs to wait for it. So the thread
+outlives `run` by a moment, and is owned by a task in the executor's own nursery (the
+one `serve` runs) rather than by the execution's: it holds its limiter slot until the
+store is closed, and the guest's host calls run in that task, cancelled when `run`
+gives up on the guest.
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ LINGER_GRACE_S = 0.25
 MAX_LINGERING_THREADS = 32
 # JSON-RPC "internal error", for a host-call failure that is no RpcError.
 INTERNAL_ERROR = -32603
+# The execution whose guest this thread is running, for its `host-call` import: a
+# thread runs one guest at a time, whichever executor it belongs to.
+_RUNNING = threading.local()
 # Trap messages that mean the guest ran out of linear memory rather than failed.
 OUT_OF_MEMORY_SIGNS = ("out of memory", "memoryerror", "cannot allocate", "memory allocation")
 
@@ -174,7 +178,6 @@ class WasmExecutor:
         self._threads = trio.CapacityLimiter((os.cpu_count() or 1) + MAX_LINGERING_THREADS)
         self._lingering = 0
         self._lingering_lock = threading.Lock()  # the count is kept by two threads
-        self._current = threading.local()
         self._runs = 0
         self._settled = trio.Event()  # set once the build has succeeded or failed
         # Where worker threads are awaited; set while `serve` runs.
@@ -235,7 +238,10 @@ class WasmExecutor:
         )
         linker = wasmtime.component.Linker(self._engine)
         linker.add_wasip2()
-        linker.root().add_func(HOST_CALL_IMPORT, self._host_call)
+        # A module function, not a method: Wasmtime keeps what is registered in a
+        # process-wide table until the linker is freed, and a method would keep this
+        # executor (its engine, compiled code and pool) alive for good.
+        linker.root().add_func(HOST_CALL_IMPORT, _host_call)
         instances = Instances(
             self._engine,
             linker,
@@ -473,11 +479,11 @@ class WasmExecutor:
         # Chosen once here, so a run nobody streams does no work for streaming.
         record = _record if execution.live is None else _record_live
         instance.output.attach(lambda stream, data: record(execution, capture, stream, data))
-        self._current.execution = execution
+        _RUNNING.execution = execution
         try:
             return instance.run(store, request)
         finally:
-            self._current.execution = None
+            _RUNNING.execution = None
 
     def _finish(self, execution: _Execution) -> None:
         """The worker thread is done with the execution (worker thread)."""
@@ -485,35 +491,6 @@ class WasmExecutor:
             execution.finished = True
             if execution.abandoned:
                 self._lingering -= 1
-
-    def _host_call(self, _store: Any, method: str, params: str) -> str:
-        """The guest's `host-call`: a JSON-RPC call under the session token (worker thread)."""
-        execution: _Execution | None = getattr(self._current, "execution", None)
-        if execution is None or execution.interrupt.reason is not None:
-            return _rpc_error(INTERNAL_ERROR, "the execution is being stopped")
-        if method == "tools/call":
-            execution.tool_calls += 1
-        try:
-            decoded = json.loads(params)
-            if not isinstance(decoded, dict):
-                return _rpc_error(-32602, "invalid params: params must be an object")
-            # A task of its own (the token's system nursery), rather than a turn of the
-            # task awaiting this thread: two scheduler passes fewer per call, and
-            # `_request_for_guest` scopes it for cancelling either way.
-            result = trio.from_thread.run(
-                _request_for_guest, execution, method, decoded, trio_token=execution.token
-            )
-        except RpcError as exc:
-            return _rpc_error(exc.code, exc.message, exc.data)
-        except ValueError as exc:
-            return _rpc_error(-32700, f"parse error: {exc}")
-        except (trio.Cancelled, _Stopped):
-            execution.interrupt.stop(_wasmtime.StopReason.CANCELLED)
-            return _rpc_error(INTERNAL_ERROR, "the execution is being stopped")
-        except Exception as exc:  # reported to the guest; the daemon's side logs its own
-            log.exception("host-call %s failed", method)
-            return _rpc_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
-        return json.dumps({"result": result}, ensure_ascii=False)
 
     # -- how a run ended, for the guest to refine ---------------------------------------
 
@@ -577,6 +554,36 @@ class WasmExecutor:
         return outcomes.failed(
             outcome, Status.CRASHED, "Crashed", f"the {self.runtime} sandbox trapped: {trap}"
         )
+
+
+def _host_call(_store: Any, method: str, params: str) -> str:
+    """The guest's `host-call`: a JSON-RPC call under the session token (worker thread)."""
+    execution: _Execution | None = getattr(_RUNNING, "execution", None)
+    if execution is None or execution.interrupt.reason is not None:
+        return _rpc_error(INTERNAL_ERROR, "the execution is being stopped")
+    if method == "tools/call":
+        execution.tool_calls += 1
+    try:
+        decoded = json.loads(params)
+        if not isinstance(decoded, dict):
+            return _rpc_error(-32602, "invalid params: params must be an object")
+        # A task of its own (the token's system nursery), rather than a turn of the
+        # task awaiting this thread: two scheduler passes fewer per call, and
+        # `_request_for_guest` scopes it for cancelling either way.
+        result = trio.from_thread.run(
+            _request_for_guest, execution, method, decoded, trio_token=execution.token
+        )
+    except RpcError as exc:
+        return _rpc_error(exc.code, exc.message, exc.data)
+    except ValueError as exc:
+        return _rpc_error(-32700, f"parse error: {exc}")
+    except (trio.Cancelled, _Stopped):
+        execution.interrupt.stop(_wasmtime.StopReason.CANCELLED)
+        return _rpc_error(INTERNAL_ERROR, "the execution is being stopped")
+    except Exception as exc:  # reported to the guest; the daemon's side logs its own
+        log.exception("host-call %s failed", method)
+        return _rpc_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
+    return json.dumps({"result": result}, ensure_ascii=False)
 
 
 def _parse_answer(answer: str) -> dict[str, Any] | None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -127,3 +129,21 @@ async def test_a_memory_limit_below_what_the_sandbox_starts_with_is_refused_plai
     job = Job("ex_enough", "javascript", "[1, 2, 3].length", Limits(memory_mb=base + 16))
     with trio.fail_after(WAIT_S):
         assert (await wasm_js.run(job, NoBridge())).result == 3
+
+
+async def test_a_stopped_executor_is_freed_with_its_engine(wasm_cache: Path) -> None:
+    # Wasmtime keeps registered host functions in a process-wide table until their
+    # linker is freed: one that held the executor would keep every stopped executor's
+    # engine, compiled code and pool alive (~60 MB each).
+    executor = WasmJsExecutor(cache_dir=wasm_cache)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(executor.serve)
+        with trio.fail_after(WAIT_S):
+            assert await executor.wait_ready(), executor.info().reason
+            job = Job("ex_freed", "javascript", "1", Limits())
+            assert (await executor.run(job, NoBridge())).status is Status.OK
+        nursery.cancel_scope.cancel()
+    freed = weakref.ref(executor)
+    del executor, job
+    gc.collect()
+    assert freed() is None
