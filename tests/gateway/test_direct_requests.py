@@ -165,8 +165,10 @@ async def test_a_write_to_a_gone_server_fails_the_request_and_reports_it() -> No
 
 async def test_an_abandoned_request_is_followed_by_notifications_cancelled() -> None:
     wire = Wire()
-    with trio.move_on_after(0.05):
-        await wire.direct.request("tools/call", {"name": "slow"})
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wire.direct.request, "tools/call", {"name": "slow"})
+        await wire.next_request()
+        nursery.cancel_scope.cancel()
     request, cancelled = wire.lines
     assert cancelled == {
         "jsonrpc": "2.0",
