@@ -78,9 +78,9 @@ class DirectRequests:
     """Requests answered by id on a line transport; see the module docstring.
 
     `write` sends bytes to the peer (one caller at a time: `send_line` sees to that),
-    and `broken` is called once if a write finds the peer gone, so the transport can
-    end the connection. The transport's reader offers every line to `take` and calls
-    `close` when the connection ends.
+    and `broken` is called when a request's write finds the peer gone, so the transport
+    can end the connection. The transport's reader offers every line to `take`;
+    `close` is called when the connection ends (see `open_stdio_transport` for by whom).
     """
 
     def __init__(
