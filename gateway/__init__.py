@@ -3,7 +3,7 @@
 Upstreams (stdio processes, streamable-HTTP servers behind an SSRF guard) feed the
 `Catalogue`; tools get ids (`<upstream>__<tool>`) and SDK names (`tools.ns.tool`);
 `Allowlist`s decide who may call what; `sdk` renders the typed declarations. The
-gateway knows nothing of sockets, tokens or JSON-RPC: the daemon translates its
+gateway knows nothing of the daemon's sockets, tokens or JSON-RPC: the daemon translates its
 `GatewayError`s at one boundary.
 """
 

@@ -7,7 +7,9 @@ opens the transport a subclass provides (`_open_transport`), runs the official S
 re-lists when the server says the list changed, and reconnects with exponential
 back-off when the connection ends. `call_tool` may be called from any task in the same
 Trio run while the upstream is ready: the SDK correlates requests by id, so callers
-only share the session, never its context managers.
+only share the session, never its context managers. A transport that offers
+`DirectRequests` (stdio does) carries tool calls itself, stamped and checked exactly as
+the session would (see `direct_requests.py` for why); the session keeps the rest.
 
 Resource handling: the transport, the SDK session and every helper task are opened and
 closed by the `serve` task and nothing else (exiting one task's context managers from
@@ -24,6 +26,7 @@ This module does not know how bytes reach the server, nor what the tools are use
 from __future__ import annotations
 
 import abc
+import contextlib
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -37,14 +40,16 @@ import mcp_types as types
 import trio
 from mcp.client import Client, IncomingMessage
 from mcp.client._transport import ReadStream, TransportStreams
-from mcp.client.session import ClientSession
+from mcp.client.session import ClientSession, _clamp_inbound_ttl, _later_revision_fields
 from mcp.client.subscriptions import SubscriptionLost, ToolsListChanged
 from mcp.shared.exceptions import MCPError
+from mcp_types import methods as mcp_methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from conduit.daemon.errors import UpstreamUnreachable
 from conduit.daemon.version import VERSION
+from conduit.gateway.direct_requests import ConnectionClosed, DirectRequests
 from conduit.gateway.model import UpstreamState, UpstreamStatus
 from conduit.gateway.settings import HttpUpstreamSettings, StdioUpstreamSettings
 from conduit.gateway.upstream import RawTool, StateListener
@@ -189,6 +194,11 @@ class _Connection:
     lost: trio.Event = field(default_factory=trio.Event)
     lost_reason: str = ""
     relist: trio.Event = field(default_factory=trio.Event)
+    # Set once ready, for transports that carry tool calls themselves: the requests,
+    # the `_meta` the session stamps on each request, and the negotiated version.
+    direct: DirectRequests | None = None
+    call_meta: dict[str, Any] | None = None
+    version: str = ""
 
     @property
     def session(self) -> ClientSession:
@@ -199,6 +209,9 @@ class _Connection:
         if not self.lost.is_set():
             self.lost_reason = reason
             self.lost.set()
+        # Direct calls in flight fail now, after `lost` is set, as the session's do.
+        if self.direct is not None:
+            self.direct.close()
 
 
 class SessionKeeper(abc.ABC):
@@ -299,12 +312,15 @@ class SessionKeeper(abc.ABC):
                 f"upstream {self.name!r} lost its connection ({connection.lost_reason}); "
                 "it is being reconnected"
             )
-        request = types.CallToolRequest(
-            params=types.CallToolRequestParams(name=name, arguments=arguments)
-        )
         with trio.move_on_after(timeout_s) as deadline:
             try:
-                result = await connection.session.send_request(request, types.CallToolResult)
+                if connection.direct is not None:
+                    result = await _call_direct(connection, name, arguments)
+                else:
+                    request = types.CallToolRequest(
+                        params=types.CallToolRequestParams(name=name, arguments=arguments)
+                    )
+                    result = await connection.session.send_request(request, types.CallToolResult)
             except MCPError as exc:
                 raise UpstreamUnreachable(self._call_error(name, connection, exc)) from None
             except ValidationError as exc:
@@ -353,6 +369,11 @@ class SessionKeeper(abc.ABC):
     def _explain(self, exc: BaseException) -> str:
         """One line saying why a connection attempt or session ended."""
         return _describe(exc)
+
+    def _direct_requests(self) -> DirectRequests | None:
+        """The current connection's `DirectRequests`, for a transport that has them;
+        None (the default) sends tool calls through the SDK session."""
+        return None
 
     # -- the keeper loop ------------------------------------------------------------
 
@@ -445,6 +466,10 @@ class SessionKeeper(abc.ABC):
         client = connection.client
         assert client is not None
         self._protocol_version = client.protocol_version
+        connection.direct = self._direct_requests()
+        if connection.direct is not None:
+            connection.version = client.protocol_version
+            connection.call_meta = _stamped_meta(client.session)
         info = client.server_info
         self._server_info = info.model_dump(mode="json", exclude_none=True) if info else None
         self._tools = tools
@@ -603,6 +628,42 @@ class SessionKeeper(abc.ABC):
             f"upstream {self.name!r} answered tools/call {tool!r} with error {exc.code}: "
             f"{exc.message}"
         )
+
+
+def _stamped_meta(session: ClientSession) -> dict[str, Any] | None:
+    """The `_meta` the session puts on every request it sends (2026-07-28: protocol
+    version, client info and capabilities; earlier versions: none)."""
+    data: dict[str, Any] = {"method": "tools/call", "params": {}}
+    session._stamp(data, {})  # the session's own stamp, so the two cannot differ
+    return data["params"].get("_meta")
+
+
+async def _call_direct(
+    connection: _Connection, name: str, arguments: dict[str, Any]
+) -> types.CallToolResult:
+    """`tools/call` through the transport's `DirectRequests`: the request the session
+    would send, its result checked as `ClientSession.send_request` checks it.
+
+    Raises `MCPError` and `ValidationError` as `send_request` does.
+    """
+    assert connection.direct is not None
+    params: dict[str, Any] = {"name": name, "arguments": arguments}
+    if connection.call_meta is not None:
+        params["_meta"] = connection.call_meta
+    try:
+        raw = await connection.direct.request("tools/call", params)
+    except ConnectionClosed:
+        # A write that found the server gone: the session hears of it a moment later,
+        # from its read stream, and calls after this one must not wait for that.
+        connection.mark_lost("the connection closed")
+        raise
+    _clamp_inbound_ttl(raw)
+    version = connection.version
+    with contextlib.suppress(KeyError):  # no row for this version: nothing to check
+        mcp_methods.validate_server_result("tools/call", version, raw)
+    if not (foreign := _later_revision_fields("tools/call", version)).isdisjoint(raw):
+        raw = {key: value for key, value in raw.items() if key not in foreign}
+    return types.CallToolResult.model_validate(raw, by_name=False)
 
 
 @dataclass

@@ -2,7 +2,9 @@
 
 `StdioUpstream` is a `SessionKeeper` (see `keeper.py`: handshake, listing, calls,
 back-off) over `open_stdio_transport`, a Trio-native transport with the SDK's stream
-contract (`SessionMessage`s, one JSON-RPC message per line).
+contract (`SessionMessage`s, one JSON-RPC message per line), plus `DirectRequests` on
+the same pipe: tool calls go out from the caller's task and their answers come back
+from the reader without passing through the SDK session (see `direct_requests.py`).
 
 Why not the SDK's `mcp.client.stdio.stdio_client`: it runs under Trio, but (as of mcp
 2.3.0) it buffers a line without bound and re-joins the buffer for every chunk (a
@@ -40,6 +42,7 @@ from mcp.client._transport import TransportStreams
 from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
 
+from conduit.gateway.direct_requests import DirectRequests
 from conduit.gateway.keeper import Misconfigured, RateLimit, SessionKeeper
 from conduit.gateway.settings import StdioUpstreamSettings
 
@@ -88,6 +91,7 @@ class StdioUpstream(SessionKeeper):
         self._stdio = settings
         self._stderr = _StderrLog(settings.name)
         self._exit_status: int | None = None
+        self._direct: DirectRequests | None = None
 
     @asynccontextmanager
     async def _open_transport(
@@ -102,13 +106,19 @@ class StdioUpstream(SessionKeeper):
                 process,
                 read_stream,
                 write_stream,
+                direct,
             ):
                 started.append(process)
+                self._direct = direct
                 yield read_stream, write_stream
         finally:
+            self._direct = None
             # Leaving the transport reaped the process; `_explain` reports how it ended.
             if started:
                 self._exit_status = started[0].returncode
+
+    def _direct_requests(self) -> DirectRequests | None:
+        return self._direct
 
     def _explain(self, exc: BaseException) -> str:
         parts = [super()._explain(exc)]
@@ -127,13 +137,18 @@ async def open_stdio_transport(
         trio.Process,
         MemoryObjectReceiveStream[SessionMessage | Exception],
         MemoryObjectSendStream[SessionMessage],
+        DirectRequests,
     ]
 ]:
-    """Start the server and yield `(process, read_stream, write_stream)`.
+    """Start the server and yield `(process, read_stream, write_stream, direct)`.
 
     The streams carry `SessionMessage`s (and, on the read side, an `Exception` for a
     line that is not JSON-RPC), as every SDK transport's do. The read stream ends when
-    the server closes stdout or exits. Each stderr line goes to `on_stderr`.
+    the server closes stdout or exits. `direct` sends requests on the same stdin and
+    gets the answers to them before the read stream sees anything; whoever reads the
+    read stream should close `direct` when it ends (so that its callers hear of the end
+    no sooner than the session does), and leaving the transport closes it anyway.
+    Each stderr line goes to `on_stderr`.
 
     Raises `Misconfigured` if the command cannot be started at all. On exit (also when
     cancelled) the process group is stopped and reaped, within bounded time.
@@ -142,20 +157,24 @@ async def open_stdio_transport(
     # No awaits until the try: a cancellation in between would leak the process.
     read_send, read_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_send, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
+    reader = trio.CancelScope()
+    assert process.stdin is not None
+    # A write that finds the server gone ends the session rather than let requests hang.
+    direct = DirectRequests(process.stdin.send_all, broken=reader.cancel)
     try:
         async with trio.open_nursery() as nursery:
-            reader = trio.CancelScope()
-            nursery.start_soon(_read_messages, process.stdout, read_send, reader)
-            nursery.start_soon(_write_messages, process.stdin, write_receive, reader)
+            nursery.start_soon(_read_messages, process.stdout, read_send, reader, direct)
+            nursery.start_soon(_write_messages, process.stdin, write_receive, direct, reader)
             nursery.start_soon(_pump_stderr, process.stderr, on_stderr)
             nursery.start_soon(_end_with_process, process, reader)
             try:
-                yield process, read_receive, write_send
+                yield process, read_receive, write_send, direct
             finally:
                 with trio.CancelScope(shield=True):
                     await _stop(process)
                 nursery.cancel_scope.cancel()
     finally:
+        direct.close()
         if process.returncode is None:  # `_stop` never ran: the nursery failed to open
             _signal_group(process, signal.SIGKILL)
         # Each side is normally closed by its user; closing again is a no-op.
@@ -188,8 +207,10 @@ async def _read_messages(
     stdout: trio.abc.ReceiveStream | None,
     messages: MemoryObjectSendStream[SessionMessage | Exception],
     scope: trio.CancelScope,
+    direct: DirectRequests,
 ) -> None:
-    """Split stdout into lines and parse each; closing `messages` ends the session.
+    """Split stdout into lines; answers to `direct` requests go to them, every other
+    line is parsed for the session. The end of stdout closes `messages`.
 
     Bytes are scanned once (the search resumes where the last chunk ended), and a
     line longer than `MAX_MESSAGE_BYTES` ends the connection instead of growing.
@@ -206,7 +227,7 @@ async def _read_messages(
                     while (end := buffer.find(b"\n", scanned)) != -1:
                         line = bytes(buffer[start:end]).strip()
                         start = scanned = end + 1
-                        if line:
+                        if line and not direct.take(line):
                             await messages.send(_parse(line))
                     del buffer[:start]
                     if len(buffer) > MAX_MESSAGE_BYTES:
@@ -236,15 +257,17 @@ def _parse(line: bytes) -> SessionMessage | Exception:
 async def _write_messages(
     stdin: trio.abc.SendStream | None,
     messages: MemoryObjectReceiveStream[SessionMessage],
+    direct: DirectRequests,
     reader: trio.CancelScope,
 ) -> None:
-    """One line per message; stdin closes when the session closes its write side."""
+    """One line per message, through `direct` (which owns the writes to stdin); stdin
+    closes when the session closes its write side."""
     assert stdin is not None
     try:
         async with messages:
             async for message in messages:
                 line = message.message.model_dump_json(by_alias=True, exclude_unset=True)
-                await stdin.send_all(line.encode() + b"\n")
+                await direct.send_line(line.encode() + b"\n")
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         # The server stopped reading: end the session rather than let requests hang.
         reader.cancel()
