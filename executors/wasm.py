@@ -448,7 +448,7 @@ class WasmExecutor:
         try:
             try:
                 instance = instances.take() or instances.new(memory_bytes)
-                output = self._run_guest(instance, job, request, execution, capture)
+                output = self._run_guest(instance, memory_bytes, request, execution, capture)
                 answer: _Answer = (output, None)
             except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:
                 answer = (None, str(exc))
@@ -465,14 +465,14 @@ class WasmExecutor:
     def _run_guest(
         self,
         instance: Instance,
-        job: Job,
+        memory_bytes: int,
         request: str,
         execution: _Execution,
         capture: OutputCapture,
     ) -> str:
         """Give `instance` the execution's limits, interrupt and output, and run it."""
         store = instance.store
-        store.set_limits(memory_size=job.limits.memory_mb * MIB)
+        store.set_limits(memory_size=memory_bytes)
         if self._fuel is not None:
             store.set_fuel(self._fuel)
         instance.install(execution.interrupt)

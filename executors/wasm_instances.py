@@ -166,20 +166,20 @@ class Instances:
     def refill(self) -> None:
         """Make instances until `standby` are ready (or being made by other threads)."""
         while self._reserve():
+            instance: Instance | None = None
             try:
                 instance = self.new()
             except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:
                 # The next execution makes its own instance, and reports why if it fails.
                 log.warning("a standby instance could not be made: %s", exc)
-                self._release()
-                return
             with self._lock:
                 self._making -= 1
-                closed = self._closed
-                if not closed:
+                kept = instance is not None and not self._closed
+                if kept:
                     self._ready.append(instance)
-            if closed:
-                instance.close()
+            if not kept:
+                if instance is not None:
+                    instance.close()
                 return
 
     def close(self) -> None:
@@ -195,10 +195,6 @@ class Instances:
                 return False
             self._making += 1
             return True
-
-    def _release(self) -> None:
-        with self._lock:
-            self._making -= 1
 
     def _smallest_memory_mib(self) -> int:
         """The smallest memory limit, in whole MiB, under which the component
