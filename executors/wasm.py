@@ -7,36 +7,36 @@ component (or finds it in the cache) and loads its compiled form (see
 unavailable, with the reason, until that is done or if it fails.
 
 Every execution gets a brand-new instance in a brand-new `Store`, closed after its
-one program: nothing survives from one execution to the next. A few are made ahead
-(`wasm_instances`), so the request path seldom waits for instantiation. The store has no
+one program: nothing survives from one execution to the next. The instances are made
+ahead (`wasm_instances`) by runner threads (`wasm_runners`), each of which keeps one
+ready and runs the execution handed to it in its own thread. The store has no
 preopened directory, no environment, no arguments, no sockets; its linear memory is
 capped by the store's limits; its stdout and stderr go into an `OutputCapture` as the
 guest writes them. WASI's clocks and random numbers are Wasmtime's defaults: wall and
 monotonic clocks (a program can time itself; it can already count epoch ticks by
 looping) and a random source (what `random`, `uuid` and `Math.random` seed from).
 
-The blocking instantiate-and-run happens in a worker thread behind a limiter sized to
-the machine; the guest's `host-call` import runs in that thread and reaches the Trio
-side with `trio.from_thread.run` (`bridge.request`, in a task of its own), so a tool
-call goes through the daemon's one dispatcher under the execution's session. When the
-job has an `on_output` hook, each piece of output the guest writes is also handed, in
-order and without waiting, to a task on the Trio side that awaits the hook
-(`_LiveOutput`); without one, nothing is done for streaming. A timeout, a stop
-(`job.stop` or cancellation) or an exhausted output budget interrupts the guest at its
-next epoch tick (`_wasmtime.Interrupt`).
+At most one execution per core runs at once (a limiter); each takes a ready runner
+and hands it the execution. The guest's `host-call` import runs in the runner's thread
+and reaches the Trio side with `trio.from_thread.run` (`bridge.request`, in a task of
+its own), so a tool call goes through the daemon's one dispatcher under the
+execution's session. When the job has an `on_output` hook, each piece of output the
+guest writes is also handed, in order and without waiting, to a task on the Trio side
+that awaits the hook (`_LiveOutput`); without one, nothing is done for streaming. A
+timeout, a stop (`job.stop` or cancellation) or an exhausted output budget interrupts
+the guest at its next epoch tick (`_wasmtime.Interrupt`).
 
-The thread hands the guest's answer to `run` as soon as it has it, and only then
-closes the store (resetting its pool slot, see `_wasmtime`) and makes the next standby
-instance: that is real work, and no caller needs to wait for it. So the thread
-outlives `run` by a moment, and is owned by a task in the executor's own nursery (the
-one `serve` runs) rather than by the execution's: it holds its limiter slot until the
-store is closed, and the guest's host calls run in that task, cancelled when `run`
-gives up on the guest.
+The runner hands the guest's answer to `run` as soon as it has it, and only then
+closes the store (resetting its pool slot, see `_wasmtime`) and makes its next
+instance: that is real work, and no caller needs to wait for it. A runner whose
+execution was given up on (its guest blocked past the grace, or `run` cancelled)
+retires when its guest comes back, and a new runner takes its place at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -58,6 +58,7 @@ from conduit.executors.base import ErrorInfo, ExecutorInfo, Job, Limits, Outcome
 from conduit.executors.output import OutputCapture, StreamName
 from conduit.executors.wasm_build import BuildError, BuiltComponent, GuestRecipe, ensure_component
 from conduit.executors.wasm_instances import MIB, Instance, Instances
+from conduit.executors.wasm_runners import Runners
 
 __all__ = ["ProgramRejected", "WasmExecutor"]
 
@@ -65,19 +66,22 @@ log = logging.getLogger(__name__)
 
 # The import the guest calls (shims/world.wit).
 HOST_CALL_IMPORT = "host-call"
-# Instances made ahead: one per core is what executions running at once take.
-STANDBY_INSTANCES = os.cpu_count() or 1
+# Executions running at once: one per core.
+CONCURRENT_EXECUTIONS = os.cpu_count() or 1
+# Runners, each with an instance made ahead: one more than run at once, so that a
+# runner is ready while another is still closing its last store and making its next.
+RUNNERS = CONCURRENT_EXECUTIONS + 1
 # How long a guest whose time is up (or that was stopped) may take to come back before
 # its execution is reported without it: many epoch ticks, so only a thread blocked in a
 # WASI call is ever left behind.
 LINGER_GRACE_S = 0.25
-# Threads beyond one per core that may be left finishing blocking calls; when all are
-# taken, new executions wait for them (and time out if they must wait too long).
+# Runner threads beyond RUNNERS that may be left finishing blocking calls; when all
+# are taken, new executions wait for them (and time out if they must wait too long).
 MAX_LINGERING_THREADS = 32
 # JSON-RPC "internal error", for a host-call failure that is no RpcError.
 INTERNAL_ERROR = -32603
 # The execution whose guest this thread is running, for its `host-call` import: a
-# thread runs one guest at a time, whichever executor it belongs to.
+# runner runs one guest at a time.
 _RUNNING = threading.local()
 # Trap messages that mean the guest ran out of linear memory rather than failed.
 OUT_OF_MEMORY_SIGNS = ("out of memory", "memoryerror", "cannot allocate", "memory allocation")
@@ -92,13 +96,13 @@ class _State:
     FAILED = "failed"
 
 
-# What the worker thread hands back: (the guest's answer, None) or (None, the trap).
+# What the runner hands back: (the guest's answer, None) or (None, the trap).
 _Answer = tuple[str | None, str | None]
 
 
 @dataclass(slots=True)
 class _Execution:
-    """One run's host side: shared by `run` (Trio) and its worker thread.
+    """One run's host side: shared by `run` (Trio) and the runner running it.
 
     The thread reads `bridge` and `interrupt` (in the `host-call` import) and hands
     back its answer with `token.run_sync_soon(execution.answer, ...)`; `answer` runs
@@ -113,7 +117,7 @@ class _Execution:
     abandoned: bool = False
     # Set by the thread once the guest has answered: output from then on is dropped.
     output_closed: bool = False
-    finished: bool = False  # the worker thread is done with the store
+    finished: bool = False  # the runner is done with the store
     answered: bool = False
     result: _Answer | BaseException | None = None
     waiter: trio.CancelScope | None = None
@@ -157,30 +161,30 @@ class WasmExecutor:
     def __init__(self, *, cache_dir: str | os.PathLike[str], fuel: int | None = None) -> None:
         self._cache_dir = Path(cache_dir)
         self._fuel = fuel
-        # Each worker thread holds at most one store, and so does each standby
-        # instance: the pool has a slot for every one.
+        # Each runner thread holds at most one store: the pool has a slot for every one.
         self._engine = _wasmtime.new_engine(
             fuel=fuel is not None,
-            instances=(os.cpu_count() or 1) + MAX_LINGERING_THREADS + STANDBY_INSTANCES,
+            instances=RUNNERS + MAX_LINGERING_THREADS,
             keep_resident_bytes=self.keep_resident_bytes,
         )
         self._instances: Instances | None = None
+        self._runners: Runners | None = None
         self._built: BuiltComponent | None = None
         self._compiled_cache: str | None = None
         self._timings: dict[str, float] = {}
         self._state = _State.NOT_STARTED
         self._reason: str | None = "the executor has not been started (serve() has not run)"
         # Each execution holds a slot while it runs; more than the cores only queue.
-        self._slots = trio.CapacityLimiter(os.cpu_count() or 1)
-        # Threads, counting those left finishing a blocking WASI call after their
-        # execution was reported (see `_wait_for_guest`) and those closing a store
-        # after the answer; a bound on what they hold (and the size of the pool).
-        self._threads = trio.CapacityLimiter((os.cpu_count() or 1) + MAX_LINGERING_THREADS)
+        self._slots = trio.CapacityLimiter(CONCURRENT_EXECUTIONS)
+        # Runner threads, counting those left finishing a blocking WASI call after
+        # their execution was reported (see `_wait_for_guest`): a bound on what they
+        # hold (and the size of the pool).
+        self._threads = trio.CapacityLimiter(RUNNERS + MAX_LINGERING_THREADS)
         self._lingering = 0
         self._lingering_lock = threading.Lock()  # the count is kept by two threads
         self._runs = 0
         self._settled = trio.Event()  # set once the build has succeeded or failed
-        # Where worker threads are awaited; set while `serve` runs.
+        # Set while `serve` runs.
         self._nursery: trio.Nursery | None = None
 
     def __repr__(self) -> str:
@@ -190,7 +194,8 @@ class WasmExecutor:
     # -- lifecycle ---------------------------------------------------------------------
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Build and load the component, then tick the epoch until cancelled.
+        """Build and load the component, then run the runners and tick the epoch until
+        cancelled.
 
         Calls `task_status.started()` at once: the executor is unavailable (with the
         reason) while it builds, and stays so if the build fails. Never raises for a
@@ -203,10 +208,14 @@ class WasmExecutor:
                 nursery.start_soon(_wasmtime.serve_ticker)
                 task_status.started()
                 await self.prepare()
+                if self._instances is not None:
+                    # No checkpoint since `prepare` made the executor available: an
+                    # execution always finds the runners (ready, or soon to be).
+                    self._runners = Runners(self._instances, count=RUNNERS, threads=self._threads)
+                    nursery.start_soon(self._runners.serve)
         finally:
             self._nursery = None
-            if self._instances is not None:
-                self._instances.close()
+            self._runners = None
 
     async def prepare(self) -> None:
         """Build (or find) and load the component in a worker thread; idempotent."""
@@ -242,14 +251,7 @@ class WasmExecutor:
         # process-wide table until the linker is freed, and a method would keep this
         # executor (its engine, compiled code and pool) alive for good.
         linker.root().add_func(HOST_CALL_IMPORT, _host_call)
-        instances = Instances(
-            self._engine,
-            linker,
-            loaded.component,
-            fuel=self._fuel is not None,
-            standby=STANDBY_INSTANCES,
-        )
-        instances.refill()
+        instances = Instances(self._engine, linker, loaded.component, fuel=self._fuel is not None)
         self._timings = {
             "build_s" if built.built else "build_check_s": round(built.seconds, 3),
             ("compile_s" if loaded.cache is not _wasmtime.CompiledCache.HIT else "deserialize_s"): (
@@ -278,7 +280,7 @@ class WasmExecutor:
             )
         if self._instances is not None:
             details.update(
-                standby_instances=self._instances.standing_by,
+                standby_instances=self._runners.ready if self._runners is not None else 0,
                 base_memory_mib=self._instances.base_memory_mib,
             )
         return ExecutorInfo(
@@ -342,22 +344,32 @@ class WasmExecutor:
     async def _wait_for_guest(
         self, job: Job, request: str, execution: _Execution, capture: OutputCapture
     ) -> _Answer:
-        """Run the guest in a worker thread; its answer, or the trap that ended it.
+        """Hand the execution to a ready runner; the guest's answer, or the trap that
+        ended it.
 
         The epoch interrupt stops guest code within a tick, but not a thread blocked
         inside a WASI call (a sleep, a timer the program awaits): Wasmtime checks the
         epoch only while guest code runs. So once the execution's time is up or it is
-        stopped, the thread gets LINGER_GRACE_S to come back; after that the execution
-        is reported without it, and the thread finishes on its own, trapping as soon as
+        stopped, the runner gets LINGER_GRACE_S to come back; after that the execution
+        is reported without it, and the runner finishes on its own, trapping as soon as
         the call returns and closing its store. Cancellation abandons it at once.
+        Waiting for a ready runner counts against the execution's time.
         """
-        if self._nursery is None:
+        runners = self._runners
+        if runners is None:
             raise RuntimeMissing(f"the {self.name} executor is not being served (serve() runs it)")
         interrupt = execution.interrupt
-        self._nursery.start_soon(self._guest_thread, job, request, execution, capture)
+        deadline = trio.current_time() + max(0.0, interrupt.deadline - time.monotonic())
+        handed = False
+        with trio.move_on_at(deadline):
+            runner = await runners.take()
+            runner.hand(functools.partial(self._work, job, request, execution, capture))
+            handed = True
+        if not handed:
+            interrupt.stop(_wasmtime.StopReason.TIMEOUT)
+            return None, None
         try:
-            remaining_s = max(0.0, interrupt.deadline - time.monotonic())
-            if not await _wait_answer(execution, trio.current_time() + remaining_s, job.stop):
+            if not await _wait_answer(execution, deadline, job.stop):
                 # A no-op if the guest was stopped for another reason first.
                 reason = _wasmtime.StopReason.CANCELLED if job.stop.is_set() else None
                 interrupt.stop(reason or _wasmtime.StopReason.TIMEOUT)
@@ -387,32 +399,6 @@ class WasmExecutor:
                 # (one FIFO queue), so everything it wrote is in the channel now.
                 live.close()
 
-    async def _guest_thread(
-        self, job: Job, request: str, execution: _Execution, capture: OutputCapture
-    ) -> None:
-        """The task owning one worker thread, in the executor's nursery (see the module
-        doc); hands `run` whatever the thread raised. Cancelled only with `serve`."""
-        try:
-            await trio.to_thread.run_sync(
-                self._run_in_thread,
-                job,
-                request,
-                execution,
-                capture,
-                limiter=self._threads,
-                abandon_on_cancel=True,
-            )
-        except trio.Cancelled:
-            execution.interrupt.stop(_wasmtime.StopReason.CANCELLED)
-            if execution.host_call is not None:
-                execution.host_call.cancel()
-            raise
-        except Exception as exc:
-            if execution.answered:  # the guest had answered: only the teardown failed
-                log.exception("%s: closing a store failed", self.name)
-            else:  # raised in `run`, where the daemon reports it
-                execution.answer(exc)
-
     def _abandon(self, execution: _Execution) -> None:
         execution.interrupt.stop(_wasmtime.StopReason.CANCELLED)
         if execution.host_call is not None:  # a task of its own: it would carry on
@@ -422,9 +408,12 @@ class WasmExecutor:
             if execution.finished:
                 return
             self._lingering += 1
+        # Its runner retires once the guest is back (see `_work`): one takes its place.
+        if self._runners is not None:
+            self._runners.add()
         log.warning(
-            "%s: a guest blocked in a WASI call outlived its execution; its thread "
-            "finishes when the call returns",
+            "%s: a guest outlived its execution (blocked in a WASI call, or the run "
+            "was cancelled); its runner finishes when the guest comes back",
             self.name,
         )
 
@@ -433,34 +422,47 @@ class WasmExecutor:
         request = {"code": job.code, "inputs": job.inputs, "timeout_ms": job.limits.timeout_ms}
         return json.dumps(request, ensure_ascii=False)
 
-    def _run_in_thread(
-        self, job: Job, request: str, execution: _Execution, capture: OutputCapture
-    ) -> None:
-        """Take (or make) an instance and run, hand `run` (the guest's answer, None) or
-        (None, the trap message), then close the store and make the next standby."""
-        instances = self._instances
-        assert instances is not None
-        if execution.abandoned:  # given up on while waiting for a thread
-            self._finish(execution)
-            return
-        memory_bytes = job.limits.memory_mb * MIB
-        instance: Instance | None = None
+    def _work(
+        self,
+        job: Job,
+        request: str,
+        execution: _Execution,
+        capture: OutputCapture,
+        instance: Instance | None,
+    ) -> bool:
+        """One execution in a runner's thread, in `instance` (or one made now if the
+        runner has none): hand `run` (the guest's answer, None) or (None, the trap
+        message), then close the store. Whether the runner may go on: not if the
+        execution was given up on before it finished (see `_abandon`)."""
         try:
-            try:
-                instance = instances.take() or instances.new(memory_bytes)
-                output = self._run_guest(instance, memory_bytes, request, execution, capture)
-                answer: _Answer = (output, None)
-            except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:
-                answer = (None, str(exc))
-            # The output is complete; whatever tearing down writes is not the program's.
-            execution.output_closed = True
-            with contextlib.suppress(trio.RunFinishedError):
-                execution.token.run_sync_soon(execution.answer, answer)
+            if not execution.abandoned:  # given up on before the runner got to it
+                memory_bytes = job.limits.memory_mb * MIB
+                answer: _Answer | BaseException
+                try:
+                    if instance is None:
+                        assert self._instances is not None  # runners exist once loaded
+                        instance = self._instances.new(memory_bytes)
+                    output = self._run_guest(instance, memory_bytes, request, execution, capture)
+                    answer = (output, None)
+                except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:
+                    answer = (None, str(exc))
+                except Exception as exc:  # a fault of ours: `run` raises it
+                    answer = exc
+                # The output is complete; whatever tearing down writes is not the program's.
+                execution.output_closed = True
+                with contextlib.suppress(trio.RunFinishedError):
+                    execution.token.run_sync_soon(execution.answer, answer)
         finally:
             if instance is not None:
-                instance.close()
-            self._finish(execution)
-        instances.refill()
+                self._close(instance)
+            retiring = self._finish(execution)
+        return not retiring
+
+    def _close(self, instance: Instance) -> None:
+        try:
+            instance.close()
+        except Exception:  # the answer is out; the pool slot is Wasmtime's to recover
+            log.exception("%s: closing a store failed", self.name)
 
     def _run_guest(
         self,
@@ -485,12 +487,14 @@ class WasmExecutor:
         finally:
             _RUNNING.execution = None
 
-    def _finish(self, execution: _Execution) -> None:
-        """The worker thread is done with the execution (worker thread)."""
+    def _finish(self, execution: _Execution) -> bool:
+        """The runner is done with the execution (its thread); whether the execution
+        was given up on before, which retires the runner."""
         with self._lingering_lock:
             execution.finished = True
             if execution.abandoned:
                 self._lingering -= 1
+            return execution.abandoned
 
     # -- how a run ended, for the guest to refine ---------------------------------------
 
@@ -557,7 +561,7 @@ class WasmExecutor:
 
 
 def _host_call(_store: Any, method: str, params: str) -> str:
-    """The guest's `host-call`: a JSON-RPC call under the session token (worker thread)."""
+    """The guest's `host-call`: a JSON-RPC call under the session token (runner thread)."""
     execution: _Execution | None = getattr(_RUNNING, "execution", None)
     if execution is None or execution.interrupt.reason is not None:
         return _rpc_error(INTERNAL_ERROR, "the execution is being stopped")
@@ -603,7 +607,7 @@ def _record(execution: _Execution, capture: OutputCapture, stream: str, data: by
 def _record_live(
     execution: _Execution, capture: OutputCapture, stream: StreamName, data: bytes
 ) -> None:
-    """`_record`, also handing what was kept to the Trio side (worker thread)."""
+    """`_record`, also handing what was kept to the Trio side (runner thread)."""
     if not (execution.abandoned or execution.output_closed):
         kept = capture.write_nowait(stream, data)
         if kept and execution.live is not None:
@@ -611,9 +615,9 @@ def _record_live(
 
 
 class _LiveOutput:
-    """A guest's output on its way from the worker thread to the `on_output` hook.
+    """A guest's output on its way from the runner thread to the `on_output` hook.
 
-    `hand_over` (worker thread) never blocks the guest: it queues a callback on the
+    `hand_over` (runner thread) never blocks the guest: it queues a callback on the
     Trio loop, and Trio runs such callbacks in the order they were queued, so stdout
     and stderr keep the order the guest wrote them in. Only output the budget kept is
     handed over, so what waits here is bounded by `limits.output_bytes`. `forward`

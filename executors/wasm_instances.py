@@ -1,32 +1,27 @@
-"""Instances of one Wasmtime component, a few of them made before they are needed.
+"""Instances of one Wasmtime component, and those made before they are needed.
 
 Instantiating is part of every execution's cost: ~0.1 ms for the JavaScript guest,
-~1 ms for CPython (measured on a two-core VM). `Instances` keeps up to `standby`
-instances made ahead, in the worker thread that has just closed its execution's store,
-so that an execution starts in one that exists already. A standby instance has never
-run a program: making it ahead changes when the component is instantiated, not what
-a program finds in it. Each is taken by exactly one execution and closed after it, like
-an instance made on the spot.
+~1 ms for CPython (measured on a two-core VM). So each runner thread (`wasm_runners`)
+makes its next instance (`standby`) before it is needed, while nobody waits for it. A
+standby instance has never run a program: making it ahead changes when the component
+is instantiated, not what a program finds in it.
 
 What an instance needs that depends on its execution (the memory limit, the fuel
-budget, the interrupt, where its output goes) is set when it is taken; only what
-Wasmtime fixes at instantiation is fixed ahead: the WASI context, whose output goes
-through an `OutputRoute` that drops everything until the execution attaches its sink.
-A store's memory limit also bounds the memory an instance starts with, so standby
-instances are made without one: an execution may take one only if its own limit is
-at least what the component starts with, `base_memory_mib` (the executor refuses the
+budget, the interrupt, where its output goes) is set when an execution takes it; only
+what Wasmtime fixes at instantiation is fixed ahead: the WASI context, whose output
+goes through an `OutputRoute` that drops everything until the execution attaches its
+sink. A store's memory limit also bounds the memory an instance starts with, so
+standby instances have none: an execution may take one only if its own limit is at
+least what the component starts with, `base_memory_mib` (the executor refuses the
 others before they run, saying so).
 
-Every method but `take` blocks (instantiating, closing stores): call them in worker
-threads. A store is used by one thread at a time, though not always the thread that
-made it; Wasmtime allows a store to move between threads.
+Everything here blocks (instantiating, closing stores): call it in worker threads. A
+store is used by one thread at a time.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -47,7 +42,7 @@ RUN_EXPORT = "run"
 # start-up code is ours and takes milliseconds; this only bounds a broken build.
 INSTANTIATE_TIMEOUT_S = 30.0
 # Fuel for instantiating, when fuel is counted: the execution's own budget is set when
-# the instance is taken, so the program's budget is the same whenever it was made.
+# it takes the instance, so a program's budget is the same in every one.
 INSTANTIATE_FUEL = 1 << 62
 # The largest memory limit tried when finding the smallest that instantiates: the
 # pool's bound per memory (see `_wasmtime`), in MiB.
@@ -95,10 +90,10 @@ class Instance:
 
 
 class Instances:
-    """Makes instances of `component`, keeping up to `standby` made ahead.
+    """Makes instances of `component` with `linker`.
 
     Creating it finds `base_memory_mib` by instantiating under shrinking limits (a few
-    milliseconds up to ~50 for CPython, once): blocking, like everything but `take`.
+    milliseconds up to ~50 for CPython, once): blocking, like every method.
     """
 
     def __init__(
@@ -108,25 +103,15 @@ class Instances:
         component: wasmtime.component.Component,
         *,
         fuel: bool,
-        standby: int,
     ) -> None:
         self._engine = engine
         self._linker = linker
         self._component = component
         self._fuel = fuel
-        self._standby = standby
-        self._ready: collections.deque[Instance] = collections.deque()
-        self._lock = threading.Lock()  # guards _making and _closed across threads
-        self._making = 0
-        self._closed = False
         self.base_memory_mib = self._smallest_memory_mib()
 
     def __repr__(self) -> str:
-        return f"<Instances {len(self._ready)}/{self._standby} standing by>"
-
-    @property
-    def standing_by(self) -> int:
-        return len(self._ready)
+        return f"<Instances from {self.base_memory_mib} MiB>"
 
     def new(self, memory_bytes: int | None = None) -> Instance:
         """A new instance, its memory limited to `memory_bytes` (None: the pool's bound).
@@ -155,46 +140,14 @@ class Instances:
             raise
         return Instance(store, run, output, interrupt)
 
-    def take(self) -> Instance | None:
-        """A standby instance, if one is ready; never blocks. Its store has no memory
-        limit yet: set one of at least `base_memory_mib`."""
+    def standby(self) -> Instance | None:
+        """A new instance without a memory limit, made ahead of its execution; None if
+        that failed (logged: the execution makes its own, and reports why it fails)."""
         try:
-            return self._ready.popleft()
-        except IndexError:
+            return self.new()
+        except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:
+            log.warning("an instance could not be made ahead: %s", exc)
             return None
-
-    def refill(self) -> None:
-        """Make instances until `standby` are ready (or being made by other threads)."""
-        while self._reserve():
-            instance: Instance | None = None
-            try:
-                instance = self.new()
-            except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:
-                # The next execution makes its own instance, and reports why if it fails.
-                log.warning("a standby instance could not be made: %s", exc)
-            with self._lock:
-                self._making -= 1
-                kept = instance is not None and not self._closed
-                if kept:
-                    self._ready.append(instance)
-            if not kept:
-                if instance is not None:
-                    instance.close()
-                return
-
-    def close(self) -> None:
-        """Close the standby instances; those still being made are closed when done."""
-        with self._lock:
-            self._closed = True
-        while self._ready:
-            self._ready.popleft().close()
-
-    def _reserve(self) -> bool:
-        with self._lock:
-            if self._closed or len(self._ready) + self._making >= self._standby:
-                return False
-            self._making += 1
-            return True
 
     def _smallest_memory_mib(self) -> int:
         """The smallest memory limit, in whole MiB, under which the component

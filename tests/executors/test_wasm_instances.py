@@ -1,11 +1,11 @@
-"""Instances made ahead of their executions (`wasm_instances`), on the real JS component."""
+"""Instances, and those made ahead of their executions (`wasm_instances`), on the real
+JS component."""
 
 from __future__ import annotations
 
 import gc
 import json
 import weakref
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,35 +17,18 @@ import wasmtime.component
 from conduit.executors import _wasmtime
 from conduit.executors.base import Job, Limits, Status
 from conduit.executors.output import StreamName
-from conduit.executors.wasm import STANDBY_INSTANCES
-from conduit.executors.wasm_build import ensure_component
-from conduit.executors.wasm_guests import JS_GUEST
-from conduit.executors.wasm_instances import MIB, Instances
+from conduit.executors.wasm import RUNNERS
+from conduit.executors.wasm_instances import MIB, Instance, Instances
 from conduit.executors.wasm_js import WasmJsExecutor
 from tests.sandboxes import WAIT_S, NoBridge
 
-STANDBY = 2
 PRINTING = json.dumps(
     {"function": "(async function () { console.log('hi'); return 1 })", "line_offset": 0}
 )
 
 
-@pytest.fixture
-def instances(wasm_cache: Path) -> Iterator[Instances]:
-    built = ensure_component(JS_GUEST, wasm_cache)
-    engine = _wasmtime.new_engine(instances=8)
-    loaded = _wasmtime.load_component(engine, built.path, built.component_hash)
-    linker = wasmtime.component.Linker(engine)
-    linker.add_wasip2()
-    linker.root().add_func("host-call", lambda _store, _method, _params: '{"result": null}')
-    made = Instances(engine, linker, loaded.component, fuel=False, standby=STANDBY)
-    yield made
-    made.close()
-
-
-def run(instances: Instances, request: str) -> tuple[str, list[tuple[StreamName, bytes]]]:
-    """Take (or make) an instance, run `request` in it, and close it."""
-    instance = instances.take() or instances.new()
+def run(instance: Instance, request: str) -> tuple[str, list[tuple[StreamName, bytes]]]:
+    """Run `request` in `instance` with its output attached, and close it."""
     written: list[tuple[StreamName, bytes]] = []
     try:
         instance.install(_wasmtime.Interrupt(WAIT_S))
@@ -55,48 +38,33 @@ def run(instances: Instances, request: str) -> tuple[str, list[tuple[StreamName,
         instance.close()
 
 
-def test_the_base_memory_is_the_smallest_limit_that_instantiates(instances: Instances) -> None:
-    base = instances.base_memory_mib
+def test_the_base_memory_is_the_smallest_limit_that_instantiates(js_instances: Instances) -> None:
+    base = js_instances.base_memory_mib
     assert 1 < base < 64  # SpiderMonkey's snapshot: ~10 MiB
-    instances.new(base * MIB).close()
+    js_instances.new(base * MIB).close()
     with pytest.raises(wasmtime.WasmtimeError, match="exceeds memory limits"):
-        instances.new((base - 1) * MIB)
+        js_instances.new((base - 1) * MIB)
 
 
-def test_refill_keeps_the_standby_count_and_each_instance_serves_one_run(
-    instances: Instances,
-) -> None:
-    assert instances.standing_by == 0
-    instances.refill()
-    assert instances.standing_by == STANDBY
-    first = instances.take()
-    second = instances.take()
-    assert first is not None and second is not None and first is not second
-    assert instances.take() is None  # none left until the next refill
-    for instance in (first, second):
-        instance.close()
-    instances.refill()
-    assert instances.standing_by == STANDBY
-
-
-def test_output_goes_to_the_sink_attached_when_taken(instances: Instances) -> None:
-    instances.refill()
-    answer, written = run(instances, PRINTING)
+def test_output_goes_to_the_sink_attached_when_taken(js_instances: Instances) -> None:
+    standby = js_instances.standby()
+    assert standby is not None
+    answer, written = run(standby, PRINTING)
     assert json.loads(answer) == {"result": 1}
     assert {stream for stream, _ in written} == {"stdout"}
     assert b"".join(data for _, data in written) == b"hi\n"
 
 
-def test_closing_closes_the_standbys_and_stops_refills(instances: Instances) -> None:
-    instances.refill()
-    instances.close()
-    assert instances.standing_by == 0
-    instances.refill()
-    assert instances.standing_by == 0
-    assert instances.take() is None
+def test_a_standby_that_cannot_be_made_is_none_and_logged(
+    js_instances: Instances, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Instantiation under a limit below the base fails, as a broken component would.
+    monkeypatch.setattr(js_instances, "new", lambda: Instances.new(js_instances, MIB))
+    assert js_instances.standby() is None
+    assert "could not be made ahead" in caplog.text
 
 
-async def test_the_executor_keeps_standbys_while_serving_and_closes_them_after(
+async def test_the_executor_keeps_standby_instances_while_serving_and_none_after(
     wasm_cache: Path,
 ) -> None:
     executor = WasmJsExecutor(cache_dir=wasm_cache)
@@ -104,12 +72,13 @@ async def test_the_executor_keeps_standbys_while_serving_and_closes_them_after(
         await nursery.start(executor.serve)
         with trio.fail_after(WAIT_S):
             assert await executor.wait_ready(), executor.info().reason
-        assert executor.info().pool["standby_instances"] == STANDBY_INSTANCES
+            while executor.info().pool["standby_instances"] < RUNNERS:
+                await trio.sleep(0.01)
         job = Job("ex_standby", "javascript", "6 * 7", Limits())
         with trio.fail_after(WAIT_S):
             assert (await executor.run(job, NoBridge())).result == 42
-            # The thread that ran it makes the next standby after answering.
-            while executor.info().pool["standby_instances"] < STANDBY_INSTANCES:
+            # The runner that ran it makes its next instance after answering.
+            while executor.info().pool["standby_instances"] < RUNNERS:
                 await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
     assert executor.info().pool["standby_instances"] == 0
@@ -134,7 +103,8 @@ async def test_a_memory_limit_below_what_the_sandbox_starts_with_is_refused_plai
 async def test_a_stopped_executor_is_freed_with_its_engine(wasm_cache: Path) -> None:
     # Wasmtime keeps registered host functions in a process-wide table until their
     # linker is freed: one that held the executor would keep every stopped executor's
-    # engine, compiled code and pool alive (~60 MB each).
+    # engine, compiled code and pool alive (~60 MB each). Its runner threads are gone
+    # by the time `serve` returns.
     executor = WasmJsExecutor(cache_dir=wasm_cache)
     async with trio.open_nursery() as nursery:
         await nursery.start(executor.serve)

@@ -1,0 +1,124 @@
+"""Runner threads (`wasm_runners`) on the real JS component: ready instances, hand-over,
+retiring, and that stopping leaves no thread behind."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import trio
+
+from conduit.executors import _wasmtime
+from conduit.executors.wasm_instances import Instance, Instances
+from conduit.executors.wasm_runners import Runners
+from tests.sandboxes import WAIT_S
+
+SUM = json.dumps({"function": "(async function () { return 6 * 7 })", "line_offset": 0})
+
+
+class Recorder:
+    """Work that runs SUM in the instance it is handed, noting where and what."""
+
+    def __init__(self, *, keep_going: bool = True) -> None:
+        self.keep_going = keep_going
+        self.answers: list[str] = []
+        self.threads: list[int] = []
+        self.done = threading.Event()
+
+    def __call__(self, instance: Instance | None) -> bool:
+        assert instance is not None
+        try:
+            instance.install(_wasmtime.Interrupt(WAIT_S))
+            self.answers.append(instance.run(instance.store, SUM))
+            self.threads.append(threading.get_ident())
+        finally:
+            instance.close()
+            self.done.set()
+        return self.keep_going
+
+
+async def wait_ready(runners: Runners, count: int) -> None:
+    with trio.fail_after(WAIT_S):
+        while runners.ready < count:
+            await trio.sleep(0.005)
+
+
+async def wait_done(work: Recorder) -> None:
+    with trio.fail_after(WAIT_S):
+        while not work.done.is_set():
+            await trio.sleep(0.005)
+
+
+async def test_each_runner_readies_an_instance_and_runs_what_it_is_handed(
+    js_instances: Instances,
+) -> None:
+    async with trio.open_nursery() as nursery:
+        runners = Runners(js_instances, count=2, threads=trio.CapacityLimiter(4))
+        await nursery.start(runners.serve)
+        await wait_ready(runners, 2)
+        first, second = Recorder(), Recorder()
+        (await runners.take()).hand(first)
+        (await runners.take()).hand(second)
+        await wait_done(first)
+        await wait_done(second)
+        assert [json.loads(a) for a in first.answers + second.answers] == [{"result": 42}] * 2
+        assert first.threads != second.threads  # two threads, one execution each
+        await wait_ready(runners, 2)  # each made its next instance after its work
+        nursery.cancel_scope.cancel()
+    assert runners.ready == 0
+
+
+async def test_take_waits_for_a_runner_to_be_ready(js_instances: Instances) -> None:
+    async with trio.open_nursery() as nursery:
+        runners = Runners(js_instances, count=1, threads=trio.CapacityLimiter(2))
+        await nursery.start(runners.serve)
+        first = Recorder()
+        with trio.fail_after(WAIT_S):
+            (await runners.take()).hand(first)
+            runner = await runners.take()  # the same runner, once it has its next instance
+        second = Recorder()
+        runner.hand(second)
+        await wait_done(second)
+        assert first.threads == second.threads
+        nursery.cancel_scope.cancel()
+
+
+async def test_work_that_returns_false_retires_its_runner(js_instances: Instances) -> None:
+    threads = trio.CapacityLimiter(1)
+    async with trio.open_nursery() as nursery:
+        runners = Runners(js_instances, count=1, threads=threads)
+        await nursery.start(runners.serve)
+        retiring = Recorder(keep_going=False)
+        with trio.fail_after(WAIT_S):
+            retired = await runners.take()
+        retired.hand(retiring)
+        await wait_done(retiring)
+        with trio.fail_after(WAIT_S):
+            while threads.borrowed_tokens:  # its thread has ended
+                await trio.sleep(0.005)
+        assert runners.ready == 0
+        runners.add()  # the replacement the executor starts
+        after = Recorder()
+        with trio.fail_after(WAIT_S):
+            replacement = await runners.take()
+        replacement.hand(after)
+        await wait_done(after)
+        assert replacement is not retired and retired.finished.is_set()
+        assert json.loads(after.answers[0]) == {"result": 42}
+        nursery.cancel_scope.cancel()
+
+
+async def test_stopping_ends_every_runner_thread(js_instances: Instances) -> None:
+    async with trio.open_nursery() as nursery:
+        runners = Runners(js_instances, count=3, threads=trio.CapacityLimiter(3))
+        await nursery.start(runners.serve)
+        await wait_ready(runners, 3)
+        waiting = [await runners.take() for _ in range(2)]  # taken, never handed work
+        busy = Recorder()
+        (await runners.take()).hand(busy)
+        await wait_done(busy)
+        nursery.cancel_scope.cancel()
+    # `serve` returns only once every runner's thread has ended its loop.
+    assert all(runner.finished.is_set() for runner in waiting)
+    assert runners.ready == 0
+    assert repr(runners) == "<Runners 0/0 ready>"
