@@ -54,6 +54,9 @@ class Runner:
         self._on_ready = on_ready
         self._mailbox: queue.SimpleQueue[Work | None] = queue.SimpleQueue()
         self._stopping = False
+        # Set by the thread when the loop starts and ends: one whose task was cancelled
+        # while waiting for the thread limiter never starts, and is not waited for.
+        self.started = False
         self.finished = threading.Event()
 
     def __repr__(self) -> str:
@@ -71,6 +74,7 @@ class Runner:
 
     def loop(self) -> None:
         """The runner's thread: make an instance, report ready, run the work handed over."""
+        self.started = True
         try:
             while not self._stopping:
                 instance = self._instances.standby()
@@ -179,6 +183,8 @@ class Runners:
         runners = list(self._alive)
         for runner in runners:
             runner.stop()
+        # A runner whose thread starts from now on sees it is stopped before anything.
+        runners = [runner for runner in runners if runner.started]
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(_wait_finished, runners, STOP_WAIT_S)
         self._alive.difference_update(r for r in runners if r.finished.is_set())
