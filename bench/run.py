@@ -45,6 +45,8 @@ from bench.throughput import execute_throughput, ping_connections, ping_pipeline
 
 THROUGHPUT_CLIENTS = 8
 PYTHON_TOOL_CALLS = 50
+# Calls per block when the SDK client and the guests take turns (`interleaved_calls`).
+INTERLEAVED_CALLS = 50
 
 
 def iterations(quick: bool) -> dict[str, int]:
@@ -61,6 +63,7 @@ def iterations(quick: bool) -> dict[str, int]:
         "python": 200,
         "wasm_js": 200,
         "python_tool_runs": 20,
+        "interleaved_rounds": 8,
         "direct_mcp": 400,
         "peer_python": 5,
         "peer_javascript": 10,
@@ -93,6 +96,9 @@ async def conduit_figures(workdir: Path, n: dict[str, int]) -> dict[str, Any]:
             path, n["ts_hundred_calls"]
         )
         results["tool_call_via_socket"] = await tool_calls.daemon_calls(path, n["ts_tool_calls"])
+        results["interleaved_tool_calls"] = await tool_calls.interleaved_calls(
+            path, INTERLEAVED_CALLS, n["interleaved_rounds"]
+        )
         results["ping_pipelined_rps"] = await ping_pipelined(path, n["ping"])
         results["ping_8conn_rps"] = await ping_connections(path, n["ping_per_connection"])
         results["execute_warm"] = await execute_latency(

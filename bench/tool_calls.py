@@ -1,6 +1,7 @@
 """Tool calls to a trivial stdio upstream (the echo fixture): from inside a Deno sandbox,
 from inside a wasm-python sandbox, over the daemon's socket with no sandbox, and, as the
-reference, straight from the MCP SDK."""
+reference, straight from the MCP SDK; and the SDK and both guests in alternating blocks,
+which is what the overhead targets are judged on."""
 
 from __future__ import annotations
 
@@ -40,19 +41,54 @@ times
 
 
 async def ts_calls_in_sandbox(path: str, calls: int) -> Figures:
-    """Per-call round trip timed inside one Deno program (its first call opens the link
-    to the daemon, so it is made but not counted)."""
+    """Per-call round trip timed inside one Deno program."""
     client = await Client.open(path)
+    try:
+        return percentiles(await _guest_call_seconds(client, "typescript", calls))
+    finally:
+        await client.aclose()
+
+
+async def interleaved_calls(path: str, calls: int, rounds: int) -> dict[str, Figures]:
+    """Per-call round trips from the MCP SDK client (straight to the upstream), from a
+    wasm-python program and from a Deno program, in `rounds` of alternating blocks of
+    `calls` each. The guests are compared with the SDK at the same moment: on a shared
+    VM, figures taken minutes apart drift by tens of percent."""
+    from mcp import Client as SdkClient
+    from mcp.client.stdio import StdioServerParameters
+
+    server = StdioServerParameters(command=sys.executable, args=[str(ECHO_SERVER)])
+    samples: dict[str, list[float]] = {"sdk": [], "wasm-python": [], "deno": []}
+    client = await Client.open(path)
+    try:
+        async with SdkClient(server, mode="auto", cache=None) as sdk:  # type: ignore[arg-type]
+            await sdk.call_tool("echo", {"text": "x"})
+            with trio.move_on_after(SERIES_BUDGET_S):
+                for _ in range(rounds):
+                    for _ in range(calls):
+                        started = time.perf_counter()
+                        await sdk.call_tool("echo", {"text": "x"})
+                        samples["sdk"].append(time.perf_counter() - started)
+                    samples["wasm-python"] += await _guest_call_seconds(client, "python", calls)
+                    samples["deno"] += await _guest_call_seconds(client, "typescript", calls)
+    finally:
+        await client.aclose()
+    return {name: percentiles(values) for name, values in samples.items()}
+
+
+async def _guest_call_seconds(client: Client, language: str, calls: int) -> list[float]:
+    """Each call's round trip, timed inside one program of `language` making `calls`
+    calls after a first one that is not counted (under Deno it opens the link to the
+    daemon)."""
     params = {
-        "language": "typescript",
-        "code": TS_TOOL_LOOP,
+        "language": language,
+        "code": PY_TOOL_LOOP if language == "python" else TS_TOOL_LOOP,
         "inputs": {"n": calls + 1},
         "limits": {"tool_calls": calls + 1, "timeout_ms": 60_000},
     }
     result = await client.call("execute", params)
-    assert result["status"] == "ok", result
-    await client.aclose()
-    return percentiles([ms / 1000 for ms in result["result"][1:]])
+    assert result["status"] == "ok" and len(result["result"]) == calls + 1, result
+    return [ms / 1000 for ms in result["result"][1:]]
 
 
 async def ts_hundred_calls(path: str, runs: int) -> Figures:
