@@ -8,9 +8,9 @@ closes the store; the runner then makes its next instance while nobody waits for
 Handing an execution to a thread that already waits with an instance it made is the
 short way to a running guest: one put on the runner's queue, no task to spawn and no
 `trio.to_thread` round per execution, and the guest runs where its instance was made.
-Through a daemon on a two-core VM that took 0.05 to 0.15 ms of event-loop CPU and 3 to 5%
-of the latency off each trivial execution (alternated blocks against a thread and a
-task per execution).
+Through a daemon on a two-core VM that took 0.05 to 0.15 ms of event-loop CPU and
+3 to 5% of the latency off each trivial execution (alternated blocks against a thread
+and a task per execution).
 
 Each runner's thread is a task in `Runners.serve`'s nursery, started through
 `trio.to_thread` behind the executor's thread limiter. Work that returns False retires
