@@ -93,6 +93,17 @@ async def call(socket_path: str, method: str, params: Any = None) -> Any:
         await client.aclose()
 
 
+async def wait_available(socket_path: str, executor: str) -> None:
+    """Return once the daemon's `executor` can run (a Wasmtime one loads its component
+    after the daemon accepts; until then its language falls back to another)."""
+    with trio.fail_after(120):
+        while True:
+            executors = (await call(socket_path, "executors/list"))["result"]["executors"]
+            if any(e["name"] == executor and e["available"] for e in executors):
+                return
+            await trio.sleep(0.05)  # nothing announces readiness to a client
+
+
 async def execute(client: RawClient, code: str, **params: Any) -> dict[str, Any]:
     """The `execute` result of TypeScript `code`; fails the test on an error reply."""
     return await client.call("execute", {"language": "typescript", "code": code, **params})

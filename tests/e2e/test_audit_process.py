@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from tests.conftest import RawClient
-from tests.e2e.helpers import call, conduit_serve
+from tests.e2e.helpers import call, conduit_serve, wait_available
 from tests.e2e.test_cli import conduit
 
 # Python only: fewer runtimes to start on a shared two-core machine.
@@ -39,16 +39,6 @@ def stored_ids(path: Path) -> list[str]:
         return [row[0] for row in db.execute("SELECT execution_id FROM executions")]
     finally:
         db.close()
-
-
-async def wait_for_python(sock: str) -> None:
-    """Return once the daemon's wasm-python executor can run (its component loaded)."""
-    with trio.fail_after(120):
-        while True:
-            executors = (await call(sock, "executors/list"))["result"]["executors"]
-            if any(e["name"] == "wasm-python" and e["available"] for e in executors):
-                return
-            await trio.sleep(0.05)  # nothing announces readiness to a client
 
 
 async def listed_ids(sock: str) -> set[str]:
@@ -92,7 +82,7 @@ async def test_kill_9_while_writing_keeps_every_committed_row(
 
     serving = conduit_serve(tmp_path, sock, "--config", str(config))
     async with serving as daemon, trio.open_nursery() as nursery:
-        await wait_for_python(sock)
+        await wait_available(sock, "wasm-python")
         for n in range(CLIENTS):
             nursery.start_soon(keep_executing, n)
         with trio.fail_after(180):
@@ -113,7 +103,7 @@ async def test_kill_9_while_writing_keeps_every_committed_row(
 
     async with conduit_serve(tmp_path, sock, "--config", str(config)):
         after_restart = await listed_ids(sock)
-        await wait_for_python(sock)
+        await wait_available(sock, "wasm-python")
         new = await call(sock, "execute", {"language": "python", "code": "'after'"})
         status = await call(sock, "daemon/status")
         again = await listed_ids(sock)
@@ -129,7 +119,7 @@ async def test_conduit_executions_prints_tables(tmp_path: Path, short_dir: Path)
     config = tmp_path / "conduit.toml"
     config.write_text(CONFIG)
     async with conduit_serve(tmp_path, sock, "--config", str(config)):
-        await wait_for_python(sock)
+        await wait_available(sock, "wasm-python")
         for program in (b"print('hi')\n1 + 1", b"raise KeyError('k')", b"2"):
             await conduit("exec", "--socket", sock, "--lang", "py", "-", stdin=program)
         at = ("--socket", sock)

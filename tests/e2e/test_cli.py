@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from conduit.daemon.auth import hash_token
-from tests.e2e.helpers import CONDUIT, base_env, conduit_serve
+from tests.e2e.helpers import CONDUIT, base_env, conduit_serve, wait_available
 
 
 async def conduit(
@@ -139,6 +139,7 @@ def _read_all(fd: int) -> bytes:
 async def test_exec_of_a_file_with_json_and_inputs(running: Any, tmp_path: Path) -> None:
     program = tmp_path / "double.js"
     program.write_text("inputs.n * 2")
+    await wait_available(running.socket_path, "wasm-js")
     done = await conduit(
         "exec", "--socket", running.socket_path, "--json", "--inputs", '{"n": 21}', str(program)
     )
