@@ -184,8 +184,6 @@ class WasmExecutor:
         self._lingering_lock = threading.Lock()  # the count is kept by two threads
         self._runs = 0
         self._settled = trio.Event()  # set once the build has succeeded or failed
-        # Set while `serve` runs.
-        self._nursery: trio.Nursery | None = None
 
     def __repr__(self) -> str:
         state = self._state if self._reason is None else f"{self._state}: {self._reason}"
@@ -204,7 +202,6 @@ class WasmExecutor:
         _wasmtime.TICKER.register(self._engine)
         try:
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
                 nursery.start_soon(_wasmtime.serve_ticker)
                 task_status.started()
                 await self.prepare()
@@ -214,7 +211,6 @@ class WasmExecutor:
                     self._runners = Runners(self._instances, count=RUNNERS, threads=self._threads)
                     nursery.start_soon(self._runners.serve)
         finally:
-            self._nursery = None
             self._runners = None
 
     async def prepare(self) -> None:
@@ -360,12 +356,11 @@ class WasmExecutor:
             raise RuntimeMissing(f"the {self.name} executor is not being served (serve() runs it)")
         interrupt = execution.interrupt
         deadline = trio.current_time() + max(0.0, interrupt.deadline - time.monotonic())
-        handed = False
-        with trio.move_on_at(deadline):
+        with trio.move_on_at(deadline) as waiting:
             runner = await runners.take()
+            # No checkpoint from here to the end of the scope: once handed, it runs.
             runner.hand(functools.partial(self._work, job, request, execution, capture))
-            handed = True
-        if not handed:
+        if waiting.cancelled_caught:
             interrupt.stop(_wasmtime.StopReason.TIMEOUT)
             return None, None
         try:

@@ -3,8 +3,8 @@
 Upstreams (stdio processes, streamable-HTTP servers behind an SSRF guard) feed the
 `Catalogue`; tools get ids (`<upstream>__<tool>`) and SDK names (`tools.ns.tool`);
 `Allowlist`s decide who may call what; `sdk` renders the typed declarations. The
-gateway knows nothing of the daemon's sockets, tokens or JSON-RPC: the daemon translates its
-`GatewayError`s at one boundary.
+gateway knows nothing of the daemon's sockets, tokens or JSON-RPC: the daemon
+translates its `GatewayError`s at one boundary.
 """
 
 from conduit.gateway.allowlist import Allowlist
