@@ -31,6 +31,7 @@ unaffected.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import enum
 import functools
@@ -41,7 +42,7 @@ import os
 import platform
 import threading
 import time
-import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,32 +153,56 @@ def _use_pool(config: wasmtime.Config, instances: int, keep_resident_bytes: int)
 class EpochTicker:
     """Advances the epoch of every registered engine every `EPOCH_TICK_S`.
 
-    One per daemon: `serve` runs while any engine is registered and then sleeps; an
-    engine registered later is ticked from the next tick on.
+    One per daemon, run by whichever executor's task came first (`serve_shared`); when
+    that task ends, another one that serves takes over. An engine is ticked while it is
+    `registered`, from the next tick on.
+
+    The ticker holds each engine strongly and forgets it on the Trio thread. Holding
+    them weakly crashed the daemon: CPython runs a dying object's `__del__` before it
+    clears the weak references to it, and `Engine.__del__` releases the GIL while
+    Wasmtime frees the engine; a runner thread dropping the last reference let the
+    ticker, on the Trio thread, increment the epoch of an engine being freed.
     """
 
     def __init__(self, interval_s: float = EPOCH_TICK_S) -> None:
         self._interval_s = interval_s
-        self._engines: weakref.WeakSet[wasmtime.Engine] = weakref.WeakSet()
+        self._engines: set[wasmtime.Engine] = set()
         self._wakeup = trio.Event()
         self._serving = False
+        self._handover = trio.Event()
 
     def __repr__(self) -> str:
         return f"<EpochTicker every {self._interval_s * 1000:g} ms, {len(self._engines)} engines>"
 
-    def register(self, engine: wasmtime.Engine) -> None:
+    @contextlib.contextmanager
+    def registered(self, engine: wasmtime.Engine) -> Iterator[None]:
+        """Tick `engine` for the duration of the block (Trio thread only).
+
+        On the way out the epoch moves once more, so every store's deadline has passed:
+        a guest still running (one left behind in a blocking call, say) stops at its
+        next check if its execution was stopped, rather than waiting for a tick that
+        will not come.
+        """
         self._engines.add(engine)
         self._wakeup.set()
+        try:
+            yield
+        finally:
+            self._engines.discard(engine)
+            engine.increment_epoch()
 
     async def serve_shared(self) -> None:
-        """`serve` unless some task serves this ticker already; then sleep until cancelled."""
-        if self._serving:
-            await trio.sleep_forever()
+        """`serve` unless some task serves this ticker already; then wait, and take
+        over if that task ends first. Runs until cancelled."""
+        while self._serving:
+            await self._handover.wait()
         self._serving = True
         try:
             await self.serve()
         finally:
             self._serving = False
+            self._handover.set()
+            self._handover = trio.Event()
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -195,7 +220,7 @@ TICKER = EpochTicker()
 
 
 async def serve_ticker() -> None:
-    """Run the shared ticker unless another task runs it already; else sleep."""
+    """Run the shared ticker, now or once the task running it ends; until cancelled."""
     await TICKER.serve_shared()
 
 

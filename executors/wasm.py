@@ -199,17 +199,19 @@ class WasmExecutor:
         reason) while it builds, and stays so if the build fails. Never raises for a
         failed build.
         """
-        _wasmtime.TICKER.register(self._engine)
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_wasmtime.serve_ticker)
-                task_status.started()
-                await self.prepare()
-                if self._instances is not None:
-                    # No checkpoint since `prepare` made the executor available: an
-                    # execution always finds the runners (ready, or soon to be).
-                    self._runners = Runners(self._instances, count=RUNNERS, threads=self._threads)
-                    nursery.start_soon(self._runners.serve)
+            with _wasmtime.TICKER.registered(self._engine):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_wasmtime.serve_ticker)
+                    task_status.started()
+                    await self.prepare()
+                    if self._instances is not None:
+                        # No checkpoint since `prepare` made the executor available:
+                        # an execution always finds the runners (ready, or soon to be).
+                        self._runners = Runners(
+                            self._instances, count=RUNNERS, threads=self._threads
+                        )
+                        nursery.start_soon(self._runners.serve)
         finally:
             self._runners = None
 
