@@ -476,7 +476,7 @@ class DenoExecutor:
             raise SandboxCrashed("a Deno worker exited right after starting")
         limit = idle_bytes + worker.heap_mb * MIB + DATA_SLACK_BYTES
         try:
-            lower_rlimit(worker.process.pid, resource.RLIMIT_DATA, limit, limit)
+            lower_rlimit(worker.process, resource.RLIMIT_DATA, limit, limit)
         except ProcessLookupError as exc:
             raise SandboxCrashed("a Deno worker exited right after starting") from exc
 
@@ -550,7 +550,7 @@ class DenoExecutor:
         assert process.stderr is not None
         try:
             cpu_s = cpu_backstop_s(limits.timeout_ms / 1000)
-            lower_rlimit(process.pid, resource.RLIMIT_CPU, cpu_s, cpu_s + 1)
+            lower_rlimit(process, resource.RLIMIT_CPU, cpu_s, cpu_s + 1)
         except ProcessLookupError:
             return None
         # Limits are enforced by killing the sandbox the moment they are hit.
@@ -610,7 +610,7 @@ async def _kill_on_stop(stop: trio.Event, worker: DenoWorker) -> None:
 
 def _limit(worker: DenoWorker, limits: ProcessLimits) -> None:
     try:
-        apply_limits(worker.process.pid, limits)
+        apply_limits(worker.process, limits)
     except ProcessLookupError as exc:
         raise SandboxCrashed("a Deno worker exited right after starting") from exc
 

@@ -90,13 +90,13 @@ def cpu_backstop_s(timeout_s: float) -> int:
     return math.ceil(timeout_s * CPU_BACKSTOP_FACTOR) + CPU_BACKSTOP_SLACK_S
 
 
-def apply_limits(pid: int, limits: ProcessLimits) -> None:
-    """Set `limits` on the live process `pid` (only ever lowering them).
+def apply_limits(process: trio.Process, limits: ProcessLimits) -> None:
+    """Set `limits` on the live `process` (only ever lowering them).
 
     Raises `ProcessLookupError` if the process is gone.
     """
     for which, (soft, hard) in limits.rlimits():
-        lower_rlimit(pid, which, soft, hard)
+        lower_rlimit(process, which, soft, hard)
 
 
 def sandbox_process_options(
@@ -148,13 +148,21 @@ def _is_infinite(value: int) -> bool:
     return value == resource.RLIM_INFINITY or value < 0
 
 
-def lower_rlimit(pid: int, which: int, soft: int, hard: int) -> None:
-    """Lower resource limit `which` of the live process `pid` to (`soft`, `hard`).
+def lower_rlimit(process: trio.Process, which: int, soft: int, hard: int) -> None:
+    """Lower resource limit `which` of the live `process` to (`soft`, `hard`).
 
     Never raises a limit: a value above the current one is clamped to it, because only
     a privileged process may raise a hard limit. Raises `ProcessLookupError` if the
     process is gone.
+
+    Nothing is set once the process has been reaped: its pid may then be anyone's, and
+    a limit set on a pid that now names one of the daemon's own threads would land on
+    the daemon itself (pids wrap at 32768 on many hosts). Until it is reaped, even a
+    process that has exited keeps its pid.
     """
+    if process.returncode is not None:
+        raise ProcessLookupError(f"process {process.pid} has exited")
+    pid = process.pid
     current_soft, current_hard = resource.prlimit(pid, which)
     if not _is_infinite(current_hard):
         hard = min(hard, current_hard)
