@@ -109,14 +109,22 @@ async def execute(client: RawClient, code: str, **params: Any) -> dict[str, Any]
     return await client.call("execute", {"language": "typescript", "code": code, **params})
 
 
-async def wait_upstreams(server: Any, *names: str, state: str = "ready") -> list[Any]:
-    """The statuses of an in-process daemon's upstreams `names`, once all are in `state`.
+async def wait_upstreams(
+    server: Any, *names: str, state: str = "ready", restarts: int = 0
+) -> list[Any]:
+    """The statuses of an in-process daemon's upstreams `names`, once all are in `state`
+    having restarted at least `restarts` times.
 
-    Fails the test after UPSTREAM_WAIT_S.
+    Waiting for a restart matters after a crash: until the daemon has seen the server
+    exit, the upstream still reads as ready. Fails the test after UPSTREAM_WAIT_S.
     """
     with trio.fail_after(UPSTREAM_WAIT_S):
         while True:
-            reached = {s.name: s for s in server.tools.catalogue.statuses() if s.state == state}
+            reached = {
+                s.name: s
+                for s in server.tools.catalogue.statuses()
+                if s.state == state and s.restarts >= restarts
+            }
             if set(names) <= reached.keys():
                 return [reached[name] for name in names]
             await trio.sleep(0.05)  # nothing announces a state change to the daemon's owner
