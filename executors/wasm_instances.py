@@ -44,6 +44,8 @@ INSTANTIATE_TIMEOUT_S = 30.0
 # Fuel for instantiating, when fuel is counted: the execution's own budget is set when
 # it takes the instance, so a program's budget is the same in every one.
 INSTANTIATE_FUEL = 1 << 62
+# How Wasmtime refuses to instantiate under a memory limit below the component's start.
+LIMIT_REFUSED = "exceeds memory limits"
 # The largest memory limit tried when finding the smallest that instantiates: the
 # pool's bound per memory (see `_wasmtime`), in MiB.
 MAX_MEMORY_MIB = _wasmtime.POOL_MEMORY_BYTES // MIB
@@ -151,13 +153,20 @@ class Instances:
 
     def _smallest_memory_mib(self) -> int:
         """The smallest memory limit, in whole MiB, under which the component
-        instantiates (a binary search; each failed try fails before mapping anything)."""
+        instantiates (a binary search; each failed try fails before mapping anything).
+
+        Only Wasmtime's refusal of the limit counts as "too small": any other failure
+        is raised, rather than taken for a component that needs gigabytes (which would
+        refuse every execution for the executor's life).
+        """
         low, high = 1, MAX_MEMORY_MIB
         while low < high:
             middle = (low + high) // 2
             try:
                 self.new(middle * MIB).close()
-            except (wasmtime.WasmtimeError, wasmtime.Trap):
+            except wasmtime.WasmtimeError as exc:
+                if LIMIT_REFUSED not in str(exc):
+                    raise
                 low = middle + 1
             else:
                 high = middle

@@ -46,6 +46,26 @@ def test_the_base_memory_is_the_smallest_limit_that_instantiates(js_instances: I
         js_instances.new((base - 1) * MIB)
 
 
+def test_a_failure_other_than_the_limit_while_finding_the_base_is_raised(
+    js_instances: Instances, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One failed try that is not Wasmtime refusing the limit (say, the host out of
+    # memory for a moment) must not pass for a component that needs gigabytes.
+    real_new = Instances.new
+    failures = iter([wasmtime.WasmtimeError("Cannot allocate memory (os error 12)")])
+
+    def new_failing_once(self: Instances, memory_bytes: int | None = None) -> Instance:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return real_new(self, memory_bytes)
+
+    monkeypatch.setattr(Instances, "new", new_failing_once)
+    with pytest.raises(wasmtime.WasmtimeError, match="os error 12"):
+        js_instances._smallest_memory_mib()
+    assert js_instances._smallest_memory_mib() == js_instances.base_memory_mib
+
+
 def test_output_goes_to_the_sink_attached_when_taken(js_instances: Instances) -> None:
     standby = js_instances.standby()
     assert standby is not None
