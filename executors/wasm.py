@@ -41,6 +41,7 @@ import json
 import logging
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -84,6 +85,8 @@ INTERNAL_ERROR = -32603
 # runner runs one guest at a time.
 _RUNNING = threading.local()
 # Trap messages that mean the guest ran out of linear memory rather than failed.
+# A frame of the wasm backtrace Wasmtime puts in a trap's text: "  12: 0x1ac945 - ...".
+_BACKTRACE_LINE = re.compile(r"\s*\d+:\s+0x[0-9a-f]+ - ")
 OUT_OF_MEMORY_SIGNS = ("out of memory", "memoryerror", "cannot allocate", "memory allocation")
 
 
@@ -542,9 +545,13 @@ class WasmExecutor:
         return outcome
 
     def _trapped(self, outcome: Outcome, limits: Limits, trap: str) -> Outcome:
-        if any(sign in (trap + outcome.stderr).lower() for sign in OUT_OF_MEMORY_SIGNS):
+        log.debug("%s: the guest trapped: %s", self.name, trap)
+        # The backtrace names guest functions (CPython's MemoryError_new, say): only
+        # the trap's own message and the guest's stderr tell what happened.
+        cause = _trap_message(trap)
+        if any(sign in (cause + outcome.stderr).lower() for sign in OUT_OF_MEMORY_SIGNS):
             return outcomes.memory_limit(outcome, limits)
-        if "fuel" in trap:
+        if "fuel" in cause:
             return outcomes.failed(
                 outcome, Status.TIMEOUT, "Timeout", "the program used up its instruction budget"
             )
@@ -581,10 +588,21 @@ def _host_call(_store: Any, method: str, params: str) -> str:
     except (trio.Cancelled, _Stopped):
         execution.interrupt.stop(_wasmtime.StopReason.CANCELLED)
         return _rpc_error(INTERNAL_ERROR, "the execution is being stopped")
-    except Exception as exc:  # reported to the guest; the daemon's side logs its own
+    except BaseException as exc:  # nothing may unwind into Wasmtime (see below)
+        # wasmtime-py turns only an `Exception` into a trap: anything else would leave
+        # the call's result unwritten. Reported to the guest; the daemon logs its side.
         log.exception("host-call %s failed", method)
         return _rpc_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
     return json.dumps({"result": result}, ensure_ascii=False)
+
+
+def _trap_message(trap: str) -> str:
+    """A Wasmtime trap's text without its wasm backtrace (the frames and their header)."""
+    return "\n".join(
+        line
+        for line in trap.splitlines()
+        if not _BACKTRACE_LINE.match(line) and not line.endswith("wasm backtrace:")
+    )
 
 
 def _parse_answer(answer: str) -> dict[str, Any] | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import threading
 import weakref
+from collections.abc import Iterator
 
 import pytest
 import trio
@@ -48,7 +49,7 @@ class Spinner:
 
 
 @pytest.fixture
-def release(request: pytest.FixtureRequest) -> list[wasmtime.Engine]:
+def release() -> Iterator[list[wasmtime.Engine]]:
     """Engines whose epoch is moved at teardown, so a test that fails leaves no
     guest spinning."""
     engines: list[wasmtime.Engine] = []
@@ -130,7 +131,7 @@ async def test_engines_freed_in_other_threads_while_it_ticks_do_not_crash_it() -
             for _ in range(40):
                 engines = [new_engine(instances=4)]
                 with ticker.registered(engines[0]):
-                    await trio.sleep(0)
+                    await trio.lowlevel.checkpoint()
                 await trio.to_thread.run_sync(engines.clear)
         nursery.cancel_scope.cancel()
 

@@ -196,3 +196,26 @@ async def test_a_failed_build_makes_the_executor_unavailable_not_a_crash(
         assert not await executor.wait_ready()
     info = executor.info()
     assert not info.available and "could not be built" in (info.reason or "")
+
+
+TRAP_THROUGH_MEMORYERROR_NEW = """error while executing at wasm backtrace:
+    0: 0x215978 - <unknown>!MemoryError_new
+    1: 0x8d48b5 - <unknown>!run
+
+Caused by:
+    wasm trap: wasm `unreachable` instruction executed"""
+
+
+def test_a_trap_is_judged_by_its_message_not_by_the_functions_in_its_backtrace(
+    tmp_path: Path,
+) -> None:
+    # CPython has functions named MemoryError_*: a crash that passes through one is
+    # not the program running out of memory.
+    executor = WasmPythonExecutor(cache_dir=tmp_path)
+    limits = Limits()
+    crashed = executor._trapped(Outcome(Status.OK), limits, TRAP_THROUGH_MEMORYERROR_NEW)
+    assert crashed.status is Status.CRASHED, crashed
+    out_of_memory = executor._trapped(
+        Outcome(Status.OK), limits, "Caused by:\n    out of memory (failed to allocate 65536 bytes)"
+    )
+    assert out_of_memory.status is Status.MEMORY_LIMIT, out_of_memory
