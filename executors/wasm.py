@@ -84,9 +84,9 @@ INTERNAL_ERROR = -32603
 # The execution whose guest this thread is running, for its `host-call` import: a
 # runner runs one guest at a time.
 _RUNNING = threading.local()
-# Trap messages that mean the guest ran out of linear memory rather than failed.
 # A frame of the wasm backtrace Wasmtime puts in a trap's text: "  12: 0x1ac945 - ...".
 _BACKTRACE_LINE = re.compile(r"\s*\d+:\s+0x[0-9a-f]+ - ")
+# Trap messages that mean the guest ran out of linear memory rather than failed.
 OUT_OF_MEMORY_SIGNS = ("out of memory", "memoryerror", "cannot allocate", "memory allocation")
 
 
@@ -588,9 +588,10 @@ def _host_call(_store: Any, method: str, params: str) -> str:
     except (trio.Cancelled, _Stopped):
         execution.interrupt.stop(_wasmtime.StopReason.CANCELLED)
         return _rpc_error(INTERNAL_ERROR, "the execution is being stopped")
-    except BaseException as exc:  # nothing may unwind into Wasmtime (see below)
-        # wasmtime-py turns only an `Exception` into a trap: anything else would leave
-        # the call's result unwritten. Reported to the guest; the daemon logs its side.
+    except BaseException as exc:
+        # Nothing may unwind into Wasmtime: wasmtime-py turns only an `Exception` into
+        # a trap, and anything else would leave the call's result unwritten. Reported
+        # to the guest; the daemon's side logs its own.
         log.exception("host-call %s failed", method)
         return _rpc_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
     return json.dumps({"result": result}, ensure_ascii=False)
