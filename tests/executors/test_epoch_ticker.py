@@ -49,18 +49,15 @@ class Spinner:
 
 
 @pytest.fixture
-def release() -> Iterator[list[wasmtime.Engine]]:
-    """Engines whose epoch is moved at teardown, so a test that fails leaves no
-    guest spinning."""
-    engines: list[wasmtime.Engine] = []
-    yield engines
-    for engine in engines:
-        engine.increment_epoch()
-
-
-async def test_a_registered_engine_is_ticked(release: list[wasmtime.Engine]) -> None:
+def engine() -> Iterator[wasmtime.Engine]:
+    """An engine whose epoch moves at teardown, so a failing test leaves no guest
+    spinning on it."""
     engine = new_engine()
-    release.append(engine)
+    yield engine
+    engine.increment_epoch()
+
+
+async def test_a_registered_engine_is_ticked(engine: wasmtime.Engine) -> None:
     ticker = EpochTicker(TICK_S)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ticker.serve_shared)
@@ -83,12 +80,8 @@ async def test_an_engine_is_held_while_registered_and_forgotten_after() -> None:
     assert alive() is None
 
 
-async def test_leaving_the_block_moves_the_epoch_once_more(
-    release: list[wasmtime.Engine],
-) -> None:
+async def test_leaving_the_block_moves_the_epoch_once_more(engine: wasmtime.Engine) -> None:
     # No task serves this ticker: only the tick on the way out can stop the guest.
-    engine = new_engine()
-    release.append(engine)
     ticker = EpochTicker(TICK_S)
     with ticker.registered(engine):
         spinner = Spinner(engine)
@@ -98,10 +91,8 @@ async def test_leaving_the_block_moves_the_epoch_once_more(
 
 
 async def test_another_server_takes_over_when_the_first_one_stops(
-    release: list[wasmtime.Engine],
+    engine: wasmtime.Engine,
 ) -> None:
-    engine = new_engine()
-    release.append(engine)
     ticker = EpochTicker(TICK_S)
     first = trio.CancelScope()
     async with trio.open_nursery() as nursery:
