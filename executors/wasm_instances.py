@@ -22,6 +22,7 @@ store is used by one thread at a time.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -46,6 +47,12 @@ INSTANTIATE_TIMEOUT_S = 30.0
 INSTANTIATE_FUEL = 1 << 62
 # How Wasmtime refuses to instantiate under a memory limit below the component's start.
 LIMIT_REFUSED = "exceeds memory limits"
+# The first instance of a component builds its memory images, each sealed in a memfd,
+# and the kernel refuses the seal (EBUSY) while anything else holds one of its pages:
+# for a moment, on a loaded machine (seen once in CI). Wasmtime keeps no failed image,
+# so a later try builds it anew. Tries, and the wait before the second (then doubled).
+FIRST_INSTANCE_TRIES = 4
+FIRST_INSTANCE_BACKOFF_S = 0.05
 # The largest memory limit tried when finding the smallest that instantiates: the
 # pool's bound per memory (see `_wasmtime`), in MiB.
 MAX_MEMORY_MIB = _wasmtime.POOL_MEMORY_BYTES // MIB
@@ -94,8 +101,9 @@ class Instance:
 class Instances:
     """Makes instances of `component` with `linker`.
 
-    Creating it finds `base_memory_mib` by instantiating under shrinking limits (a few
-    milliseconds up to ~50 for CPython, once): blocking, like every method.
+    Creating it makes a first instance, then finds `base_memory_mib` by instantiating
+    under shrinking limits (a few milliseconds up to ~50 for CPython, once): blocking,
+    like every method.
     """
 
     def __init__(
@@ -110,6 +118,7 @@ class Instances:
         self._linker = linker
         self._component = component
         self._fuel = fuel
+        self._first_instance()
         self.base_memory_mib = self._smallest_memory_mib()
 
     def __repr__(self) -> str:
@@ -150,6 +159,20 @@ class Instances:
         except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:
             log.warning("an instance could not be made ahead: %s", exc)
             return None
+
+    def _first_instance(self) -> None:
+        """Make and drop one instance, trying again a few times if it fails: the first
+        builds the memory images, which can fail for a moment (see
+        `FIRST_INSTANCE_TRIES`). Raises the last failure."""
+        for attempt in range(FIRST_INSTANCE_TRIES):
+            try:
+                self.new().close()
+                return
+            except wasmtime.WasmtimeError as exc:
+                if attempt + 1 == FIRST_INSTANCE_TRIES:
+                    raise
+                log.warning("the first instance could not be made (%s); trying again", exc)
+                time.sleep(FIRST_INSTANCE_BACKOFF_S * 2**attempt)
 
     def _smallest_memory_mib(self) -> int:
         """The smallest memory limit, in whole MiB, under which the component

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import json
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,11 @@ import trio
 import wasmtime
 import wasmtime.component
 
-from conduit.executors import _wasmtime
+from conduit.executors import _wasmtime, wasm_instances
 from conduit.executors.base import Job, Limits, Status
 from conduit.executors.output import StreamName
 from conduit.executors.wasm import RUNNERS
-from conduit.executors.wasm_instances import MIB, Instance, Instances
+from conduit.executors.wasm_instances import FIRST_INSTANCE_TRIES, MIB, Instance, Instances
 from conduit.executors.wasm_js import WasmJsExecutor
 from tests.sandboxes import WAIT_S, NoBridge
 
@@ -64,6 +65,43 @@ def test_a_failure_other_than_the_limit_while_finding_the_base_is_raised(
     with pytest.raises(wasmtime.WasmtimeError, match="os error 12"):
         js_instances._smallest_memory_mib()
     assert js_instances._smallest_memory_mib() == js_instances.base_memory_mib
+
+
+def failing_first(monkeypatch: pytest.MonkeyPatch, failures: int) -> list[int | None]:
+    """Make `Instances.new` fail its first `failures` calls as the kernel's refusal to
+    seal a memory image does; the memory limits of every call, in order."""
+    real_new = Instances.new
+    calls: list[int | None] = []
+
+    def new(self: Instances, memory_bytes: int | None = None) -> Instance:
+        calls.append(memory_bytes)
+        if len(calls) <= failures:
+            raise wasmtime.WasmtimeError("cannot add seals to the memfd")
+        return real_new(self, memory_bytes)
+
+    monkeypatch.setattr(Instances, "new", new)
+    monkeypatch.setattr(wasm_instances, "FIRST_INSTANCE_BACKOFF_S", 0.0)
+    return calls
+
+
+def test_a_first_instance_that_fails_for_a_moment_is_tried_again(
+    make_js_instances: Callable[[], Instances], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    expected = make_js_instances().base_memory_mib
+    calls = failing_first(monkeypatch, failures=FIRST_INSTANCE_TRIES - 1)
+    instances = make_js_instances()
+    # The tries are unlimited instances, so no failure reads as a limit too small.
+    assert calls[:FIRST_INSTANCE_TRIES] == [None] * FIRST_INSTANCE_TRIES
+    assert instances.base_memory_mib == expected
+
+
+def test_a_first_instance_that_keeps_failing_is_raised(
+    make_js_instances: Callable[[], Instances], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = failing_first(monkeypatch, failures=FIRST_INSTANCE_TRIES)
+    with pytest.raises(wasmtime.WasmtimeError, match="seals"):
+        make_js_instances()
+    assert len(calls) == FIRST_INSTANCE_TRIES
 
 
 def test_output_goes_to_the_sink_attached_when_taken(js_instances: Instances) -> None:
