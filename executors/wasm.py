@@ -58,6 +58,7 @@ from conduit.executors import _wasmtime, outcomes
 from conduit.executors.base import ErrorInfo, ExecutorInfo, Job, Limits, Outcome, Status, ToolBridge
 from conduit.executors.output import OutputCapture, StreamName
 from conduit.executors.wasm_build import BuildError, BuiltComponent, GuestRecipe, ensure_component
+from conduit.executors.wasm_calls import add_string_import
 from conduit.executors.wasm_instances import MIB, Instance, Instances
 from conduit.executors.wasm_runners import Runners
 
@@ -248,10 +249,10 @@ class WasmExecutor:
         )
         linker = wasmtime.component.Linker(self._engine)
         linker.add_wasip2()
-        # A module function, not a method: Wasmtime keeps what is registered in a
-        # process-wide table until the linker is freed, and a method would keep this
-        # executor (its engine, compiled code and pool) alive for good.
-        linker.root().add_func(HOST_CALL_IMPORT, _host_call)
+        # A module function, not a method: the linker holds what is registered until it
+        # is freed, and a method would keep this executor (its engine, compiled code
+        # and pool) alive as long.
+        add_string_import(linker, HOST_CALL_IMPORT, _host_call)
         instances = Instances(self._engine, linker, loaded.component, fuel=self._fuel is not None)
         self._timings = {
             "build_s" if built.built else "build_check_s": round(built.seconds, 3),
@@ -564,7 +565,7 @@ class WasmExecutor:
         )
 
 
-def _host_call(_store: Any, method: str, params: str) -> str:
+def _host_call(method: str, params: str) -> str:
     """The guest's `host-call`: a JSON-RPC call under the session token (runner thread)."""
     execution: _Execution | None = getattr(_RUNNING, "execution", None)
     if execution is None or execution.interrupt.reason is not None:

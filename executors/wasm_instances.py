@@ -31,6 +31,7 @@ import wasmtime.component
 
 from conduit.executors import _wasmtime
 from conduit.executors.output import StreamName
+from conduit.executors.wasm_calls import StringExport
 
 __all__ = ["Instance", "Instances", "OutputRoute"]
 
@@ -83,7 +84,7 @@ class Instance:
     """A store holding one instance of the component, its `run` export and output."""
 
     store: wasmtime.Store
-    run: wasmtime.component.Func
+    run: StringExport
     output: OutputRoute
     # The interrupt the store calls back into: it must live as long as it is installed
     # (the store holds only a pointer to its callback).
@@ -146,10 +147,11 @@ class Instances:
             run = self._linker.instantiate(store, self._component).get_func(store, RUN_EXPORT)
             if run is None:
                 raise wasmtime.WasmtimeError(f"the component exports no {RUN_EXPORT!r}")
+            export = StringExport(run)
         except BaseException:
             store.close()
             raise
-        return Instance(store, run, output, interrupt)
+        return Instance(store, export, output, interrupt)
 
     def standby(self) -> Instance | None:
         """A new instance without a memory limit, made ahead of its execution; None if

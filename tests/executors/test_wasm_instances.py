@@ -6,7 +6,6 @@ from __future__ import annotations
 import gc
 import json
 import weakref
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from conduit.executors.output import StreamName
 from conduit.executors.wasm import RUNNERS
 from conduit.executors.wasm_instances import FIRST_INSTANCE_TRIES, MIB, Instance, Instances
 from conduit.executors.wasm_js import WasmJsExecutor
+from tests.executors.conftest import JsComponent
 from tests.sandboxes import WAIT_S, NoBridge
 
 PRINTING = json.dumps(
@@ -85,22 +85,22 @@ def failing_first(monkeypatch: pytest.MonkeyPatch, failures: int) -> list[int | 
 
 
 def test_a_first_instance_that_fails_for_a_moment_is_tried_again(
-    make_js_instances: Callable[[], Instances], monkeypatch: pytest.MonkeyPatch
+    js_component: JsComponent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    expected = make_js_instances().base_memory_mib
+    expected = js_component.instances().base_memory_mib
     calls = failing_first(monkeypatch, failures=FIRST_INSTANCE_TRIES - 1)
-    instances = make_js_instances()
+    instances = js_component.instances()
     # The tries are unlimited instances, so no failure reads as a limit too small.
     assert calls[:FIRST_INSTANCE_TRIES] == [None] * FIRST_INSTANCE_TRIES
     assert instances.base_memory_mib == expected
 
 
 def test_a_first_instance_that_keeps_failing_is_raised(
-    make_js_instances: Callable[[], Instances], monkeypatch: pytest.MonkeyPatch
+    js_component: JsComponent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = failing_first(monkeypatch, failures=FIRST_INSTANCE_TRIES)
     with pytest.raises(wasmtime.WasmtimeError, match="seals"):
-        make_js_instances()
+        js_component.instances()
     assert len(calls) == FIRST_INSTANCE_TRIES
 
 

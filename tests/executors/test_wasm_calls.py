@@ -1,0 +1,93 @@
+"""The world's two functions called straight through Wasmtime's C API (`wasm_calls`),
+through the real JS component."""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+
+import pytest
+import wasmtime
+
+from conduit.executors import _wasmtime, wasm_calls
+from conduit.executors.wasm_instances import Instance, Instances
+from tests.executors.conftest import JsComponent
+from tests.sandboxes import WAIT_S
+
+# Every width of UTF-8, and the characters JSON escapes.
+TEXT = 'plain, é, ☃, 𝄞, "quoted", back\\slash, new\nline'
+
+
+def run(instances: Instances, body: str, inputs: object = None) -> str:
+    """`run` a fresh instance on a program of `body`; the guest's answer, unparsed."""
+    instance: Instance = instances.new()
+    try:
+        instance.install(_wasmtime.Interrupt(WAIT_S))
+        request = {"function": f"(async function () {{\n{body}\n}})", "line_offset": 1}
+        return instance.run(instance.store, json.dumps({**request, "inputs": inputs}))
+    finally:
+        instance.close()
+
+
+def test_strings_cross_the_export_whole_both_ways(js_instances: Instances) -> None:
+    answer = run(js_instances, "return [inputs, inputs.length]", inputs=TEXT)
+    assert json.loads(answer) == {"result": [TEXT, len(TEXT.encode("utf-16-le")) // 2]}
+
+
+def test_a_trap_in_the_export_is_raised(js_component: JsComponent) -> None:
+    instance = js_component.instances().new()
+    try:
+        interrupt = _wasmtime.Interrupt(WAIT_S)
+        instance.install(interrupt)
+        # Stopped before it starts, with its epoch deadline passed: the guest traps at
+        # its first check.
+        interrupt.stop(_wasmtime.StopReason.CANCELLED)
+        js_component.engine.increment_epoch()
+        spin = {"function": "(async function () { while (true) {} })", "line_offset": 1}
+        with pytest.raises(wasmtime.WasmtimeError, match=r"execution stopped \(cancelled\)"):
+            instance.run(instance.store, json.dumps(spin))
+    finally:
+        instance.close()
+
+
+def test_the_import_gets_both_strings_and_its_answer_reaches_the_guest(
+    js_component: JsComponent,
+) -> None:
+    calls: list[tuple[str, str]] = []
+
+    def host_call(method: str, params: str) -> str:
+        calls.append((method, params))
+        echo = {"echo": json.loads(params)["arguments"]["text"]}
+        return json.dumps({"result": {"value": echo}})
+
+    answer = run(
+        js_component.instances(host_call), "return await tools.ns.echo({text: inputs})", TEXT
+    )
+    assert json.loads(answer) == {"result": {"echo": TEXT}}
+    assert [method for method, _ in calls] == ["tools/call"]
+    assert json.loads(calls[0][1])["arguments"] == {"text": TEXT}
+
+
+def test_an_import_that_raises_traps_the_guest_and_is_logged(
+    js_component: JsComponent, caplog: pytest.LogCaptureFixture
+) -> None:
+    def host_call(_method: str, _params: str) -> str:
+        raise RuntimeError("the host broke")
+
+    instances = js_component.instances(host_call)
+    with pytest.raises(wasmtime.WasmtimeError, match="host-call failed: RuntimeError: the host br"):
+        run(instances, "return await tools.ns.echo({})")
+    assert "host-call failed" in caplog.text
+    assert any(record.levelno == logging.ERROR for record in caplog.records)
+    # The next instance is unharmed.
+    assert json.loads(run(instances, "return 1 + 1")) == {"result": 2}
+
+
+def test_a_registered_import_is_let_go_with_its_linker(js_component: JsComponent) -> None:
+    before = set(wasm_calls._IMPORTS)
+    instances = js_component.instances(lambda _method, _params: '{"result": 1}')
+    assert len(set(wasm_calls._IMPORTS) - before) == 1
+    del instances
+    gc.collect()
+    assert set(wasm_calls._IMPORTS) - before == set()
