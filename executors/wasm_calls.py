@@ -28,12 +28,12 @@ import wasmtime
 import wasmtime.component
 from wasmtime import _ffi as ffi
 
-__all__ = ["StringExport", "add_string_import"]
+__all__ = ["StringExport", "StringImport", "add_string_import"]
 
 log = logging.getLogger(__name__)
 
-# A host function of the world: two strings in, a string out (runs in the thread that
-# runs the guest; it must not raise: see `_call_import`).
+# A host function of the world: two strings in, a string out. It runs in the thread
+# running the guest, and whatever it raises traps the guest (see `_call_import`).
 StringImport = Callable[[str, str], str]
 
 
