@@ -80,6 +80,12 @@ LINGER_GRACE_S = 0.25
 # Runner threads beyond RUNNERS that may be left finishing blocking calls; when all
 # are taken, new executions wait for them (and time out if they must wait too long).
 MAX_LINGERING_THREADS = 32
+# A component that was built but did not load (Wasmtime or the system refusing
+# something, perhaps for a moment) is loaded again while the executor serves: first
+# after LOAD_RETRY_FIRST_S, then twice as long each time, up to LOAD_RETRY_MAX_S. A
+# failed build is not tried again: its reason says what to fix, then restart.
+LOAD_RETRY_FIRST_S = 5.0
+LOAD_RETRY_MAX_S = 300.0
 # JSON-RPC "internal error", for a host-call failure that is no RpcError.
 INTERNAL_ERROR = -32603
 # The execution whose guest this thread is running, for its `host-call` import: a
@@ -200,15 +206,16 @@ class WasmExecutor:
         cancelled.
 
         Calls `task_status.started()` at once: the executor is unavailable (with the
-        reason) while it builds, and stays so if the build fails. Never raises for a
-        failed build.
+        reason) while it builds, and stays so if the build fails. A component that does
+        not load is loaded again, later (see `LOAD_RETRY_FIRST_S`). Never raises for a
+        failed build or load.
         """
         try:
             with _wasmtime.TICKER.registered(self._engine):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(_wasmtime.serve_ticker)
                     task_status.started()
-                    await self.prepare()
+                    await self._prepare_until_loaded()
                     if self._instances is not None:
                         # No checkpoint since `prepare` made the executor available:
                         # an execution always finds the runners (ready, or soon to be).
@@ -219,10 +226,21 @@ class WasmExecutor:
         finally:
             self._runners = None
 
-    async def prepare(self) -> None:
-        """Build (or find) and load the component in a worker thread; idempotent."""
+    async def _prepare_until_loaded(self) -> None:
+        """`prepare`, and again after a pause each time the component was built but
+        did not load; returns once it is loaded or its build failed."""
+        delay = LOAD_RETRY_FIRST_S
+        while not await self.prepare() and self._built is not None:
+            self._reason = f"{self._reason}; trying again in {delay:g} s"
+            log.warning("%s: loading again in %g s", self.name, delay)
+            await trio.sleep(delay)
+            delay = min(delay * 2, LOAD_RETRY_MAX_S)
+
+    async def prepare(self) -> bool:
+        """Build (or find) and load the component in a worker thread; whether it is
+        loaded. Idempotent."""
         if self._state in (_State.READY, _State.BUILDING):
-            return
+            return self._state == _State.READY
         self._state = _State.BUILDING
         self._reason = f"the {self.name} component is being built (seconds, on first start only)"
         try:
@@ -236,6 +254,7 @@ class WasmExecutor:
             self._reason = None
         finally:
             self._settled.set()
+        return self._state == _State.READY
 
     async def wait_ready(self) -> bool:
         """Wait until the component is loaded or failed to; whether it is available."""
@@ -243,7 +262,9 @@ class WasmExecutor:
         return self._reason is None
 
     def _load(self) -> None:
+        self._built = None  # set once built: then a failure is one of loading
         built = ensure_component(self.recipe, self._cache_dir)
+        self._built = built
         loaded = _wasmtime.load_component(
             self._engine, built.path, built.component_hash, fuel=self._fuel is not None
         )
@@ -260,7 +281,6 @@ class WasmExecutor:
                 round(loaded.seconds, 3)
             ),
         }
-        self._built = built
         self._compiled_cache = loaded.cache.value
         self._instances = instances
         log.info("%s component %s ready (%s)", self.name, built.component_hash[:12], self._timings)
