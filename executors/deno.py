@@ -55,6 +55,7 @@ from conduit.executors.base import (
     Limits,
     Outcome,
     Status,
+    StopSignal,
     ToolBridge,
 )
 from conduit.executors.js_source import prepare_module
@@ -603,7 +604,7 @@ class DenoExecutor:
         )
 
 
-async def _kill_on_stop(stop: trio.Event, worker: DenoWorker) -> None:
+async def _kill_on_stop(stop: StopSignal, worker: DenoWorker) -> None:
     await stop.wait()
     worker.kill()
 

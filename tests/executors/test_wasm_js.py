@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import trio
 
-from conduit.executors.base import Job, Limits, Outcome, Status
+from conduit.executors.base import Job, Limits, Outcome, Status, StopSignal
 from conduit.executors.wasm_build import ensure_component
 from conduit.executors.wasm_guests import JS_GUEST, componentize_js_version
 from conduit.executors.wasm_js import WasmJsExecutor
@@ -153,7 +153,7 @@ async def test_job_stop_interrupts_the_guest(wasm_js: WasmJsExecutor) -> None:
     assert outcome.status is Status.CANCELLED
 
 
-async def _set_later(event: trio.Event) -> None:
+async def _set_later(event: StopSignal) -> None:
     await trio.sleep(0.2)
     event.set()
 

@@ -9,7 +9,7 @@ from typing import Any
 import trio
 
 from conduit.executors import _wasmtime
-from conduit.executors.base import Job, Limits, Outcome, Status
+from conduit.executors.base import Job, Limits, Outcome, Status, StopSignal
 from conduit.executors.wasm_build import ensure_component
 from conduit.executors.wasm_guests import PYTHON_GUEST, preloaded_modules
 from conduit.executors.wasm_python import WasmPythonExecutor
@@ -147,7 +147,7 @@ async def test_cancelling_run_waits_for_the_guest_to_stop(wasm: WasmPythonExecut
     assert (await run(wasm, "'still serving'")).result == "still serving"
 
 
-async def _set_later(event: trio.Event) -> None:
+async def _set_later(event: StopSignal) -> None:
     await trio.sleep(0.2)
     event.set()
 

@@ -1,0 +1,43 @@
+"""`StopSignal`: how the daemon asks an executor to stop a program."""
+
+from __future__ import annotations
+
+import trio
+
+from conduit.executors.base import StopSignal
+
+
+def test_callbacks_run_once_in_order_while_their_block_lasts() -> None:
+    stop, called = StopSignal(), []
+    with stop.calling(lambda: called.append("first")), stop.calling(lambda: called.append("2nd")):
+        stop.set()
+        stop.set()
+    assert called == ["first", "2nd"]
+    assert stop.is_set()
+
+
+def test_a_block_that_ended_is_not_called() -> None:
+    stop, called = StopSignal(), []
+    with stop.calling(lambda: called.append("gone")):
+        pass
+    stop.set()
+    assert called == []
+
+
+def test_a_signal_set_already_calls_back_at_once() -> None:
+    stop, called = StopSignal(), []
+    stop.set()
+    with stop.calling(lambda: called.append("now")):
+        assert called == ["now"]
+    assert called == ["now"]
+
+
+async def test_waiting_ends_when_set() -> None:
+    stop = StopSignal()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stop.wait)
+        await trio.sleep(0.01)
+        assert not stop.is_set()
+        stop.set()
+    with trio.fail_after(1):
+        await stop.wait()
