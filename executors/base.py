@@ -65,34 +65,31 @@ class Limits:
 class StopSignal:
     """The daemon asking an executor to stop a program: set once, on the Trio thread.
 
-    An executor waits for it, checks it, or has it call back while it waits for
-    something else (`calling`): waking a waiting task with an event is far cheaper for
-    Trio than cancelling the scope it waits in, which the wasm executors did per
-    execution.
+    An executor checks it, or has it call back while it waits for something else
+    (`calling`): no task to watch it, and waking a waiting task with an event is far
+    cheaper for Trio than cancelling the scope it waits in, which the wasm executors
+    did per execution.
     """
 
-    __slots__ = ("_callbacks", "_event")
+    __slots__ = ("_callbacks", "_set")
 
     def __init__(self) -> None:
-        self._event = trio.Event()
+        self._set = False
         self._callbacks: list[Callable[[], None]] = []
 
     def __repr__(self) -> str:
         return f"<StopSignal {'set' if self.is_set() else 'clear'}>"
 
     def set(self) -> None:
-        if self._event.is_set():
+        if self._set:
             return
-        self._event.set()
+        self._set = True
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback()
 
     def is_set(self) -> bool:
-        return self._event.is_set()
-
-    async def wait(self) -> None:
-        await self._event.wait()
+        return self._set
 
     @contextlib.contextmanager
     def calling(self, callback: Callable[[], None]) -> Iterator[None]:

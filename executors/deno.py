@@ -55,7 +55,6 @@ from conduit.executors.base import (
     Limits,
     Outcome,
     Status,
-    StopSignal,
     ToolBridge,
 )
 from conduit.executors.js_source import prepare_module
@@ -532,10 +531,8 @@ class DenoExecutor:
     ) -> Outcome | None:
         """Run the job on `worker`, then close it. None if it died before the job."""
         try:
-            async with trio.open_nursery() as watch:
-                watch.start_soon(_kill_on_stop, job.stop, worker)
+            with job.stop.calling(worker.kill):
                 outcome = await self._execute(worker, job, request, nonce)
-                watch.cancel_scope.cancel()
         finally:
             await worker.aclose()
         if outcome is not None and job.stop.is_set() and outcome.status is Status.CRASHED:
@@ -602,11 +599,6 @@ class DenoExecutor:
             returncode=process.returncode,
             is_out_of_memory=self.is_out_of_memory,
         )
-
-
-async def _kill_on_stop(stop: StopSignal, worker: DenoWorker) -> None:
-    await stop.wait()
-    worker.kill()
 
 
 def _limit(worker: DenoWorker, limits: ProcessLimits) -> None:

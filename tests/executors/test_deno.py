@@ -294,6 +294,23 @@ async def test_cancelling_a_run_kills_its_sandbox(nursery: trio.Nursery, tmp_pat
     assert deno_children() == set()
 
 
+async def test_job_stop_kills_its_sandbox_and_reports_cancelled(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    executor = await start(nursery, tmp_path, pool_size=0)
+    job = Job("ex_stop", "typescript", "console.log('before'); while (true) {}")
+
+    async def stop_soon() -> None:
+        await trio.sleep(0.5)
+        job.stop.set()
+
+    nursery.start_soon(stop_soon)
+    with trio.fail_after(WAIT_S):
+        outcome = await executor.run(job, NoBridge())
+    assert outcome.status is Status.CANCELLED
+    assert deno_children() == set()
+
+
 async def test_shutdown_leaves_no_process_or_directory(tmp_path: Path) -> None:
     executor = DenoExecutor(cache_dir=tmp_path / "deno", pool_size=2)
     async with trio.open_nursery() as nursery:

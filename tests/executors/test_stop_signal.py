@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import trio
-
 from conduit.executors.base import StopSignal
 
 
@@ -30,14 +28,3 @@ def test_a_signal_set_already_calls_back_at_once() -> None:
     with stop.calling(lambda: called.append("now")):
         assert called == ["now"]
     assert called == ["now"]
-
-
-async def test_waiting_ends_when_set() -> None:
-    stop = StopSignal()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(stop.wait)
-        await trio.sleep(0.01)
-        assert not stop.is_set()
-        stop.set()
-    with trio.fail_after(1):
-        await stop.wait()
