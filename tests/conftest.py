@@ -30,7 +30,22 @@ def short_dir() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def wasm_cache(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def kept_dir(
+    pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], Path]:
+    """Directories kept in pytest's cache between runs, by name (`--cache-clear` drops
+    them); fresh temporary ones when the cache plugin is off (`-p no:cacheprovider`,
+    where the config has no `cache` at all)."""
+    cache = getattr(pytestconfig, "cache", None)
+
+    def make(name: str) -> Path:
+        return cache.mkdir(name) if cache is not None else tmp_path_factory.mktemp(name)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def wasm_cache(kept_dir: Callable[[str], Path]) -> Path:
     """The wasm-python and wasm-js components, built and compiled once.
 
     Kept in pytest's cache directory between runs (`--cache-clear` drops it): both
@@ -41,10 +56,7 @@ def wasm_cache(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFac
     from conduit.executors.wasm_build import ensure_component
     from conduit.executors.wasm_guests import JS_GUEST, PYTHON_GUEST
 
-    if pytestconfig.cache is not None:
-        cache = pytestconfig.cache.mkdir("wasm-components")
-    else:  # run with `-p no:cacheprovider`
-        cache = tmp_path_factory.mktemp("wasm-components")
+    cache = kept_dir("wasm-components")
     for recipe in (PYTHON_GUEST, JS_GUEST):
         built = ensure_component(recipe, cache)
         _wasmtime.load_component(_wasmtime.new_engine(), built.path, built.component_hash)
@@ -52,15 +64,12 @@ def wasm_cache(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFac
 
 
 @pytest.fixture(scope="session")
-def pyodide_install(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def pyodide_install(kept_dir: Callable[[str], Path]) -> Path:
     """Pyodide from npm, installed once (kept in pytest's cache like the components)."""
     from conduit.executors.npm import install_locked
     from conduit.executors.pyodide import PACKAGE, SHIM_DIR
 
-    if pytestconfig.cache is not None:
-        where = pytestconfig.cache.mkdir("pyodide")
-    else:
-        where = tmp_path_factory.mktemp("pyodide")
+    where = kept_dir("pyodide")
     install_locked(SHIM_DIR, where, expect=f"node_modules/{PACKAGE}/pyodide.mjs")
     return where
 

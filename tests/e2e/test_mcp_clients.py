@@ -79,12 +79,9 @@ NOT_APPLICABLE = {
 
 
 @pytest.fixture(scope="session")
-def mcp_clients(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def mcp_clients(kept_dir: Callable[[str], Path]) -> Path:
     """The pinned npm clients, installed once (kept in pytest's cache like the wasm builds)."""
-    if pytestconfig.cache is not None:
-        cache = pytestconfig.cache.mkdir("mcp-clients")
-    else:
-        cache = tmp_path_factory.mktemp("mcp-clients")
+    cache = kept_dir("mcp-clients")
     expect = "node_modules/@modelcontextprotocol/inspector/package.json"
     return install_lock_dir(CLIENTS_DIR, cache, expect=expect)
 
