@@ -240,6 +240,15 @@ class Executor(Protocol):
         """
         ...
 
+    @property
+    def unavailable_reason(self) -> str | None:
+        """Why the executor cannot take jobs now, or None when it can.
+
+        Asked once per request, so it only reads a field: `info()` builds the whole
+        snapshot (a Deno pool's statistics cost ~16 µs), which a request never needs.
+        """
+        ...
+
     def info(self) -> ExecutorInfo:
         """A snapshot of availability, version and pool counters; never blocks."""
         ...

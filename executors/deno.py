@@ -334,6 +334,10 @@ class DenoExecutor:
         first = done.stdout.decode("utf-8", "replace").strip().splitlines()[0]
         return first.removeprefix("deno ")
 
+    @property
+    def unavailable_reason(self) -> str | None:
+        return self._reason
+
     def info(self) -> ExecutorInfo:
         """Availability, version (read once by `serve`) and pool statistics."""
         pool = {

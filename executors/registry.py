@@ -85,23 +85,23 @@ class ExecutorRegistry:
                 f"{', '.join(sorted(executor.languages))}, not {language}",
                 {"field": "executor", "reason": f"does not run {language}"},
             )
-        info = executor.info()  # once per request: the common path asks nothing more
-        if info.available:
+        reason = executor.unavailable_reason
+        if reason is None:
             return executor
         if name is None:
             fallback = self._fallback(language, executor)
             if fallback is not None:
                 return fallback
         raise ExecutorUnavailable(
-            f"executor {chosen!r} is unavailable: {info.reason}; run `conduit doctor`",
-            {"executor": chosen, "reason": info.reason},
+            f"executor {chosen!r} is unavailable: {reason}; run `conduit doctor`",
+            {"executor": chosen, "reason": reason},
         )
 
     def _fallback(self, language: str, default: Executor) -> Executor | None:
         """Another available executor for `language`, while its default is unavailable."""
         for executor in self._executors.values():
             runs_it = executor is not default and language in executor.languages
-            if runs_it and executor.info().available:
+            if runs_it and executor.unavailable_reason is None:
                 log.debug("%s is unavailable; %s runs %s", default.name, executor.name, language)
                 return executor
         return None

@@ -294,6 +294,10 @@ class WasmExecutor:
         self._instances = instances
         log.info("%s component %s ready (%s)", self.name, built.component_hash[:12], self._timings)
 
+    @property
+    def unavailable_reason(self) -> str | None:
+        return self._reason
+
     def info(self) -> ExecutorInfo:
         """Availability, versions, the component and its cache state; never blocks."""
         details: dict[str, Any] = {
@@ -391,13 +395,18 @@ class WasmExecutor:
             raise RuntimeMissing(f"the {self.name} executor is not being served (serve() runs it)")
         interrupt = execution.interrupt
         deadline = trio.current_time() + max(0.0, interrupt.deadline - time.monotonic())
-        with trio.move_on_at(deadline) as waiting:
-            runner = await runners.take()
-            # No checkpoint from here to the end of the scope: once handed, it runs.
-            runner.hand(functools.partial(self._work, job, request, execution, capture))
-        if waiting.cancelled_caught:
-            interrupt.stop(_wasmtime.StopReason.TIMEOUT)
-            return None, None
+        work = functools.partial(self._work, job, request, execution, capture)
+        runner = runners.take_nowait()  # the usual case: no scope to wait in
+        if runner is not None:
+            runner.hand(work)
+        else:
+            with trio.move_on_at(deadline) as waiting:
+                runner = await runners.take()
+                # No checkpoint from here to the end of the scope: once handed, it runs.
+                runner.hand(work)
+            if waiting.cancelled_caught:
+                interrupt.stop(_wasmtime.StopReason.TIMEOUT)
+                return None, None
         try:
             if not await _wait_answer(execution, deadline, job.stop):
                 # A no-op if the guest was stopped for another reason first.

@@ -137,6 +137,10 @@ class Runners:
         if self._nursery is not None and not self._stopping:
             self._nursery.start_soon(self._run, Runner(self._instances, self._on_ready))
 
+    def take_nowait(self) -> Runner | None:
+        """A ready runner, the longest ready first; None if none is."""
+        return self._ready.popleft() if self._ready else None
+
     async def take(self) -> Runner:
         """A ready runner, the longest ready first; waits for one if none is."""
         while True:

@@ -22,9 +22,13 @@ class StandIn:
     available: bool = True
     reason: str | None = field(default=None)
 
+    @property
+    def unavailable_reason(self) -> str | None:
+        return None if self.available else (self.reason or "being built")
+
     def info(self) -> ExecutorInfo:
-        reason = None if self.available else (self.reason or "being built")
-        return ExecutorInfo(self.name, tuple(self.languages), self.available, reason=reason)
+        reason = self.unavailable_reason
+        return ExecutorInfo(self.name, tuple(self.languages), reason is None, reason=reason)
 
 
 def registry(*, wasm_js_available: bool) -> tuple[ExecutorRegistry, StandIn, StandIn]:
