@@ -395,18 +395,15 @@ class WasmExecutor:
             raise RuntimeMissing(f"the {self.name} executor is not being served (serve() runs it)")
         interrupt = execution.interrupt
         deadline = trio.current_time() + max(0.0, interrupt.deadline - time.monotonic())
-        work = functools.partial(self._work, job, request, execution, capture)
         runner = runners.take_nowait()  # the usual case: no scope to wait in
-        if runner is not None:
-            runner.hand(work)
-        else:
+        if runner is None:
             with trio.move_on_at(deadline) as waiting:
                 runner = await runners.take()
-                # No checkpoint from here to the end of the scope: once handed, it runs.
-                runner.hand(work)
+            # Leaving the scope is no checkpoint: a runner taken is never lost to it.
             if waiting.cancelled_caught:
                 interrupt.stop(_wasmtime.StopReason.TIMEOUT)
                 return None, None
+        runner.hand(functools.partial(self._work, job, request, execution, capture))
         try:
             if not await _wait_answer(execution, deadline, job.stop):
                 # A no-op if the guest was stopped for another reason first.

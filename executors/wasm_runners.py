@@ -144,8 +144,9 @@ class Runners:
     async def take(self) -> Runner:
         """A ready runner, the longest ready first; waits for one if none is."""
         while True:
-            with contextlib.suppress(IndexError):
-                return self._ready.popleft()
+            runner = self.take_nowait()
+            if runner is not None:
+                return runner
             if self._waiter is None:
                 self._waiter = trio.Event()
             waiter = self._waiter

@@ -74,7 +74,9 @@ async def test_take_waits_for_a_runner_to_be_ready(js_instances: Instances) -> N
         await nursery.start(runners.serve)
         first = Recorder()
         with trio.fail_after(WAIT_S):
-            (await runners.take()).hand(first)
+            only = await runners.take()
+            assert runners.take_nowait() is None  # its only runner is taken
+            only.hand(first)
             runner = await runners.take()  # the same runner, once it has its next instance
         second = Recorder()
         runner.hand(second)
