@@ -4,7 +4,11 @@ The daemon's state directory is kept in the user's cache (not the run's temporar
 directory) so that the Wasmtime components it builds on first start (~12 s for
 wasm-python, more for wasm-js), and the Pyodide install and snapshot, are made once,
 not once per benchmark run; the deno executor keeps nothing there that outlives a
-worker. Daemons run one after another, so sharing it is safe.
+worker. Daemons run one after another, so sharing it is safe. The audit store is the
+exception: each daemon gets a fresh one in the run's directory. Kept in the cache it
+grew with every run up to its 256 MiB cap, and a daemon then started by purging it
+while the first series were measured, and wrote into indexes far larger than its page
+cache: run after run would not have measured the same daemon.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ args = [{json.dumps(str(ECHO_SERVER))}]
 """
 
 
-def _config(pool_size: int, wasm: bool, pyodide_pool: int | None) -> str:
+def _config(pool_size: int, wasm: bool, pyodide_pool: int | None, audit_path: Path) -> str:
     pyodide = (
         f"[executors.pyodide]\nenabled = true\npool_size = {pyodide_pool}\n"
         if pyodide_pool is not None
@@ -53,6 +57,7 @@ def _config(pool_size: int, wasm: bool, pyodide_pool: int | None) -> str:
         f"[executors.wasm_js]\nenabled = {json.dumps(wasm)}\n"
         + pyodide
         + "[limits]\nmax_concurrent_executions = 8\nqueue_size = 256\n"
+        + f"[audit]\npath = {json.dumps(str(audit_path))}\n"
         + UPSTREAM
     )
 
@@ -71,7 +76,7 @@ async def daemon(
     `wasm=False` leaves the Wasmtime executors out (a Deno-only daemon); a
     `pyodide_pool` turns the pyodide executor on with that many warm workers."""
     config = workdir / f"{name}.toml"
-    config.write_text(_config(pool_size, wasm, pyodide_pool))
+    config.write_text(_config(pool_size, wasm, pyodide_pool, workdir / f"{name}-audit.sqlite3"))
     socket_path = str(workdir / f"{name}.sock")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONDUIT_")}
     env["CONDUIT_STATE_DIR"] = str(STATE_DIR)
