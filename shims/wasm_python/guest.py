@@ -75,6 +75,24 @@ for _name in PRELOADED:
     __import__(_name)
 
 
+def _no_daemon(method, params):
+    return '{"error": {"code": -32601, "message": "there is no daemon at build time"}}'
+
+
+def _warm_up():
+    """Run a result, a raised error and a syntax error through `python_program` once.
+
+    Pre-initialisation keeps the interpreter as this leaves it: the program path's code
+    already specialised and its caches filled, rather than in every fresh instance (a
+    trivial program's run took ~7% less in-process, alternated with a build without).
+    """
+    for code in ("xs = [1, 2]\nlen(xs)", "raise ValueError('warm-up')", "return ("):
+        python_program.execute({"code": code, "inputs": None, "timeout_ms": 1000}, _no_daemon)
+
+
+_warm_up()
+
+
 class WitWorld(wit_world.WitWorld):
     def run(self, request: str) -> str:
         try:
