@@ -5,8 +5,8 @@ After a runner has handed over its execution's answer, what it does next (closin
 store, which copies the memory image back over the pool slot, and making its next
 instance) is work nobody waits for. At nice +10 it takes the CPU the event loop and
 the next guest leave, instead of competing with them: through a daemon on a 2-core VM,
-trivial executions took 13% (wasm-js, faster in 6/6 alternated blocks) and 4%
-(wasm-python, 4/6) less at p50.
+trivial executions took 10% (wasm-js, 6/8 alternated blocks) and 20% (wasm-python,
+6/6) less at p50.
 
 Lowering a thread's priority needs no privilege; raising it back does (`CAP_SYS_NICE`,
 or an `RLIMIT_NICE` of at least 20 minus the base nice value: the systemd unit in
