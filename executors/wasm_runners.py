@@ -4,8 +4,6 @@ A runner is one worker thread for its whole life, looping: make an instance
 (`Instances.standby`), report ready, wait for work, hand the work the instance, and
 again. The work (the executor's, for one execution) runs the program, answers, and
 closes the store; the runner then makes its next instance while nobody waits for it.
-Where the thread may get its priority back (`thread_priority`), the work lowers it
-once it has answered and the runner raises it again before reporting ready.
 
 Handing an execution to a thread that already waits with an instance it made is the
 short way to a running guest: one put on the runner's queue, no task to spawn and no
@@ -34,7 +32,6 @@ from collections.abc import Callable, Iterable
 
 import trio
 
-from conduit.executors import thread_priority
 from conduit.executors.wasm_instances import Instance, Instances
 
 __all__ = ["Runner", "Runners", "Work"]
@@ -79,11 +76,9 @@ class Runner:
     def loop(self) -> None:
         """The runner's thread: make an instance, report ready, run the work handed over."""
         self.started = True
-        thread_priority.remember()
         try:
             while not self._stopping:
                 instance = self._instances.standby()
-                thread_priority.foreground()  # the work lowered it once it had answered
                 self._on_ready(self)
                 work = self._mailbox.get()
                 if work is None:
@@ -93,7 +88,6 @@ class Runner:
                 if not work(instance):
                     return
         finally:
-            thread_priority.forget()  # the thread goes back to Trio's cache
             self.finished.set()
 
 

@@ -4,13 +4,11 @@ retiring, and that stopping leaves no thread behind."""
 from __future__ import annotations
 
 import json
-import os
 import threading
-from collections.abc import Callable
 
 import trio
 
-from conduit.executors import _wasmtime, thread_priority
+from conduit.executors import _wasmtime
 from conduit.executors.wasm_instances import Instance, Instances
 from conduit.executors.wasm_runners import Runners
 from tests.sandboxes import WAIT_S
@@ -126,31 +124,3 @@ async def test_stopping_ends_every_runner_thread(js_instances: Instances) -> Non
     assert all(runner.finished.is_set() for runner in waiting)
     assert runners.ready == 0
     assert repr(runners) == "<Runners 0/0 ready>"
-
-
-async def test_a_runner_is_back_at_its_priority_before_its_next_work(
-    js_instances: Instances,
-) -> None:
-    """Work lowers its thread once it has answered (as the executor's does); the
-    runner raises it again before it reports ready for the next."""
-    seen: list[int] = []
-
-    def lowering(work: Recorder) -> Callable[[Instance | None], bool]:
-        def run(instance: Instance | None) -> bool:
-            seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-            thread_priority.background()
-            return work(instance)
-
-        return run
-
-    async with trio.open_nursery() as nursery:
-        runners = Runners(js_instances, count=1, threads=trio.CapacityLimiter(1))
-        await nursery.start(runners.serve)
-        first, second = Recorder(), Recorder()
-        with trio.fail_after(WAIT_S):
-            (await runners.take()).hand(lowering(first))
-            await wait_done(first)
-            (await runners.take()).hand(lowering(second))
-            await wait_done(second)
-        nursery.cancel_scope.cancel()
-    assert first.threads == second.threads and seen[0] == seen[1]
