@@ -54,7 +54,7 @@ import wasmtime
 import wasmtime.component
 
 from conduit.daemon.errors import RpcError, RuntimeMissing
-from conduit.executors import _wasmtime, outcomes
+from conduit.executors import _wasmtime, outcomes, thread_priority
 from conduit.executors.base import (
     ErrorInfo,
     ExecutorInfo,
@@ -488,6 +488,7 @@ class WasmExecutor:
                 execution.output_closed = True
                 with contextlib.suppress(trio.RunFinishedError):
                     execution.token.run_sync_soon(execution.answer, answer)
+                thread_priority.background()  # nobody waits for the rest
         finally:
             if instance is not None:
                 self._close(instance)

@@ -4,6 +4,9 @@ A runner is one worker thread for its whole life, looping: make an instance
 (`Instances.standby`), report ready, wait for work, hand the work the instance, and
 again. The work (the executor's, for one execution) runs the program, answers, and
 closes the store; the runner then makes its next instance while nobody waits for it.
+Where the thread may leave the idle scheduling class again (`thread_priority`), the
+work puts it there once it has answered, and the runner takes it out before reporting
+ready; an execution that has to wait for a runner hurries them all out of it.
 
 Handing an execution to a thread that already waits with an instance it made is the
 short way to a running guest: one put on the runner's queue, no task to spawn and no
@@ -32,6 +35,7 @@ from collections.abc import Callable, Iterable
 
 import trio
 
+from conduit.executors import thread_priority
 from conduit.executors.wasm_instances import Instance, Instances
 
 __all__ = ["Runner", "Runners", "Work"]
@@ -55,6 +59,8 @@ class Runner:
         self._on_ready = on_ready
         self._mailbox: queue.SimpleQueue[Work | None] = queue.SimpleQueue()
         self._stopping = False
+        # The thread's scheduling, once its loop has started.
+        self._priority: thread_priority.ThreadPriority | None = None
         # Set by the thread when the loop starts and ends: one whose task was cancelled
         # while waiting for the thread limiter never starts, and is not waited for.
         self.started = False
@@ -68,6 +74,12 @@ class Runner:
         """Give a runner that reported itself ready its next work (any thread)."""
         self._mailbox.put(work)
 
+    def hurry(self) -> None:
+        """Out of the idle scheduling class until its next answer (any thread):
+        somebody waits for the instance it is making."""
+        if self._priority is not None:
+            self._priority.hurry()
+
     def stop(self) -> None:
         """End the loop once the runner is done with its current work (any thread)."""
         self._stopping = True
@@ -76,9 +88,11 @@ class Runner:
     def loop(self) -> None:
         """The runner's thread: make an instance, report ready, run the work handed over."""
         self.started = True
+        self._priority = thread_priority.manage()
         try:
             while not self._stopping:
                 instance = self._instances.standby()
+                self._priority.restore()  # the work lowered it once it had answered
                 self._on_ready(self)
                 work = self._mailbox.get()
                 if work is None:
@@ -88,6 +102,7 @@ class Runner:
                 if not work(instance):
                     return
         finally:
+            thread_priority.release()  # the thread goes back to Trio's cache
             self.finished.set()
 
 
@@ -142,11 +157,14 @@ class Runners:
         return self._ready.popleft() if self._ready else None
 
     async def take(self) -> Runner:
-        """A ready runner, the longest ready first; waits for one if none is."""
+        """A ready runner, the longest ready first; waits for one if none is, hurrying
+        the runners meanwhile (see `thread_priority`)."""
         while True:
             runner = self.take_nowait()
             if runner is not None:
                 return runner
+            for busy in self._alive:
+                busy.hurry()
             if self._waiter is None:
                 self._waiter = trio.Event()
             waiter = self._waiter

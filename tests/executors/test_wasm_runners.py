@@ -4,11 +4,14 @@ retiring, and that stopping leaves no thread behind."""
 from __future__ import annotations
 
 import json
+import os
 import threading
+from collections.abc import Callable
 
 import trio
+import trio.testing
 
-from conduit.executors import _wasmtime
+from conduit.executors import _wasmtime, thread_priority
 from conduit.executors.wasm_instances import Instance, Instances
 from conduit.executors.wasm_runners import Runners
 from tests.sandboxes import WAIT_S
@@ -124,3 +127,70 @@ async def test_stopping_ends_every_runner_thread(js_instances: Instances) -> Non
     assert all(runner.finished.is_set() for runner in waiting)
     assert runners.ready == 0
     assert repr(runners) == "<Runners 0/0 ready>"
+
+
+async def test_a_runner_is_out_of_the_idle_class_before_its_next_work(
+    js_instances: Instances,
+) -> None:
+    """Work idles its thread once it has answered (as the executor's does); the runner
+    takes it out again before it reports ready for the next."""
+    seen: list[tuple[int, int]] = []
+
+    def lowering(work: Recorder) -> Callable[[Instance | None], bool]:
+        def run(instance: Instance | None) -> bool:
+            at_start = os.sched_getscheduler(0)
+            thread_priority.background()
+            seen.append((at_start, os.sched_getscheduler(0)))
+            return work(instance)
+
+        return run
+
+    async with trio.open_nursery() as nursery:
+        runners = Runners(js_instances, count=1, threads=trio.CapacityLimiter(1))
+        await nursery.start(runners.serve)
+        first, second = Recorder(), Recorder()
+        with trio.fail_after(WAIT_S):
+            (await runners.take()).hand(lowering(first))
+            await wait_done(first)
+            (await runners.take()).hand(lowering(second))
+            await wait_done(second)
+        nursery.cancel_scope.cancel()
+    idle = os.SCHED_IDLE if thread_priority.available() else os.SCHED_OTHER
+    assert first.threads == second.threads
+    assert seen == [(os.SCHED_OTHER, idle), (os.SCHED_OTHER, idle)]
+
+
+async def test_waiting_for_a_runner_hurries_the_busy_ones(js_instances: Instances) -> None:
+    """An execution that finds no runner ready takes the runners out of the idle class:
+    somebody now waits for what they are doing."""
+    lowered, go_on = threading.Event(), threading.Event()
+    thread_ids: list[int] = []
+
+    def idle_and_blocked(instance: Instance | None) -> bool:
+        thread_ids.append(threading.get_native_id())
+        thread_priority.background()
+        lowered.set()
+        go_on.wait(WAIT_S)
+        return Recorder()(instance)
+
+    async with trio.open_nursery() as nursery:
+        runners = Runners(js_instances, count=1, threads=trio.CapacityLimiter(1))
+        await nursery.start(runners.serve)
+        with trio.fail_after(WAIT_S):
+            (await runners.take()).hand(idle_and_blocked)
+            await trio.to_thread.run_sync(lowered.wait)
+            before = os.sched_getscheduler(thread_ids[0])
+            taken: list[object] = []
+
+            async def take() -> None:
+                taken.append(await runners.take())
+
+            nursery.start_soon(take)
+            await trio.testing.wait_all_tasks_blocked()
+            during = os.sched_getscheduler(thread_ids[0])
+            go_on.set()
+            while not taken:
+                await trio.sleep(0.005)
+        nursery.cancel_scope.cancel()
+    idle = os.SCHED_IDLE if thread_priority.available() else os.SCHED_OTHER
+    assert (before, during) == (idle, os.SCHED_OTHER)
