@@ -60,8 +60,10 @@ def iterations(quick: bool) -> dict[str, int]:
         "ts_cold": 60,
         "plain_deno": 60,
         "throughput_s": 10,
-        "python": 200,
-        "wasm_js": 200,
+        # A Wasmtime execution takes a millisecond or two: 1000 span seconds, not one
+        # moment of a VM whose speed moves by 2x within minutes.
+        "python": 1000,
+        "wasm_js": 1000,
         "python_tool_runs": 20,
         "interleaved_rounds": 8,
         "direct_mcp": 400,
