@@ -6,10 +6,10 @@ store, which copies the memory image back over the pool slot, and making its nex
 instance) is work nobody waits for. Under `SCHED_IDLE` it runs on CPU time nothing
 else wants, and the kernel preempts it as soon as the event loop or a guest wakes,
 rather than having them share the cores with it. Through a daemon on a 2-core VM,
-trivial executions took 14% less at p50 on wasm-js (9 of 10 alternated blocks) and 13%
-less on wasm-python (5 of 6), for the same executions/s under 8 clients. (Nice +10
-instead was faster in one series and slower in the next: a woken thread does not
-always preempt a nice one at once.)
+trivial executions took 30% less at p50 on wasm-js (1.10 against 1.57 ms, faster in 10
+of 10 alternated blocks) and 25% less on wasm-python (1.73 against 2.30 ms, 8 of 8),
+for the same executions/s under 8 clients. (Nice +10 instead was faster in one series
+and slower in the next: a woken thread does not always preempt a nice one at once.)
 
 Somebody may wait for that work after all: an execution that finds no runner ready.
 Then `Runners.take` hurries the runners (`ThreadPriority.hurry`, from the Trio
