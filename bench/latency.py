@@ -39,7 +39,12 @@ def check_result(result: dict[str, Any], expected: Any = RESULT) -> None:
         raise AssertionError(f"unexpected execution result: {result}")
 
 
-async def execute_latency(
+async def execute_latency(path: str, params: dict[str, Any], runs: int, **options: Any) -> Figures:
+    """The percentiles of `execute_samples`."""
+    return percentiles(await execute_samples(path, params, runs, **options))
+
+
+async def execute_samples(
     path: str,
     params: dict[str, Any],
     runs: int,
@@ -47,9 +52,10 @@ async def execute_latency(
     warm_pool: int = 0,
     warmup: int = 0,
     pool_of: str = "deno",
-) -> Figures:
-    """`runs` sequential executions of `params`, each timed end to end, after `warmup`
-    untimed ones; with `warm_pool`, each starts when `pool_of`'s pool is full again."""
+) -> list[float]:
+    """`runs` sequential executions of `params`, each timed end to end (seconds), after
+    `warmup` untimed ones; with `warm_pool`, each starts when `pool_of`'s pool is full
+    again."""
     client = await Client.open(path)
     samples: list[float] = []
     with trio.move_on_after(SERIES_BUDGET_S):
@@ -63,7 +69,7 @@ async def execute_latency(
             samples.append(time.perf_counter() - started)
             check_result(result)
     await client.aclose()
-    return percentiles(samples)
+    return samples
 
 
 def plain_deno(runs: int, workdir: Path) -> Figures:

@@ -2,23 +2,27 @@
 and JavaScript (QuickJS `quickjs.wasm`) on Wasmtime, measured beside Conduit.
 
 It lives in its own venv in the user's cache (its pinned wasmtime 38 would clash with
-ours), created on first use and reused after. Its runs take seconds each, so it runs a
-few times in one subprocess (`peer_worker.py`) with that venv's interpreter. If it
-cannot be installed (no registry) or fails, the report says why and skips its column.
+ours), created on first use and reused after. One subprocess with that venv's
+interpreter (`peer_worker.py`) serves a whole benchmark run, one fresh-sandbox run at a
+time when asked: the benchmark alternates them with blocks of Conduit's executions
+(`wasm_bench`), so both are measured at the same moments of a machine whose speed
+drifts. If it cannot be installed (no registry) or fails, the report says why and skips
+its column.
 """
 
 from __future__ import annotations
 
 import json
+import select
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from bench.conduit_daemon import CACHE_DIR
 from bench.programs import PEER_JAVASCRIPT, PEER_PYTHON, RESULT
-from bench.stats import percentiles
 
 NAME = "llm-wasm-sandbox"
 VERSION = "0.4.4"
@@ -93,29 +97,70 @@ def ensure_venv() -> Path:
     return PYTHON
 
 
-def measure(workdir: Path, runs: dict[str, int], warmup: int) -> dict[str, Any]:
-    """{"name", "version", "python": figures, "javascript": figures}, or {"skipped": why}."""
-    try:
-        python = ensure_venv()
-        samples = _run_worker(python, workdir, runs, warmup)
-    except PeerUnavailable as exc:
-        return {"name": NAME, "version": VERSION, "skipped": str(exc)}
-    figures = {language: percentiles(values) for language, values in samples.items()}
-    return {"name": NAME, "version": VERSION, **figures}
+class PeerSession:
+    """The peer's worker (`peer_worker.py`, in the peer's venv), asked for one
+    fresh-sandbox run at a time so that its runs can alternate with Conduit's."""
+
+    def __init__(self, process: subprocess.Popen[str], log: Path) -> None:
+        self._process = process
+        self._log = log
+
+    def run(self, language: str) -> float:
+        """Seconds for one fresh sandbox running the trivial `language` program (blocks
+        for as long); raises PeerUnavailable if the run fails or the worker is gone."""
+        assert self._process.stdin is not None and self._process.stdout is not None
+        try:
+            self._process.stdin.write(f"{language}\n")
+            self._process.stdin.flush()
+            # One line answers each request, so nothing is ever left buffered here.
+            answered, _, _ = select.select([self._process.stdout], [], [], RUN_TIMEOUT_S)
+            if not answered:
+                raise PeerUnavailable(f"a {NAME} {language} run took over {RUN_TIMEOUT_S} s")
+            line = self._process.stdout.readline()
+        except OSError as exc:
+            raise PeerUnavailable(f"the {NAME} worker is gone: {exc}") from exc
+        if not line:
+            log = self._log.read_text(errors="replace")
+            raise PeerUnavailable(f"the {NAME} worker ended: {_tail(log)}")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise PeerUnavailable(answer["error"])
+        return float(answer["seconds"])
+
+    def close(self) -> None:
+        if self._process.stdin is not None:
+            self._process.stdin.close()
+        try:
+            self._process.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
 
 
-def _run_worker(
-    python: Path, workdir: Path, runs: dict[str, int], warmup: int
-) -> dict[str, list[float]]:
-    out = workdir / "peer-samples.json"
+@contextmanager
+def session(workdir: Path) -> Iterator[PeerSession]:
+    """The peer's worker, serving until the block ends (its venv made first if need be);
+    raises PeerUnavailable if it cannot be installed or started."""
+    python = ensure_venv()
     spec = {
-        "out": str(out),
         "workspace": str(workdir / "peer-workspace"),
-        "warmup": warmup,
-        "runs": runs,
         "programs": {"python": PEER_PYTHON, "javascript": PEER_JAVASCRIPT},
         "expect": str(RESULT),
     }
-    timeout_s = RUN_TIMEOUT_S * (sum(runs.values()) + warmup * len(runs)) + 60
-    _run([str(python), str(WORKER), json.dumps(spec)], timeout_s, f"{NAME} runs")
-    return json.loads(out.read_text())
+    log = workdir / "peer.log"
+    with log.open("w") as stderr:
+        try:
+            process = subprocess.Popen(
+                [str(python), str(WORKER), json.dumps(spec)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+            )
+        except OSError as exc:
+            raise PeerUnavailable(f"the {NAME} worker could not start: {exc}") from exc
+        peer = PeerSession(process, log)
+        try:
+            yield peer
+        finally:
+            peer.close()

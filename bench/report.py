@@ -110,7 +110,7 @@ def _peer_rows(peer: dict[str, Any], language: str, ours: Figures | None) -> Non
         print(f"  {label}: not measured: {peer['skipped']}")
         return
     theirs = peer[language]
-    print(row(label, theirs))
+    print(row(f"{label}, runs alternating with conduit's", theirs))
     if ours is None:
         return
     ratio = theirs["p50_ms"] / ours["p50_ms"]

@@ -17,7 +17,7 @@ on sockets in a temporary directory and measures, over loopback only:
   warm and cold, tool calls, executions/s with 8 clients, the daemon's memory over 500
   executions, and a plain Pyodide load under `deno run` as the reference;
 - the peer, PyPI `llm-wasm-sandbox` (bench/peer.py), running the same Python and
-  JavaScript, in its own venv.
+  JavaScript in its own venv, its runs alternating with the Wasmtime series.
 
 Every loop is bounded in count and time. The modules beside this file hold the parts.
 """
@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import trio
 
-from bench import machine, peer, pyodide_bench, tool_calls, wasm_bench
+from bench import machine, pyodide_bench, tool_calls, wasm_bench
 from bench.conduit_daemon import daemon, wait_executors, wait_upstream
 from bench.latency import execute_latency, plain_deno
 from bench.programs import PYTHON_REQUEST, TYPESCRIPT_REQUEST
@@ -88,7 +88,10 @@ def iterations(quick: bool) -> dict[str, int]:
 
 async def conduit_figures(workdir: Path, n: dict[str, int]) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    async with daemon(workdir, "warm", pool_size=2) as path:
+    async with (
+        wasm_bench.peer_runs(workdir) as beside,
+        daemon(workdir, "warm", pool_size=2) as path,
+    ):
         await wait_upstream(path)
         await wait_executors(path)  # a first start builds the Wasmtime components
         results["tool_call_in_sandbox"] = await tool_calls.ts_calls_in_sandbox(
@@ -109,7 +112,8 @@ async def conduit_figures(workdir: Path, n: dict[str, int]) -> dict[str, Any]:
         results["execute_8clients_per_s"] = await execute_throughput(
             path, TYPESCRIPT_REQUEST, THROUGHPUT_CLIENTS, n["throughput_s"]
         )
-        results.update(await wasm_figures(path, n))
+        results.update(await wasm_figures(path, n, beside))
+        results["peer"] = beside.figures()
     # Cold Deno only, as before the Wasmtime executors: nothing else loads or competes.
     async with daemon(workdir, "cold", pool_size=0, wasm=False) as path:
         await wait_executors(path)
@@ -122,11 +126,16 @@ async def conduit_figures(workdir: Path, n: dict[str, int]) -> dict[str, Any]:
     return results
 
 
-async def wasm_figures(path: str, n: dict[str, int]) -> dict[str, Any]:
-    """wasm-python and wasm-js figures from the warm daemon at `path`."""
+async def wasm_figures(path: str, n: dict[str, int], beside: wasm_bench.PeerRuns) -> dict[str, Any]:
+    """wasm-python and wasm-js figures from the warm daemon at `path`, their series
+    alternating with the peer's runs."""
     return {
-        "execute_python": await wasm_bench.python_latency(path, n["python"]),
-        "execute_wasm_js": await wasm_bench.wasm_js_latency(path, n["wasm_js"]),
+        "execute_python": await wasm_bench.python_latency(
+            path, n["python"], beside, n["peer_python"]
+        ),
+        "execute_wasm_js": await wasm_bench.wasm_js_latency(
+            path, n["wasm_js"], beside, n["peer_javascript"]
+        ),
         "python_tool_calls": await tool_calls.python_calls(
             path, PYTHON_TOOL_CALLS, n["python_tool_runs"]
         ),
@@ -149,12 +158,6 @@ def main(quick: bool) -> dict[str, Any]:
         started = machine.snapshot()
         results["pyodide"] = trio.run(pyodide_bench.figures, workdir, n)
         interference["pyodide"] = machine.interference(started, machine.snapshot())
-        # After the daemons have stopped: the peer's seconds-long runs compete with nothing
-        # of ours (its Wasmtime compiles on both cores, so anything else slows it).
-        runs = {"python": n["peer_python"], "javascript": n["peer_javascript"]}
-        started = machine.snapshot()
-        results["peer"] = peer.measure(workdir, runs, warmup=1)
-        interference["peer"] = machine.interference(started, machine.snapshot())
     return results
 
 
