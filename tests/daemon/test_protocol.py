@@ -175,6 +175,47 @@ async def test_in_flight_cap_applies_back_pressure_not_errors(
     assert all(r["result"] == {} for r in replies)
 
 
+async def test_a_pipelined_burst_lets_other_tasks_run_while_it_is_read(
+    start_daemon: Any, connect: Any
+) -> None:
+    """Requests read in one chunk skip the slot's checkpoint, but not all of them: a
+    task beside the connection runs between groups of them."""
+    _, info = await start_daemon(server={"max_in_flight_per_connection": 10_000}, **NO_DENO)
+    client = await connect(info)
+    ticks = 0
+    seen: list[int] = []
+
+    from conduit.daemon import dispatcher
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.lowlevel.checkpoint()
+
+    async def burst(params: Any, ctx: Any) -> Any:
+        seen.append(ticks)
+        return {}
+
+    dispatcher.method("test/burst", scope=None, description="test")(burst)
+    count = 320
+    lines = "\n".join(
+        json.dumps({"jsonrpc": "2.0", "id": i, "method": "test/burst"}) for i in range(count)
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tick)
+            await client.send_line(lines)
+            replies = [await client.recv() for _ in range(count)]
+            nursery.cancel_scope.cancel()
+    finally:
+        del dispatcher.METHODS["test/burst"]
+    assert sorted(r["id"] for r in replies) == list(range(count))
+    # Read without a checkpoint, the whole burst's tasks start in one pass; with one
+    # every 32 lines, in ~10 (two may fall in one: Trio shuffles each pass's order).
+    assert len(set(seen)) >= count // 64, sorted(set(seen))
+
+
 async def test_half_closed_client_still_gets_its_replies(info: Any) -> None:
     stream = await trio.open_unix_socket(info.unix_path)
     await stream.send_all(b'{"id":1,"method":"ping"}\n{"id":2,"method":"ping"}\n')
