@@ -122,7 +122,10 @@ class PeerSession:
         if not line:
             log = self._log.read_text(errors="replace")
             raise PeerUnavailable(f"the {NAME} worker ended: {_tail(log)}")
-        answer = json.loads(line)
+        try:
+            answer = json.loads(line)
+        except ValueError as exc:
+            raise PeerUnavailable(f"the {NAME} worker answered {line[:200]!r}") from exc
         if "error" in answer:
             raise PeerUnavailable(answer["error"])
         return float(answer["seconds"])
