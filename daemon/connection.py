@@ -196,31 +196,39 @@ class Connection:
 
     async def _read_requests(self, requests: trio.Nursery) -> None:
         max_bytes = self._daemon.config.server.max_message_bytes
-        async for line in LineReader(self._stream, max_bytes):
-            if line is OVERSIZE:
-                await self._refuse(
-                    None,
-                    InvalidRequest(
-                        f"message too large: a line may hold at most {max_bytes} bytes; "
-                        "the line was discarded"
-                    ),
-                )
-                continue
-            try:
-                message = decode(line)  # type: ignore[arg-type]
-            except ParseError as exc:
-                await self._refuse(None, exc)
-                continue
-            try:  # a free slot, the usual case, is taken without a checkpoint
-                self._slots.acquire_nowait()
-            except trio.WouldBlock:
-                await self._slots.acquire()
-            requests.start_soon(self._serve_message, message)
-            # After the spawn rather than before it: the request's task starts in the
-            # next scheduler pass instead of the one after (4-6% of a trivial wasm-js
-            # execution's latency, measured with alternated daemons), and requests read
-            # in one chunk still start in the order they came, one pass apart.
-            await trio.lowlevel.checkpoint()
+        # Closed on the way out: cancelled at one of this loop's own checkpoints, the
+        # reader's generator would be left for the garbage collector to finalise.
+        reader = LineReader(self._stream, max_bytes)
+        async with contextlib.aclosing(reader.__aiter__()) as lines:
+            async for line in lines:
+                if line is OVERSIZE:
+                    await self._refuse(
+                        None,
+                        InvalidRequest(
+                            f"message too large: a line may hold at most {max_bytes} "
+                            "bytes; the line was discarded"
+                        ),
+                    )
+                    continue
+                try:
+                    message = decode(line)  # type: ignore[arg-type]
+                except ParseError as exc:
+                    await self._refuse(None, exc)
+                    continue
+                await self._start(message, requests)
+
+    async def _start(self, message: Any, requests: trio.Nursery) -> None:
+        """Start the task answering `message`, once one of the connection's slots is free."""
+        try:  # a free slot, the usual case, is taken without a checkpoint
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            await self._slots.acquire()
+        requests.start_soon(self._serve_message, message)
+        # After the spawn rather than before it: the request's task starts in the next
+        # scheduler pass instead of the one after (4-6% of a trivial wasm-js execution's
+        # latency, measured with alternated daemons), and requests read in one chunk
+        # still start in the order they came, one pass apart.
+        await trio.lowlevel.checkpoint()
 
     async def _serve_message(self, message: Any) -> None:
         try:
