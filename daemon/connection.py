@@ -225,7 +225,7 @@ class Connection:
             await self._slots.acquire()
         requests.start_soon(self._serve_message, message)
         # After the spawn rather than before it: the request's task starts in the next
-        # scheduler pass instead of the one after (4-6% of a trivial wasm-js execution's
+        # scheduler pass instead of the one after (~4% of a trivial wasm-js execution's
         # latency, measured with alternated daemons), and requests read in one chunk
         # still start in the order they came, one pass apart.
         await trio.lowlevel.checkpoint()
