@@ -249,16 +249,19 @@ async def _relay(
 
         async def requests() -> None:
             nonlocal client_ended
+            lines = LineReader(stdio, max_request_bytes).__aiter__()
             try:
-                async for line in LineReader(stdio, max_request_bytes):
-                    if line is OVERSIZE:
-                        refusal = InvalidRequest(
-                            f"message too large: a line may hold at most {max_request_bytes} "
-                            "bytes; the line was discarded"
-                        )
-                        await to_client(encode(error_reply(None, refusal)) + b"\n")
-                    else:
-                        await daemon.send_all(line + b"\n")  # type: ignore[operator]
+                # Closed here whichever way the loop ends, not whenever the collector runs.
+                async with aclosing(lines):
+                    async for line in lines:
+                        if line is OVERSIZE:
+                            refusal = InvalidRequest(
+                                f"message too large: a line may hold at most "
+                                f"{max_request_bytes} bytes; the line was discarded"
+                            )
+                            await to_client(encode(error_reply(None, refusal)) + b"\n")
+                        else:
+                            await daemon.send_all(line + b"\n")  # type: ignore[operator]
                 client_ended = True
                 # The daemon answers what is in flight, then closes: the reply loop ends.
                 await daemon.send_eof()
