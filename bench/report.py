@@ -42,7 +42,9 @@ def report(results: dict[str, Any]) -> None:
     for phase, seen in machine["interference"].items():
         print(
             f"  {phase} phase: {seen['wall_s']} s; other processes used "
-            f"{seen['other_processes_cpu_s']} CPU-s, steal {seen['steal_cpu_s']} s (quiet: ~0)"
+            f"{seen['other_processes_cpu_s']} CPU-s, steal {seen['steal_cpu_s']} s (quiet: ~0); "
+            f"speed probe {seen['speed_probe_ms'][0]} ms at its start, "
+            f"{seen['speed_probe_ms'][1]} ms at its end (lower is faster)"
         )
     _ping(results)
     _typescript(results)
