@@ -205,13 +205,15 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _connect(args: argparse.Namespace) -> Any:
-    from conduit.daemon.client import Client, find_token
+    from conduit.daemon.client import Client, log_in
 
     config = _config(args, **{"server.socket": args.socket})
     client = Client.connect(unix_path=config.server.socket, tcp=args.tcp)
-    token = find_token(config)
-    if token:
-        client.call("auth/login", {"token": token})
+    try:
+        log_in(client, config)
+    except BaseException:
+        client.close()
+        raise
     return client
 
 

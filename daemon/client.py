@@ -18,7 +18,7 @@ from typing import Any
 from conduit.daemon.config import Config, parse_tcp_address
 from conduit.daemon.errors import ConduitError, RpcError
 
-__all__ = ["Client", "ConnectionFailed", "find_token"]
+__all__ = ["Client", "ConnectionFailed", "find_token", "given_token", "log_in", "master_token"]
 
 
 class ConnectionFailed(ConduitError):
@@ -27,14 +27,41 @@ class ConnectionFailed(ConduitError):
 
 def find_token(config: Config) -> str | None:
     """`CONDUIT_TOKEN`, else the master token file if this user can read it."""
-    token = os.environ.get("CONDUIT_TOKEN") or config.auth.token
-    if token:
-        return token
+    return given_token(config) or master_token(config)
+
+
+def given_token(config: Config) -> str | None:
+    """The token the user chose: `CONDUIT_TOKEN`, else `auth.token` in the config."""
+    return os.environ.get("CONDUIT_TOKEN") or config.auth.token or None
+
+
+def master_token(config: Config) -> str | None:
+    """The master token file's token (`auth.token_file`, else `<state_dir>/master.token`),
+    if this user can read it."""
     path = Path(config.auth.token_file or Path(config.server.state_dir) / "master.token")
     try:
         return path.read_text().strip() or None
     except OSError:
         return None
+
+
+def log_in(client: Client, config: Config) -> None:
+    """Authenticate `client`'s connection the way its user means it.
+
+    A token the user chose is always presented: it may name a client with narrower
+    scopes than the peer credentials would give. The master token file is a fallback,
+    presented only if the connection is not authenticated already. On the Unix socket
+    the daemon lets its own uid in by peer credentials, and the token file found from
+    this user's config may belong to another daemon than the one at the socket (a
+    second daemon with a state dir of its own, a test one): presenting it would be
+    refused, and counted as a failed login. Raises the daemon's `RpcError` if refused.
+    """
+    token = given_token(config)
+    if token is None:
+        token = master_token(config)
+        if token is None or client.call("auth/whoami")["authenticated"]:
+            return
+    client.call("auth/login", {"token": token})
 
 
 class Client:

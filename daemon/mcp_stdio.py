@@ -14,9 +14,10 @@ newline-delimited JSON-RPC on its stdin and stdout. Two ways to be that server:
   stdin closes, what is in flight is answered and the daemon drains and stops.
 - **connect** (`relay_to_daemon`, `--connect [PATH]` or `--connect-tcp HOST:PORT`):
   lines are relayed both ways between stdio and a running daemon's socket, after an
-  `auth/login` with `CONDUIT_TOKEN` or the master token file (`client.find_token`); with
-  no token, a Unix socket's peer credentials decide. Lines are framed and bounded both
-  ways, never parsed: requests, answers and notifications pass unchanged.
+  `auth/login` with `CONDUIT_TOKEN`, or with the master token file when a Unix socket's
+  peer credentials have not let the connection in already (as `client.log_in` does).
+  Lines are framed and bounded both ways, never parsed: requests, answers and
+  notifications pass unchanged.
 
 Standard output carries nothing but protocol. `claim_stdio` runs first: it moves the
 protocol's two descriptors off fds 0 and 1, points fd 1 at stderr and fd 0 at
@@ -38,11 +39,12 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import trio
 
 from conduit.daemon.auth import ALL_SCOPES, Principal
-from conduit.daemon.client import ConnectionFailed, find_token
+from conduit.daemon.client import ConnectionFailed, find_token, given_token
 from conduit.daemon.config import Config, parse_tcp_address
 from conduit.daemon.errors import ConfigError, InternalError, InvalidRequest, RpcError
 from conduit.daemon.framing import OVERSIZE, LineReader
@@ -67,7 +69,7 @@ log = logging.getLogger("conduit.mcp")
 # is no workload's limit.
 MAX_REPLY_BYTES = 256 * 1024 * 1024
 # The relay's own request, which no client can have sent before it.
-_LOGIN_ID = "conduit-mcp:login"
+_AUTH_ID = "conduit-mcp:auth"
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,24 +182,36 @@ async def _open_daemon_stream(unix_path: str | None, tcp: str | None) -> trio.So
         ) from None
 
 
-async def _login(stream: trio.SocketStream, replies: AsyncIterator[object], token: str) -> None:
-    """Authenticate the relayed connection; raises the daemon's `RpcError` if refused."""
-    request = {
-        "jsonrpc": "2.0",
-        "id": _LOGIN_ID,
-        "method": "auth/login",
-        "params": {"token": token},
-    }
+async def _log_in(
+    stream: trio.SocketStream, replies: AsyncIterator[object], config: Config, token: str
+) -> None:
+    """Authenticate the relayed connection with `token`, unless it is only the master
+    token file's and the connection is in already (see `client.log_in`); raises the
+    daemon's `RpcError` if refused."""
+    if given_token(config) is None:
+        whoami = await _ask(stream, replies, "auth/whoami", {})
+        if whoami.get("authenticated"):
+            return
+    await _ask(stream, replies, "auth/login", {"token": token})
+
+
+async def _ask(
+    stream: trio.SocketStream, replies: AsyncIterator[object], method: str, params: dict[str, Any]
+) -> dict[str, Any]:
+    """One request of the relay's own before relaying starts: its result."""
+    request = {"jsonrpc": "2.0", "id": _AUTH_ID, "method": method, "params": params}
     await stream.send_all(encode(request) + b"\n")
     try:
         line = await anext(replies)
     except StopAsyncIteration:
-        raise ConnectionFailed("the daemon closed the connection during auth/login") from None
+        raise ConnectionFailed(f"the daemon closed the connection during {method}") from None
     reply = decode(line) if isinstance(line, bytes) else None
-    if not isinstance(reply, dict) or reply.get("id") != _LOGIN_ID:
-        raise ConnectionFailed(f"the daemon did not answer auth/login: {line!r:.200}")
+    if not isinstance(reply, dict) or reply.get("id") != _AUTH_ID:
+        raise ConnectionFailed(f"the daemon did not answer {method}: {line!r:.200}")
     if "error" in reply:
         raise RpcError.from_wire(reply["error"])
+    result = reply.get("result")
+    return result if isinstance(result, dict) else {}
 
 
 async def relay_to_daemon(
@@ -220,7 +234,7 @@ async def relay_to_daemon(
     stream = await _open_daemon_stream(unix_path, tcp)
     async with stream, aclosing(LineReader(stream, MAX_REPLY_BYTES).__aiter__()) as replies:
         if token:
-            await _login(stream, replies, token)
+            await _log_in(stream, replies, config, token)
         async with open_stdio_stream(fds) as stdio:
             log.info("relaying MCP on stdio", extra={"daemon": tcp or unix_path})
             return await _relay(stdio, stream, replies, config.server.max_message_bytes)

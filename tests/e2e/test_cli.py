@@ -163,6 +163,29 @@ async def test_call_prints_results_and_errors(running: Any) -> None:
     assert bad_json.returncode == 2
 
 
+async def test_another_daemons_token_file_is_left_to_peer_credentials(
+    running: Any, tmp_path: Path
+) -> None:
+    # The state dir the command reads holds some other daemon's master token (one on the
+    # defaults, beside this one): on the Unix socket, peer credentials let the command
+    # in, and that token is never presented to be refused.
+    state = tmp_path / "other-state"
+    state.mkdir()
+    (state / "master.token").write_text("cdt_another-daemons-token-000000000000\n")
+    env = base_env(state)
+    sock = running.socket_path
+    ok = await conduit("exec", "--socket", sock, "-", stdin=b"40 + 2", env=env)
+    assert (ok.returncode, ok.stdout) == (0, b"42\n"), ok.stderr
+    who = await conduit("call", "--socket", sock, "auth/whoami", env=env)
+    assert json.loads(who.stdout)["principal"]["name"] == f"uid:{os.getuid()}"
+    # A token the user chose is always presented: it may name a narrower client.
+    chosen = await conduit(
+        "call", "--socket", sock, "ping", env={**env, "CONDUIT_TOKEN": "cdt_not-the-token"}
+    )
+    assert chosen.returncode == 1
+    assert "the token is not valid" in chosen.stderr.decode()
+
+
 async def test_config_is_taken_before_or_after_the_command(running: Any, tmp_path: Path) -> None:
     # The systemd unit writes `conduit serve --config FILE`: that must reach the
     # configuration, not stop at a usage error.

@@ -164,6 +164,28 @@ async def test_connect_with_a_wrong_token_fails_with_a_message(
     assert "the token is not valid" in done.stderr.decode()
 
 
+async def test_connect_leaves_another_daemons_token_file_to_peer_credentials(
+    start_daemon: Any, tmp_path: Path
+) -> None:
+    # The state dir the relay reads holds some other daemon's master token: on the Unix
+    # socket, peer credentials let the relay in, and that token is never presented.
+    _, info = await start_daemon(executors=NO_SANDBOXES)
+    state = tmp_path / "s"
+    state.mkdir()
+    (state / "master.token").write_text("cdt_another-daemons-token-000000000000\n")
+    with trio.fail_after(WAIT_S):
+        done = await trio.run_process(
+            [CONDUIT, "mcp", "--connect", info.unix_path, "--state-dir", str(state)],
+            stdin=_rpc(1, "auth/whoami", {}) + b"\n",
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    reply = json.loads(done.stdout)  # only the client's own answer: none of the relay's
+    assert reply["result"]["principal"]["name"] == f"uid:{os.getuid()}"
+
+
 @pytest.mark.parametrize("transport", ["unix", "tcp"])
 async def test_relay_bounds_lines_and_ends_when_the_client_does(
     start_daemon: Any, tmp_path: Path, transport: str
