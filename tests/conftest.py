@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -19,6 +20,27 @@ from conduit.daemon.server import Daemon, ServingInfo
 MASTER_TOKEN = "cdt_test-master-token-0123456789abcdef"
 # Generous: real Deno under a loaded 2-core CI machine.
 WAIT_S = 30
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_user_dirs() -> Iterator[None]:
+    """The session's own runtime and state directories, and none of the caller's
+    `CONDUIT_*` settings, for every daemon and command the tests start.
+
+    The README runs the tests beside a daemon started on its defaults: its socket and
+    its master token must neither answer the tests' commands nor get presented to the
+    tests' daemons (which would refuse them).
+    """
+    root = Path(tempfile.mkdtemp(prefix="cd-user-", dir="/tmp"))
+    with pytest.MonkeyPatch.context() as patch:
+        for name in [name for name in os.environ if name.startswith(("CONDUIT_", "LISTEN_"))]:
+            patch.delenv(name)
+        for name in ("XDG_RUNTIME_DIR", "XDG_STATE_HOME"):
+            path = root / name.lower()
+            path.mkdir(mode=0o700)
+            patch.setenv(name, str(path))
+        yield
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
