@@ -29,6 +29,7 @@ __all__ = [
     "PeerCredentials",
     "Principal",
     "hash_token",
+    "master_token_path",
     "new_token",
     "peer_credentials",
     "resolve_master_token",
@@ -97,6 +98,11 @@ def _write_secret(path: Path, secret: str) -> None:
         handle.write(secret + "\n")
 
 
+def master_token_path(config: AuthConfig, state_dir: str) -> Path:
+    """Where the master token file is: `auth.token_file`, else `<state_dir>/master.token`."""
+    return Path(config.token_file) if config.token_file else Path(state_dir) / "master.token"
+
+
 def resolve_master_token(config: AuthConfig, state_dir: str) -> tuple[str, str]:
     """The master token and where it came from ("config", a file path).
 
@@ -106,7 +112,7 @@ def resolve_master_token(config: AuthConfig, state_dir: str) -> tuple[str, str]:
     """
     if config.token:
         return config.token, "config"
-    path = Path(config.token_file) if config.token_file else Path(state_dir) / "master.token"
+    path = master_token_path(config, state_dir)
     if not path.exists() and not config.token_file:
         try:
             _write_secret(path, new_token())

@@ -12,56 +12,57 @@ import json
 import os
 import socket
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
+from conduit.daemon.auth import master_token_path
 from conduit.daemon.config import Config, parse_tcp_address
 from conduit.daemon.errors import ConduitError, RpcError
 
-__all__ = ["Client", "ConnectionFailed", "find_token", "given_token", "log_in", "master_token"]
+__all__ = ["Client", "ConnectionFailed", "LoginToken", "log_in", "login_token"]
 
 
 class ConnectionFailed(ConduitError):
     """The daemon could not be reached; the message says where we looked."""
 
 
-def find_token(config: Config) -> str | None:
-    """`CONDUIT_TOKEN`, else the master token file if this user can read it."""
-    return given_token(config) or master_token(config)
+@dataclass(frozen=True, slots=True)
+class LoginToken:
+    """A token to present with `auth/login`.
+
+    A token the user chose (`CONDUIT_TOKEN`, `auth.token`) is always presented: it may
+    name a client with narrower scopes than the peer credentials would give. The master
+    token file's is a `fallback`, presented only if the connection is not authenticated
+    already: on the Unix socket the daemon lets its own uid in by peer credentials, and
+    the file found from this user's config may belong to another daemon than the one at
+    the socket (a second daemon with a state dir of its own, a test one). Presented, it
+    would be refused, and counted as a failed login.
+    """
+
+    token: str = field(repr=False)  # a secret: never in a log line or traceback
+    fallback: bool = False
 
 
-def given_token(config: Config) -> str | None:
-    """The token the user chose: `CONDUIT_TOKEN`, else `auth.token` in the config."""
-    return os.environ.get("CONDUIT_TOKEN") or config.auth.token or None
-
-
-def master_token(config: Config) -> str | None:
-    """The master token file's token (`auth.token_file`, else `<state_dir>/master.token`),
-    if this user can read it."""
-    path = Path(config.auth.token_file or Path(config.server.state_dir) / "master.token")
+def login_token(config: Config) -> LoginToken | None:
+    """`CONDUIT_TOKEN` (or `auth.token`), else the master token file's token if this
+    user can read it, else None."""
+    chosen = os.environ.get("CONDUIT_TOKEN") or config.auth.token
+    if chosen:
+        return LoginToken(chosen, fallback=False)
     try:
-        return path.read_text().strip() or None
+        found = master_token_path(config.auth, config.server.state_dir).read_text().strip()
     except OSError:
         return None
+    return LoginToken(found, fallback=True) if found else None
 
 
 def log_in(client: Client, config: Config) -> None:
-    """Authenticate `client`'s connection the way its user means it.
-
-    A token the user chose is always presented: it may name a client with narrower
-    scopes than the peer credentials would give. The master token file is a fallback,
-    presented only if the connection is not authenticated already. On the Unix socket
-    the daemon lets its own uid in by peer credentials, and the token file found from
-    this user's config may belong to another daemon than the one at the socket (a
-    second daemon with a state dir of its own, a test one): presenting it would be
-    refused, and counted as a failed login. Raises the daemon's `RpcError` if refused.
-    """
-    token = given_token(config)
-    if token is None:
-        token = master_token(config)
-        if token is None or client.call("auth/whoami")["authenticated"]:
-            return
-    client.call("auth/login", {"token": token})
+    """Authenticate `client`'s connection as `login_token` says; raises the daemon's
+    `RpcError` if the token is refused."""
+    login = login_token(config)
+    if login is None or (login.fallback and client.call("auth/whoami")["authenticated"]):
+        return
+    client.call("auth/login", {"token": login.token})
 
 
 class Client:

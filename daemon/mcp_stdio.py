@@ -15,7 +15,7 @@ newline-delimited JSON-RPC on its stdin and stdout. Two ways to be that server:
 - **connect** (`relay_to_daemon`, `--connect [PATH]` or `--connect-tcp HOST:PORT`):
   lines are relayed both ways between stdio and a running daemon's socket, after an
   `auth/login` with `CONDUIT_TOKEN`, or with the master token file when a Unix socket's
-  peer credentials have not let the connection in already (as `client.log_in` does).
+  peer credentials have not let the connection in already (`client.LoginToken`).
   Lines are framed and bounded both ways, never parsed: requests, answers and
   notifications pass unchanged.
 
@@ -44,7 +44,7 @@ from typing import Any
 import trio
 
 from conduit.daemon.auth import ALL_SCOPES, Principal
-from conduit.daemon.client import ConnectionFailed, find_token, given_token
+from conduit.daemon.client import ConnectionFailed, LoginToken, login_token
 from conduit.daemon.config import Config, parse_tcp_address
 from conduit.daemon.errors import ConfigError, InternalError, InvalidRequest, RpcError
 from conduit.daemon.framing import OVERSIZE, LineReader
@@ -183,16 +183,13 @@ async def _open_daemon_stream(unix_path: str | None, tcp: str | None) -> trio.So
 
 
 async def _log_in(
-    stream: trio.SocketStream, replies: AsyncIterator[object], config: Config, token: str
+    stream: trio.SocketStream, replies: AsyncIterator[object], login: LoginToken
 ) -> None:
-    """Authenticate the relayed connection with `token`, unless it is only the master
-    token file's and the connection is in already (see `client.log_in`); raises the
-    daemon's `RpcError` if refused."""
-    if given_token(config) is None:
-        whoami = await _ask(stream, replies, "auth/whoami", {})
-        if whoami.get("authenticated"):
-            return
-    await _ask(stream, replies, "auth/login", {"token": token})
+    """Authenticate the relayed connection as `client.log_in` does; raises the daemon's
+    `RpcError` if the token is refused."""
+    if login.fallback and (await _ask(stream, replies, "auth/whoami", {})).get("authenticated"):
+        return
+    await _ask(stream, replies, "auth/login", {"token": login.token})
 
 
 async def _ask(
@@ -225,16 +222,16 @@ async def relay_to_daemon(
     `ConnectionFailed` if the daemon cannot be reached or there is no token for TCP,
     and the daemon's `RpcError` if the token is refused.
     """
-    token = find_token(config)
-    if tcp and not token:
+    login = login_token(config)
+    if tcp and login is None:
         raise ConnectionFailed(
             "no token to present over TCP: set CONDUIT_TOKEN, or make the master token "
             "file readable (see the daemon's log for its path)"
         )
     stream = await _open_daemon_stream(unix_path, tcp)
     async with stream, aclosing(LineReader(stream, MAX_REPLY_BYTES).__aiter__()) as replies:
-        if token:
-            await _log_in(stream, replies, config, token)
+        if login is not None:
+            await _log_in(stream, replies, login)
         async with open_stdio_stream(fds) as stdio:
             log.info("relaying MCP on stdio", extra={"daemon": tcp or unix_path})
             return await _relay(stdio, stream, replies, config.server.max_message_bytes)
