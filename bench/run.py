@@ -149,6 +149,7 @@ def main(quick: bool) -> dict[str, Any]:
     n = iterations(quick)
     results: dict[str, Any] = {"quick": quick, "machine": machine.describe(), "iterations": n}
     results["iterations"]["wasm_warmup"] = wasm_bench.WARMUP
+    results["iterations"]["wasm_block_warmup"] = wasm_bench.BLOCK_WARMUP
     interference = results["machine"]["interference"] = {}
     with tempfile.TemporaryDirectory(prefix="cbench-", dir="/tmp") as tmp:
         workdir = Path(tmp)
