@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from bench.stats import Figures
@@ -120,6 +121,13 @@ def _peer_rows(peer: dict[str, Any], language: str, ours: Figures | None) -> Non
         f"  conduit vs peer: {ratio:,.0f}x faster at p50 "
         f"(target >= {PEER_RATIO:.0f}x: {verdict(ratio >= PEER_RATIO)})"
     )
+    blocks = theirs.get("conduit_blocks_p50_ms")
+    if blocks:
+        pairs = sorted(run / block for run, block in zip(theirs["runs_ms"], blocks, strict=True))
+        print(
+            f"    each peer run against conduit's block before it: {pairs[0]:,.0f}x to "
+            f"{pairs[-1]:,.0f}x, median {statistics.median(pairs):,.0f}x (n={len(pairs)})"
+        )
 
 
 def _tool_calls(results: dict[str, Any]) -> None:

@@ -46,6 +46,9 @@ class PeerRuns:
         self._session = session
         self.skipped = skipped
         self.samples: dict[str, list[float]] = {language: [] for language in LANGUAGES}
+        # The p50 (ms) of each block of Conduit's executions, in order: block k ran just
+        # before the peer's run k, so the two lists pair up.
+        self.blocks_p50_ms: dict[str, list[float]] = {language: [] for language in LANGUAGES}
 
     async def run(self, language: str, *, timed: bool = True) -> None:
         if self._session is None:
@@ -64,7 +67,16 @@ class PeerRuns:
         described = {"name": peer.NAME, "version": peer.VERSION}
         if self.skipped is not None:
             return {**described, "skipped": self.skipped}
-        return {**described, **{lang: percentiles(s) for lang, s in self.samples.items()}}
+        return {**described, **{lang: self._language_figures(lang) for lang in LANGUAGES}}
+
+    def _language_figures(self, language: str) -> dict[str, Any]:
+        """The peer's percentiles, its runs (ms) in order, and Conduit's block before
+        each (p50, ms; absent when Conduit's side was skipped)."""
+        runs = self.samples[language]
+        paired: dict[str, Any] = {"runs_ms": [round(s * 1000, 2) for s in runs]}
+        if len(self.blocks_p50_ms[language]) == len(runs):
+            paired["conduit_blocks_p50_ms"] = self.blocks_p50_ms[language]
+        return {**percentiles(runs), **paired}
 
 
 @contextlib.asynccontextmanager
@@ -115,7 +127,10 @@ async def _paired(
         if params is not None:
             count = runs // blocks + (block < runs % blocks)
             warmup = WARMUP if block == 0 else BLOCK_WARMUP
-            samples += await execute_samples(path, params, count, warmup=warmup)
+            timed = await execute_samples(path, params, count, warmup=warmup)
+            if timed:  # none when the series' time budget ran out
+                beside.blocks_p50_ms[language].append(round(percentiles(timed)["p50_ms"], 3))
+            samples += timed
         await beside.run(language)
     return samples
 
