@@ -28,7 +28,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["PreparedModule", "Token", "TokenGroup", "prepare_module", "token_groups"]
+__all__ = [
+    "PreparedModule",
+    "Token",
+    "TokenGroup",
+    "may_await",
+    "prepare_module",
+    "token_groups",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,12 +47,32 @@ class PreparedModule:
     line_offset: int
     imports: tuple[str, ...] = ()
 
-    def function_expression(self) -> str:
+    def function_expression(self, *, asynchronous: bool = True) -> str:
         """The program as `(async function () { ... })`, line for line as in `text`,
-        for a runtime with no module loader (so only for a program with no imports)."""
+        for a runtime with no module loader (so only for a program with no imports).
+
+        With `asynchronous=False` it is a plain `(function () { ... })`, which means
+        the same for a program that `may_await` says cannot await; its caller must
+        then settle the function's value as an async function's would be.
+        """
         if self.imports:
             raise ValueError("a program with import declarations needs a module loader")
-        return f"({self.text.removeprefix(_EXPORT_DEFAULT)})"
+        expression = self.text.removeprefix(_EXPORT_DEFAULT)
+        if not asynchronous:
+            expression = expression.replace(_ASYNC_FUNCTION, _FUNCTION, 1)
+        return f"({expression})"
+
+
+def may_await(code: str) -> bool:
+    """Whether `code` may use `await`; when not, its body means the same in a plain
+    function as in an async one.
+
+    The two bodies differ only in `await` being reserved in the async one, so text
+    that spells it neither plainly nor through a `\\u` escape (which could spell it
+    in an identifier) parses and runs alike in both. Conservative: `await` in a
+    comment or a string also counts.
+    """
+    return "await" in code or "\\u" in code
 
 
 def prepare_module(code: str) -> PreparedModule:
@@ -82,7 +109,9 @@ def prepare_module(code: str) -> PreparedModule:
 # `inputs` is a global the worker sets, not a parameter: a program may then declare its
 # own `inputs` without a redeclaration error.
 _EXPORT_DEFAULT = "export default "
-_FUNCTION_HEAD = f"{_EXPORT_DEFAULT}async function () {{"
+_ASYNC_FUNCTION = "async function"
+_FUNCTION = "function"
+_FUNCTION_HEAD = f"{_EXPORT_DEFAULT}{_ASYNC_FUNCTION} () {{"
 # Hoisted imports share the header's line, so the program always starts on line 2.
 _LINE_OFFSET = 1
 

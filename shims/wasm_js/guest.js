@@ -7,14 +7,17 @@
 //   {function, line_offset, inputs}
 // where `function` is the program already wrapped by the host as
 // `(async function () { <program, line for line> })` with the value of its final
-// expression returned (see conduit/executors/js_source.py). The answer is JSON:
+// expression returned (see conduit/executors/js_source.py), or as a plain function
+// when the program cannot await. The answer is JSON:
 // {"result": <json>} or {"error": {"type", "message", "traceback"}}; a result
 // JSON.stringify cannot encode (BigInt, cycles) is sent as String(value) and undefined
 // becomes null, exactly as on the Deno executor.
 //
-// `run` is async: componentize-js drives the event loop (promises, setTimeout) until
-// the returned promise settles, so top-level `await` works. The program reaches the
-// daemon only through `tools`, which send `tools/call` and `tools/list` through the
+// `run` answers at once when it can, and otherwise returns a promise: componentize-js
+// then drives the event loop (promises, setTimeout) until it settles, so top-level
+// `await` works. Either way, pending microtasks run before the call returns, and
+// timers still pending when it settles never fire. The program reaches the daemon
+// only through `tools`, which send `tools/call` and `tools/list` through the
 // `host-call` import; the host dispatches them under the execution's session token.
 
 import hostCall from "host-call";
@@ -26,6 +29,9 @@ const stringify = JSON.stringify;
 const parse = JSON.parse;
 const toString = String;
 const evaluate = globalThis.eval;
+const getPrototypeOf = Object.getPrototypeOf;
+const asyncFunctionPrototype = getPrototypeOf(async () => {});
+const isAsync = (fn) => getPrototypeOf(fn) === asyncFunctionPrototype;
 const defineProperty = Object.defineProperty;
 const max = Math.max;
 const toNumber = Number;
@@ -124,7 +130,7 @@ async function noFetch() {
   throw new TypeError("fetch is not available in this sandbox; tools are the way out");
 }
 
-export async function run(requestText) {
+export function run(requestText) {
   const job = parse(requestText);
   globalThis.fetch = noFetch;
   boundTimers(job.timeout_ms ?? 0);
@@ -135,18 +141,51 @@ export async function run(requestText) {
   return runProgram(job);
 }
 
-// The program evaluated and awaited: the JSON answer, never a rejection.
-async function runProgram(job) {
+// An async function's way of settling a plain function's outcome, tick for tick: the
+// same promise an async function's `return value` or `throw error` makes.
+const settledAsReturned = async (value) => value;
+const settledAsThrown = async (error) => {
+  throw error;
+};
+
+// Results encoded the same whenever they are encoded: nothing a microtask does can
+// change them (a BigInt's JSON form consults BigInt.prototype.toJSON, so it is not).
+function isPlainPrimitive(value) {
+  const type = typeof value;
+  return (
+    value === null || type === "undefined" || type === "boolean" || type === "number" ||
+    type === "string"
+  );
+}
+
+// The program evaluated and run: the JSON answer, or a promise of it (never rejected).
+// An async function's value is awaited. A plain function's primitive value is answered
+// at once: awaiting it would only let queued microtasks run first, and they run before
+// the instance is done anyway. Any other value or error is settled as the async
+// function's would have been, so the program sees the same order of events.
+function runProgram(job) {
   let program;
   try {
     program = evaluate(job.function);
   } catch (error) {
     return report(error, describeSyntaxError, job.line_offset);
   }
+  if (isAsync(program)) return settle(program, job.line_offset);
+  let value;
   try {
-    return `{"result":${encodeResult(await program())}}`;
+    value = program();
   } catch (error) {
-    return report(error, describeError, job.line_offset);
+    return settle(() => settledAsThrown(error), job.line_offset);
+  }
+  if (isPlainPrimitive(value)) return `{"result":${encodeResult(value)}}`;
+  return settle(() => settledAsReturned(value), job.line_offset);
+}
+
+async function settle(outcome, lineOffset) {
+  try {
+    return `{"result":${encodeResult(await outcome())}}`;
+  } catch (error) {
+    return report(error, describeError, lineOffset);
   }
 }
 
@@ -157,8 +196,8 @@ async function runProgram(job) {
 //   sets up a global's built-ins on first use: Promise, async functions, String,
 //   typed arrays and DataView were being set up again on each instance's one call.
 //   `hostCall` is a function of that global, so its constructor makes code there;
-// - `runProgram` on a result, a thrown error and a syntax error, compiling this
-//   shim's own functions once.
+// - `runProgram` on a result, a thrown error and a syntax error, as an async and as a
+//   plain function, compiling this shim's own functions once.
 // A trivial program's first (and only) call into an instance went from 0.31 to 0.21
 // ms in-process. `run` itself is left out: `performance.now()` traps until the
 // component runs for real.
@@ -176,6 +215,9 @@ function warmUp() {
   runProgram({ function: "(async function () {\nreturn { a: [1] };\n})", line_offset: 1 });
   runProgram({ function: "(async function () {\nthrow new TypeError('x');\n})", line_offset: 1 });
   runProgram({ function: "(async function () {\n)\n})", line_offset: 1 });
+  runProgram({ function: "(function () {\nreturn 1;\n})", line_offset: 1 });
+  runProgram({ function: "(function () {\nreturn { a: [1] };\n})", line_offset: 1 });
+  runProgram({ function: "(function () {\nthrow new TypeError('x');\n})", line_offset: 1 });
 }
 
 warmUp();

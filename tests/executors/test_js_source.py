@@ -24,6 +24,7 @@ from conduit.executors.js_source import (
     PreparedModule,
     Token,
     TokenGroup,
+    may_await,
     prepare_module,
     token_groups,
 )
@@ -356,6 +357,31 @@ def test_every_line_stays_at_its_number(code: str) -> None:
     imports, text = split(code)
     assert "\n" not in imports
     assert text.count("\n") == code.count("\n")
+
+
+@pytest.mark.parametrize("code", ["1 + 1", "const a = `async function`;\nreturn a", "let x;\n"])
+def test_a_plain_function_expression_differs_only_in_its_head(code: str) -> None:
+    module = prepare_module(code)
+    as_async = module.function_expression()
+    plain = module.function_expression(asynchronous=False)
+    assert as_async.startswith("(async function () {\n")
+    assert plain == "(function () {\n" + as_async.removeprefix("(async function () {\n")
+
+
+@pytest.mark.parametrize(
+    ("code", "awaits"),
+    [
+        ("1 + 1", False),
+        ("const s = 'async';\ns", False),
+        ("await f()", True),
+        ("for await (const x of xs) {}", True),
+        ("'await' in a string counts", True),
+        ("aw\\u0061it", True),
+        ("'\\u00e9' escapes count too", True),
+    ],
+)
+def test_may_await_errs_on_the_side_of_async(code: str, awaits: bool) -> None:
+    assert may_await(code) is awaits
 
 
 @pytest.mark.parametrize("code", ["1\r\n2", "1\r2", "1\u20282", "x\u2029(y)", "a\r\n(b)"])

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
+from conduit.executors import wasm_js as wasm_js_module
 from conduit.executors.base import Job, Limits, Outcome, Status, StopSignal
 from conduit.executors.wasm_build import ensure_component
 from conduit.executors.wasm_guests import JS_GUEST, componentize_js_version
@@ -79,6 +81,54 @@ async def test_thrown_non_errors_and_rejections_are_reported(wasm_js: WasmJsExec
     assert thrown.error is not None and thrown.error.message == "plain string"
     rejected = await run(wasm_js, "await Promise.reject(new RangeError('no'))")
     assert rejected.error is not None and rejected.error.type == "RangeError"
+
+
+# Programs that cannot await, each with something an async function's settling would
+# show: microtasks queued before the value or error is settled, timers, promises.
+CANNOT_AWAIT = [
+    "6",
+    "'text'",
+    "undefined",
+    "let n = 1;\nPromise.resolve().then(() => { n = 2; console.log('micro', n) });\nn",
+    "const o = { v: 1 };\nPromise.resolve().then(() => { o.v = 2 });\no",
+    "const e = new Error('before');\nPromise.resolve().then(() => { e.message = 'after' });\n"
+    "throw e",
+    "Promise.resolve().then(() => { BigInt.prototype.toJSON = () => 'late' });\n5n",
+    "setTimeout(() => console.log('timer'), 0);\nqueueMicrotask(() => console.log('micro'));\n1",
+    "Promise.resolve(4)",
+    "({ then(resolve) { resolve(7) } })",
+    "Promise.reject(new RangeError('no'))",
+    "function f() {\n  throw new TypeError('deep');\n}\nf()",
+    "const x = ;",
+    "return [1, { a: null }]",
+]
+
+
+@pytest.mark.parametrize("code", CANNOT_AWAIT)
+async def test_a_program_that_cannot_await_means_the_same_as_a_plain_function(
+    wasm_js: WasmJsExecutor, code: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain = await run(wasm_js, code)
+    monkeypatch.setattr(wasm_js_module, "may_await", lambda code: True)
+    as_async = await run(wasm_js, code)
+    for field in ("status", "result", "stdout", "stderr", "error"):
+        assert getattr(plain, field) == getattr(as_async, field), (field, plain, as_async)
+
+
+@pytest.mark.parametrize(
+    ("code", "head"),
+    [
+        ("1 + 1", "(function () {"),
+        ("const v = await f();\nv", "(async function () {"),
+        ("// no await here\n1", "(async function () {"),
+        ("aw\\u0061it", "(async function () {"),
+    ],
+)
+async def test_only_a_program_that_may_await_is_wrapped_as_an_async_function(
+    wasm_js: WasmJsExecutor, code: str, head: str
+) -> None:
+    request = json.loads(wasm_js.request_for(Job("ex_js", "javascript", code, Limits())))
+    assert request["function"].startswith(head)
 
 
 async def test_syntax_errors_name_the_line(wasm_js: WasmJsExecutor) -> None:
