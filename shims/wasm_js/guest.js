@@ -110,19 +110,18 @@ const realSetTimeout = globalThis.setTimeout;
 const realSetInterval = globalThis.setInterval;
 const now = () => performance.now();
 
+// The execution's end on the clock of `now()`, which `run` sets: the clock traps until
+// the component runs for real, so not at build time.
+let executionEnd = 0;
+
 // The host stops guest code at its deadline but cannot reach into the event loop's
 // wait for a timer: a timer set past the execution's end would only hold its thread.
 // Firing it just after the end changes nothing the program could observe, as it is
 // stopped before its callback runs.
-function boundTimers(timeoutMs) {
-  const end = now() + timeoutMs;
-  const bound = (delay) => {
-    const wanted = toNumber(delay) || 0;
-    const left = max(0, end - now()) + TIMER_SLACK_MS;
-    return wanted > left ? left : wanted;
-  };
-  globalThis.setTimeout = (callback, delay, ...args) => realSetTimeout(callback, bound(delay), ...args);
-  globalThis.setInterval = (callback, delay, ...args) => realSetInterval(callback, bound(delay), ...args);
+function bound(delay) {
+  const wanted = toNumber(delay) || 0;
+  const left = max(0, executionEnd - now()) + TIMER_SLACK_MS;
+  return wanted > left ? left : wanted;
 }
 
 // The component is built without outgoing HTTP; StarlingMonkey's fetch would trap.
@@ -130,12 +129,17 @@ async function noFetch() {
   throw new TypeError("fetch is not available in this sandbox; tools are the way out");
 }
 
+// The globals a program finds, set here once: pre-initialisation keeps them in every
+// instance, so `run` only sets what depends on the execution.
+globalThis.setTimeout = (callback, delay, ...args) => realSetTimeout(callback, bound(delay), ...args);
+globalThis.setInterval = (callback, delay, ...args) => realSetInterval(callback, bound(delay), ...args);
+globalThis.fetch = noFetch;
+defineProperty(globalThis, "tools", { value: tools, enumerable: true });
+defineProperty(globalThis, "ToolError", { value: ToolError, enumerable: true });
+
 export function run(requestText) {
   const job = parse(requestText);
-  globalThis.fetch = noFetch;
-  boundTimers(job.timeout_ms ?? 0);
-  defineProperty(globalThis, "tools", { value: tools, enumerable: true });
-  defineProperty(globalThis, "ToolError", { value: ToolError, enumerable: true });
+  executionEnd = now() + (job.timeout_ms ?? 0);
   // A plain global, so a program may also declare its own `inputs`.
   globalThis.inputs = job.inputs ?? null;
   return runProgram(job);
