@@ -51,16 +51,15 @@ class PreparedModule:
         """The program as `(async function () { ... })`, line for line as in `text`,
         for a runtime with no module loader (so only for a program with no imports).
 
-        With `asynchronous=False` it is a plain `(function () { ... })`, which means
-        the same for a program that `may_await` says cannot await; its caller must
-        then settle the function's value as an async function's would be.
+        With `asynchronous=False` it is a plain `(function () { ... })`, whose body
+        runs as the async one would for a program that `may_await` says cannot await;
+        its caller must then settle the function's value as an async function's would
+        be.
         """
         if self.imports:
             raise ValueError("a program with import declarations needs a module loader")
-        expression = self.text.removeprefix(_EXPORT_DEFAULT)
-        if not asynchronous:
-            expression = expression.replace(_ASYNC_FUNCTION, _FUNCTION, 1)
-        return f"({expression})"
+        body = self.text.removeprefix(_FUNCTION_HEAD)
+        return f"({_ASYNC_HEAD if asynchronous else _PLAIN_HEAD}{body})"
 
 
 def may_await(code: str) -> bool:
@@ -69,8 +68,9 @@ def may_await(code: str) -> bool:
 
     The two bodies differ only in `await` being reserved in the async one, so text
     that spells it neither plainly nor through a `\\u` escape (which could spell it
-    in an identifier) parses and runs alike in both. Conservative: `await` in a
-    comment or a string also counts.
+    in an identifier) parses and runs alike in both; only the function around it
+    differs, for a program that inspects it (`arguments.callee`, a function's
+    `caller`). Conservative: `await` in a comment or a string also counts.
     """
     return "await" in code or "\\u" in code
 
@@ -109,9 +109,9 @@ def prepare_module(code: str) -> PreparedModule:
 # `inputs` is a global the worker sets, not a parameter: a program may then declare its
 # own `inputs` without a redeclaration error.
 _EXPORT_DEFAULT = "export default "
-_ASYNC_FUNCTION = "async function"
-_FUNCTION = "function"
-_FUNCTION_HEAD = f"{_EXPORT_DEFAULT}{_ASYNC_FUNCTION} () {{"
+_ASYNC_HEAD = "async function () {"
+_PLAIN_HEAD = "function () {"
+_FUNCTION_HEAD = f"{_EXPORT_DEFAULT}{_ASYNC_HEAD}"
 # Hoisted imports share the header's line, so the program always starts on line 2.
 _LINE_OFFSET = 1
 

@@ -8,9 +8,11 @@ same on both; the guest evaluates it and awaits it. Everything about running it 
 shared with the other Wasmtime executors (`wasm.WasmExecutor`).
 
 A program that cannot `await` (`js_source.may_await`) is wrapped as a plain function
-instead, and the guest settles its value exactly as an async function's would be, so
-the program cannot tell. What that buys: a primitive result is answered without
-entering the event loop, a quarter of a trivial program's run in the guest.
+instead, and the guest settles its value or error exactly as an async function's would
+be: the same result, output and error, microtask for microtask. (Only the wrapper
+itself differs, for a program that inspects it through `arguments.callee` or a
+function's `caller`.) What that buys: a primitive result is answered without entering
+componentize-js's event loop.
 
 The guest has no module loader: a program with `import` declarations is refused with
 a message that names the executor that has one.
@@ -64,8 +66,10 @@ class WasmJsExecutor(WasmExecutor):
         module = prepare_module(job.code)
         if module.imports:
             raise ProgramRejected(ErrorInfo("SyntaxError", NO_IMPORTS))
+        asynchronous = may_await(job.code)
         request = {
-            "function": module.function_expression(asynchronous=may_await(job.code)),
+            "function": module.function_expression(asynchronous=asynchronous),
+            "asynchronous": asynchronous,
             "line_offset": module.line_offset,
             "inputs": job.inputs,
             "timeout_ms": job.limits.timeout_ms,

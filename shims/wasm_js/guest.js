@@ -4,11 +4,11 @@
 // runs then), so an instance starts with the engine and this shim already loaded.
 //
 // The host calls `run(request)` once per instance. The request is JSON:
-//   {function, line_offset, inputs}
+//   {function, asynchronous, line_offset, inputs, timeout_ms}
 // where `function` is the program already wrapped by the host as
 // `(async function () { <program, line for line> })` with the value of its final
-// expression returned (see conduit/executors/js_source.py), or as a plain function
-// when the program cannot await. The answer is JSON:
+// expression returned (see conduit/executors/js_source.py), or, when the program
+// cannot await, as a plain function (`asynchronous` false). The answer is JSON:
 // {"result": <json>} or {"error": {"type", "message", "traceback"}}; a result
 // JSON.stringify cannot encode (BigInt, cycles) is sent as String(value) and undefined
 // becomes null, exactly as on the Deno executor.
@@ -29,9 +29,6 @@ const stringify = JSON.stringify;
 const parse = JSON.parse;
 const toString = String;
 const evaluate = globalThis.eval;
-const getPrototypeOf = Object.getPrototypeOf;
-const asyncFunctionPrototype = getPrototypeOf(async () => {});
-const isAsync = (fn) => getPrototypeOf(fn) === asyncFunctionPrototype;
 const defineProperty = Object.defineProperty;
 const max = Math.max;
 const toNumber = Number;
@@ -41,6 +38,10 @@ const split = uncurry(String.prototype.split);
 const exec = uncurry(RegExp.prototype.exec);
 const push = uncurry(Array.prototype.push);
 const join = uncurry(Array.prototype.join);
+const promiseThen = Promise.prototype.then;
+const clock = performance;
+const clockNow = uncurry(clock.now);
+const now = () => clockNow(clock);
 // How SpiderMonkey names code run by our indirect eval in a stack frame.
 const PROGRAM_FRAME = /^(.*?)@.*> eval:(\d+):(\d+)$/;
 const JSON_RPC_INTERNAL = -32603;
@@ -108,7 +109,8 @@ function report(error, describe, lineOffset) {
 const TIMER_SLACK_MS = 50;
 const realSetTimeout = globalThis.setTimeout;
 const realSetInterval = globalThis.setInterval;
-const now = () => performance.now();
+const abortSignal = AbortSignal;
+const abortSignalTimeout = uncurry(AbortSignal.timeout);
 
 // The execution's end on the clock of `now()`, which `run` sets: the clock traps until
 // the component runs for real, so not at build time.
@@ -133,6 +135,7 @@ async function noFetch() {
 // instance, so `run` only sets what depends on the execution.
 globalThis.setTimeout = (callback, delay, ...args) => realSetTimeout(callback, bound(delay), ...args);
 globalThis.setInterval = (callback, delay, ...args) => realSetInterval(callback, bound(delay), ...args);
+abortSignal.timeout = (delay) => abortSignalTimeout(abortSignal, bound(delay));
 globalThis.fetch = noFetch;
 defineProperty(globalThis, "tools", { value: tools, enumerable: true });
 defineProperty(globalThis, "ToolError", { value: ToolError, enumerable: true });
@@ -142,7 +145,12 @@ export function run(requestText) {
   executionEnd = now() + (job.timeout_ms ?? 0);
   // A plain global, so a program may also declare its own `inputs`.
   globalThis.inputs = job.inputs ?? null;
-  return runProgram(job);
+  const answer = runProgram(job);
+  if (typeof answer === "string") return answer;
+  // componentize-js takes the answer with the promise's `then`, which a program could
+  // replace on Promise.prototype to answer in its place: this one has its own.
+  defineProperty(answer, "then", { value: promiseThen });
+  return answer;
 }
 
 // An async function's way of settling a plain function's outcome, tick for tick: the
@@ -174,7 +182,9 @@ function runProgram(job) {
   } catch (error) {
     return report(error, describeSyntaxError, job.line_offset);
   }
-  if (isAsync(program)) return settle(program, job.line_offset);
+  // Called inside `settle`: a program that closes the wrapper early may leave
+  // `program` anything at all, and calling it is then the program's error.
+  if (job.asynchronous) return settle(() => program(), job.line_offset);
   let value;
   try {
     value = program();
@@ -185,9 +195,10 @@ function runProgram(job) {
   return settle(() => settledAsReturned(value), job.line_offset);
 }
 
-async function settle(outcome, lineOffset) {
+// The JSON answer for the value or error of `body()`'s promise.
+async function settle(body, lineOffset) {
   try {
-    return `{"result":${encodeResult(await outcome())}}`;
+    return `{"result":${encodeResult(await body())}}`;
   } catch (error) {
     return report(error, describeError, lineOffset);
   }
@@ -216,9 +227,9 @@ function warmUp() {
     };
     lift(Promise.resolve());
   `)();
-  runProgram({ function: "(async function () {\nreturn { a: [1] };\n})", line_offset: 1 });
-  runProgram({ function: "(async function () {\nthrow new TypeError('x');\n})", line_offset: 1 });
-  runProgram({ function: "(async function () {\n)\n})", line_offset: 1 });
+  runProgram({ asynchronous: true, function: "(async function () {\nreturn { a: [1] };\n})", line_offset: 1 });
+  runProgram({ asynchronous: true, function: "(async function () {\nthrow new TypeError('x');\n})", line_offset: 1 });
+  runProgram({ asynchronous: true, function: "(async function () {\n)\n})", line_offset: 1 });
   runProgram({ function: "(function () {\nreturn 1;\n})", line_offset: 1 });
   runProgram({ function: "(function () {\nreturn { a: [1] };\n})", line_offset: 1 });
   runProgram({ function: "(function () {\nthrow new TypeError('x');\n})", line_offset: 1 });

@@ -83,6 +83,13 @@ async def test_thrown_non_errors_and_rejections_are_reported(wasm_js: WasmJsExec
     assert rejected.error is not None and rejected.error.type == "RangeError"
 
 
+# Counts the microtask ticks until what the program returns is read.
+TICKS = (
+    "let ticks = 0;\n"
+    "const tick = () => { ticks++; if (ticks < 20) Promise.resolve().then(tick) };\n"
+    "Promise.resolve().then(tick);\n"
+)
+
 # Programs that cannot await, each with something an async function's settling would
 # show: microtasks queued before the value or error is settled, timers, promises.
 CANNOT_AWAIT = [
@@ -101,11 +108,16 @@ CANNOT_AWAIT = [
     "function f() {\n  throw new TypeError('deep');\n}\nf()",
     "const x = ;",
     "return [1, { a: null }]",
+    TICKS + "({ get t() { return ticks } })",
+    TICKS + "Promise.resolve({ get t() { return ticks } })",
+    TICKS + "({ then(resolve) { resolve({ get t() { return ticks } }) } })",
+    TICKS + "const e = new Error();\n"
+    "Object.defineProperty(e, 'message', { get() { return 'ticks ' + ticks } });\nthrow e",
 ]
 
 
 @pytest.mark.parametrize("code", CANNOT_AWAIT)
-async def test_a_program_that_cannot_await_means_the_same_as_a_plain_function(
+async def test_a_program_that_cannot_await_runs_alike_as_a_plain_function(
     wasm_js: WasmJsExecutor, code: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     plain = await run(wasm_js, code)
@@ -116,19 +128,21 @@ async def test_a_program_that_cannot_await_means_the_same_as_a_plain_function(
 
 
 @pytest.mark.parametrize(
-    ("code", "head"),
+    ("code", "asynchronous"),
     [
-        ("1 + 1", "(function () {"),
-        ("const v = await f();\nv", "(async function () {"),
-        ("// no await here\n1", "(async function () {"),
-        ("aw\\u0061it", "(async function () {"),
+        ("1 + 1", False),
+        ("const v = await f();\nv", True),
+        ("// no await here\n1", True),
+        ("aw\\u0061it", True),
     ],
 )
 async def test_only_a_program_that_may_await_is_wrapped_as_an_async_function(
-    wasm_js: WasmJsExecutor, code: str, head: str
+    wasm_js: WasmJsExecutor, code: str, asynchronous: bool
 ) -> None:
     request = json.loads(wasm_js.request_for(Job("ex_js", "javascript", code, Limits())))
+    head = "(async function () {" if asynchronous else "(function () {"
     assert request["function"].startswith(head)
+    assert request["asynchronous"] is asynchronous
 
 
 async def test_syntax_errors_name_the_line(wasm_js: WasmJsExecutor) -> None:

@@ -13,7 +13,7 @@ import trio
 from conduit.executors.base import Job, Limits, Outcome, Status
 from conduit.executors.wasm_js import WasmJsExecutor
 from tests.sandboxes import WAIT_S, NoBridge
-from tests.security.test_wasm_python_sandbox import FORGED_HOST_CALLS, wait_for_lingering
+from tests.security.test_wasm_python_sandbox import FORGED_HOST_CALLS
 
 
 async def run(executor: WasmJsExecutor, code: str, **limits: Any) -> Outcome:
@@ -93,6 +93,54 @@ null.x
     assert "<program>:6:" in outcome.error.traceback
 
 
+@pytest.mark.parametrize(
+    ("code", "result"),
+    [
+        (
+            'Promise.prototype.then = function (ok) { ok(\'{"result":"forged"}\') };\n({ a: 1 })',
+            {"a": 1},
+        ),
+        ("Promise.prototype.then = function (ok) { ok(5) };\n({ a: 1 })", {"a": 1}),
+        ('Promise.prototype.then = function (ok) { ok(\'{"result":"forged"}\') };\n1', 1),
+        (
+            'Promise.prototype.then = function (ok) { ok(\'{"result":"forged"}\') };\n'
+            "await null;\n2",
+            2,
+        ),
+    ],
+)
+async def test_a_replaced_promise_then_cannot_answer_for_the_guest(
+    wasm_js: WasmJsExecutor, code: str, result: Any
+) -> None:
+    outcome = await run(wasm_js, code)
+    assert outcome.status is Status.OK, outcome
+    assert outcome.result == result
+
+
+@pytest.mark.parametrize(
+    ("code", "result"),
+    [
+        ("}); void ({", None),
+        ("await null; }); void ({", None),
+        ("}); var r = Proxy.revocable(function () {}, {}); r.revoke(); ((x) => r.proxy)({", None),
+        ("}); new Proxy(function () { return 1 }, { getPrototypeOf() { throw new Error('t') }", 1),
+    ],
+)
+async def test_closing_the_wrapper_early_is_only_the_programs_business(
+    wasm_js: WasmJsExecutor, code: str, result: Any
+) -> None:
+    # What the wrapper evaluates to is then the program's: not a function (its
+    # TypeError), or a callable proxy the guest must call without inspecting it.
+    outcome = await run(wasm_js, code)
+    if result is None:
+        assert outcome.status is Status.ERROR, outcome
+        assert outcome.error is not None and outcome.error.type == "TypeError"
+    else:
+        assert (outcome.status, outcome.result) == (Status.OK, result), outcome
+    report = f"{outcome.stdout}{outcome.stderr}{outcome.error.traceback if outcome.error else ''}"
+    assert "guest.js" not in report and "initializer" not in report
+
+
 async def test_environment_is_empty(wasm_js: WasmJsExecutor) -> None:
     code = "[typeof process, typeof globalThis.Deno, typeof globalThis.env, typeof require]"
     outcome = await run(wasm_js, code)
@@ -147,16 +195,21 @@ async def test_awaiting_a_timer_past_the_timeout_is_stopped_at_the_timeout(
     assert wasm_js.info().pool["lingering_threads"] == 0
 
 
-async def test_a_wait_the_guest_cannot_bound_is_left_behind_not_waited_for(
-    wasm_js: WasmJsExecutor,
-) -> None:
-    # AbortSignal.timeout sets a timer of its own, past the bounded setTimeout.
-    code = "await new Promise((r) => { AbortSignal.timeout(2000).onabort = r; });"
+@pytest.mark.parametrize(
+    "code",
+    [
+        # AbortSignal.timeout sets a timer of its own: bounded as setTimeout is.
+        "await new Promise((r) => { AbortSignal.timeout(2 ** 31 - 1).onabort = r; });",
+        # The bound reads the clock the guest captured, not the one a program can swap.
+        "performance.now = () => -1e12;\nsetTimeout(() => {}, 3000);\nawait new Promise(() => {});",
+    ],
+)
+async def test_long_timers_leave_no_thread_behind(wasm_js: WasmJsExecutor, code: str) -> None:
     started = trio.current_time()
     outcome = await run(wasm_js, code, timeout_ms=300)
     assert outcome.status is Status.TIMEOUT, outcome
     assert trio.current_time() - started < 1.5
-    await wait_for_lingering(wasm_js, 0)
+    assert wasm_js.info().pool["lingering_threads"] == 0
 
 
 async def test_deep_recursion_is_an_error_not_a_crash(wasm_js: WasmJsExecutor) -> None:
