@@ -113,8 +113,7 @@ async def test_a_replaced_promise_then_cannot_answer_for_the_guest(
     wasm_js: WasmJsExecutor, code: str, result: Any
 ) -> None:
     outcome = await run(wasm_js, code)
-    assert outcome.status is Status.OK, outcome
-    assert outcome.result == result
+    assert (outcome.status, outcome.result) == (Status.OK, result), outcome
 
 
 @pytest.mark.parametrize(
