@@ -227,12 +227,18 @@ function warmUp() {
     };
     lift(Promise.resolve());
   `)();
-  runProgram({ asynchronous: true, function: "(async function () {\nreturn { a: [1] };\n})", line_offset: 1 });
-  runProgram({ asynchronous: true, function: "(async function () {\nthrow new TypeError('x');\n})", line_offset: 1 });
-  runProgram({ asynchronous: true, function: "(async function () {\n)\n})", line_offset: 1 });
-  runProgram({ function: "(function () {\nreturn 1;\n})", line_offset: 1 });
-  runProgram({ function: "(function () {\nreturn { a: [1] };\n})", line_offset: 1 });
-  runProgram({ function: "(function () {\nthrow new TypeError('x');\n})", line_offset: 1 });
+  const programs = [
+    [true, "return { a: [1] };"],
+    [true, "throw new TypeError('x');"],
+    [true, ")"],
+    [false, "return 1;"],
+    [false, "return { a: [1] };"],
+    [false, "throw new TypeError('x');"],
+  ];
+  for (const [asynchronous, body] of programs) {
+    const head = asynchronous ? "(async function () {" : "(function () {";
+    runProgram({ asynchronous, function: `${head}\n${body}\n})`, line_offset: 1 });
+  }
 }
 
 warmUp();
