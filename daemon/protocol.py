@@ -7,10 +7,11 @@ version is refused.
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
+from conduit.daemon import jsontext
 from conduit.daemon.errors import InvalidRequest, ParseError, RpcError
 
 __all__ = [
@@ -35,21 +36,23 @@ class Request:
 
 
 def decode(line: bytes) -> Any:
-    """Parse one line of JSON, or raise `ParseError` saying where it broke."""
+    """Parse one line of JSON, or raise `ParseError` saying where it broke.
+
+    Lone surrogates come back replaced; NaN, Infinity and numbers past a float's range,
+    or integers past Python's digit limit, are parse errors (see `jsontext`).
+    """
     try:
-        return json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return jsontext.loads(line)
+    except jsontext.JsonTextError as exc:
         raise ParseError(
             f"parse error: {exc}; send one JSON object per line, "
             'e.g. {"jsonrpc":"2.0","id":1,"method":"ping"}'
         ) from None
-    except RecursionError:
-        raise ParseError("parse error: JSON nested too deeply") from None
 
 
 def encode(message: Any) -> bytes:
-    """Serialise a reply compactly; non-ASCII stays as UTF-8."""
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False, default=str).encode()
+    """Serialise a reply compactly as valid UTF-8 JSON, whatever it holds."""
+    return jsontext.encode(message)
 
 
 def _bearer(message: dict[str, Any]) -> str | None:
@@ -62,11 +65,18 @@ def _bearer(message: dict[str, Any]) -> str | None:
     return token
 
 
+def _is_id(value: Any) -> bool:
+    """A string or a finite number: what an id can be and come back as JSON."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return False
+    return not isinstance(value, float) or math.isfinite(value)
+
+
 def request_id(message: Any) -> str | int | float | None:
     """The id to answer a broken request with: its own if readable, else null."""
     if isinstance(message, dict):
         value = message.get("id")
-        if isinstance(value, str | int | float) and not isinstance(value, bool):
+        if _is_id(value):
             return value
     return None
 
@@ -83,9 +93,7 @@ def parse_request(message: Any) -> Request:
         raise InvalidRequest('invalid request: "method" must be a non-empty string')
     is_notification = "id" not in message
     ident = message.get("id")
-    if not is_notification and (
-        isinstance(ident, bool) or not isinstance(ident, str | int | float | None)
-    ):
+    if not is_notification and ident is not None and not _is_id(ident):
         raise InvalidRequest('invalid request: "id" must be a string, a number or null')
     params = message.get("params", {})
     if params is None:

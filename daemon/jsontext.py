@@ -1,0 +1,168 @@
+"""JSON text that cannot take the daemon down, whichever way it is going.
+
+JSON can carry what Python's `json` module turns into trouble later:
+
+- a lone UTF-16 surrogate (`"\\ud800"`, legal JSON text) decodes to a `str` that cannot
+  be encoded as UTF-8, so the reply, the audit row or the log line that carries it
+  raises `UnicodeEncodeError` far from where it came in;
+- an integer of more than 4,300 digits raises `ValueError` on the way in and on the way
+  out (Python's integer string limit);
+- `NaN`, `Infinity` and `1e400` decode to floats that encode as `NaN`/`Infinity`,
+  which is not JSON.
+
+The rule, one for everything the daemon reads or writes: **a lone surrogate is
+replaced by U+FFFD** (on decoding, so nothing inside ever holds one, and again on
+encoding, for text made inside); **a number JSON cannot carry is refused** when a peer
+sends it and **becomes `null`** when the daemon would send it (as `JSON.stringify`
+does). Valid text pays nothing: the checks run only when a fast path fails or a cheap
+scan of the raw bytes finds a surrogate.
+
+Imports nothing of the project's: every layer may use it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any, Final
+
+__all__ = ["JsonTextError", "clean_text", "dumps", "encode", "loads"]
+
+REPLACEMENT: Final = "\ufffd"
+
+_LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+# A `\uD800`-`\uDFFF` escape, or the 3-byte (CESU) form of one, which `json.loads`
+# accepts from bytes: a line without either cannot decode to a surrogate.
+_SURROGATE_IN_BYTES: Final = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+_SURROGATE_IN_STR: Final = re.compile(r"\\u[dD][89a-fA-F]|[\ud800-\udfff]")
+_SURROGATE_ESCAPE: Final = re.compile(r"\\ud[89a-f]")
+
+
+class JsonTextError(ValueError):
+    """Text that is not JSON the daemon accepts; the message says why."""
+
+
+def clean_text(text: str) -> str:
+    """`text` with every lone surrogate replaced by U+FFFD (the same object if none)."""
+    if text.isascii():
+        return text
+    return _LONE_SURROGATE.sub(REPLACEMENT, text)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise JsonTextError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise JsonTextError(f"the number {text[:40]} is too large for a 64-bit float")
+    return value
+
+
+def _null_constant(_name: str) -> None:
+    return None
+
+
+def _finite_or_null(text: str) -> float | None:
+    value = float(text)
+    return None if math.isinf(value) else value
+
+
+_STRICT: Final = (_refuse_constant, _finite_float)
+_LENIENT: Final = (_null_constant, _finite_or_null)
+
+
+def loads(data: bytes | str, *, lenient_numbers: bool = False) -> Any:
+    """Decode one JSON text; raise `JsonTextError` for anything that is not JSON.
+
+    Lone surrogates come back replaced. `NaN`, `Infinity` and numbers beyond a float's
+    range are refused, or read as `None` with `lenient_numbers` (for what a sandbox
+    answers: its language may write them, and the daemon would send `null` anyway).
+    """
+    constant, number = _LENIENT if lenient_numbers else _STRICT
+    try:
+        value = json.loads(data, parse_constant=constant, parse_float=number)
+    except JsonTextError:
+        raise
+    except RecursionError:
+        raise JsonTextError("JSON nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, the digit limit
+        raise JsonTextError(_first_line(str(exc))) from None
+    pattern = _SURROGATE_IN_BYTES if isinstance(data, bytes | bytearray) else _SURROGATE_IN_STR
+    if pattern.search(data) is not None:
+        value = _cleaned(value)
+    return value
+
+
+def dumps(value: Any, *, indent: int | None = None, ascii_only: bool = False) -> str:
+    """Encode `value` as JSON text that is valid UTF-8 and valid JSON, whatever it holds.
+
+    Objects JSON has no form for are written as their `str()`.
+    """
+    separators = (",", ":") if indent is None else (",", ": ")
+    options: dict[str, Any] = {
+        "ensure_ascii": ascii_only,
+        "separators": separators,
+        "indent": indent,
+        "allow_nan": False,
+        "default": str,
+    }
+    try:
+        text = json.dumps(value, **options)
+    except ValueError:  # a non-finite float, or an integer past the digit limit
+        return json.dumps(_cleaned(value), **options)
+    if ascii_only:  # surrogates are escaped there, paired or not: clean when any is
+        if _SURROGATE_ESCAPE.search(text) is None:
+            return text
+        return json.dumps(_cleaned(value), **options)
+    if text.isascii() or _LONE_SURROGATE.search(text) is None:
+        return text
+    return _LONE_SURROGATE.sub(REPLACEMENT, text)
+
+
+def encode(value: Any) -> bytes:
+    """`dumps(value)` as UTF-8 bytes, compact: one line of a JSON-lines stream."""
+    return dumps(value).encode("utf-8")
+
+
+def _first_line(message: str) -> str:
+    return message.splitlines()[0] if message else "not JSON"
+
+
+def _has_digits(number: int) -> bool:
+    """Whether `number` can be written out under Python's integer string limit."""
+    try:
+        str(number)
+    except ValueError:
+        return False
+    return True
+
+
+def _cleaned(value: Any) -> Any:
+    """A copy of decoded JSON with surrogates replaced and unsendable numbers `None`.
+
+    Iterative: decoded JSON may be nested as deep as the decoder allows, which is
+    about as deep as Python's own recursion limit.
+    """
+    root: list[Any] = [value]
+    stack: list[tuple[Any, Any]] = [(root, 0)]
+    while stack:
+        holder, key = stack.pop()
+        item = holder[key]
+        if isinstance(item, str):
+            holder[key] = clean_text(item)
+        elif isinstance(item, float):
+            holder[key] = item if math.isfinite(item) else None
+        elif isinstance(item, int) and not isinstance(item, bool):
+            holder[key] = item if _has_digits(item) else None
+        elif isinstance(item, dict):
+            copy = {clean_text(k) if isinstance(k, str) else k: v for k, v in item.items()}
+            holder[key] = copy
+            stack.extend((copy, k) for k in copy)
+        elif isinstance(item, list | tuple):
+            copy_list = list(item)
+            holder[key] = copy_list
+            stack.extend((copy_list, i) for i in range(len(copy_list)))
+    return root[0]
