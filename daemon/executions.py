@@ -13,7 +13,6 @@ notification params (`LiveOutput`), all of them before `execute` returns.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import secrets
 import time
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from conduit.daemon import jsontext
 from conduit.daemon.bridge import SessionBridge
 from conduit.daemon.errors import (
     Forbidden,
@@ -436,7 +436,9 @@ class Executions:
         ]
 
     def _checked_code(self, code: str) -> str:
-        code = unwrap_fence(code)
+        # Every front decodes with `jsontext`, which replaces lone surrogates; this holds
+        # for callers inside the process too, whose text is hashed and stored.
+        code = unwrap_fence(jsontext.clean_text(code))
         if not code.strip():
             raise InvalidParams(
                 "invalid params: code is empty; send the program's source in code",
@@ -553,7 +555,7 @@ def _record(
 ) -> ExecutionRecord:
     """What the audit store and events keep of an ended execution."""
     error = wire["error"] or {}
-    result = "" if wire["result"] is None else json.dumps(wire["result"], default=repr)
+    result = "" if wire["result"] is None else jsontext.dumps(wire["result"])
     status = Status(wire["status"])
     return ExecutionRecord(
         execution_id=job.execution_id,
@@ -607,13 +609,16 @@ def _ended_event(record: ExecutionRecord) -> Event:
 def _wire_result(
     execution_id: str, executor: str, outcome: Outcome, duration_s: float, queue_wait_s: float
 ) -> dict[str, Any]:
-    error = dataclasses.asdict(outcome.error) if outcome.error else None
+    """The execution's answer. Text a program chose is made storable and sendable here
+    (lone surrogates replaced), once, for the reply, the record and the events alike;
+    executors decode results with `jsontext`, which already did the same for them."""
+    error = _clean_error(outcome.error)
     return {
         "execution_id": execution_id,
         "status": str(outcome.status),
         "result": outcome.result,
-        "stdout": outcome.stdout,
-        "stderr": outcome.stderr,
+        "stdout": jsontext.clean_text(outcome.stdout),
+        "stderr": jsontext.clean_text(outcome.stderr),
         "exit_code": outcome.exit_code,
         "error": error,
         "truncated": {"stdout": outcome.truncated_stdout, "stderr": outcome.truncated_stderr},
@@ -622,4 +627,13 @@ def _wire_result(
         "queue_ms": round(queue_wait_s * 1000, 3),
         "executor": executor,
         "memory_peak_bytes": outcome.memory_peak_bytes,
+    }
+
+
+def _clean_error(error: ErrorInfo | None) -> dict[str, Any] | None:
+    if error is None:
+        return None
+    return {
+        key: jsontext.clean_text(value) if isinstance(value, str) else value
+        for key, value in dataclasses.asdict(error).items()
     }

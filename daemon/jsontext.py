@@ -119,7 +119,9 @@ def dumps(value: Any, *, indent: int | None = None, ascii_only: bool = False) ->
         return json.dumps(_cleaned(value), **options)
     if text.isascii() or _LONE_SURROGATE.search(text) is None:
         return text
-    return _LONE_SURROGATE.sub(REPLACEMENT, text)
+    # Through the value, not the text: two keys that differ only in their surrogates
+    # become one key, as they would when the value is decoded.
+    return json.dumps(_cleaned(value), **options)
 
 
 def encode(value: Any) -> bytes:

@@ -1,0 +1,163 @@
+"""Generated input against the framing, the decoder and the encoder, in-process.
+
+The properties: no input makes them raise anything but the errors they document, and
+everything the daemon would send is valid UTF-8 and valid JSON (no NaN, no lone
+surrogate, no number Python cannot print).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conduit.daemon import jsontext
+from conduit.daemon.errors import InvalidRequest, ParseError, RpcError
+from conduit.daemon.framing import OVERSIZE, LineReader
+from conduit.daemon.protocol import decode, encode, error_reply, parse_request, request_id
+from tests.fuzz.strategies import hostile_json, hostile_lines, run_counts
+
+QUIET = {
+    "deadline": None,
+    "database": None,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
+}
+
+
+def strict_json(data: bytes) -> Any:
+    """Decode as a strict peer would: UTF-8 only, no NaN/Infinity, no lone surrogate."""
+
+    def refuse(name: str) -> Any:
+        raise AssertionError(f"{name} sent")
+
+    value = json.loads(data.decode("utf-8"), parse_constant=refuse)
+    text = json.dumps(value, ensure_ascii=False)
+    text.encode("utf-8")  # raises on a lone surrogate that came through as an escape
+    return value
+
+
+@pytest.mark.parametrize("examples", run_counts())
+def test_the_decoder_refuses_or_decodes_and_what_it_decodes_encodes(examples: int) -> None:
+    @settings(max_examples=examples, **QUIET)
+    @given(hostile_lines)
+    def prop(line: bytes) -> None:
+        try:
+            message = decode(line)
+        except ParseError as exc:
+            strict_json(encode(error_reply(None, exc)))
+            return
+        strict_json(encode(message))
+        try:
+            request = parse_request(message)
+        except InvalidRequest as exc:
+            strict_json(encode(error_reply(request_id(message), exc)))
+            return
+        strict_json(encode({"id": request.id, "method": request.method, **request.params}))
+
+    prop()
+
+
+@pytest.mark.parametrize("examples", run_counts())
+def test_anything_the_daemon_holds_encodes_as_strict_json(examples: int) -> None:
+    @settings(max_examples=examples, **QUIET)
+    @given(hostile_json)
+    def prop(value: Any) -> None:
+        strict_json(encode({"result": value}))
+        strict_json(jsontext.dumps(value, indent=2).encode())
+        strict_json(jsontext.dumps(value, ascii_only=True).encode())
+
+    prop()
+
+
+@pytest.mark.parametrize("examples", run_counts())
+def test_what_the_encoder_sends_decodes_to_the_same_message(examples: int) -> None:
+    """Round trip: the daemon reads back exactly what it wrote, for sendable values."""
+
+    @settings(max_examples=examples, **QUIET)
+    @given(hostile_json)
+    def prop(value: Any) -> None:
+        sent = encode(value)
+        assert decode(sent) == json.loads(sent)
+        assert encode(decode(sent)) == sent
+
+    prop()
+
+
+def reference_lines(data: bytes, limit: int) -> list[bytes | object]:
+    """What `LineReader` must yield for `data`, whatever the chunking."""
+    out: list[bytes | object] = []
+    *complete, rest = data.split(b"\n")
+    for line in complete:
+        if len(line) > limit:
+            out.append(OVERSIZE)
+        elif line.rstrip(b"\r").strip():
+            out.append(line.rstrip(b"\r"))
+    if rest.strip():
+        out.append(OVERSIZE if len(rest) > limit else rest.rstrip(b"\r"))
+    return out
+
+
+async def read_all(chunks: list[bytes], limit: int) -> list[bytes | object]:
+    send, receive = trio.testing.memory_stream_one_way_pair()
+    out: list[bytes | object] = []
+
+    async def feed() -> None:
+        for chunk in chunks:
+            await send.send_all(chunk)
+            await trio.testing.wait_all_tasks_blocked()
+        await send.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(feed)
+        async for line in LineReader(receive, limit):
+            out.append(line)
+    return out
+
+
+@pytest.mark.parametrize("examples", run_counts())
+def test_framing_yields_the_same_lines_however_the_bytes_are_cut(examples: int) -> None:
+    pieces = st.lists(
+        st.one_of(hostile_lines, st.sampled_from([b"\n", b"\r\n", b" \n", b"x" * 70])),
+        max_size=8,
+    )
+
+    @settings(max_examples=examples, **QUIET)
+    @given(pieces, st.lists(st.integers(min_value=1, max_value=97), min_size=1, max_size=6))
+    def prop(parts: list[bytes], cuts: list[int]) -> None:
+        data = b"".join(parts)
+        chunks, start, index = [], 0, 0
+        while start < len(data):
+            size = cuts[index % len(cuts)]
+            chunks.append(data[start : start + size])
+            start, index = start + size, index + 1
+        lines = trio.run(read_all, chunks, 64)
+        expected = reference_lines(data, 64)
+        if OVERSIZE in expected:  # a cap hit mid-line may be reported once or per piece
+            assert [x for x in lines if x is not OVERSIZE] == [
+                x for x in expected if x is not OVERSIZE
+            ]
+        else:
+            assert lines == expected
+
+    prop()
+
+
+def test_every_error_reply_is_strict_json_whatever_its_message() -> None:
+    @settings(max_examples=200, **QUIET)
+    @given(hostile_text_and_data())
+    def prop(pair: tuple[str, Any]) -> None:
+        message, data = pair
+        strict_json(encode(error_reply(1, RpcError(message, data))))
+
+    prop()
+
+
+def hostile_text_and_data() -> st.SearchStrategy[tuple[str, Any]]:
+    from tests.fuzz.strategies import hostile_text
+
+    return st.tuples(hostile_text, hostile_json)
