@@ -1,6 +1,11 @@
 // How a Deno-hosted sandbox reaches the daemon: JSON-RPC on ONE connection to the
-// daemon's sandbox socket, opened on first use and shared by every call (multiplexed
-// by id), under the execution's session token. Used by the Deno and Pyodide workers.
+// daemon's sandbox callback address, shared by every call (multiplexed by id), under
+// the execution's session token. Used by the Deno and Pyodide workers.
+//
+// The connection is opened when the job arrives, before the program's code exists;
+// the worker then revokes every permission (permissions.js), so the program can
+// neither connect again nor touch the address's path. What it can reach at most is
+// this one connection, which carries only its own token and its own calls.
 //
 // Captured at import, before any program code runs.
 
@@ -12,24 +17,41 @@ const encode = TextEncoder.prototype.encode.bind(new TextEncoder());
 const decoder = new TextDecoder();
 const decode = TextDecoder.prototype.decode.bind(decoder);
 
-// `request(method, params, tool)`: a promise of the call's result; rejects with
-// ToolError for an error answer or a lost connection. `connect` is Deno.connect,
-// captured by the worker before the program could replace it.
-export function socketRequester(token, callback, connect) {
-  let connection = null;
-  let nextId = 1;
-  const pending = new Map();
-
-  async function open() {
-    if (!callback) throw new ToolError("tools are not available in this execution", -32006, null);
+// `request(method, params, tool)` over a connection opened now: a promise of the
+// call's result; rejects with ToolError for an error answer, a lost connection, or an
+// address that could not be reached. `connect` is Deno.connect, captured by the worker
+// before the program could replace it. Never rejects itself.
+export async function openRequester(token, callback, connect) {
+  if (!callback) {
+    return () => Promise.reject(new ToolError("tools are not available in this execution", -32006, null));
+  }
+  try {
     const conn = callback.unix_path
       ? await connect({ transport: "unix", path: callback.unix_path })
       : await connect({ hostname: callback.tcp_host, port: callback.tcp_port });
-    readReplies(conn);
-    return conn;
+    const request = socketRequester(token, conn);
+    // The daemon closes a connection that presents no valid token within seconds of
+    // connecting (server.auth_timeout_s), and a program may think longer than that
+    // before its first call: present the token now. Not awaited: the program starts
+    // at once, and a failure here shows on its first call.
+    request("ping", {}, null).catch(() => {});
+    return request;
+  } catch (error) {
+    const reason = `cannot reach the daemon for tool calls: ${String(error?.message ?? error)}`;
+    return () => Promise.reject(new ToolError(reason, -32603, null));
   }
+}
 
-  async function readReplies(conn) {
+function socketRequester(token, conn) {
+  let nextId = 1;
+  const pending = new Map();
+  let closed = false;
+  // Waiting for replies must not keep the process alive when no call is: a program
+  // whose promise never settles still ends the way it would without the connection.
+  conn.unref();
+  readReplies();
+
+  async function readReplies() {
     const buffer = new Uint8Array(65536);
     let text = "";
     try {
@@ -46,6 +68,7 @@ export function socketRequester(token, callback, connect) {
     } catch {
       // Fall through: every call still waiting learns the connection is gone.
     }
+    closed = true;
     for (const { reject } of pending.values()) {
       reject(new ToolError("the connection to the daemon closed", -32603, null));
     }
@@ -56,6 +79,7 @@ export function socketRequester(token, callback, connect) {
     const waiter = pending.get(reply.id);
     if (!waiter) return;
     pending.delete(reply.id);
+    if (pending.size === 0) conn.unref();
     if (reply.error) {
       const { code, message, data } = reply.error;
       waiter.reject(new ToolError(message, code, data?.tool ?? waiter.tool, data));
@@ -65,11 +89,11 @@ export function socketRequester(token, callback, connect) {
   }
 
   return async function request(method, params, tool) {
-    connection ??= open();
-    const conn = await connection;
+    if (closed) throw new ToolError("the connection to the daemon closed", -32603, null);
     const id = nextId++;
     const message = { jsonrpc: "2.0", id, method, params, auth: { bearerToken: token } };
     const reply = new Promise((resolve, reject) => pending.set(id, { resolve, reject, tool }));
+    conn.ref();
     const bytes = encode(stringify(message) + "\n");
     for (let offset = 0; offset < bytes.length; ) offset += await conn.write(bytes.subarray(offset));
     return reply;

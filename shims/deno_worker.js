@@ -4,9 +4,9 @@
 //   1. On start the worker writes READY to stdout and blocks reading stdin.
 //   2. The daemon writes one JSON object and closes stdin:
 //        {nonce, module, line_offset, inputs, lang, session_token, callback}
-//   3. The worker sets the global `inputs`, imports `module` from a data: URL, awaits its
-//      `default()` and writes,
-//      as the last thing on stdout, "\x1e" + nonce + PAYLOAD + "\n", where PAYLOAD is
+//   3. The worker connects to `callback` (if any), revokes every permission it was
+//      started with (see permissions.js), sets the global `inputs`, imports `module`
+//      from a data: URL, awaits its `default()` and writes, as the last thing on stdout, "\x1e" + nonce + PAYLOAD + "\n", where PAYLOAD is
 //      {"result": <json>} or {"error": {"type", "message", "traceback"}}.
 //      A result JSON.stringify cannot encode (BigInt, cycles, functions, symbols) is
 //      sent as String(value); undefined becomes null.
@@ -18,7 +18,8 @@
 // the only dynamic import here is of the program's own data: URL; the static one is
 // the SDK every JavaScript sandbox shares.
 
-import { socketRequester } from "./daemon_socket.js";
+import { openRequester } from "./daemon_socket.js";
+import { dropPermissions } from "./permissions.js";
 import { ToolError, encodeResult, makeTools } from "./sandbox_sdk.js";
 import { readJob, writeAll } from "./worker_io.js";
 
@@ -30,6 +31,7 @@ const stdoutWrite = Deno.stdout.writeSync.bind(Deno.stdout);
 const stdinRead = Deno.stdin.read.bind(Deno.stdin);
 const exit = Deno.exit;
 const connect = Deno.connect;
+const permissions = Deno.permissions;
 const toBase64 = Uint8Array.prototype.toBase64;
 const RESULT_MARK = "\x1e";
 const READY = "\x1econduit-ready\n";
@@ -65,8 +67,8 @@ function writeText(text) {
 
 // ---- tools: the program's way back to the daemon (see daemon_socket.js) ----------
 
-function installTools(token, callback) {
-  const tools = makeTools(socketRequester(token, callback, connect));
+function installTools(request) {
+  const tools = makeTools(request);
   Object.defineProperty(globalThis, "tools", { value: tools, enumerable: true });
   Object.defineProperty(globalThis, "ToolError", { value: ToolError, enumerable: true });
 }
@@ -150,12 +152,16 @@ await import("data:application/javascript;base64," + toBase64.call(encode("expor
 writeText(READY);
 const job = await readJob(stdinRead);
 
-installTools(job.session_token, job.callback);
-
-// A plain global, so a program may also declare its own `inputs`.
-globalThis.inputs = job.inputs ?? null;
+// The daemon's address is used once, here, and every permission given up before the
+// program's code exists (see permissions.js): the program gets this connection's
+// calls under its own token, and no way to reach the address itself.
+const request = await openRequester(job.session_token, job.callback, connect);
 
 try {
+  dropPermissions(permissions, job.callback);
+  installTools(request);
+  // A plain global, so a program may also declare its own `inputs`.
+  globalThis.inputs = job.inputs ?? null;
   const media = job.lang === "javascript" ? "javascript" : "typescript";
   const source = toBase64.call(encode(job.module));
   const program = await import(`data:application/${media};base64,${source}`);

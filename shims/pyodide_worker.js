@@ -7,12 +7,15 @@
 // the last thing on stdout, where PAYLOAD is python_program's JSON answer.
 //
 // Before any program runs, the worker gives up what it no longer needs and what Python
-// could reach through `import js`: read permission is revoked, and the ways a program
-// could end or write past the daemon's reading of this process are deleted. Whatever
+// could reach through `import js`: read permission on Pyodide's files is revoked once
+// they are loaded, every other permission (the daemon's callback address) once the
+// job's connection is open, and the ways a program could end or write past the
+// daemon's reading of this process are deleted. Whatever
 // is left, the daemon treats this process's stdout and exit as the program's own,
 // untrusted: only the nonce-marked line counts.
 
-import { socketRequester } from "./daemon_socket.js";
+import { openRequester } from "./daemon_socket.js";
+import { dropPermissions } from "./permissions.js";
 import { boot } from "./pyodide_boot.js";
 import { readJob, writeAll } from "./worker_io.js";
 
@@ -25,6 +28,7 @@ const stderrWrite = Deno.stderr.writeSync.bind(Deno.stderr);
 const stdinRead = Deno.stdin.read.bind(Deno.stdin);
 const exit = Deno.exit;
 const connect = Deno.connect;
+const permissions = Deno.permissions;
 const readTextFile = Deno.readTextFileSync;
 const RESULT_MARK = "\x1e";
 const READY = "\x1econduit-ready\n";
@@ -43,9 +47,9 @@ const { pyodide, run } = await boot({
 pyodide.setStdout({ write: (bytes) => (writeAll(stdoutWrite, bytes), bytes.length) });
 pyodide.setStderr({ write: (bytes) => (writeAll(stderrWrite, bytes), bytes.length) });
 
-// Nothing more to read: Pyodide holds its files in memory now. (Only these paths: the
-// daemon's socket, if granted, must stay reachable.)
-for (const path of readable) Deno.permissions.revokeSync({ name: "read", path });
+// Nothing more to read: Pyodide holds its files in memory now. (Only these paths until
+// the job's connection is open; then every permission goes, see below.)
+for (const path of readable) permissions.revokeSync({ name: "read", path });
 for (const name of ["exit", "kill", "stdin", "stdout", "stderr", "addSignalListener", "removeSignalListener"]) {
   delete Deno[name];
 }
@@ -87,9 +91,19 @@ await runProgram({ code: "sum([1, 2])", inputs: null, timeout_ms: 1000 }, noDaem
 writeAll(stdoutWrite, encode(READY));
 const job = await readJob(stdinRead);
 
+// The daemon's address is used once, here, and every permission given up before the
+// program's code exists (see permissions.js): Python, even through `import js`, gets
+// this connection's calls under its own token, and no way to reach the address itself.
+const request = await openRequester(job.session_token, job.callback, connect);
+let dropped;
+try {
+  dropPermissions(permissions, job.callback);
+} catch (error) {
+  dropped = error;
+}
+
 // One JSON-RPC call to the daemon, for python_program's `host_call`: the answer as JSON
 // text, {"result": ...} or {"error": {...}}, never a rejection.
-const request = socketRequester(job.session_token, job.callback, connect);
 async function hostCall(method, params) {
   try {
     return stringify({ result: await request(method, parse(params), null) });
@@ -100,6 +114,7 @@ async function hostCall(method, params) {
 
 let answer;
 try {
+  if (dropped) throw dropped;
   answer = await runProgram(job.program, hostCall);
 } catch (error) {
   answer = stringify({ error: { type: "InternalError", message: String(error?.message ?? error), traceback: "" } });
