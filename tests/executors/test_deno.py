@@ -17,7 +17,7 @@ import trio.testing
 
 from conduit.daemon.errors import RuntimeMissing, SandboxCrashed
 from conduit.executors.base import CallbackAddress, Job, Limits, Outcome, Status
-from conduit.executors.deno import DenoExecutor, permission_flags
+from conduit.executors.deno import DenoExecutor, _from_payload, permission_flags
 from conduit.executors.output import OutputCapture, ResultSplitter
 from conduit.executors.pool import PoolState
 from tests.processes import deno_children
@@ -108,6 +108,40 @@ async def test_a_printed_fake_marker_is_just_output(deno: DenoExecutor) -> None:
     outcome = await run(deno, code)
     assert outcome.result == 1
     assert '{"result": 666}' in outcome.stdout
+
+
+async def test_text_and_numbers_json_cannot_carry_never_raise(deno: DenoExecutor) -> None:
+    thrown = await run(deno, 'throw new Error("bad \\ud800 text")')
+    assert thrown.status is Status.ERROR
+    assert thrown.error is not None
+    assert thrown.error.message == "bad \ufffd text"
+    code = 'return {"\\udc00k": "v\\ud800", n: [NaN, Infinity, -Infinity, 1e308 * 10]}'
+    returned = await run(deno, code)
+    assert (returned.status, returned.result) == (
+        Status.OK,
+        {"\ufffdk": "v\ufffd", "n": [None, None, None, None]},
+    )
+    echoed = await run(deno, "return inputs", inputs={"s": "\ud800", "f": float("nan")})
+    assert echoed.result == {"s": "\ufffd", "f": None}
+    huge = _from_payload(Outcome(Status.OK), b'{"result": [1e999, NaN]}', lambda _: False)
+    assert (huge.status, huge.result) == (Status.OK, [None, None])
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b'{"result": 1' + b"0" * 5000 + b"}",
+        b'{"result": "unterminated',
+        b"[1, 2]",
+        b'{"error": "not an object"}',
+        b"\xff\xfe",
+    ],
+)
+def test_an_unreadable_result_is_a_crash_not_an_exception(payload: bytes) -> None:
+    outcome = _from_payload(Outcome(Status.OK), payload, lambda _: False)
+    assert outcome.status is Status.CRASHED
+    assert outcome.error is not None
+    assert "unreadable result" in outcome.error.message
 
 
 # -- errors -------------------------------------------------------------------------------
