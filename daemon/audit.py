@@ -253,6 +253,11 @@ class AuditStore:
                 self._lost += len(batch)
                 self._fail(AuditState.FAILING, exc)
                 return
+            except Exception:
+                # A record no row can hold: this batch is lost, the writer goes on.
+                self._lost += len(batch)
+                log.exception("audit: a batch of %d records could not be written", len(batch))
+                return
             self._recovered()
         finally:
             self._done += len(batch)

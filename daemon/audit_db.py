@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from conduit.daemon import jsontext
 from conduit.daemon.records import ExecutionRecord, ToolCallRecord, head
 
 __all__ = [
@@ -263,7 +264,7 @@ def describe_failure(path: str, exc: BaseException) -> str:
 def _row(record: ExecutionRecord) -> tuple[Any, ...]:
     values = {
         **{name: getattr(record, name, None) for name in _COLUMNS},
-        "allowed_tools": json.dumps(list(record.allowed_tools)),
+        "allowed_tools": jsontext.dumps(list(record.allowed_tools)),
         "error_message": (
             None
             if record.error_message is None
@@ -271,7 +272,20 @@ def _row(record: ExecutionRecord) -> tuple[Any, ...]:
         ),
         "tool_call_count": len(record.tool_calls),
     }
-    return tuple(values[name] for name in _COLUMNS)
+    return tuple(_storable(values[name]) for name in _COLUMNS)
+
+
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _storable(value: Any) -> Any:
+    """`value` as SQLite can hold it: text without lone surrogates, an integer within
+    64 bits (else NULL). A record carries what programs chose; none may stop the writer."""
+    if isinstance(value, str):
+        return jsontext.clean_text(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if _INT64[0] <= value <= _INT64[1] else None
+    return value
 
 
 def insert_records(db: sqlite3.Connection, records: Sequence[ExecutionRecord]) -> int:
@@ -281,7 +295,7 @@ def insert_records(db: sqlite3.Connection, records: Sequence[ExecutionRecord]) -
     keeps one row. Raises `sqlite3.Error` with nothing written.
     """
     calls = [
-        (record.execution_id, position, call.tool, call.duration_ms, call.outcome)
+        (record.execution_id, position, _storable(call.tool), call.duration_ms, call.outcome)
         for record in records
         for position, call in enumerate(record.tool_calls)
     ]

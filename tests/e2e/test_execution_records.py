@@ -50,7 +50,7 @@ async def test_an_execution_is_started_then_ended_with_its_record(
     assert record.code_snippet == code
     assert record.allowed_tools == ("echo.*",)
     assert (record.stdout_bytes, record.stdout_head) == (4, "out\n")
-    assert record.result_head == '{"said": "hi"}'
+    assert record.result_head == '{"said":"hi"}'
     assert [(c.tool, c.outcome) for c in record.tool_calls] == [("echo__echo", "ok")]
     assert record.limit_hit is None
     assert record.duration_ms == result["duration_ms"]

@@ -41,7 +41,7 @@ def strict_json(data: bytes) -> Any:
     return value
 
 
-@pytest.mark.parametrize("examples", run_counts())
+@pytest.mark.parametrize("examples", run_counts(40_000))
 def test_the_decoder_refuses_or_decodes_and_what_it_decodes_encodes(examples: int) -> None:
     @settings(max_examples=examples, **QUIET)
     @given(hostile_lines)
@@ -62,7 +62,7 @@ def test_the_decoder_refuses_or_decodes_and_what_it_decodes_encodes(examples: in
     prop()
 
 
-@pytest.mark.parametrize("examples", run_counts())
+@pytest.mark.parametrize("examples", run_counts(30_000))
 def test_anything_the_daemon_holds_encodes_as_strict_json(examples: int) -> None:
     @settings(max_examples=examples, **QUIET)
     @given(hostile_json)
@@ -74,7 +74,7 @@ def test_anything_the_daemon_holds_encodes_as_strict_json(examples: int) -> None
     prop()
 
 
-@pytest.mark.parametrize("examples", run_counts())
+@pytest.mark.parametrize("examples", run_counts(20_000))
 def test_what_the_encoder_sends_decodes_to_the_same_message(examples: int) -> None:
     """Round trip: the daemon reads back exactly what it wrote, for sendable values."""
 
@@ -119,7 +119,7 @@ async def read_all(chunks: list[bytes], limit: int) -> list[bytes | object]:
     return out
 
 
-@pytest.mark.parametrize("examples", run_counts())
+@pytest.mark.parametrize("examples", run_counts(3_000))
 def test_framing_yields_the_same_lines_however_the_bytes_are_cut(examples: int) -> None:
     pieces = st.lists(
         st.one_of(hostile_lines, st.sampled_from([b"\n", b"\r\n", b" \n", b"x" * 70])),
