@@ -65,7 +65,22 @@ class ServerConfig(_Section):
     max_message_bytes: Annotated[int, Field(ge=1024, le=256 * 1024 * 1024)] = 8 * 1024 * 1024
     # Enough for an agent pipelining tool discovery and a few executions at once.
     max_in_flight_per_connection: Annotated[int, Field(ge=1, le=10_000)] = 64
+    # Per client listener (the Unix socket and TCP each have this many), so a flood on
+    # one never locks the other out; the daemon's own uid has a few more on Unix.
     max_connections: Annotated[int, Field(ge=1, le=100_000)] = 1024
+    # The sandboxes' callback socket: at most one per running Deno or Pyodide program.
+    max_sandbox_connections: Annotated[int, Field(ge=1, le=100_000)] = 1024
+    # Connections from one source IP (TCP) or uid (Unix) that have not authenticated
+    # yet. An honest client authenticates within milliseconds of connecting, so even
+    # a burst of agents starting at once stays well under this.
+    max_unauthenticated_per_peer: Annotated[int, Field(ge=1, le=100_000)] = 64
+    # Time from accept to a valid token. Unix peers let in by their uid are
+    # authenticated at accept; a client needs one round trip, so 5 s spares a loaded host.
+    auth_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 5.0
+    # Close a connection with nothing in flight that has sent nothing for this long
+    # (0 = never). Off by default: `conduit mcp --connect` holds one connection for as
+    # long as its MCP client runs, idle for hours at a time.
+    idle_timeout_s: Annotated[float, Field(ge=0, le=7 * 86_400)] = 0.0
     # systemd's default stop timeout is 90 s; 30 s leaves room for the kill that follows.
     grace_period_s: Annotated[float, Field(ge=0, le=3600)] = 30.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"

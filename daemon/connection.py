@@ -11,9 +11,17 @@ the messages of one task reach the peer in the order it sent them.
 ```
 Connection.run
 ├── writer (outbox → stream)
+├── watcher: closes the connection at its deadlines (`Deadlines`), if it has any
 └── streams: tasks that outlive their request (event subscriptions), `start_stream`
     └── requests: reader + one task per request
 ```
+
+Deadlines: a connection accepted from a listener must authenticate within
+`Deadlines.auth_s` of connecting, and may be closed once idle (nothing in flight,
+nothing received) for `Deadlines.idle_s`. Requests only note the time and count
+themselves; the one watcher task per connection sleeps until the next deadline and
+looks again, so no request pays for a timer. A connection closed for either reason is
+told why first, in one error line with a null id, if that can be written at once.
 
 Resource handling: `run` owns the stream and closes it before returning. When the peer
 half-closes, in-flight requests still finish and are answered, then the streams are
@@ -26,13 +34,20 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from conduit.daemon.auth import PeerCredentials, Principal
 from conduit.daemon.dispatcher import CallContext, dispatch
-from conduit.daemon.errors import InvalidRequest, ParseError, RpcError, Unauthenticated
+from conduit.daemon.errors import (
+    InvalidRequest,
+    Overloaded,
+    ParseError,
+    RpcError,
+    Unauthenticated,
+)
 from conduit.daemon.framing import OVERSIZE, LineReader
 from conduit.daemon.protocol import (
     Request,
@@ -47,7 +62,7 @@ from conduit.daemon.protocol import (
 if TYPE_CHECKING:
     from conduit.daemon.server import Daemon
 
-__all__ = ["Connection"]
+__all__ = ["Connection", "Deadlines"]
 
 log = logging.getLogger("conduit.connection")
 
@@ -56,6 +71,33 @@ log = logging.getLogger("conduit.connection")
 _OUTBOX_SIZE = 256
 # A batch larger than this is a mistake or an attack, not a workload.
 _MAX_BATCH = 1000
+# How long the line saying why a connection is closed may take to write: a peer that
+# does not read must not hold its slot any longer for it.
+_FAREWELL_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Deadlines:
+    """When a connection is closed for doing nothing; None: never."""
+
+    auth_s: float | None = None  # from connecting to a valid token
+    idle_s: float | None = None  # nothing in flight and nothing received
+
+
+class _Watched(trio.abc.ReceiveStream):
+    """The connection's receiving side, noting when bytes last arrived."""
+
+    def __init__(self, connection: Connection, stream: trio.abc.ReceiveStream) -> None:
+        self._connection = connection
+        self._stream = stream
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        data = await self._stream.receive_some(max_bytes)
+        self._connection._last_seen = trio.current_time()
+        return data
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
 
 
 class Connection:
@@ -70,6 +112,8 @@ class Connection:
         peer: PeerCredentials | None = None,
         sessions_only: bool = False,
         principal: Principal | None = None,
+        deadlines: Deadlines | None = None,
+        on_authenticated: Callable[[], None] | None = None,
     ) -> None:
         self._stream = stream
         self._daemon = daemon
@@ -85,6 +129,15 @@ class Connection:
         )
         # Set by `initialize`: this peer is an MCP client, and hears MCP notifications.
         self.mcp_session = False
+        # Whether any valid token (or the peer's uid) has been seen on this connection:
+        # a sandbox's presents its session token with every request, never logging in.
+        self.authenticated = self.principal is not None
+        self._on_authenticated = on_authenticated
+        self._deadlines = deadlines or Deadlines()
+        self._opened_at = self._last_seen = trio.current_time()
+        # Requests and streams running now: while any is, the connection is not idle.
+        self._busy = 0
+        self._watch_scope = trio.CancelScope()
         self._failures = 0
         self._slots = trio.Semaphore(daemon.config.server.max_in_flight_per_connection)
         self._outbox_send, self._outbox = trio.open_memory_channel[bytes](_OUTBOX_SIZE)
@@ -109,6 +162,7 @@ class Connection:
             with self._scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._write_loop)
+                    nursery.start_soon(self._watch)
                     async with trio.open_nursery() as streams:
                         self._streams = streams
                         async with trio.open_nursery() as requests:
@@ -116,6 +170,7 @@ class Connection:
                                 await self._read_loop(requests)
                         self._streams = None
                         streams.cancel_scope.cancel()
+                    self._watch_scope.cancel()
                     self._outbox_send.close()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
@@ -144,7 +199,15 @@ class Connection:
         """
         if self._streams is None:
             raise RuntimeError("this connection no longer serves requests")
-        self._streams.start_soon(stream)
+        self._streams.start_soon(self._run_busy, stream)
+
+    async def _run_busy(self, work: Callable[[], Awaitable[object]]) -> None:
+        self._busy += 1
+        try:
+            await work()
+        finally:
+            self._busy -= 1
+            self._last_seen = trio.current_time()
 
     def notify_nowait(self, method: str, params: dict[str, Any]) -> bool:
         """Queue a notification without waiting; False if it was dropped.
@@ -172,6 +235,10 @@ class Connection:
             principal = None
         if principal is not None:
             self._failures = 0
+            if not self.authenticated:
+                self.authenticated = True
+                if self._on_authenticated is not None:
+                    self._on_authenticated()
             return principal
         self._failures += 1
         limit = self._daemon.config.auth.max_failures_per_connection
@@ -198,7 +265,7 @@ class Connection:
         max_bytes = self._daemon.config.server.max_message_bytes
         # Closed on the way out: cancelled at one of this loop's own checkpoints, the
         # reader's generator would be left for the garbage collector to finalise.
-        reader = LineReader(self._stream, max_bytes)
+        reader = LineReader(_Watched(self, self._stream), max_bytes)
         async with contextlib.aclosing(reader.__aiter__()) as lines:
             async for line in lines:
                 if line is OVERSIZE:
@@ -223,6 +290,7 @@ class Connection:
             self._slots.acquire_nowait()
         except trio.WouldBlock:
             await self._slots.acquire()
+        self._busy += 1
         requests.start_soon(self._serve_message, message)
         # After the spawn rather than before it: the request's task starts in the next
         # scheduler pass instead of the one after (~4% of a trivial wasm-js execution's
@@ -239,6 +307,8 @@ class Connection:
             if reply is not None:
                 await self._send(reply)
         finally:
+            self._busy -= 1
+            self._last_seen = trio.current_time()
             self._slots.release()
 
     async def _answer_batch(self, batch: list[Any]) -> list[dict[str, Any]] | dict[str, Any] | None:
@@ -324,3 +394,49 @@ class Connection:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             # The peer is gone: nothing we compute can reach it any more.
             self._scope.cancel()
+
+    # ---- deadlines ---------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        """Close the connection at its first deadline that passes; returns if none can."""
+        auth_s, idle_s = self._deadlines.auth_s, self._deadlines.idle_s
+        with self._watch_scope:
+            if auth_s is not None and not self.authenticated:
+                await trio.sleep_until(self._opened_at + auth_s)
+                if not self.authenticated:
+                    await self._close_for(
+                        Unauthenticated(
+                            f"unauthenticated: no valid token within {auth_s:g} s of "
+                            "connecting; closing the connection. Send auth/login first"
+                        )
+                    )
+                    return
+            if idle_s is not None:
+                await self._wait_idle(idle_s)
+                await self._close_for(
+                    Overloaded(
+                        f"idle: nothing sent or in flight for {idle_s:g} s; closing the "
+                        "connection (server.idle_timeout_s); connect again when needed"
+                    )
+                )
+
+    async def _wait_idle(self, idle_s: float) -> None:
+        """Return once nothing has run or arrived for `idle_s`; sleeps, never polls."""
+        while True:
+            now = trio.current_time()
+            deadline = now + idle_s if self._busy else self._last_seen + idle_s
+            if deadline <= now:
+                return
+            await trio.sleep_until(deadline)
+
+    async def _close_for(self, error: RpcError) -> None:
+        """Tell the peer why, if that can be written at once, then close."""
+        log.info("closing connection", extra={"transport": self.transport, "reason": error.message})
+        line = encode(error_reply(None, error)) + b"\n"
+        with (
+            trio.move_on_after(_FAREWELL_S),
+            contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
+        ):
+            async with self._writing:
+                await self._stream.send_all(line)
+        self._scope.cancel()

@@ -14,13 +14,23 @@ serve(config, *, task_status)         root nursery
 Shutdown drains the way hypercorn does: stop accepting, let connections finish their
 in-flight requests within `grace_period_s`, then cancel what is still running (those
 executions answer `cancelled` with their partial output), remove the socket file.
+
+Error handling: whatever one connection raises (a reply that cannot be written, a bug)
+is logged with an error id and closes that connection alone; it never reaches the
+connections nursery, which would take every other connection and the daemon with it.
+Each listener kind has its own `ConnectionBudget`, so a flood on TCP never keeps the
+owner off the Unix socket, nor the sandboxes off their callback socket.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import resource
+import secrets
 import signal
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,11 +42,11 @@ from conduit.daemon import systemd
 from conduit.daemon.audit import AuditStore
 from conduit.daemon.auth import Authenticator, Principal, peer_credentials, resolve_master_token
 from conduit.daemon.config import Config, parse_tcp_address
-from conduit.daemon.connection import Connection
-from conduit.daemon.errors import ConfigError
+from conduit.daemon.connection import Connection, Deadlines
+from conduit.daemon.errors import ConfigError, Overloaded
 from conduit.daemon.events import EventBus
 from conduit.daemon.executions import Executions
-from conduit.daemon.limits import Admission, RateLimiter
+from conduit.daemon.limits import Admission, ConnectionBudget, ConnectionSlot, RateLimiter
 from conduit.daemon.listeners import (
     BoundListener,
     open_sandbox_listener,
@@ -48,6 +58,7 @@ from conduit.daemon.logs import redact
 from conduit.daemon.metrics import CONTENT_TYPE, Metrics
 from conduit.daemon.metrics_endpoint import MetricsEndpoint
 from conduit.daemon.policy import Policy
+from conduit.daemon.protocol import encode, error_reply
 from conduit.daemon.tool_access import ToolAccess
 from conduit.daemon.wiring import build_catalogue, build_registry, language_defaults
 from conduit.executors.base import CallbackAddress
@@ -61,6 +72,8 @@ log = logging.getLogger("conduit.server")
 _CANCEL_REPORT_S = 2.0
 # How long to back off when accept() fails for lack of file descriptors.
 _ACCEPT_BACKOFF_S = 0.1
+# How long the line telling a refused peer why may take: it must not hold the fd longer.
+_REFUSAL_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +92,7 @@ class Daemon:
     """The daemon's shared state; `serve` runs it. Methods reach it as `ctx.daemon`."""
 
     def __init__(self, config: Config, *, reload: Callable[[], Config] | None = None) -> None:
+        prepare_state_dir(config.server.state_dir)
         self.config = config
         self._reload = reload
         master_token, self.token_source = resolve_master_token(config.auth, config.server.state_dir)
@@ -106,6 +120,7 @@ class Daemon:
         self.callback_address: CallbackAddress | None = None
         self.auth_failures = 0
         self.connections: set[Connection] = set()
+        self.budgets = _budgets(config)
         self.started_at = trio.current_time() if _in_trio() else 0.0
         self._notifier = systemd.Notifier(None)
         self._acceptors: trio.CancelScope | None = None
@@ -139,7 +154,7 @@ class Daemon:
         instead of being refused; the sandboxes' callback socket opens regardless.
         """
         self.started_at = trio.current_time()
-        Path(self.config.server.state_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+        raise_fd_limit()
         self._notifier = systemd.Notifier.from_environ()
         bound = await self._open_listeners(allow_none=allow_no_listener)
         try:
@@ -230,15 +245,53 @@ class Daemon:
             connections.start_soon(self._serve_stream, stream, bound.transport)
 
     async def _serve_stream(self, stream: trio.SocketStream, transport: str) -> None:
-        if len(self.connections) >= self.config.server.max_connections:
-            log.warning("connection refused: too many connections")
-            await stream.aclose()
-            return
-        peer = peer_credentials(stream.socket) if transport == "unix" else None  # type: ignore[arg-type]
-        connection = Connection(
-            stream, self, transport=transport, peer=peer, sessions_only=transport == "sandbox"
+        """Admit and serve one accepted stream; never raises but `Cancelled`."""
+        try:
+            await self._admit(stream, transport)
+        except* Exception as group:
+            _log_connection_failure(transport, group)
+        finally:
+            with trio.CancelScope(shield=True):
+                await stream.aclose()  # idempotent; the connection may have closed it
+
+    async def _admit(self, stream: trio.SocketStream, transport: str) -> None:
+        sock = stream.socket
+        try:
+            peer = peer_credentials(sock) if transport == "unix" else None  # type: ignore[arg-type]
+            # Whose unauthenticated connections count together: a uid on Unix, a
+            # source address on TCP (every sandbox is the daemon's own uid).
+            key = sock.getpeername()[0] if transport == "tcp" else (peer.uid if peer else None)
+        except OSError:
+            return  # gone before it was served
+        principal = None if transport == "sandbox" else self.auth.authenticate_peer(peer)
+        owner = peer is not None and peer.uid == self.auth.daemon_uid
+        slot = self.budgets[transport].admit(
+            key, authenticated=principal is not None, reserved=owner
         )
-        await self._run_connection(connection)
+        if not isinstance(slot, ConnectionSlot):
+            await _refuse(stream, transport, slot)
+            return
+        try:
+            connection = Connection(
+                stream,
+                self,
+                transport=transport,
+                peer=peer,
+                sessions_only=transport == "sandbox",
+                principal=principal,
+                deadlines=self._deadlines(transport),
+                on_authenticated=slot.authenticated,
+            )
+            await self._run_connection(connection)
+        finally:
+            slot.release()
+
+    def _deadlines(self, transport: str) -> Deadlines:
+        server = self.config.server
+        # A sandbox's connection lives no longer than its execution, whose own timeout
+        # bounds it; an idle one is a program thinking between tool calls.
+        idle_s = server.idle_timeout_s if server.idle_timeout_s and transport != "sandbox" else None
+        return Deadlines(auth_s=server.auth_timeout_s, idle_s=idle_s)
 
     async def serve_stream(
         self, stream: trio.abc.Stream, *, transport: str, principal: Principal | None = None
@@ -258,6 +311,8 @@ class Daemon:
         self.connections.add(connection)
         try:
             await connection.run()
+        except* Exception as group:
+            _log_connection_failure(connection.transport, group)
         finally:
             self.connections.discard(connection)
 
@@ -299,6 +354,8 @@ class Daemon:
             limits.max_concurrent_executions, limits.queue_size, limits.queue_timeout_s
         )
         self.rate_limiter.reconfigure(limits.executions_per_minute, limits.burst)
+        for transport, caps in _budget_caps(new).items():
+            self.budgets[transport].reconfigure(*caps)
         self.events.buffer = new.events.subscriber_buffer  # for new subscriptions
         self.registry.set_defaults(language_defaults(new))
         self.audit.reconfigure(new.audit)
@@ -369,6 +426,91 @@ class Daemon:
                 "pid": os.getpid(),
             },
         )
+
+
+def prepare_state_dir(path: str) -> None:
+    """Create the state directory 0700, or make an existing one 0700.
+
+    Raises `ConfigError` when it is a symlink, not a directory, or another uid's: it
+    holds the master token, and a directory someone else controls would hand it over.
+    """
+    directory = Path(path)
+    if directory.is_symlink():
+        raise ConfigError(
+            f"server.state_dir {path} is a symlink: point it at the real directory, "
+            "which this user must own"
+        )
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # No following a symlink swapped in since the check above.
+        descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise ConfigError(
+            f"server.state_dir {path} is not a usable directory ({exc.strerror}): "
+            "point it at a real directory (not a symlink) that this user owns"
+        ) from None
+    try:
+        info = os.fstat(descriptor)
+        if info.st_uid != os.getuid():
+            raise ConfigError(
+                f"server.state_dir {path} belongs to uid {info.st_uid}, not to this "
+                f"daemon's uid {os.getuid()}: chown it, or choose another directory"
+            )
+        if stat.S_IMODE(info.st_mode) != 0o700:
+            os.fchmod(descriptor, 0o700)
+            log.info(
+                "state directory made private",
+                extra={"path": path, "mode": oct(stat.S_IMODE(info.st_mode))},
+            )
+    finally:
+        os.close(descriptor)
+
+
+def raise_fd_limit() -> None:
+    """Raise the soft limit on open files to the hard one: each connection holds one,
+    and the default soft limit (often 1024) is below `server.max_connections` alone."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (OSError, ValueError) as exc:
+            log.warning("open-file limit not raised", extra={"soft": soft, "error": str(exc)})
+
+
+def _budget_caps(config: Config) -> dict[str, tuple[int, int | None]]:
+    """Each listener kind's connection cap and per-peer cap on unauthenticated ones."""
+    server = config.server
+    per_peer = server.max_unauthenticated_per_peer
+    return {
+        "unix": (server.max_connections, per_peer),
+        "tcp": (server.max_connections, per_peer),
+        # Every sandbox is this daemon's uid: one cap for all, the budget itself.
+        "sandbox": (server.max_sandbox_connections, None),
+    }
+
+
+def _budgets(config: Config) -> dict[str, ConnectionBudget]:
+    return {kind: ConnectionBudget(*caps) for kind, caps in _budget_caps(config).items()}
+
+
+async def _refuse(stream: trio.SocketStream, transport: str, reason: str) -> None:
+    """Tell a peer there is no room for it, if that can be written at once."""
+    log.warning("connection refused", extra={"transport": transport, "reason": reason})
+    error = Overloaded(f"overloaded: {reason}; closing the connection, retry later")
+    with (
+        trio.move_on_after(_REFUSAL_S),
+        contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
+    ):
+        await stream.send_all(encode(error_reply(None, error)) + b"\n")
+
+
+def _log_connection_failure(transport: str, group: BaseExceptionGroup) -> None:
+    error_id = secrets.token_hex(6)
+    log.error(
+        "connection failed and was closed",
+        exc_info=group,
+        extra={"transport": transport, "error_id": error_id},
+    )
 
 
 async def _close_listeners(bound: list[BoundListener]) -> None:

@@ -1,9 +1,11 @@
-"""The Unix socket's permissions, stale sockets, live daemons, and loopback-only TCP."""
+"""The Unix socket's and the state directory's permissions, stale sockets, live daemons."""
 
 from __future__ import annotations
 
+import os
 import socket
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ import trio
 
 from conduit.daemon.errors import ConfigError
 from conduit.daemon.listeners import open_unix_listener, remove_socket_file
+from conduit.daemon.server import Daemon
 
 NO_DENO = {"executors": {"deno": {"enabled": False}}}
 
@@ -82,3 +85,44 @@ async def test_a_stopping_daemon_leaves_the_socket_of_the_one_replacing_it(
         await listener.listener.aclose()
     assert not path.exists()
     assert not (short_dir / "late.sock").exists()
+
+
+async def test_an_existing_state_dir_is_made_0700(
+    make_config: Callable[..., Any], tmp_path: Path
+) -> None:
+    state = tmp_path / "state"  # made by the fixtures with the umask's mode
+    state.chmod(0o755)
+    Daemon(make_config(**NO_DENO))
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    fresh = tmp_path / "new" / "state"
+    Daemon(make_config(server={"state_dir": str(fresh)}, **NO_DENO))
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o700
+
+
+def _foreign_directory(tmp_path: Path) -> Path:
+    """A directory that belongs to another uid than this process's."""
+    if os.getuid() != 0:
+        return Path("/")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir(mode=0o755)
+    os.chown(foreign, 65534, 65534)
+    return foreign
+
+
+async def test_a_state_dir_of_another_uid_or_behind_a_symlink_is_refused(
+    make_config: Callable[..., Any], tmp_path: Path
+) -> None:
+    foreign = _foreign_directory(tmp_path)
+    mode = stat.S_IMODE(foreign.stat().st_mode)
+    with pytest.raises(ConfigError, match=r"belongs to uid \d+, not to this daemon's uid"):
+        Daemon(make_config(server={"state_dir": str(foreign)}, **NO_DENO))
+    assert stat.S_IMODE(foreign.stat().st_mode) == mode
+
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o755)
+    link = tmp_path / "linked-state"
+    link.symlink_to(target, target_is_directory=True)
+    with pytest.raises(ConfigError, match=r"is a symlink"):
+        Daemon(make_config(server={"state_dir": str(link)}, auth={"token": ""}, **NO_DENO))
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755
+    assert list(target.iterdir()) == []  # no master token written through the link

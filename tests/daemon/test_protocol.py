@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from conduit.daemon.errors import InvalidParams, InvalidRequest, MethodNotFound, ParseError
-from tests.conftest import MASTER_TOKEN
+from tests.conftest import MASTER_TOKEN, RawClient
 
 NO_DENO = {"executors": {"deno": {"enabled": False}}}
 
@@ -245,3 +245,81 @@ async def test_initialize_negotiates_the_protocol_version(raw: Any) -> None:
     assert known["serverInfo"]["name"] == "conduit"
     unknown = await raw.call("initialize", {"protocolVersion": "1999-01-01"})
     assert unknown["protocolVersion"] == "2025-11-25"
+
+
+async def _raw_line(stream: trio.abc.Stream) -> bytes:
+    data = b""
+    with trio.fail_after(10):
+        while not data.endswith(b"\n"):
+            chunk = await stream.receive_some(65536)
+            assert chunk, "the daemon closed the connection"
+            data += chunk
+    return data
+
+
+@pytest.mark.parametrize(
+    ("line", "ident", "code"),
+    [
+        (rb'{"jsonrpc":"2.0","id":1,"method":"\ud800"}', 1, MethodNotFound.code),
+        (rb'{"jsonrpc":"2.0","id":"\udfff","method":"nope"}', "\ufffd", MethodNotFound.code),
+        (rb'{"jsonrpc":"2.0","id":1e400,"method":"ping"}', None, ParseError.code),
+        (rb'{"jsonrpc":"2.0","id":NaN,"method":"ping"}', None, ParseError.code),
+        (
+            b'{"jsonrpc":"2.0","id":4,"method":"ping","params":{"n":' + b"7" * 5000 + b"}}",
+            None,
+            ParseError.code,
+        ),
+    ],
+    ids=["lone-surrogate-method", "lone-surrogate-id", "1e400-id", "nan-id", "5000-digits"],
+)
+async def test_unrepresentable_text_is_answered_with_valid_json(
+    info: Any, line: bytes, ident: Any, code: int
+) -> None:
+    stream = await trio.open_unix_socket(info.unix_path)
+    try:
+        await stream.send_all(line + b"\n")
+        reply = await _raw_line(stream)
+        text = reply.decode("utf-8")  # strict: a lone surrogate would not survive this
+        assert "\\ud8" not in text.lower() and "\\udf" not in text.lower()
+        error = json.loads(text)
+        assert (error["id"], error["error"]["code"]) == (ident, code)
+        await stream.send_all(b'{"id":2,"method":"ping"}\n')
+        assert json.loads(await _raw_line(stream)) == {"jsonrpc": "2.0", "id": 2, "result": {}}
+    finally:
+        await stream.aclose()
+
+
+@pytest.mark.parametrize("transport", ["unix", "sandbox"])
+async def test_an_exception_in_one_connection_closes_only_that_connection(
+    start_daemon: Any,
+    connect: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    transport: str,
+) -> None:
+    from conduit.daemon import connection as connection_module
+
+    real_encode = connection_module.encode
+
+    def encode(message: Any) -> bytes:
+        if isinstance(message, dict) and message.get("id") == "boom":
+            raise RuntimeError("cannot encode this reply")
+        return real_encode(message)
+
+    monkeypatch.setattr(connection_module, "encode", encode)
+    server, info = await start_daemon(**NO_DENO)
+    bystander = await connect(info)
+    path = info.unix_path if transport == "unix" else server.callback_address.unix_path
+    doomed = RawClient(await trio.open_unix_socket(path))
+    try:
+        await doomed.send({"jsonrpc": "2.0", "id": "boom", "method": "ping"})
+        await doomed.expect_closed()
+    finally:
+        await doomed.aclose()
+    assert (await bystander.request("ping"))["result"] == {}
+    assert (await (await connect(info)).request("ping"))["result"] == {}
+    left = 2 if transport == "unix" else 0  # the bystander and the one just opened
+    with trio.fail_after(10):
+        while server.budgets[transport].statistics().open != left:
+            await trio.sleep(0.01)  # the slot is given back just after the stream closes
+    assert "connection failed and was closed" in caplog.text

@@ -1,0 +1,308 @@
+"""Who gets a connection: budgets per listener kind, per-peer caps, auth and idle deadlines.
+
+The deadlines are driven over `memory_stream_pair()` on the autojump clock; the budgets
+against a real daemon, flooded over loopback TCP while its owner and its sandboxes go on
+being served.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from conduit.daemon import dispatcher
+from conduit.daemon.auth import Principal
+from conduit.daemon.connection import Connection, Deadlines
+from conduit.daemon.errors import Overloaded, Unauthenticated
+from conduit.daemon.limits import ConnectionBudget, ConnectionSlot
+from conduit.daemon.server import Daemon
+from tests.conftest import MASTER_TOKEN, WAIT_S
+from tests.e2e.helpers import execute, wait_upstreams
+from tests.fixtures.mcp_echo_server import command as echo_command
+
+NO_DENO = {"executors": {"deno": {"enabled": False}}}
+ECHO = {
+    "name": "echo",
+    "transport": "stdio",
+    "command": echo_command()[0],
+    "args": echo_command()[1:],
+}
+# The flood's connections are closed this long after they connect.
+AUTH_TIMEOUT_S = 6.0
+OWNER = Principal("owner", "master", frozenset({"execute", "executions", "tools", "admin"}))
+
+
+def raise_fd_limit() -> None:
+    """Both ends of every flooding connection live in this process."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+# ---- budgets ---------------------------------------------------------------------
+
+
+def test_unauthenticated_connections_are_capped_per_peer() -> None:
+    budget = ConnectionBudget(100, 2)
+    first = budget.admit("10.0.0.1", authenticated=False)
+    second = budget.admit("10.0.0.1", authenticated=False)
+    assert isinstance(first, ConnectionSlot) and isinstance(second, ConnectionSlot)
+    assert "unauthenticated connections from this peer" in str(
+        budget.admit("10.0.0.1", authenticated=False)
+    )
+    assert isinstance(budget.admit("10.0.0.2", authenticated=False), ConnectionSlot)
+    assert isinstance(budget.admit("10.0.0.1", authenticated=True), ConnectionSlot)
+    first.authenticated()  # it logged in: its peer may open another
+    assert isinstance(budget.admit("10.0.0.1", authenticated=False), ConnectionSlot)
+    assert budget.statistics().unauthenticated == 3
+
+
+def test_a_full_budget_keeps_a_reserve_for_the_owner_and_releases_once() -> None:
+    budget = ConnectionBudget(2, None)
+    slots = [budget.admit(None, authenticated=False) for _ in range(2)]
+    assert "too many connections" in str(budget.admit(None, authenticated=True))
+    owner = budget.admit(0, authenticated=True, reserved=True)
+    assert isinstance(owner, ConnectionSlot)
+    for slot in slots:
+        assert isinstance(slot, ConnectionSlot)
+        slot.release()
+        slot.release()
+    assert budget.statistics().open == 1
+    assert budget.statistics().unauthenticated == 0
+
+
+# ---- deadlines, on the autojump clock -------------------------------------------
+
+
+@pytest.fixture
+async def serve_memory(
+    nursery: trio.Nursery, make_config: Callable[..., Any]
+) -> Callable[..., Any]:
+    """Serve one in-memory connection of a daemon that is built but not started;
+    returns the client's end and the connection."""
+    daemon = Daemon(make_config(**NO_DENO))
+
+    async def start(
+        deadlines: Deadlines, principal: Principal | None = None
+    ) -> tuple[trio.abc.Stream, Connection]:
+        ours, theirs = trio.testing.memory_stream_pair()
+        connection = Connection(
+            theirs, daemon, transport="tcp", principal=principal, deadlines=deadlines
+        )
+        nursery.start_soon(connection.run)
+        return ours, connection
+
+    return start
+
+
+async def _lines_until_closed(stream: trio.abc.Stream) -> list[Any]:
+    data = b""
+    with trio.fail_after(3600):  # virtual seconds
+        while chunk := await stream.receive_some():
+            data += chunk
+    return [json.loads(line) for line in data.splitlines()]
+
+
+async def _ping(stream: trio.abc.Stream, ident: int) -> Any:
+    await stream.send_all(json.dumps({"id": ident, "method": "ping"}).encode() + b"\n")
+    data = b""
+    while not data.endswith(b"\n"):
+        data += await stream.receive_some()
+    return json.loads(data)
+
+
+async def test_unauthenticated_connection_is_told_then_closed_at_its_deadline(
+    serve_memory: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    client, _ = await serve_memory(Deadlines(auth_s=5))
+    start = trio.current_time()
+    assert (await _ping(client, 1))["result"] == {}  # allowed, and not a login
+    [farewell] = await _lines_until_closed(client)
+    assert 5 <= trio.current_time() - start < 6
+    assert farewell["id"] is None
+    assert farewell["error"]["code"] == Unauthenticated.code
+    assert "no valid token within 5 s" in farewell["error"]["message"]
+
+
+async def test_a_login_or_a_bearer_token_lifts_the_auth_deadline(
+    serve_memory: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    for auth in (
+        {"method": "auth/login", "params": {"token": MASTER_TOKEN}},
+        {"method": "auth/whoami", "auth": {"bearerToken": MASTER_TOKEN}},
+    ):
+        client, connection = await serve_memory(Deadlines(auth_s=5))
+        await client.send_all(json.dumps({"id": 1, **auth}).encode() + b"\n")
+        await client.receive_some()
+        await trio.sleep(60)
+        assert connection.authenticated
+        assert (await _ping(client, 2))["result"] == {}
+        await client.aclose()
+
+
+async def test_a_connection_idle_past_its_timeout_is_closed(
+    serve_memory: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    client, _ = await serve_memory(Deadlines(auth_s=5, idle_s=30), principal=OWNER)
+    await trio.sleep(20)
+    assert (await _ping(client, 1))["result"] == {}
+    last = trio.current_time()
+    [farewell] = await _lines_until_closed(client)
+    assert 30 <= trio.current_time() - last < 31
+    assert farewell["error"]["code"] == Overloaded.code
+    assert "idle" in farewell["error"]["message"]
+
+
+async def test_bytes_arriving_and_work_in_flight_are_not_idle(
+    serve_memory: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    release = trio.Event()
+
+    async def hold(params: Any, ctx: Any) -> Any:
+        await release.wait()
+        return {}
+
+    async def subscribe(params: Any, ctx: Any) -> Any:
+        ctx.connection.start_stream(release.wait)
+        return {}
+
+    dispatcher.method("test/hold", scope=None, description="test")(hold)
+    dispatcher.method("test/subscribe", scope=None, description="test")(subscribe)
+    try:
+        client, _ = await serve_memory(Deadlines(idle_s=30), principal=OWNER)
+        for _ in range(5):  # a line trickling in, slower than a request but within 30 s
+            await client.send_all(b" ")
+            await trio.sleep(25)
+        await client.send_all(b'{"id":1,"method":"test/hold"}\n')
+        await client.send_all(b'{"id":2,"method":"test/subscribe"}\n')
+        assert json.loads(await client.receive_some())["id"] == 2
+        await trio.sleep(300)  # a long execution, then a subscription, in flight
+        release.set()
+        freed = trio.current_time()
+        lines = await _lines_until_closed(client)
+    finally:
+        del dispatcher.METHODS["test/hold"], dispatcher.METHODS["test/subscribe"]
+    assert [line["id"] for line in lines] == [1, None]
+    assert 30 <= trio.current_time() - freed < 31
+
+
+# ---- a real daemon under a flood ---------------------------------------------------
+
+
+async def _flood(address: tuple[str, int], count: int) -> list[trio.SocketStream]:
+    streams = []
+    for _ in range(count):
+        streams.append(await trio.open_tcp_stream(*address))
+    return streams
+
+
+async def _farewells(streams: list[trio.SocketStream]) -> list[Any]:
+    """Each stream's one line before the daemon closed it (fails after WAIT_S)."""
+    told: list[Any] = []
+
+    async def read(stream: trio.SocketStream) -> None:
+        data = b""
+        try:
+            while chunk := await stream.receive_some():
+                data += chunk
+        except trio.BrokenResourceError:
+            pass  # reset: the daemon closed it before the line reached us
+        told.append(json.loads(data) if data else None)
+
+    with trio.fail_after(WAIT_S + 30):
+        async with trio.open_nursery() as nursery:
+            for stream in streams:
+                nursery.start_soon(read, stream)
+    return told
+
+
+@pytest.fixture
+async def flood_closer() -> AsyncIterator[list[trio.SocketStream]]:
+    opened: list[trio.SocketStream] = []
+    yield opened
+    with trio.CancelScope(shield=True):
+        for stream in opened:
+            await stream.aclose()
+
+
+async def test_a_tcp_flood_leaves_the_owner_and_the_sandboxes_served(
+    start_daemon: Any, connect: Any, flood_closer: list[trio.SocketStream]
+) -> None:
+    raise_fd_limit()
+    held = 100
+    server, info = await start_daemon(
+        server={
+            "tcp": "127.0.0.1:0",
+            "max_connections": held,
+            "max_unauthenticated_per_peer": 10_000,
+            "auth_timeout_s": AUTH_TIMEOUT_S,
+        },
+        upstreams=[ECHO],
+    )
+    await wait_upstreams(server, "echo")
+    flooded_at = trio.current_time()
+    flood_closer += await _flood(info.tcp_address, 2 * held)
+    with trio.fail_after(WAIT_S):
+        while server.budgets["tcp"].statistics().open < held:
+            await trio.sleep(0.01)  # the accepts are the daemon's; nothing announces them
+
+    owner = await connect(info)
+    assert (await owner.request("ping"))["result"] == {}
+    result = await execute(owner, "return (await tools.echo.add({ a: 2, b: 3 })).sum")
+    assert (result["status"], result["result"], result["tool_calls"]) == ("ok", 5, 1)
+    if trio.current_time() - flooded_at < AUTH_TIMEOUT_S:  # else the flood may have gone
+        assert server.budgets["tcp"].statistics().open == held
+
+    told = await _farewells(flood_closer)
+    codes = sorted(line["error"]["code"] for line in told if line)
+    assert codes.count(Unauthenticated.code) == held
+    assert codes.count(Overloaded.code) + told.count(None) == held
+    assert server.budgets["tcp"].statistics().open == 0
+    assert (await owner.request("ping"))["result"] == {}
+
+
+async def test_unauthenticated_connections_from_one_address_are_capped(
+    start_daemon: Any, connect: Any
+) -> None:
+    _, info = await start_daemon(
+        server={"tcp": "127.0.0.1:0", "max_unauthenticated_per_peer": 3}, **NO_DENO
+    )
+    waiting = [await connect(info, "tcp") for _ in range(3)]
+    for waiter in waiting:  # each admitted, and served without a token
+        assert (await waiter.request("ping"))["result"] == {}
+    refused = await connect(info, "tcp")
+    [farewell] = await _farewells([refused.stream])
+    assert farewell["error"]["code"] == Overloaded.code
+    assert "unauthenticated connections from this peer" in farewell["error"]["message"]
+
+    await waiting[0].call("auth/login", {"token": MASTER_TOKEN})
+    admitted = await connect(info, "tcp")
+    assert (await admitted.request("ping"))["result"] == {}
+
+
+async def test_the_sandbox_socket_has_its_own_budget(start_daemon: Any) -> None:
+    server, _ = await start_daemon(
+        server={"max_connections": 5, "max_sandbox_connections": 7}, **NO_DENO
+    )
+    assert server.budgets["tcp"].statistics().capacity == 5
+    assert server.budgets["unix"].statistics().capacity == 5
+    assert server.budgets["sandbox"].statistics().capacity == 7
+    path = server.callback_address.unix_path
+    held = [await trio.open_unix_socket(path) for _ in range(7)]
+    try:
+        with trio.fail_after(WAIT_S):
+            while server.budgets["sandbox"].statistics().open < 7:
+                await trio.sleep(0.01)
+        extra = await trio.open_unix_socket(path)
+        held.append(extra)
+        [farewell] = await _farewells([extra])
+        assert "too many connections" in farewell["error"]["message"]
+        assert server.budgets["unix"].statistics().open == 0
+    finally:
+        for stream in held:
+            await stream.aclose()
