@@ -1,16 +1,22 @@
-"""`conduit serve` as a process: start-up messages, SIGHUP reload, SIGTERM drain."""
+"""`conduit serve` as a process: start-up messages, SIGHUP reload, SIGTERM drain, a
+state directory it refuses, and a flood of idle connections."""
 
 from __future__ import annotations
 
+import json
+import resource
 import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
-from conduit.daemon.errors import Overloaded
-from tests.e2e.helpers import CONDUIT, base_env, call, conduit_serve
+from conduit.daemon.errors import Overloaded, Unauthenticated
+from tests.conftest import RawClient
+from tests.e2e.helpers import CONDUIT, base_env, call, conduit_serve, execute
+from tests.fixtures.mcp_echo_server import command as echo_command
 
 
 def _config(tmp_path: Path, concurrency: int) -> Path:
@@ -119,3 +125,129 @@ async def test_bad_config_stops_start_up_with_one_line(tmp_path: Path) -> None:
         f"conduit: configuration error: unknown config key server.socket_path in {bad}: "
         "remove it or check its spelling"
     ]
+
+
+async def test_a_state_dir_behind_a_symlink_stops_start_up_with_one_line(
+    tmp_path: Path,
+) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    process = await trio.run_process(
+        [CONDUIT, "serve", "--socket", str(tmp_path / "c.sock")],
+        capture_stderr=True,
+        check=False,
+        env=base_env(link),
+    )
+    assert process.returncode == 2
+    assert process.stderr.decode().strip().splitlines() == [
+        f"conduit: configuration error: server.state_dir {link} is a symlink: point it at "
+        "the real directory, which this user must own"
+    ]
+    assert list(real.iterdir()) == []
+
+
+# ---- a flood of idle connections ---------------------------------------------------
+
+FLOOD = 2000
+# Long enough to see the flood sit there while the owner works, short enough to wait out.
+FLOOD_AUTH_TIMEOUT_S = 10.0
+
+
+def _flood_config(tmp_path: Path) -> Path:
+    echo = echo_command()
+    path = tmp_path / "conduit.toml"
+    path.write_text(
+        '[server]\ntcp = "127.0.0.1:0"\n'
+        f"auth_timeout_s = {FLOOD_AUTH_TIMEOUT_S}\n"
+        # Past max_connections (1024), so the TCP budget itself is what fills.
+        f"max_unauthenticated_per_peer = {FLOOD}\n"
+        '[metrics]\nlisten = "127.0.0.1:0"\n'
+        "[executors.deno]\npool_size = 1\n"
+        "[executors.wasm_python]\nenabled = false\n"
+        "[executors.wasm_js]\nenabled = false\n"
+        '[[upstreams]]\nname = "echo"\ntransport = "stdio"\n'
+        f"command = {json.dumps(echo[0])}\nargs = {json.dumps(echo[1:])}\n"
+    )
+    return path
+
+
+async def _tcp_address(daemon: Any) -> tuple[str, int]:
+    """The port the daemon picked, from its start-up line (stderr is JSON lines)."""
+    with trio.fail_after(30):
+        while True:
+            for line in daemon.log().splitlines():
+                event = json.loads(line)
+                if event.get("msg") == "conduit listening":
+                    tcp = next(x for x in event["listeners"].split(", ") if x.startswith("tcp:"))
+                    host, port = tcp.removeprefix("tcp:").rsplit(":", 1)
+                    return host, int(port)
+            await trio.sleep(0.05)  # the log is a file; nothing announces a new line
+
+
+async def _until_closed(stream: trio.SocketStream) -> Any:
+    """The one line the daemon sent before closing `stream` (None if it was reset)."""
+    data = b""
+    try:
+        while chunk := await stream.receive_some():
+            data += chunk
+    except trio.BrokenResourceError:
+        pass
+    return json.loads(data) if data else None
+
+
+@pytest.mark.slow
+async def test_2000_idle_tcp_connections_leave_the_owner_served_then_are_closed(
+    tmp_path: Path, short_dir: Path
+) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    assert hard > FLOOD + 100, f"ulimit -Hn is {hard}: too low for this test"
+    sock = str(short_dir / "c.sock")
+    config = _flood_config(tmp_path)
+    flood: list[trio.SocketStream] = []
+    async with conduit_serve(tmp_path, sock, "--config", str(config)) as daemon:
+        address = await _tcp_address(daemon)
+        try:
+            flooded_at = trio.current_time()
+            with trio.fail_after(60):
+                for _ in range(FLOOD):
+                    flood.append(await trio.open_tcp_stream(*address))
+                while (await call(sock, "daemon/status"))["result"]["connections"] < 1024:
+                    await trio.sleep(0.05)  # accepted by the daemon, in its own time
+
+            assert (await call(sock, "ping"))["result"] == {}
+            owner = RawClient(await trio.open_unix_socket(sock))
+            try:
+                code = "return (await tools.echo.add({ a: 2, b: 3 })).sum"
+                with trio.fail_after(60):  # the upstream may still be starting
+                    while (result := await execute(owner, code))["status"] != "ok":
+                        await trio.sleep(0.2)
+                assert (result["result"], result["tool_calls"]) == (5, 1)
+                status = await owner.call("daemon/status")
+            finally:
+                await owner.aclose()
+            if trio.current_time() - flooded_at < FLOOD_AUTH_TIMEOUT_S:
+                assert status["connections"] >= 1024 + 1  # the flood was still there
+
+            told: list[Any] = []
+
+            async def read(stream: trio.SocketStream) -> None:
+                told.append(await _until_closed(stream))
+
+            with trio.fail_after(FLOOD_AUTH_TIMEOUT_S + 60):
+                async with trio.open_nursery() as nursery:
+                    for stream in flood:
+                        nursery.start_soon(read, stream)
+        finally:
+            with trio.CancelScope(shield=True):
+                for stream in flood:
+                    await stream.aclose()
+        codes = [line["error"]["code"] if line else None for line in told]
+        # Each admitted one (1024, the budget) timed out; the rest were refused.
+        assert codes.count(Unauthenticated.code) >= 1024
+        assert len(codes) == FLOOD
+        assert set(codes) <= {Unauthenticated.code, Overloaded.code, None}
+        assert (await call(sock, "daemon/status"))["result"]["connections"] == 1
+        assert daemon.process.poll() is None
