@@ -84,6 +84,9 @@ class Deadlines:
     idle_s: float | None = None  # nothing in flight and nothing received
 
 
+_NO_DEADLINES = Deadlines()
+
+
 class _Watched(trio.abc.ReceiveStream):
     """The connection's receiving side, noting when bytes last arrived."""
 
@@ -133,7 +136,7 @@ class Connection:
         # a sandbox's presents its session token with every request, never logging in.
         self.authenticated = self.principal is not None
         self._on_authenticated = on_authenticated
-        self._deadlines = deadlines or Deadlines()
+        self._deadlines = deadlines or _NO_DEADLINES
         self._opened_at = self._last_seen = trio.current_time()
         # Requests and streams running now: while any is, the connection is not idle.
         self._busy = 0
@@ -162,7 +165,8 @@ class Connection:
             with self._scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._write_loop)
-                    nursery.start_soon(self._watch)
+                    if self._deadlines != _NO_DEADLINES:
+                        nursery.start_soon(self._watch)
                     async with trio.open_nursery() as streams:
                         self._streams = streams
                         async with trio.open_nursery() as requests:

@@ -306,3 +306,15 @@ async def test_the_sandbox_socket_has_its_own_budget(start_daemon: Any) -> None:
     finally:
         for stream in held:
             await stream.aclose()
+
+
+async def test_a_reload_resizes_the_budgets(
+    start_daemon: Any, make_config: Callable[..., Any]
+) -> None:
+    server, _ = await start_daemon(**NO_DENO)
+    caps = {"max_connections": 7, "max_sandbox_connections": 9, "max_unauthenticated_per_peer": 2}
+    make_config(server=caps, **NO_DENO)  # rewrites the file the daemon was started from
+    await server.reload()
+    assert server.budgets["tcp"].statistics().capacity == 7
+    assert server.budgets["unix"].statistics().per_peer_unauthenticated == 2
+    assert server.budgets["sandbox"].statistics().capacity == 9
