@@ -92,7 +92,7 @@ class Daemon:
     """The daemon's shared state; `serve` runs it. Methods reach it as `ctx.daemon`."""
 
     def __init__(self, config: Config, *, reload: Callable[[], Config] | None = None) -> None:
-        prepare_state_dir(config.server.state_dir)
+        _prepare_state_dir(config.server.state_dir)
         self.config = config
         self._reload = reload
         master_token, self.token_source = resolve_master_token(config.auth, config.server.state_dir)
@@ -154,7 +154,7 @@ class Daemon:
         instead of being refused; the sandboxes' callback socket opens regardless.
         """
         self.started_at = trio.current_time()
-        raise_fd_limit()
+        _raise_fd_limit()
         self._notifier = systemd.Notifier.from_environ()
         bound = await self._open_listeners(allow_none=allow_no_listener)
         try:
@@ -428,7 +428,7 @@ class Daemon:
         )
 
 
-def prepare_state_dir(path: str) -> None:
+def _prepare_state_dir(path: str) -> None:
     """Create the state directory 0700, or make an existing one 0700.
 
     Raises `ConfigError` when it is a symlink, not a directory, or another uid's: it
@@ -466,7 +466,7 @@ def prepare_state_dir(path: str) -> None:
         os.close(descriptor)
 
 
-def raise_fd_limit() -> None:
+def _raise_fd_limit() -> None:
     """Raise the soft limit on open files to the hard one: each connection holds one,
     and the default soft limit (often 1024) is below `server.max_connections` alone."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
