@@ -32,10 +32,9 @@ __all__ = ["JsonTextError", "clean_text", "dumps", "encode", "loads"]
 REPLACEMENT: Final = "\ufffd"
 
 _LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
-# A `\uD800`-`\uDFFF` escape, or the 3-byte (CESU) form of one, which `json.loads`
-# accepts from bytes: a line without either cannot decode to a surrogate.
-_SURROGATE_IN_BYTES: Final = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
-_SURROGATE_IN_STR: Final = re.compile(r"\\u[dD][89a-fA-F]|[\ud800-\udfff]")
+# A `\uD800`-`\uDFFF` escape (or, in a str handed in, a surrogate itself): text
+# without one cannot decode to a lone surrogate.
+_MAY_HOLD_SURROGATE: Final = re.compile(r"\\u[dD][89a-fA-F]|[\ud800-\udfff]")
 _SURROGATE_ESCAPE: Final = re.compile(r"\\ud[89a-f]")
 
 
@@ -83,15 +82,17 @@ def loads(data: bytes | str, *, lenient_numbers: bool = False) -> Any:
     """
     constant, number = _LENIENT if lenient_numbers else _STRICT
     try:
-        value = json.loads(data, parse_constant=constant, parse_float=number)
+        # Strict UTF-8 first: `json.loads` would read bytes with "surrogatepass" (and
+        # guess UTF-16 or -32), letting encoded surrogates in as text.
+        text = data.decode("utf-8") if isinstance(data, bytes | bytearray) else data
+        value = json.loads(text, parse_constant=constant, parse_float=number)
     except JsonTextError:
         raise
     except RecursionError:
         raise JsonTextError("JSON nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, the digit limit
         raise JsonTextError(_first_line(str(exc))) from None
-    pattern = _SURROGATE_IN_BYTES if isinstance(data, bytes | bytearray) else _SURROGATE_IN_STR
-    if pattern.search(data) is not None:
+    if _MAY_HOLD_SURROGATE.search(text) is not None:
         value = _cleaned(value)
     return value
 
