@@ -27,6 +27,14 @@ JSON-RPC 2.0, one UTF-8 JSON message per line, the same on every listener (Unix 
 TCP, systemd sockets). Blank lines are ignored and a trailing `\\r` is dropped.
 
 - A line that is not JSON gets `-32700` with `"id": null`; the connection stays open.
+  So does a line that is not valid UTF-8, one with `NaN` or `Infinity`, a number past
+  a 64-bit float's range (`1e400`) or an integer of more than 4,300 digits.
+- **Lone surrogates are replaced.** A `\\uD800`-`\\uDFFF` escape that is not half of a
+  pair is legal JSON but no UTF-8 text can hold it: the daemon reads each one as U+FFFD
+  (`\\uFFFD`), and writes U+FFFD for any a program prints, raises or returns. Everything
+  the daemon sends is valid UTF-8 JSON: where a `NaN` or `Infinity` would go, it sends
+  `null`, as `JSON.stringify` does.
+- An `"id"` must be a string, a finite number or null; anything else is `-32600`.
 - A line over `server.max_message_bytes` (8 MiB) gets `-32600` with `"id": null`; the
   rest of that line is skipped and the connection stays usable.
 - An array is a batch: its replies come back as one array, in any order, without the
