@@ -59,6 +59,7 @@ from typing import Any, Protocol
 
 import trio
 
+from conduit.daemon import jsontext
 from conduit.daemon.errors import GatewayError, SchemaInvalid, UpstreamUnreachable
 from conduit.gateway.allowlist import Allowlist, permits
 from conduit.gateway.model import Tool, UpstreamState, UpstreamStatus
@@ -143,10 +144,6 @@ _JSON_SPACE = " \t\n\r"
 _JSON_STARTS = ("{", "[", '"', "-", *"0123456789", "t", "f", "n")
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def value_of(result: Mapping[str, Any]) -> Any:
     """The value `tools.ns.tool()` returns for a successful result (module docstring)."""
     if result.get("structuredContent") is not None:
@@ -160,8 +157,10 @@ def value_of(result: Mapping[str, Any]) -> Any:
     if not text.lstrip(_JSON_SPACE).startswith(_JSON_STARTS):
         return text  # prose: what json.loads would refuse, without raising to say so
     try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except ValueError:
+        # Lenient numbers: NaN or 1e400 from an upstream reads as null, as the daemon
+        # would send it; lone surrogates read as U+FFFD.
+        return jsontext.loads(text, lenient_numbers=True)
+    except jsontext.JsonTextError:
         return text
 
 
@@ -519,15 +518,19 @@ class Catalogue:
         """Every tool that every allowlist in `allow` allows (`None`: all), by SDK path."""
         return [tool for tool in self._sorted if permits(allow, tool)]
 
-    def resolve(self, name: str, *, allow: Sequence[Allowlist] | None = None) -> Tool:
+    def resolve(
+        self, name: str, *, allow: Sequence[Allowlist] | None = None, suggest: bool = True
+    ) -> Tool:
         """The tool with id (`ns__tool`) or SDK path (`ns.tool`) `name`.
 
-        Raises `ToolNotFound` (with close matches among the tools `allow` permits) or,
-        when the tool exists but `allow` excludes it, `ToolForbidden`.
+        Raises `ToolNotFound` (with close matches among the tools `allow` permits, unless
+        `suggest` is false) or, when the tool exists but `allow` excludes it,
+        `ToolForbidden`. Without suggestions both take the same few lookups: a caller
+        that must not tell the two apart is not given away by the time either takes.
         """
         tool = self._by_id.get(name) or self._by_path.get(name)
         if tool is None:
-            raise ToolNotFound(name, self._suggest(name, self.tools(allow)))
+            raise ToolNotFound(name, self._suggest(name, self.tools(allow)) if suggest else ())
         if not permits(allow, tool):
             raise ToolForbidden(tool)
         return tool
@@ -575,7 +578,8 @@ class Catalogue:
         entry = self._entries.get(tool.upstream)
         current = entry.tools.get(tool.id) if entry is not None else None
         if entry is None or current is None:
-            raise ToolNotFound(tool.id, self._suggest(tool.id, self.tools()))
+            # No suggestions: they would come from tools the caller may not see.
+            raise ToolNotFound(tool.id)
         self._schemas.enforce(current, arguments, strict=entry.strict)
         if getattr(entry.upstream, "enforces_timeout", False):
             return await entry.upstream.call_tool(current.name, arguments, timeout_s=timeout_s)

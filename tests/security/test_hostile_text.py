@@ -9,6 +9,7 @@ place of the surrogate, and the daemon goes on serving and recording.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,9 @@ import pytest
 import trio
 
 from tests.conftest import RawClient
+from tests.e2e.helpers import wait_upstreams
 from tests.e2e.test_pyodide_tools import share_install
+from tests.e2e.test_tools import ECHO
 from tests.fuzz.test_fuzz_wire import strict_json
 
 HOSTILE_LINES = [
@@ -174,3 +177,46 @@ async def test_a_program_s_surrogates_and_odd_numbers_come_back_replaced(
                 break
             await trio.sleep(0.05)
     assert await client.call("ping") == {}
+
+
+# An upstream's answer is as hostile as a program's: JSON text with a lone surrogate,
+# NaN and a number past a float's range, handed to the program as a value.
+UPSTREAM_TEXT = '["\\ud800", 1e999, {"k": NaN}]'
+UPSTREAM_PROGRAMS = {
+    "typescript": f"return await tools.echo.echo({{text: {json.dumps(UPSTREAM_TEXT)}}})",
+    "javascript": f"await tools.echo.echo({{text: {json.dumps(UPSTREAM_TEXT)}}})",
+    "python": f"tools.echo.echo(text={UPSTREAM_TEXT!r})",
+}
+
+
+@pytest.mark.parametrize(("language", "executor"), EXECUTORS)
+async def test_an_upstream_s_surrogates_and_odd_numbers_reach_a_program_replaced(
+    start_daemon: Any,
+    connect: Any,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    language: str,
+    executor: str,
+) -> None:
+    sections: dict[str, Any] = {"upstreams": [ECHO]}
+    if executor == "pyodide":
+        share_install(tmp_path / "state", request.getfixturevalue("pyodide_install"))
+        sections["executors"] = {"pyodide": {"enabled": True, "pool_size": 1}}
+    server, info = await start_daemon(**sections)
+    await wait_upstreams(server, "echo")
+    client = await connect(info)
+    await client.send(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "execute",
+            "params": {
+                "language": language,
+                "executor": executor,
+                "code": UPSTREAM_PROGRAMS[language],
+            },
+        }
+    )
+    answer = strict_json(await raw_line(client))["result"]
+    assert answer["status"] == "ok", answer
+    assert answer["result"] == ["\ufffd", None, {"k": None}], answer
