@@ -9,6 +9,11 @@ Exit codes: 0 success; 2 usage or configuration error; 3 daemon unreachable;
 it ran, 124 on timeout (as timeout(1) does), 125 for any other limit, 126 when the
 sandbox crashed, 130 when cancelled, 77 when the policy refused it (sysexits'
 EX_NOPERM: it never ran).
+
+Nothing a program or a client wrote reaches the terminal raw: output, results, error
+types and messages, code, tool names, ids and JSON all go through `terminal` first,
+so an escape sequence is shown, never obeyed (`conduit exec --raw` keeps the output's
+own bytes, for a file or a pipe).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from conduit.daemon.config import Config, load_config
 from conduit.daemon.errors import ConduitError, ConfigError, RpcError
+from conduit.daemon.terminal import dumps, escape, escape_lines
 from conduit.daemon.version import VERSION
 
 if TYPE_CHECKING:
@@ -60,6 +66,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout-ms", type=int, help="wall-clock limit")
     run.add_argument("--inputs", help="JSON value the program sees as `inputs`")
     run.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    run.add_argument(
+        "--raw",
+        action="store_true",
+        help="write the program's output as it is, control characters and all (for a "
+        "file or a pipe: a terminal obeys them)",
+    )
 
     call = commands.add_parser("call", help="call one JSON-RPC method and print the result")
     _add_connection_flags(call)
@@ -164,13 +176,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _COMMANDS[args.command](args)
     except ConfigError as exc:
-        print(f"conduit: configuration error: {exc}", file=sys.stderr)
+        print(f"conduit: configuration error: {escape_lines(str(exc))}", file=sys.stderr)
         return 2
     except RpcError as exc:
-        print(f"conduit: error {exc.code}: {exc.message}", file=sys.stderr)
+        print(f"conduit: error {exc.code}: {escape(exc.message)}", file=sys.stderr)
         return 1
     except ConduitError as exc:
-        print(f"conduit: {exc}", file=sys.stderr)
+        print(f"conduit: {escape(exc)}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
         return 130
@@ -221,11 +233,11 @@ def _call(args: argparse.Namespace) -> int:
     try:
         params = json.loads(args.params)
     except json.JSONDecodeError as exc:
-        print(f"conduit: params are not valid JSON: {exc}", file=sys.stderr)
+        print(f"conduit: params are not valid JSON: {escape(exc)}", file=sys.stderr)
         return 2
     with _connect(args) as client:
         result = client.call(args.method, params)
-    print(json.dumps(result, indent=2, ensure_ascii=False))
+    print(dumps(result, indent=2))
     return 0
 
 
@@ -255,23 +267,25 @@ def _exec(args: argparse.Namespace) -> int:
     if args.inputs:
         params["inputs"] = json.loads(args.inputs)
     progress = ProgressLine(sys.stderr)
-    shown = _LiveOutput(progress)
+    shown = _LiveOutput(progress, raw=args.raw)
     with _connect(args) as client, progress.running():
         client.on_notification = shown.take
         result = client.call("execute", params)
     if args.json:
-        print(json.dumps(result, indent=2, ensure_ascii=False))
+        print(dumps(result, indent=2))
     else:
-        _print_result(result, shown.written)
+        _print_result(result, shown.written, raw=args.raw)
     return _exit_status(result)
 
 
 class _LiveOutput:
     """Writes `execution/output` notifications to our own stdout and stderr as they
-    come, and counts what was written of each stream."""
+    come, escaped unless `raw`, and counts what was written of each stream (as the
+    program wrote it)."""
 
-    def __init__(self, progress: ProgressLine) -> None:
+    def __init__(self, progress: ProgressLine, *, raw: bool = False) -> None:
         self._progress = progress
+        self._shown = _as_is if raw else escape_lines
         self.written = {"stdout": 0, "stderr": 0}
 
     def take(self, message: dict[str, Any]) -> None:
@@ -279,20 +293,31 @@ class _LiveOutput:
             return
         params = message["params"]
         stream, text = params["stream"], params["text"]
-        self._progress.write(sys.stdout if stream == "stdout" else sys.stderr, text)
+        target = sys.stdout if stream == "stdout" else sys.stderr
+        self._progress.write(target, self._shown(text))
         self.written[stream] += len(text)
 
 
-def _print_result(result: dict[str, Any], written: dict[str, int]) -> None:
+def _as_is(text: str) -> str:
+    return text
+
+
+def _print_result(result: dict[str, Any], written: dict[str, int], *, raw: bool) -> None:
+    shown = _as_is if raw else escape_lines
     # The daemon stops streaming to a client that falls far behind; the rest is here.
-    sys.stdout.write(result["stdout"][written["stdout"] :])
-    sys.stderr.write(result["stderr"][written["stderr"] :])
+    sys.stdout.write(shown(result["stdout"][written["stdout"] :]))
+    sys.stderr.write(shown(result["stderr"][written["stderr"] :]))
     if result["result"] is not None:
-        print(json.dumps(result["result"], ensure_ascii=False))
+        print(dumps(result["result"]))
     if result["status"] != "ok":
-        error = result["error"] or {}
-        detail = error.get("traceback") or f"{error.get('type')}: {error.get('message')}"
-        print(f"[{result['status']}] {detail}".rstrip(), file=sys.stderr)
+        print(f"[{result['status']}] {_error_detail(result['error'] or {})}", file=sys.stderr)
+
+
+def _error_detail(error: dict[str, Any]) -> str:
+    """The program's traceback, or its error's type and message, safe to print."""
+    if error.get("traceback"):
+        return escape_lines(error["traceback"]).rstrip()
+    return f"{escape(error.get('type'))}: {escape(error.get('message'))}".rstrip()
 
 
 def _exit_status(result: dict[str, Any]) -> int:
@@ -311,11 +336,11 @@ def _executions(args: argparse.Namespace) -> int:
     with _connect(args) as client:
         result = client.call(method, {k: v for k, v in params.items() if v is not None})
     if args.json:
-        print(json.dumps(result, indent=2, ensure_ascii=False))
+        print(dumps(result, indent=2))
     else:
         show(result)
     if result.get("warning"):
-        print(f"conduit: warning: {result['warning']}", file=sys.stderr)
+        print(f"conduit: warning: {escape(result['warning'])}", file=sys.stderr)
     return 0
 
 
@@ -329,7 +354,7 @@ def _print_list(result: dict[str, Any]) -> None:
     from conduit.daemon.tables import format_ms, format_time, render_table
 
     rows = [
-        (
+        _cells(
             e["execution_id"],
             format_time(e["started_at"]),
             e["principal"],
@@ -348,24 +373,30 @@ def _print_list(result: dict[str, Any]) -> None:
     else:
         print("no executions match")
     if result["next_cursor"]:
-        print(f"more: conduit executions list --cursor {result['next_cursor']}", file=sys.stderr)
+        cursor = escape(result["next_cursor"])
+        print(f"more: conduit executions list --cursor {cursor}", file=sys.stderr)
 
 
 def _get_request(args: argparse.Namespace) -> tuple[str, dict[str, Any], Any]:
     return "executions/get", {"execution_id": args.execution_id}, _print_execution
 
 
+def _cells(*values: Any) -> tuple[str | None, ...]:
+    """A table row with every value escaped to one line; None stays None (shown `-`)."""
+    return tuple(None if value is None else escape(value) for value in values)
+
+
 def _print_execution(e: dict[str, Any]) -> None:
     from conduit.daemon.tables import format_bytes, format_ms, format_time, render_table
 
     if e["status"] == "running":
+        who = f"{escape(e['principal'])} on {escape(e['executor'])}"
         print(
-            f"{e['execution_id']} is running ({format_ms(e['running_ms'])} so far): "
-            f"{e['principal']} on {e['executor']}"
+            f"{escape(e['execution_id'])} is running ({format_ms(e['running_ms'])} so far): {who}"
         )
         return
     error = f"{e['error_type']}: {e['error_message']}" if e["error_type"] else None
-    fields = [
+    fields: list[tuple[str, Any]] = [
         ("execution", e["execution_id"]),
         ("principal", e["principal"]),
         ("executor", f"{e['executor']} ({e['language']})"),
@@ -380,14 +411,17 @@ def _print_execution(e: dict[str, Any]) -> None:
         ("allowed tools", ", ".join(e["allowed_tools"])),
     ]
     for name in ("result", "stdout", "stderr"):
-        excerpt = json.dumps(e[f"{name}_head"], ensure_ascii=False) if e[f"{name}_head"] else ""
+        excerpt = dumps(e[f"{name}_head"]) if e[f"{name}_head"] else ""
         fields.append((name, f"{format_bytes(e[f'{name}_bytes'])} {excerpt}".rstrip()))
-    print(render_table(None, fields))
+    print(render_table(None, [_cells(*field) for field in fields]))
     print("\ncode (first lines):")
-    for line in e["code_snippet"].splitlines():
+    # Escaped before it is split: a carriage return or form feed is shown, not a break.
+    for line in escape_lines(e["code_snippet"].replace("\r\n", "\n")).splitlines():
         print(f"  {line}")
     if e["tool_calls"]:
-        calls = [(c["tool"], format_ms(c["duration_ms"]), c["outcome"]) for c in e["tool_calls"]]
+        calls = [
+            _cells(c["tool"], format_ms(c["duration_ms"]), c["outcome"]) for c in e["tool_calls"]
+        ]
         print("\n" + render_table(("TOOL", "DURATION", "OUTCOME"), calls, right={1}))
 
 
@@ -404,7 +438,7 @@ def _print_stats(result: dict[str, Any]) -> None:
     groups += [(f"executor {name}", g) for name, g in result["by_executor"].items()]
     groups += [(f"language {name}", g) for name, g in result["by_language"].items()]
     rows = [
-        (
+        _cells(
             name,
             g["count"],
             format_percent(g["success_rate"]),
@@ -464,7 +498,9 @@ def _doctor(args: argparse.Namespace) -> int:
     infos = trio.run(_probe_executors, registry)
     healthy = True
     for info in infos:
+        # A runtime's version and failure come from its own output: shown, not obeyed.
         state = f"ok ({info.version})" if info.available else f"unavailable: {info.reason}"
+        state = escape(state)
         print(f"executor {info.name:12} {','.join(info.languages):22} {state}")
         for label, value in _component_details(info.pool or {}):
             print(f"{'':9}{label:15} {value}")

@@ -14,7 +14,8 @@ import pytest
 import trio
 
 from conduit.daemon.auth import hash_token
-from tests.e2e.helpers import CONDUIT, base_env, conduit_serve, wait_available
+from tests.daemon.test_terminal import raw_controls
+from tests.e2e.helpers import CONDUIT, base_env, call, conduit_serve, wait_available
 
 
 async def conduit(
@@ -300,3 +301,81 @@ def _details(report: str, executor: str) -> dict[str, list[str]]:
         label, value = re.split(r"\s{2,}", line.strip(), maxsplit=1)
         details.setdefault(label, []).append(value)
     return details
+
+
+# What a program or a client may write for a terminal to obey: clear the screen, set
+# the window title, CSI as its one C1 character, a right-to-left override, and a
+# carriage return that overwrites the line.
+NASTY = "\x1b[2J\x1b]0;title\x07\x9b\u202e\r"
+# How `terminal.escape` shows it: still readable, never obeyed.
+SHOWN = "\\x1b[2J\\x1b]0;title\\x07\\x9b\\u202e\\r"
+
+
+def _program(body: str) -> bytes:
+    # The code itself carries NASTY raw, in a comment (the \r ends it: a second one
+    # follows), and NASTY as a string literal (JSON's escapes are JavaScript's).
+    return f"// code{NASTY}// more\nconst n = {json.dumps(NASTY)};\n{body}\n".encode()
+
+
+_PRINTS = _program(
+    'console.log("out" + n); console.error("err" + n);\n'
+    'try { await tools.nope["x" + n]({}); } catch {}\n'
+    'return "res" + n;'
+)
+_THROWS = _program('const e = new Error("msg" + n); e.name = "Type" + n; throw e;')
+
+
+def _assert_safe(done: subprocess.CompletedProcess[bytes]) -> str:
+    """Both streams of a finished command, checked free of anything a terminal obeys."""
+    for stream in (done.stdout, done.stderr):
+        assert raw_controls(stream.decode(), kept="\n\t") == [], stream
+    return done.stdout.decode() + done.stderr.decode()
+
+
+async def test_exec_shows_what_a_program_wrote_without_obeying_it(running: Any) -> None:
+    at = ("--socket", running.socket_path)
+    shown = await conduit("exec", *at, "--lang", "ts", "-", stdin=_PRINTS)
+    assert shown.returncode == 0, shown.stderr
+    text = _assert_safe(shown)
+    for part in (f"out{SHOWN}\n", f"err{SHOWN}\n", "res\\u001b[2J"):
+        assert part in text, text
+    thrown = await conduit("exec", *at, "--lang", "ts", "-", stdin=_THROWS)
+    assert thrown.returncode == 1
+    assert f"[error] Type{SHOWN}: msg{SHOWN}" in _assert_safe(thrown)
+    as_json = await conduit("exec", *at, "--json", "--lang", "ts", "-", stdin=_PRINTS)
+    _assert_safe(as_json)
+    assert json.loads(as_json.stdout)["result"] == f"res{NASTY}"  # still JSON, still it
+    # A client's own text comes back in an error message: shown, not obeyed.
+    unknown = await conduit("call", *at, f"ping{NASTY}")
+    assert unknown.returncode == 1
+    assert f"ping{SHOWN}" in _assert_safe(unknown)
+
+
+async def test_executions_show_what_a_program_wrote_without_obeying_it(running: Any) -> None:
+    at = ("--socket", running.socket_path)
+    ids = []
+    for program in (_PRINTS, _THROWS):
+        params = {"language": "typescript", "code": program.decode()}
+        ids.append((await call(running.socket_path, "execute", params))["result"]["execution_id"])
+    listing = await conduit("executions", "list", *at)
+    assert f"Type{SHOWN}" in _assert_safe(listing)
+    printed, thrower = [await conduit("executions", "get", id_, *at) for id_ in ids]
+    details = _assert_safe(printed)
+    assert f"// code{SHOWN}// more" in details  # the snippet
+    assert f"nope.x{SHOWN}" in details  # the tool the program asked for
+    assert "out\\u001b[2J" in details  # the output's head, as JSON
+    assert f"Type{SHOWN}: msg{SHOWN}" in _assert_safe(thrower)
+    for command in (
+        ("executions", "get", ids[1], *at, "--json"),
+        ("call", *at, "executions/get", json.dumps({"execution_id": ids[1]})),
+    ):
+        got = await conduit(*command)
+        _assert_safe(got)
+        assert json.loads(got.stdout)["error_type"] == f"Type{NASTY}"
+
+
+async def test_exec_raw_writes_the_programs_output_as_it_is(running: Any) -> None:
+    program = f"console.log({json.dumps(NASTY)}); 1".encode()
+    done = await conduit("exec", "--socket", running.socket_path, "--raw", "-", stdin=program)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode() == f"{NASTY}\n1\n"
