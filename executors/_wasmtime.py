@@ -76,6 +76,9 @@ def wasmtime_version() -> str:
     return importlib.metadata.version("wasmtime")
 
 
+# Component instances per store: the guest, and the helper that bounds its clock
+# (`wasm_clock`).
+COMPONENTS_PER_STORE = 2
 # The pool's bounds per component instance, above what the guests need (wasm-js: 4
 # core instances, 1 memory, 2 tables; wasm-python: 14, 1, 2). A guest that needs more
 # fails to load, with Wasmtime's message saying which bound, never mid-execution.
@@ -95,7 +98,7 @@ def new_engine(
 ) -> wasmtime.Engine:
     """An engine for components, with epoch interruption (and fuel when asked).
 
-    With `instances`, instances come from a pool of that many slots, each keeping
+    With `instances`, instances come from a pool with slots for that many stores, each keeping
     `keep_resident_bytes` of its memory resident (see the module docstring); the
     caller must never hold more stores of this engine at once, or instantiating
     fails. Without it, every instance maps fresh memory.
@@ -112,7 +115,9 @@ def new_engine(
 def _use_pool(config: wasmtime.Config, instances: int, keep_resident_bytes: int) -> None:
     pool = ffi.wasmtime_pooling_allocation_config_new()
     try:
-        ffi.wasmtime_pooling_allocation_config_total_component_instances_set(pool, instances)
+        ffi.wasmtime_pooling_allocation_config_total_component_instances_set(
+            pool, instances * COMPONENTS_PER_STORE
+        )
         # Totals follow from the per-component bounds, so they cannot run out first.
         ffi.wasmtime_pooling_allocation_config_max_core_instances_per_component_set(
             pool, POOL_CORE_INSTANCES_PER_COMPONENT

@@ -53,7 +53,8 @@ import trio
 import wasmtime
 import wasmtime.component
 
-from conduit.daemon.errors import RpcError, RuntimeMissing
+from conduit.daemon import jsontext
+from conduit.daemon.errors import Overloaded, RpcError, RuntimeMissing
 from conduit.executors import _wasmtime, outcomes, thread_priority
 from conduit.executors.base import (
     ErrorInfo,
@@ -68,7 +69,9 @@ from conduit.executors.base import (
 from conduit.executors.output import OutputCapture, StreamName
 from conduit.executors.wasm_build import BuildError, BuiltComponent, GuestRecipe, ensure_component
 from conduit.executors.wasm_calls import add_string_import
+from conduit.executors.wasm_clock import BoundedClock
 from conduit.executors.wasm_instances import MIB, Instance, Instances
+from conduit.executors.wasm_lingering import LingerBudget
 from conduit.executors.wasm_runners import Runners
 
 __all__ = ["ProgramRejected", "WasmExecutor"]
@@ -84,10 +87,10 @@ CONCURRENT_EXECUTIONS = os.cpu_count() or 1
 RUNNERS = CONCURRENT_EXECUTIONS + 1
 # How long a guest whose time is up (or that was stopped) may take to come back before
 # its execution is reported without it: many epoch ticks, so only a thread blocked in a
-# WASI call is ever left behind.
+# WASI call (a wait the deadline ends, see `wasm_clock`) is ever left behind.
 LINGER_GRACE_S = 0.25
-# Runner threads beyond RUNNERS that may be left finishing blocking calls; when all
-# are taken, new executions wait for them (and time out if they must wait too long).
+# Runner threads beyond RUNNERS that may be left finishing after their execution was
+# reported (see `wasm_lingering`); at the cap, new executions are refused, not queued.
 MAX_LINGERING_THREADS = 32
 # A component that was built but did not load (Wasmtime or the system refusing
 # something, perhaps for a moment) is loaded again while the executor serves: first
@@ -131,6 +134,9 @@ class _Execution:
     bridge: ToolBridge
     interrupt: _wasmtime.Interrupt
     token: trio.lowlevel.TrioToken
+    # Who the execution is charged to, and what its store may hold, should it linger.
+    principal: str | None = None
+    memory_mb: int = 0
     tool_calls: int = 0
     # Set once `run` has stopped waiting for the thread (its report may be out).
     abandoned: bool = False
@@ -199,8 +205,10 @@ class WasmExecutor:
         # their execution was reported (see `_wait_for_guest`): a bound on what they
         # hold (and the size of the pool).
         self._threads = trio.CapacityLimiter(RUNNERS + MAX_LINGERING_THREADS)
-        self._lingering = 0
-        self._lingering_lock = threading.Lock()  # the count is kept by two threads
+        self._lingering = LingerBudget(max_threads=MAX_LINGERING_THREADS)
+        # `abandoned` and `finished` of an execution are set by two threads.
+        self._lingering_lock = threading.Lock()
+        self._bounded_waits = False
         self._runs = 0
         self._settled = trio.Event()  # set once the build has succeeded or failed
 
@@ -277,13 +285,7 @@ class WasmExecutor:
         loaded = _wasmtime.load_component(
             self._engine, built.path, built.component_hash, fuel=self._fuel is not None
         )
-        linker = wasmtime.component.Linker(self._engine)
-        linker.add_wasip2()
-        # A module function, not a method: the linker holds what is registered until it
-        # is freed, and a method would keep this executor (its engine, compiled code
-        # and pool) alive as long.
-        add_string_import(linker, HOST_CALL_IMPORT, _host_call)
-        instances = Instances(self._engine, linker, loaded.component, fuel=self._fuel is not None)
+        instances = self._instances_of(loaded.component)
         self._timings = {
             "build_s" if built.built else "build_check_s": round(built.seconds, 3),
             ("compile_s" if loaded.cache is not _wasmtime.CompiledCache.HIT else "deserialize_s"): (
@@ -294,16 +296,47 @@ class WasmExecutor:
         self._instances = instances
         log.info("%s component %s ready (%s)", self.name, built.component_hash[:12], self._timings)
 
+    def _instances_of(self, component: wasmtime.component.Component) -> Instances:
+        """Instances of `component` whose waits end by their deadlines, or, if it cannot
+        be linked so (logged), with Wasmtime's own clock: a blocked guest then lingers,
+        within `wasm_lingering`'s caps."""
+        fuel = self._fuel is not None
+        clock = BoundedClock(self._engine)
+        linker = self._linker()
+        if clock.install(linker, component):
+            try:
+                instances = Instances(self._engine, linker, component, fuel=fuel, clock=clock)
+            except wasmtime.WasmtimeError as exc:
+                log.warning("%s: bounded guest waits do not link (%s)", self.name, exc)
+            else:
+                self._bounded_waits = True
+                return instances
+        self._bounded_waits = False
+        return Instances(self._engine, self._linker(), component, fuel=fuel)
+
+    def _linker(self) -> wasmtime.component.Linker:
+        linker = wasmtime.component.Linker(self._engine)
+        linker.add_wasip2()
+        # A module function, not a method: the linker holds what is registered until it
+        # is freed, and a method would keep this executor (its engine, compiled code
+        # and pool) alive as long.
+        add_string_import(linker, HOST_CALL_IMPORT, _host_call)
+        return linker
+
     @property
     def unavailable_reason(self) -> str | None:
         return self._reason
 
     def info(self) -> ExecutorInfo:
         """Availability, versions, the component and its cache state; never blocks."""
+        lingering = self._lingering.statistics()
         details: dict[str, Any] = {
             "state": self._state,
             "runs": self._runs,
-            "lingering_threads": self._lingering,
+            "lingering_threads": lingering.threads,
+            "lingering_memory_mb": lingering.memory_mb,
+            "bounded_waits": self._bounded_waits,
+            "runner_threads": self._runners.alive if self._runners is not None else 0,
         }
         if self._built is not None:
             details.update(
@@ -344,7 +377,13 @@ class WasmExecutor:
             on_limit=lambda: interrupt.stop(_wasmtime.StopReason.OUTPUT_LIMIT),
             on_output=job.on_output,
         )
-        execution = _Execution(bridge, interrupt, trio.lowlevel.current_trio_token())
+        execution = _Execution(
+            bridge,
+            interrupt,
+            trio.lowlevel.current_trio_token(),
+            principal=_principal_of(job),
+            memory_mb=limits.memory_mb,
+        )
         self._runs += 1
         try:
             request = self.request_for(job)
@@ -361,6 +400,9 @@ class WasmExecutor:
                 f"the {self.name} sandbox needs {base_mib} MB to start, more than the "
                 f"program's limit of {limits.memory_mb} MB; raise limits.memory_mb",
             )
+        refusal = self._lingering.refusal(execution.principal, limits.memory_mb)
+        if refusal is not None:
+            raise Overloaded(f"the {self.name} executor is busy: {refusal}")
         try:  # the usual case, without the checkpoint `acquire` adds
             self._slots.acquire_nowait()
         except trio.WouldBlock:
@@ -443,7 +485,7 @@ class WasmExecutor:
             execution.abandoned = True
             if execution.finished:
                 return
-            self._lingering += 1
+            self._lingering.charge(execution.principal, execution.memory_mb)
         # Its runner retires once the guest is back (see `_work`): one takes its place.
         if self._runners is not None:
             self._runners.add()
@@ -456,7 +498,7 @@ class WasmExecutor:
     def request_for(self, job: Job) -> str:
         """The guest's JSON request for `job`; raises `ProgramRejected` to refuse it."""
         request = {"code": job.code, "inputs": job.inputs, "timeout_ms": job.limits.timeout_ms}
-        return json.dumps(request, ensure_ascii=False)
+        return jsontext.dumps(request)
 
     def _work(
         self,
@@ -520,7 +562,8 @@ class WasmExecutor:
         instance.output.attach(lambda stream, data: record(execution, capture, stream, data))
         _RUNNING.execution = execution
         try:
-            return instance.run(store, request)
+            with instance.running():
+                return instance.run(store, request)
         finally:
             _RUNNING.execution = None
 
@@ -530,7 +573,7 @@ class WasmExecutor:
         with self._lingering_lock:
             execution.finished = True
             if execution.abandoned:
-                self._lingering -= 1
+                self._lingering.release(execution.principal, execution.memory_mb)
             return execution.abandoned
 
     # -- how a run ended, for the guest to refine ---------------------------------------
@@ -609,7 +652,7 @@ def _host_call(method: str, params: str) -> str:
     if method == "tools/call":
         execution.tool_calls += 1
     try:
-        decoded = json.loads(params)
+        decoded = jsontext.loads(params, lenient_numbers=True)
         if not isinstance(decoded, dict):
             return _rpc_error(-32602, "invalid params: params must be an object")
         # A task of its own (the token's system nursery), rather than a turn of the
@@ -620,7 +663,7 @@ def _host_call(method: str, params: str) -> str:
         )
     except RpcError as exc:
         return _rpc_error(exc.code, exc.message, exc.data)
-    except ValueError as exc:
+    except jsontext.JsonTextError as exc:
         return _rpc_error(-32700, f"parse error: {exc}")
     except (trio.Cancelled, _Stopped):
         execution.interrupt.stop(_wasmtime.StopReason.CANCELLED)
@@ -631,7 +674,14 @@ def _host_call(method: str, params: str) -> str:
         # to the guest; the daemon's side logs its own.
         log.exception("host-call %s failed", method)
         return _rpc_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
-    return json.dumps({"result": result}, ensure_ascii=False)
+    # jsontext: a lone surrogate in a tool's result would fail to cross into the guest.
+    return jsontext.dumps({"result": result})
+
+
+def _principal_of(job: Job) -> str | None:
+    """Who `job` runs for, when the daemon says (jobs that do not are charged alike)."""
+    principal = getattr(job, "principal", None)
+    return principal if isinstance(principal, str) else None
 
 
 def _trap_message(trap: str) -> str:
@@ -646,8 +696,8 @@ def _trap_message(trap: str) -> str:
 def _parse_answer(answer: str) -> dict[str, Any] | None:
     """The guest's JSON answer, or None if it is not the object the world promises."""
     try:
-        message = json.loads(answer)
-    except ValueError:
+        message = jsontext.loads(answer, lenient_numbers=True)
+    except jsontext.JsonTextError:
         return None
     return message if isinstance(message, dict) else None
 

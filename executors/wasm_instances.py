@@ -15,12 +15,17 @@ standby instances have none: an execution may take one only if its own limit is 
 least what the component starts with, `base_memory_mib` (the executor refuses the
 others before they run, saying so).
 
+Each store also holds the helper that bounds its guest's clock (`wasm_clock`), made
+with the store; the store's clock is current on the thread while its guest runs
+(`Instance.running`).
+
 Everything here blocks (instantiating, closing stores): call it in worker threads. A
 store is used by one thread at a time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -32,6 +37,7 @@ import wasmtime.component
 from conduit.executors import _wasmtime
 from conduit.executors.output import StreamName
 from conduit.executors.wasm_calls import StringExport
+from conduit.executors.wasm_clock import BoundedClock, StoreClock
 
 __all__ = ["Instance", "Instances", "OutputRoute"]
 
@@ -89,18 +95,30 @@ class Instance:
     # The interrupt the store calls back into: it must live as long as it is installed
     # (the store holds only a pointer to its callback).
     interrupt: _wasmtime.Interrupt
+    # Bounds the guest's waits by the interrupt's deadline; None if unbounded.
+    clock: StoreClock | None = None
 
     def install(self, interrupt: _wasmtime.Interrupt) -> None:
         """Stop the guest by `interrupt` from now on (the execution's, when taken)."""
         interrupt.install(self.store)
         self.interrupt = interrupt
+        if self.clock is not None:
+            self.clock.interrupt = interrupt
+
+    def running(self) -> contextlib.AbstractContextManager[None]:
+        """Around every call into the guest, on the thread making it."""
+        return self.clock.running() if self.clock is not None else _NOTHING
 
     def close(self) -> None:
         self.store.close()
 
 
+_NOTHING = contextlib.nullcontext()
+
+
 class Instances:
-    """Makes instances of `component` with `linker`.
+    """Makes instances of `component` with `linker`, whose waits `clock` bounds (when
+    it does: see `BoundedClock.install`).
 
     Creating it makes a first instance, then finds `base_memory_mib` by instantiating
     under shrinking limits (a few milliseconds up to ~50 for CPython, once): blocking,
@@ -114,8 +132,10 @@ class Instances:
         component: wasmtime.component.Component,
         *,
         fuel: bool,
+        clock: BoundedClock | None = None,
     ) -> None:
         self._engine = engine
+        self._clock = clock
         self._linker = linker
         self._component = component
         self._fuel = fuel
@@ -144,14 +164,16 @@ class Instances:
             store.set_wasi(wasi)
             interrupt = _wasmtime.Interrupt(INSTANTIATE_TIMEOUT_S)
             interrupt.install(store)
-            run = self._linker.instantiate(store, self._component).get_func(store, RUN_EXPORT)
+            clock = self._clock.attach(store, interrupt) if self._clock is not None else None
+            with clock.running() if clock is not None else _NOTHING:
+                run = self._linker.instantiate(store, self._component).get_func(store, RUN_EXPORT)
             if run is None:
                 raise wasmtime.WasmtimeError(f"the component exports no {RUN_EXPORT!r}")
             export = StringExport(run)
         except BaseException:
             store.close()
             raise
-        return Instance(store, export, output, interrupt)
+        return Instance(store, export, output, interrupt, clock)
 
     def standby(self) -> Instance | None:
         """A new instance without a memory limit, made ahead of its execution; None if

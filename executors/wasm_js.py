@@ -20,8 +20,7 @@ a message that names the executor that has one.
 
 from __future__ import annotations
 
-import json
-
+from conduit.daemon import jsontext
 from conduit.executors.base import ErrorInfo, Job
 from conduit.executors.js_source import may_await, prepare_module
 from conduit.executors.wasm import ProgramRejected, WasmExecutor
@@ -74,7 +73,7 @@ class WasmJsExecutor(WasmExecutor):
             "inputs": job.inputs,
             "timeout_ms": job.limits.timeout_ms,
         }
-        return json.dumps(request, ensure_ascii=False)
+        return jsontext.dumps(request)
 
     def is_out_of_memory(self, error: ErrorInfo) -> bool:
         return error.type in ("Error", "InternalError") and error.message == OUT_OF_MEMORY

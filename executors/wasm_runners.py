@@ -130,6 +130,11 @@ class Runners:
         return f"<Runners {len(self._ready)}/{len(self._alive)} ready>"
 
     @property
+    def alive(self) -> int:
+        """How many runner threads may still be running (lingering ones included)."""
+        return len(self._alive)
+
+    @property
     def ready(self) -> int:
         """How many runners wait with an instance made."""
         return len(self._ready)

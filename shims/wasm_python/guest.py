@@ -11,6 +11,7 @@ answer are `python_program`'s, shared with every Python executor.
 """
 
 import json
+import re
 
 import python_program
 import wit_world
@@ -92,10 +93,24 @@ def _warm_up():
 
 _warm_up()
 
+# What crosses to the host must be valid UTF-8: a lone surrogate (from `json.dumps` of
+# a str holding one, or from a program that replaced `json.dumps`) would trap the
+# instance on the way out. Replaced as the host's JSON reader replaces them.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+# The answer when the program left none that is text (it replaced the shim's helpers).
+_NO_TEXT = '{"error": {"type": "InternalError", "message": "the guest answered no text"}}'
+
+
+def _valid_text(answer):
+    if type(answer) is not str:
+        return _NO_TEXT
+    return answer if answer.isascii() else _LONE_SURROGATE.sub("\ufffd", answer)
+
 
 class WitWorld(wit_world.WitWorld):
     def run(self, request: str) -> str:
         try:
-            return python_program.execute(json.loads(request), wit_world.host_call)
+            answer = python_program.execute(json.loads(request), wit_world.host_call)
         except BaseException as exc:  # MemoryError, RecursionError while reporting...
-            return python_program.error_answer(exc)
+            answer = python_program.error_answer(exc)
+        return _valid_text(answer)

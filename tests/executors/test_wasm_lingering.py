@@ -1,0 +1,51 @@
+"""The budget of runners executions leave behind: per principal and in total."""
+
+from __future__ import annotations
+
+from conduit.executors.wasm_lingering import LingerBudget
+
+
+def test_a_fresh_budget_admits_and_counts_nothing() -> None:
+    budget = LingerBudget(max_threads=4)
+    assert budget.refusal("alice", 128) is None
+    assert budget.statistics().threads == 0
+
+
+def test_the_total_thread_cap_refuses_everyone_until_a_runner_finishes() -> None:
+    budget = LingerBudget(max_threads=2, max_threads_per_principal=2)
+    budget.charge("alice", 64)
+    budget.charge("bob", 64)
+    refusal = budget.refusal("carol", 64)
+    assert refusal is not None and "executor's" in refusal and "try again" in refusal
+    budget.release("alice", 64)
+    assert budget.refusal("carol", 64) is None
+    assert budget.statistics().threads == 1
+
+
+def test_one_principal_cannot_take_the_whole_budget() -> None:
+    budget = LingerBudget(max_threads=10, max_threads_per_principal=2)
+    budget.charge("alice", 64)
+    budget.charge("alice", 64)
+    refusal = budget.refusal("alice", 64)
+    assert refusal is not None and "caller's" in refusal
+    assert budget.refusal("bob", 64) is None
+
+
+def test_memory_is_capped_per_principal_and_in_total() -> None:
+    budget = LingerBudget(max_threads=10, max_memory_mb=1000, max_memory_mb_per_principal=300)
+    budget.charge("alice", 256)
+    assert budget.refusal("alice", 128) is not None  # 384 MB > 300 for alice
+    assert budget.refusal("bob", 128) is None
+    budget.charge("bob", 700)
+    assert budget.refusal("carol", 64) is not None  # 1020 MB > 1000 in all
+    budget.release("bob", 700)
+    budget.release("alice", 256)
+    assert budget.statistics() == budget.statistics().__class__(0, 0, 0)
+
+
+def test_anonymous_jobs_share_one_principal() -> None:
+    budget = LingerBudget(max_threads=10, max_threads_per_principal=1)
+    budget.charge(None, 64)
+    assert budget.refusal(None, 64) is not None
+    budget.release(None, 64)
+    assert budget.refusal(None, 64) is None
