@@ -202,13 +202,28 @@ class Executions:
         checked = trio.current_time()
         violation = await self._violation(request.language, executor.name, code)
         if violation is not None:
-            job = Job(_new_execution_id(), request.language, code, limits, request.inputs)
+            job = Job(
+                _new_execution_id(),
+                request.language,
+                code,
+                limits,
+                request.inputs,
+                principal=principal.name,
+            )
             check_s = trio.current_time() - checked
             return self._refuse(job, executor.name, principal, requested, violation, check_s)
         async with daemon.admission.slot() as queue_wait_s:
             execution_id = _new_execution_id()
             live = LiveOutput(execution_id, request.on_output) if request.on_output else None
-            job = Job(execution_id, request.language, code, limits, request.inputs, on_output=live)
+            job = Job(
+                execution_id,
+                request.language,
+                code,
+                limits,
+                request.inputs,
+                on_output=live,
+                principal=principal.name,
+            )
             allowed = (requested, *principal.tool_patterns)
             started_at = time.time()
             digest = code_digest(code)

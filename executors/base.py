@@ -147,6 +147,8 @@ class Job:
     inputs: Any = None
     stop: StopSignal = field(default_factory=StopSignal, compare=False)
     on_output: OutputHook | None = field(default=None, compare=False)
+    # Who the program runs for: what executors charge per-principal budgets to.
+    principal: str | None = None
 
 
 def python_request(job: Job) -> dict[str, Any]:

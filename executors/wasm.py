@@ -381,7 +381,7 @@ class WasmExecutor:
             bridge,
             interrupt,
             trio.lowlevel.current_trio_token(),
-            principal=_principal_of(job),
+            principal=job.principal,
             memory_mb=limits.memory_mb,
         )
         self._runs += 1
@@ -676,12 +676,6 @@ def _host_call(method: str, params: str) -> str:
         return _rpc_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
     # jsontext: a lone surrogate in a tool's result would fail to cross into the guest.
     return jsontext.dumps({"result": result})
-
-
-def _principal_of(job: Job) -> str | None:
-    """Who `job` runs for, when the daemon says (jobs that do not are charged alike)."""
-    principal = getattr(job, "principal", None)
-    return principal if isinstance(principal, str) else None
 
 
 def _trap_message(trap: str) -> str:
