@@ -6,7 +6,10 @@
 // in memory), `dropPermissions` revokes them all, then checks that none is left, so a
 // program can neither reach the daemon's socket file nor connect to it again.
 
-const NAMES = ["read", "write", "net", "env", "sys", "run", "ffi", "import"];
+// Not "import": Deno grants it to a few well-known hosts by default, --no-remote is
+// what refuses remote modules, and revoking it would only turn that plain refusal into
+// a permission error.
+const NAMES = ["read", "write", "net", "env", "sys", "run", "ffi"];
 
 // Revoke every permission; throw if any is still granted afterwards. `callback` (the
 // job's) names the descriptors that were granted for it, which are checked one by one.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import stat
 from functools import partial
 from pathlib import Path
@@ -19,6 +20,8 @@ import trio
 
 from conduit.executors.base import Job, Limits, Outcome, Status
 from conduit.executors.deno import DenoExecutor
+from tests.e2e.helpers import wait_upstreams
+from tests.e2e.test_tools import ECHO
 from tests.processes import deno_children
 from tests.sandboxes import WAIT_S, NoBridge
 
@@ -141,6 +144,129 @@ async def test_permissions_cannot_be_requested(deno: DenoExecutor) -> None:
     )
     outcome = await refused(deno, code)
     assert error_text(outcome) == "Error: denied"
+
+
+# More of the host, one attempt a row: (name, program, what the refusal says). Each row is
+# refused, and the next execution still runs.
+HOST_ATTACKS = [
+    # files
+    ("read_dir", "return [...Deno.readDirSync('/')]", "read access"),
+    ("stat", "return Deno.statSync('/etc/passwd')", "read access"),
+    ("lstat", "return await Deno.lstat('/')", "read access"),
+    ("real_path", "return Deno.realPathSync('/etc')", "read access"),
+    ("open", "return await Deno.open('/etc/hostname')", "read access"),
+    ("read_link", "return Deno.readLinkSync('/proc/self/exe')", "read access"),
+    ("environ_file", "return Deno.readFileSync('/proc/self/environ')", "read access"),
+    ("chdir", "Deno.chdir('/')", "read access"),
+    ("watch_fs", "return Deno.watchFs('/')", "read access"),
+    ("copy_file", "await Deno.copyFile('/etc/passwd', '/tmp/stolen')", "access"),
+    ("fetch_file_url", "return await (await fetch('file:///etc/passwd')).text()", "read access"),
+    ("import_environ", "return await import('file:///proc/self/environ')", "read access"),
+    ("temp_dir", "return Deno.makeTempDirSync()", "write access"),
+    ("mkdir", "Deno.mkdirSync('/tmp/conduit-attack-dir')", "write access"),
+    ("symlink", "Deno.symlinkSync('/etc/passwd', '/tmp/conduit-attack-link')", "NotCapable"),
+    ("hard_link", "Deno.linkSync('/etc/passwd', '/tmp/conduit-attack-link')", "access"),
+    ("truncate", "Deno.truncateSync('/etc/hostname', 0)", "write access"),
+    ("utime", "Deno.utimeSync('/etc/hostname', 0, 0)", "write access"),
+    ("chown", "Deno.chownSync('/tmp', 0, 0)", "write access"),
+    ("node_readdir", "import fs from 'node:fs';\nreturn fs.readdirSync('/')", "read access"),
+    (
+        "node_write",
+        "import fs from 'node:fs';\nfs.writeFileSync('/tmp/conduit-x', 'x')",
+        "write access",
+    ),
+    # environment and system
+    ("env_set", "Deno.env.set('PATH', '/tmp')", "env access"),
+    ("hostname", "return Deno.hostname()", "sys access"),
+    ("os_release", "return Deno.osRelease()", "sys access"),
+    ("loadavg", "return Deno.loadavg()", "sys access"),
+    ("network_interfaces", "return Deno.networkInterfaces()", "sys access"),
+    ("memory_info", "return Deno.systemMemoryInfo()", "sys access"),
+    ("uid", "return Deno.uid()", "sys access"),
+    ("uptime", "return Deno.osUptime()", "sys access"),
+    ("node_user_info", "import os from 'node:os';\nreturn os.userInfo()", "access"),
+    ("node_cpus", "import os from 'node:os';\nreturn os.cpus()", "sys access"),
+    # processes
+    ("spawn_self", "return new Deno.Command(Deno.execPath()).outputSync()", "access"),
+    ("spawn_sh", "return new Deno.Command('/usr/bin/id').outputSync()", "run access"),
+    ("kill_init", "Deno.kill(1, 'SIGKILL')", "run access"),
+    (
+        "kill_parent",
+        "import process from 'node:process';\nprocess.kill(process.ppid, 'SIGKILL')",
+        "access",
+    ),
+    (
+        "node_spawn",
+        "import cp from 'node:child_process';\nreturn cp.spawnSync('id').stdout",
+        "env access",
+    ),
+    # network
+    (
+        "connect_tls",
+        "return await Deno.connectTls({hostname: 'example.com', port: 443})",
+        "net access",
+    ),
+    ("resolve_dns", "return await Deno.resolveDns('example.com', 'A')", "net access"),
+    (
+        "metadata_service",
+        "return await fetch('http://169.254.169.254/latest/meta-data/')",
+        "net access",
+    ),
+    ("local_ssh", "return await Deno.connect({hostname: '127.0.0.1', port: 22})", "net access"),
+    (
+        "abstract_unix",
+        "return await Deno.connect({transport: 'unix', path: '\\0conduit'})",
+        "access",
+    ),
+    ("serve", "Deno.serve({port: 0}, () => new Response('x'))", "net access"),
+    ("node_listen", "import net from 'node:net';\nnet.createServer().listen(0)", "net access"),
+    (
+        "node_http",
+        "import http from 'node:http';\n"
+        "return await new Promise((ok, no) => http.get('http://127.0.0.1:1/', ok).on('error', no))",
+        "net access",
+    ),
+    (
+        "node_dns",
+        "import dns from 'node:dns/promises';\nreturn await dns.lookup('example.com')",
+        "EPERM",
+    ),
+    # native code and permissions
+    (
+        "node_dlopen",
+        "import process from 'node:process';\n"
+        "process.dlopen({exports: {}}, '/lib/x86_64-linux-gnu/libc.so.6')",
+        "ffi access",
+    ),
+    (
+        "request_net",
+        "const s = await Deno.permissions.request({name: 'net'});\n"
+        "if (s.state !== 'granted') throw new Error(s.state)",
+        "denied",
+    ),
+    (
+        "request_run",
+        "const s = await Deno.permissions.request({name: 'run'});\n"
+        "if (s.state !== 'granted') throw new Error(s.state)",
+        "denied",
+    ),
+    (
+        "request_write",
+        "const s = Deno.permissions.requestSync({name: 'write'});\n"
+        "if (s.state !== 'granted') throw new Error(s.state)",
+        "denied",
+    ),
+    ("remote_import_localhost", "return await import('http://127.0.0.1:1/x.js')", "--no-remote"),
+]
+
+
+@pytest.mark.parametrize(
+    ("code", "refusal"), [row[1:] for row in HOST_ATTACKS], ids=[row[0] for row in HOST_ATTACKS]
+)
+async def test_host_attack_is_refused(deno: DenoExecutor, code: str, refusal: str) -> None:
+    outcome = await refused(deno, code)
+    assert outcome.status is Status.ERROR
+    assert refusal in error_text(outcome)
 
 
 # -- the network --------------------------------------------------------------------------
@@ -307,3 +433,154 @@ async def test_deno_exit_only_ends_the_program(deno: DenoExecutor) -> None:
     )
     assert (outcome.status, outcome.exit_code) == (Status.ERROR, 7)
     assert (await run(deno, "return 'still here'")).result == "still here"
+
+
+# -- the tool-callback channel ------------------------------------------------------------
+
+# Everything a program with the old socket permissions did to the daemon's callback
+# socket, then what it might try without them. Each entry records "ALLOWED" or the
+# error's name; `open` lists what Deno's internals show of its open resources.
+CALLBACK_ATTACK_TS = """
+const path: string = inputs.path;
+const dir = path.slice(0, path.lastIndexOf("/"));
+const tried: Record<string, string> = {};
+const attempts: Record<string, () => unknown> = {
+  unlink: () => Deno.remove(path),
+  unlinkSync: () => Deno.removeSync(path),
+  chmod: () => Deno.chmod(path, 0o777),
+  rename: () => Deno.rename(path, path + ".moved"),
+  stat: () => Deno.stat(path),
+  removeDir: () => Deno.remove(dir, { recursive: true }),
+  listen: () => Deno.listen({ transport: "unix", path }),
+  listenBeside: () => Deno.listen({ transport: "unix", path: dir + "/other" }),
+  connect: () => Deno.connect({ transport: "unix", path }),
+  listenTcp: () => Deno.listen({ port: 0 }),
+  requestRead: async () => {
+    const s = await Deno.permissions.request({ name: "read", path });
+    if (s.state !== "granted") throw new Error(s.state);
+  },
+  nodeUnlink: async () => (await import("node:fs")).unlinkSync(path),
+  nodeListen: async () => {
+    const net = await import("node:net");
+    await new Promise((ok, no) => net.createServer().on("error", no).listen(path, () => ok(1)));
+  },
+};
+for (const [name, attempt] of Object.entries(attempts)) {
+  try {
+    await attempt();
+    tried[name] = "ALLOWED";
+  } catch (e) {
+    tried[name] = e?.name ?? String(e);
+  }
+}
+const granted = ["read", "write", "net"].filter(
+  (name) => Deno.permissions.querySync({ name, path }).state === "granted",
+);
+const core = (Deno as any)[(Deno as any).internal]?.core;
+const open = core ? Object.values(core.resources()) : [];
+return { tried, granted, open };
+"""
+
+# A victim that calls a tool until the test says the attack is over: each `add`
+# answers a + b, so a forged or lost answer shows in the total or fails the program.
+VICTIM_TS = """
+let total = 0;
+let calls = 0;
+for (let i = 0; ; i++) {
+  total += (await tools.echo.add({ a: i, b: 1 })).sum - i;
+  calls++;
+  try {
+    await tools.echo[inputs.sentinel]({ text: "" });
+    break;
+  } catch (e) {
+    if (e.code !== -32003) throw e;  // forbidden: the sentinel does not exist yet
+  }
+  await new Promise((r) => setTimeout(r, 10));
+}
+return { total, calls };
+"""
+
+LATER_TS = "return await tools.echo.add({ a: 40, b: 2 })"
+
+
+async def attack_the_callback_channel(
+    server: Any,
+    connect: Any,
+    info: Any,
+    *,
+    executor: str,
+    language: str,
+    attack: str,
+    victim: str,
+    later: str,
+) -> dict[str, Any]:
+    """Run `attack` while `victim` calls tools in another execution; assert the victim
+    got every real answer, the socket file is untouched, and `later` (a tool call
+    adding 40 and 2) still works. Returns the attack's execute result."""
+    path = server.callback_address.unix_path
+    before = os.stat(path)
+    sentinel = f"attack_over_{secrets.token_hex(4)}"
+    victims, attacker = await connect(info), await connect(info)
+    common = {
+        "language": language,
+        "executor": executor,
+        "limits": {"timeout_ms": 120_000},
+        "allowed_tools": ["echo.*"],  # tools added later are callable too
+    }
+    victim_result: dict[str, Any] = {}
+
+    async def run_victim() -> None:
+        params = {**common, "code": victim, "inputs": {"sentinel": sentinel}}
+        victim_result.update(await victims.call("execute", params))
+
+    with trio.fail_after(240):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_victim)
+            while len(server.executions) == 0:
+                await trio.sleep(0.01)  # nothing announces that an execution started
+            params = {**common, "code": attack, "inputs": {"path": path}}
+            attacked = await attacker.call("execute", params)
+            await attacker.call(
+                "tools/call", {"name": "echo.add_tool", "arguments": {"name": sentinel}}
+            )
+    assert victim_result["status"] == "ok", victim_result["error"]
+    calls = victim_result["result"]["calls"]
+    assert victim_result["result"] == {"total": calls, "calls": calls}
+    after = os.stat(path)
+    assert stat.S_ISSOCK(after.st_mode)
+    assert (after.st_ino, after.st_mode, after.st_uid) == (
+        before.st_ino,
+        before.st_mode,
+        before.st_uid,
+    )
+    later_result = await attacker.call("execute", {**common, "code": later})
+    assert (later_result["status"], later_result["result"]) == ("ok", {"sum": 42}), later_result
+    return attacked
+
+
+@pytest.fixture
+async def tooled(start_daemon: Any, connect: Any) -> tuple[Any, Any]:
+    server, info = await start_daemon(upstreams=[ECHO], executors={"deno": {"pool_size": 2}})
+    await wait_upstreams(server, "echo")
+    return server, info
+
+
+async def test_the_callback_socket_is_out_of_reach(tooled: tuple[Any, Any], connect: Any) -> None:
+    server, info = tooled
+    attacked = await attack_the_callback_channel(
+        server,
+        connect,
+        info,
+        executor="deno",
+        language="typescript",
+        attack=CALLBACK_ATTACK_TS,
+        victim=VICTIM_TS,
+        later=LATER_TS,
+    )
+    assert attacked["status"] == "ok", attacked
+    tried = attacked["result"]["tried"]
+    assert "ALLOWED" not in tried.values(), tried
+    assert set(tried.values()) <= {"NotCapable", "Error"}, tried
+    assert attacked["result"]["granted"] == []
+    # What the program can reach of its own process: the pipes and its own connection.
+    assert sorted(attacked["result"]["open"]) == ["stderr", "stdin", "stdout", "unixStream"]
