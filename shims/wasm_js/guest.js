@@ -36,8 +36,6 @@ const toNumber = Number;
 const uncurry = (method) => Function.prototype.call.bind(method);
 const split = uncurry(String.prototype.split);
 const exec = uncurry(RegExp.prototype.exec);
-const push = uncurry(Array.prototype.push);
-const join = uncurry(Array.prototype.join);
 const promiseThen = Promise.prototype.then;
 const clock = performance;
 const clockNow = uncurry(clock.now);
@@ -58,18 +56,22 @@ function request(method, params, tool) {
 
 const tools = makeTools(request);
 
-// Only the program's own frames, at the user's own line numbers.
+// Only the program's own frames, at the user's own line numbers. Built as a string,
+// not an array: pushing onto an array sets its indices through whatever accessors a
+// program planted on Array.prototype (a setter that drops the frame, a getter that
+// answers for it), which would let it forge the report or run inside it.
 function userTraceback(stack, lineOffset) {
   const lines = split(toString(stack), "\n");
-  const frames = [];
+  let traceback = "";
   for (let i = 0; i < lines.length; i++) {
     const match = exec(PROGRAM_FRAME, lines[i]);
     if (!match) continue;
     const name = match[1] || "<program>";
     const userLine = max(1, toNumber(match[2]) - lineOffset);
-    push(frames, `    at ${name} (<program>:${userLine}:${match[3]})`);
+    const frame = `    at ${name} (<program>:${userLine}:${match[3]})`;
+    traceback = traceback === "" ? frame : `${traceback}\n${frame}`;
   }
-  return join(frames, "\n");
+  return traceback;
 }
 
 function describeError(error, lineOffset) {
