@@ -5,6 +5,11 @@ tool is resolved within the caller's allowlists, a sandbox's call is counted aga
 its execution's limit, and gateway failures are translated (most specific first) into
 the RPC errors the caller sees. Tool calls never take an execution slot and never
 count against the rate limit: a program holding the only slot must finish.
+
+A sandbox may not learn which tools exist beyond those it may call. A tool that does
+not exist and one its allowlists exclude get one answer (`unavailable`): the same
+code, message and data, after the same work. Clients, which may list what their own
+tokens allow, are told which it was, with close matches.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ __all__ = [
     "gateway_errors",
     "requested_allowlist",
     "shaped",
+    "unavailable",
     "wire_error",
 ]
 
@@ -104,6 +110,19 @@ def wire_error(exc: GatewayError, tool: str | None = None) -> RpcError:
     return UpstreamError(f"upstream error: {exc}", data)
 
 
+def unavailable(name: str) -> Forbidden:
+    """What a sandbox is told of any tool it may not call, existing or not.
+
+    It depends on nothing but `name` as the program spelled it: no canonical path, no
+    suggestions, so no answer says which names the catalogue holds.
+    """
+    return Forbidden(
+        f"forbidden: tool {name} is not allowed here; add it to allowed_tools, "
+        "within what your token allows",
+        {"tool": name},
+    )
+
+
 def shaped(tool: Tool, result: dict[str, Any]) -> dict[str, Any]:
     """A tool result as sandboxes' SDKs take it: `{value}` or `{error}` (one shape)."""
     if result.get("isError"):
@@ -153,11 +172,17 @@ class ToolAccess:
         return self.catalogue.tools(allowlists_for(principal))
 
     def resolve(self, principal: Principal, name: str) -> Tool:
-        """The tool `name` names (id or SDK path), if this principal may call it."""
+        """The tool `name` names (id or SDK path), if this principal may call it.
+
+        Raises `unavailable(name)` for a sandbox, whether the tool is missing or not
+        allowed; a client gets `NotFound` (with close matches) or `Forbidden`.
+        """
+        sandboxed = principal.kind == "session"
+        allow = _allowlists(principal.tool_patterns)
         try:  # on every tool call: plain try, no context manager
-            return self.catalogue.resolve(name, allow=_allowlists(principal.tool_patterns))
+            return self.catalogue.resolve(name, allow=allow, suggest=not sandboxed)
         except GatewayError as exc:
-            raise wire_error(exc, name) from exc
+            raise _refusal(principal, exc, name) from exc
 
     async def call(
         self, principal: Principal, name: str, arguments: dict[str, Any]
@@ -180,6 +205,8 @@ class ToolAccess:
             timeout_s = self._daemon.config.gateway.call_timeout_s
             try:
                 result = await self.catalogue.call(tool, arguments, timeout_s=timeout_s)
+            except ToolNotFound as exc:  # it left since `resolve`: as if never there
+                raise _refusal(principal, exc, name) from exc
             except GatewayError as exc:
                 raise wire_error(exc, tool.id) from exc
             outcome = "error" if result.get("isError") else "ok"
@@ -203,6 +230,13 @@ class ToolAccess:
             "execution_id": principal.execution_id,
         }
         self._daemon.events.publish(Event(EventType.TOOL_CALLED, data, owner))
+
+
+def _refusal(principal: Principal, exc: GatewayError, name: str) -> RpcError:
+    """The wire error for a failed lookup of `name`: `unavailable` for a sandbox."""
+    if principal.kind == "session" and isinstance(exc, ToolNotFound | ToolForbidden):
+        return unavailable(name)
+    return wire_error(exc, name)
 
 
 def _outcome_name(error: RpcError) -> str:

@@ -30,7 +30,7 @@ from conduit.daemon.dispatcher import CallContext, NoParams, Params, invalid_par
 from conduit.daemon.errors import Forbidden, InvalidParams
 from conduit.daemon.methods.executions import ExecuteParams
 from conduit.daemon.methods.sdk import render_declarations
-from conduit.daemon.tool_access import allowlists_for, shaped
+from conduit.daemon.tool_access import allowlists_for, shaped, unavailable
 from conduit.executors.base import Status
 from conduit.gateway.catalogue import Catalogue
 from conduit.gateway.model import Tool
@@ -311,7 +311,9 @@ def _refused(message: str) -> dict[str, Any]:
 
 async def _call_builtin(language: str, params: CallParams, ctx: CallContext) -> dict[str, Any]:
     principal = ctx.require_principal()
-    if principal.kind == "session" or "execute" not in principal.scopes:
+    if principal.kind == "session":  # refused as every tool outside its allowlist is
+        raise unavailable(params.name)
+    if "execute" not in principal.scopes:
         raise Forbidden(f"forbidden: {principal.name} may not call {params.name}")
     # Bad arguments are the model's to correct, so they come back as tool errors
     # (MCP's advice), not as protocol errors a client might hide from it.
@@ -333,7 +335,11 @@ async def _call_builtin(language: str, params: CallParams, ctx: CallContext) -> 
 
 @method("tools/call", params=CallParams, scope="tools", session=True)
 async def call_tool(params: CallParams, ctx: CallContext) -> dict[str, Any]:
-    """Call a tool by id or SDK path with its arguments; answers an MCP tool result."""
+    """Call a tool by id or SDK path with its arguments; answers an MCP tool result.
+
+    A sandbox is refused alike (-32003, one message and `data.tool`, the name as sent)
+    for a tool that does not exist and one its allowlists exclude; a client is told
+    which (-32001 with close matches, or -32003)."""
     language = BUILTIN_TOOLS.get(params.name)
     if language is not None:
         return await _call_builtin(language, params, ctx)
