@@ -75,7 +75,7 @@ return caught;
     failed, missing = result["result"]
     assert failed == {"isToolError": True, "code": -32007, "tool": "echo__fail", "message": "nope"}
     assert missing["isToolError"] is True
-    assert missing["code"] == NotFound.code
+    assert missing["code"] == Forbidden.code  # one answer for missing and forbidden
     assert "echo.no_such_tool" in missing["message"]
 
 

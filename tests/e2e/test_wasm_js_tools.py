@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import trio
 
-from conduit.daemon.errors import Forbidden, NotFound
+from conduit.daemon.errors import Forbidden
 from tests.e2e.test_tools import tooled  # noqa: F401 (a fixture)
 
 ON_BOTH = [
@@ -73,7 +73,7 @@ async def test_tool_errors_carry_the_daemon_codes(tooled: Any) -> None:  # noqa:
     result = await run(client, ON_BOTH[1], "wasm-js")
     failed, missing = result["result"]
     assert failed["code"] == -32007 and failed["tool"] == "echo__fail"
-    assert missing["code"] == NotFound.code and missing["name"] == "ToolError"
+    assert missing["code"] == Forbidden.code and missing["name"] == "ToolError"
 
 
 async def test_the_allowlist_binds_the_program(tooled: Any) -> None:  # noqa: F811
