@@ -288,9 +288,13 @@ class Daemon:
 
     def _deadlines(self, transport: str) -> Deadlines:
         server = self.config.server
-        # A sandbox's connection lives no longer than its execution, whose own timeout
-        # bounds it; an idle one is a program thinking between tool calls.
-        idle_s = server.idle_timeout_s if server.idle_timeout_s and transport != "sandbox" else None
+        if transport == "sandbox":
+            # None: a warm worker connects before its job (and token) exists, then waits
+            # for it, and a program thinks between tool calls. The socket lives in the
+            # 0700 runtime directory, so only the daemon's own uid reaches it, and its
+            # budget is its own: holding its connections locks no client out.
+            return Deadlines()
+        idle_s = server.idle_timeout_s or None
         return Deadlines(auth_s=server.auth_timeout_s, idle_s=idle_s)
 
     async def serve_stream(

@@ -26,21 +26,21 @@ started before any job exists).
 
 The callback channel is out of the program's reach. The address is the daemon's one
 sandbox socket, shared by every execution: a program allowed to touch it could unlink
-it and listen in its place, reading and answering everyone's tool calls. So the shim
-connects when its job arrives, before the program's code exists, presents the token
-at once, and then revokes every permission and checks that none is left
-(`shims/permissions.js`); the program runs with no permission at all. What it can
-reach at most is that one connection (Deno 2 has no `resources()`, but its internals
-are reachable), which carries only its own token and calls. Chosen over a channel on
-the worker's own pipes, which would need no permission ever but a second framing on
-stdout beside the program's output and the daemon dispatching calls per worker; the
-cost here is one connect, one revocation and a ping per execution, about 1-2 ms of
-the shim's time (p50 of a trivial execution through the daemon: 5.6 ms before, 7.4 ms
-after on a loaded two-core machine; one tool call: 10.4 and 11.1 ms).
+it and listen in its place, reading and answering everyone's tool calls. So a worker
+is handed the address in a one-line prelude on stdin as it starts, connects, then
+revokes every permission and checks that none is left (`shims/permissions.js`), all
+before it says READY: no job, token or program exists yet, and the program runs with
+no permission at all. What it can reach at most is that one connection (Deno 2 has no
+`resources()`, but its internals are reachable), which carries only its own token and
+calls. Done while the worker warms up, so no execution waits for the connect. Chosen
+over a channel on the worker's own pipes, which would need no permission ever but a
+second framing on stdout beside the program's output and the daemon dispatching calls
+per worker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.resources
 import logging
@@ -251,6 +251,7 @@ class DenoExecutor:
         self._deno = find_deno(binary)
         self._memory_mb = memory_mb
         self._permission_flags = permission_flags(callback)
+        self._prelude = _encode_prelude(callback)
         self._start_timeout_s = start_timeout_s
         self._shim = Path(str(importlib.resources.files("conduit.shims") / self.shim))
         self._pool: WarmPool[DenoWorker] = WarmPool(
@@ -460,6 +461,7 @@ class DenoExecutor:
         worker = DenoWorker(process, heap_mb)
         try:
             _limit(worker, ProcessLimits(cpu_s=cpu_s))
+            await _send_prelude(process, self._prelude)
             await self._wait_ready(worker)
             self._limit_memory(worker)
         except BaseException:
@@ -626,6 +628,20 @@ def _limit(worker: DenoWorker, limits: ProcessLimits) -> None:
         apply_limits(worker.process, limits)
     except ProcessLookupError as exc:
         raise SandboxCrashed("a Deno worker exited right after starting") from exc
+
+
+def _encode_prelude(callback: CallbackAddress | None) -> bytes:
+    """The line a worker reads as it starts: the one address it connects to before it
+    gives up every permission (see the module docstring)."""
+    address = dataclasses.asdict(callback) if callback is not None else None
+    return jsontext.encode({"callback": address}) + b"\n"
+
+
+async def _send_prelude(process: trio.Process, prelude: bytes) -> None:
+    """Hand a starting worker its prelude; a worker already gone shows in its READY wait."""
+    assert process.stdin is not None
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        await process.stdin.send_all(prelude)
 
 
 def _encode_job(job: Job, nonce: str, bridge: ToolBridge, program: dict[str, Any]) -> bytes:

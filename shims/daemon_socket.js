@@ -2,9 +2,9 @@
 // daemon's sandbox callback address, shared by every call (multiplexed by id), under
 // the execution's session token. Used by the Deno and Pyodide workers.
 //
-// The connection is opened when the job arrives, before the program's code exists;
-// the worker then revokes every permission (permissions.js), so the program can
-// neither connect again nor touch the address's path. What it can reach at most is
+// The connection is opened while the worker warms up, before any job or program
+// exists; the worker then revokes every permission (permissions.js), so the program
+// can neither connect again nor touch the address's path. What it can reach at most is
 // this one connection, which carries only its own token and its own calls.
 //
 // Captured at import, before any program code runs.
@@ -17,29 +17,29 @@ const encode = TextEncoder.prototype.encode.bind(new TextEncoder());
 const decoder = new TextDecoder();
 const decode = TextDecoder.prototype.decode.bind(decoder);
 
-// `request(method, params, tool)` over a connection opened now: a promise of the
-// call's result; rejects with ToolError for an error answer, a lost connection, or an
-// address that could not be reached. `connect` is Deno.connect, captured by the worker
-// before the program could replace it. Never rejects itself.
-export async function openRequester(token, callback, connect) {
-  if (!callback) {
-    return () => Promise.reject(new ToolError("tools are not available in this execution", -32006, null));
-  }
+// The connection to `callback` (the worker's, from its prelude), opened now; null when
+// there is no address. `connect` is Deno.connect, captured by the worker before any
+// program could replace it. Never rejects: a failure shows on the first tool call.
+export async function openChannel(callback, connect) {
+  if (!callback) return null;
   try {
-    const conn = callback.unix_path
+    return callback.unix_path
       ? await connect({ transport: "unix", path: callback.unix_path })
       : await connect({ hostname: callback.tcp_host, port: callback.tcp_port });
-    const request = socketRequester(token, conn);
-    // The daemon closes a connection that presents no valid token within seconds of
-    // connecting (server.auth_timeout_s), and a program may think longer than that
-    // before its first call: present the token now. Not awaited: the program starts
-    // at once, and a failure here shows on its first call.
-    request("ping", {}, null).catch(() => {});
-    return request;
   } catch (error) {
-    const reason = `cannot reach the daemon for tool calls: ${String(error?.message ?? error)}`;
-    return () => Promise.reject(new ToolError(reason, -32603, null));
+    return { failure: `cannot reach the daemon for tool calls: ${String(error?.message ?? error)}` };
   }
+}
+
+// `request(method, params, tool)` on `channel` under `token`: a promise of the call's
+// result; rejects with ToolError for an error answer, a lost connection, or a channel
+// that could not be opened.
+export function requester(token, channel) {
+  if (!channel) {
+    return () => Promise.reject(new ToolError("tools are not available in this execution", -32006, null));
+  }
+  if (channel.failure) return () => Promise.reject(new ToolError(channel.failure, -32603, null));
+  return socketRequester(token, channel);
 }
 
 function socketRequester(token, conn) {

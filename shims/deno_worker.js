@@ -1,12 +1,15 @@
 // Conduit's one-shot Deno worker: runs exactly one program, then exits.
 //
 // Protocol (the daemon side lives in conduit/executors/deno.py):
-//   1. On start the worker writes READY to stdout and blocks reading stdin.
+//   1. On start the daemon writes a one-line prelude, {"callback": <address or null>}.
+//      The worker connects to that address (if any), revokes every permission it was
+//      started with (see permissions.js), writes READY to stdout and blocks reading
+//      stdin: the connection is made, and given up, before any job exists.
 //   2. The daemon writes one JSON object and closes stdin:
 //        {nonce, module, line_offset, inputs, lang, session_token, callback}
-//   3. The worker connects to `callback` (if any), revokes every permission it was
-//      started with (see permissions.js), sets the global `inputs`, imports `module`
-//      from a data: URL, awaits its `default()` and writes, as the last thing on stdout, "\x1e" + nonce + PAYLOAD + "\n", where PAYLOAD is
+//   3. The worker sets the global `inputs`, imports `module` from a data: URL, awaits
+//      its `default()` and writes, as the last thing on stdout, "\x1e" + nonce +
+//      PAYLOAD + "\n", where PAYLOAD is
 //      {"result": <json>} or {"error": {"type", "message", "traceback"}}.
 //      A result JSON.stringify cannot encode (BigInt, cycles, functions, symbols) is
 //      sent as String(value); undefined becomes null.
@@ -18,10 +21,10 @@
 // the only dynamic import here is of the program's own data: URL; the static one is
 // the SDK every JavaScript sandbox shares.
 
-import { openRequester } from "./daemon_socket.js";
+import { openChannel, requester } from "./daemon_socket.js";
 import { dropPermissions } from "./permissions.js";
 import { ToolError, encodeResult, makeTools } from "./sandbox_sdk.js";
-import { readJob, writeAll } from "./worker_io.js";
+import { stdinReader, writeAll } from "./worker_io.js";
 
 // Captured before any program code runs: the program may replace globals and
 // prototypes, and nothing it does may reach the nonce or forge the marker.
@@ -149,17 +152,20 @@ globalThis.addEventListener("unhandledrejection", (event) => {
 await import("data:application/typescript;base64," + toBase64.call(encode("export const n: number = 1;")));
 await import("data:application/javascript;base64," + toBase64.call(encode("export const n = 1;")));
 
-writeText(READY);
-const job = await readJob(stdinRead);
+// The daemon's address is used once, here, and every permission given up before any
+// job exists (see permissions.js): the program gets this connection's calls under its
+// own token, and no way to reach the address itself. Done while the worker is warming,
+// so no execution waits for it.
+const stdin = stdinReader(stdinRead);
+const { callback } = await stdin.prelude();
+const channel = await openChannel(callback, connect);
+dropPermissions(permissions, callback);
 
-// The daemon's address is used once, here, and every permission given up before the
-// program's code exists (see permissions.js): the program gets this connection's
-// calls under its own token, and no way to reach the address itself.
-const request = await openRequester(job.session_token, job.callback, connect);
+writeText(READY);
+const job = await stdin.job();
 
 try {
-  dropPermissions(permissions, job.callback);
-  installTools(request);
+  installTools(requester(job.session_token, job.callback ? channel : null));
   // A plain global, so a program may also declare its own `inputs`.
   globalThis.inputs = job.inputs ?? null;
   const media = job.lang === "javascript" ? "javascript" : "typescript";

@@ -3,21 +3,22 @@
 // Run by the daemon as `deno run <deny-all flags> --allow-read=<Pyodide's files and
 // python_program.py> pyodide_worker.js <pyodide dir> <python_program.py> <those paths>`
 // (conduit/executors/pyodide.py). The protocol is the Deno worker's (deno_worker.js):
-// READY on stdout once loaded, one JSON job on stdin, then "\x1e" + nonce + PAYLOAD as
-// the last thing on stdout, where PAYLOAD is python_program's JSON answer.
+// the prelude line on stdin, READY on stdout once loaded and connected, one JSON job on
+// stdin, then "\x1e" + nonce + PAYLOAD as the last thing on stdout, where PAYLOAD is
+// python_program's JSON answer.
 //
 // Before any program runs, the worker gives up what it no longer needs and what Python
 // could reach through `import js`: read permission on Pyodide's files is revoked once
-// they are loaded, every other permission (the daemon's callback address) once the
-// job's connection is open, and the ways a program could end or write past the
+// they are loaded, every other permission (the daemon's callback address) once its
+// connection is open, before READY, and the ways a program could end or write past the
 // daemon's reading of this process are deleted. Whatever
 // is left, the daemon treats this process's stdout and exit as the program's own,
 // untrusted: only the nonce-marked line counts.
 
-import { openRequester } from "./daemon_socket.js";
+import { openChannel, requester } from "./daemon_socket.js";
 import { dropPermissions } from "./permissions.js";
 import { boot } from "./pyodide_boot.js";
-import { readJob, writeAll } from "./worker_io.js";
+import { stdinReader, writeAll } from "./worker_io.js";
 
 // Captured first: nothing below may be reached or replaced by the program.
 const stringify = JSON.stringify;
@@ -88,19 +89,18 @@ async function noDaemon() {
 // throwaway program, in the program's own fresh namespace (each run makes its own).
 await runProgram({ code: "sum([1, 2])", inputs: null, timeout_ms: 1000 }, noDaemon);
 
-writeAll(stdoutWrite, encode(READY));
-const job = await readJob(stdinRead);
+// The daemon's address is used once, here, and every permission given up before any
+// job exists (see permissions.js): Python, even through `import js`, gets this
+// connection's calls under its own token, and no way to reach the address itself.
+// A permission that will not go ends the worker here, before READY.
+const stdin = stdinReader(stdinRead);
+const { callback } = await stdin.prelude();
+const channel = await openChannel(callback, connect);
+dropPermissions(permissions, callback);
 
-// The daemon's address is used once, here, and every permission given up before the
-// program's code exists (see permissions.js): Python, even through `import js`, gets
-// this connection's calls under its own token, and no way to reach the address itself.
-const request = await openRequester(job.session_token, job.callback, connect);
-let dropped;
-try {
-  dropPermissions(permissions, job.callback);
-} catch (error) {
-  dropped = error;
-}
+writeAll(stdoutWrite, encode(READY));
+const job = await stdin.job();
+const request = requester(job.session_token, job.callback ? channel : null);
 
 // One JSON-RPC call to the daemon, for python_program's `host_call`: the answer as JSON
 // text, {"result": ...} or {"error": {...}}, never a rejection.
@@ -114,7 +114,6 @@ async function hostCall(method, params) {
 
 let answer;
 try {
-  if (dropped) throw dropped;
   answer = await runProgram(job.program, hostCall);
 } catch (error) {
   answer = stringify({ error: { type: "InternalError", message: String(error?.message ?? error), traceback: "" } });

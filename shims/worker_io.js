@@ -1,6 +1,8 @@
-// A one-shot Deno worker's two pipes to the daemon: the job arrives whole on stdin, and
-// everything goes out on stdout with synchronous writes. Shared by the Deno and
-// Pyodide workers; each passes the pipe functions it captured before any program ran.
+// A one-shot Deno worker's two pipes to the daemon. Stdin brings a one-line prelude as
+// soon as the worker starts (what it may set up before any job exists), then the job,
+// whole, up to the end of the pipe; everything goes out on stdout with synchronous
+// writes. Shared by the Deno and Pyodide workers; each passes the pipe functions it
+// captured before any program ran.
 
 const parse = JSON.parse;
 const decode = TextDecoder.prototype.decode.bind(new TextDecoder());
@@ -11,22 +13,38 @@ export function writeAll(write, bytes) {
   while (offset < bytes.length) offset += write(bytes.subarray(offset));
 }
 
-// Read `read` (a captured `Deno.stdin.read`) to its end and parse it as the job.
-export async function readJob(read) {
-  const chunks = [];
-  let total = 0;
-  for (;;) {
+// Stdin as the prelude's line, then the job: `read` is a captured `Deno.stdin.read`.
+export function stdinReader(read) {
+  let pending = new Uint8Array(0);
+
+  async function more() {
     const buffer = new Uint8Array(65536);
     const n = await read(buffer);
-    if (n === null) break;
-    chunks.push(buffer.subarray(0, n));
-    total += n;
+    if (n === null) return false;
+    const joined = new Uint8Array(pending.length + n);
+    joined.set(pending);
+    joined.set(buffer.subarray(0, n), pending.length);
+    pending = joined;
+    return true;
   }
-  const all = new Uint8Array(total);
-  let offset = 0;
-  for (const chunk of chunks) {
-    all.set(chunk, offset);
-    offset += chunk.length;
-  }
-  return parse(decode(all));
+
+  return {
+    // The first line, parsed; throws if stdin ends before it.
+    async prelude() {
+      for (;;) {
+        const newline = pending.indexOf(10);
+        if (newline >= 0) {
+          const line = pending.subarray(0, newline);
+          pending = pending.subarray(newline + 1);
+          return parse(decode(line));
+        }
+        if (!(await more())) throw new Error("stdin ended before the worker's prelude");
+      }
+    },
+    // Everything after the prelude, to the end of stdin, parsed as the job.
+    async job() {
+      while (await more());
+      return parse(decode(pending));
+    },
+  };
 }
