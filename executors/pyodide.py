@@ -4,8 +4,8 @@ Each execution runs in a fresh `deno run` process, exactly as on the Deno execut
 (`deno.DenoExecutor`, whose warm pool, limits and nonce-marked result protocol this
 reuses): no permission but the callback address and read access to Pyodide's own
 files and the program contract. Read access to those files is revoked once they are
-loaded; the callback address is used once, to connect when the job arrives, and every
-permission is revoked before the program runs (see `deno` for why). The worker
+loaded; the callback address is used once, to connect as the worker warms up, and
+every permission is revoked before it reports ready (see `deno` for why). The worker
 (`shims/pyodide_worker.js`) loads Pyodide before it reports ready, so the ~2 s load is
 paid by the pool, off the request path, and runs `shims/python_program.py`: the same
 contract as wasm-python, plus top-level `await`. Tool calls from Python are
