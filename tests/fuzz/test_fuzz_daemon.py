@@ -160,41 +160,39 @@ def method_calls(draw: st.DrawFn) -> bytes:
     return request_line(name, params, ident, token)
 
 
-def fuzz(clients: list[LineClient], lines: st.SearchStrategy[bytes], examples: int) -> None:
+async def fuzz_both_sockets(served: Any, lines: st.SearchStrategy[bytes], examples: int) -> None:
+    """Send generated lines on the Unix socket and on unauthenticated TCP, each example
+    on one of the two; then the daemon must still serve."""
+    clients = [
+        LineClient(unix_client(served.unix_path)),
+        LineClient(tcp_client(served.tcp_address)),
+    ]
+
     @settings(max_examples=examples, **QUIET)
     @given(st.sampled_from(range(len(clients))), lines)
     def prop(which: int, line: bytes) -> None:
         clients[which].exchange(line)
 
     try:
-        prop()
+        await trio.to_thread.run_sync(prop)
     finally:
         for client in clients:
             client.close()
+    await assert_still_serving(served)
 
 
 @pytest.mark.parametrize("examples", run_counts(5_000))
 async def test_no_line_on_either_socket_gets_a_bad_reply_or_stops_the_daemon(
     served: Any, examples: int
 ) -> None:
-    clients = [
-        LineClient(unix_client(served.unix_path)),
-        LineClient(tcp_client(served.tcp_address)),
-    ]
-    await trio.to_thread.run_sync(fuzz, clients, hostile_lines, examples)
-    await assert_still_serving(served)
+    await fuzz_both_sockets(served, hostile_lines, examples)
 
 
 @pytest.mark.parametrize("examples", run_counts(5_000))
 async def test_no_params_to_any_method_get_a_bad_reply_or_stop_the_daemon(
     served: Any, examples: int
 ) -> None:
-    clients = [
-        LineClient(unix_client(served.unix_path)),
-        LineClient(tcp_client(served.tcp_address)),
-    ]
-    await trio.to_thread.run_sync(fuzz, clients, method_calls(), examples)
-    await assert_still_serving(served)
+    await fuzz_both_sockets(served, method_calls(), examples)
 
 
 async def assert_still_serving(served: Any) -> None:

@@ -10,6 +10,7 @@ place of the surrogate, and the daemon goes on serving and recording.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -133,20 +134,27 @@ EXECUTORS = [
 ]
 
 
+@pytest.fixture
+def start_for(
+    start_daemon: Callable[..., Any], tmp_path: Path, request: pytest.FixtureRequest
+) -> Callable[..., Any]:
+    """Start a daemon that serves `executor` (Pyodide is off by default: turn it on,
+    with the session's install)."""
+
+    async def start(executor: str, **sections: Any) -> tuple[Any, Any]:
+        if executor == "pyodide":
+            share_install(tmp_path / "state", request.getfixturevalue("pyodide_install"))
+            sections["executors"] = {"pyodide": {"enabled": True, "pool_size": 1}}
+        return await start_daemon(**sections)
+
+    return start
+
+
 @pytest.mark.parametrize(("language", "executor"), EXECUTORS)
 async def test_a_program_s_surrogates_and_odd_numbers_come_back_replaced(
-    start_daemon: Any,
-    connect: Any,
-    tmp_path: Path,
-    request: pytest.FixtureRequest,
-    language: str,
-    executor: str,
+    start_for: Callable[..., Any], connect: Any, language: str, executor: str
 ) -> None:
-    sections: dict[str, Any] = {}
-    if executor == "pyodide":
-        share_install(tmp_path / "state", request.getfixturevalue("pyodide_install"))
-        sections["executors"] = {"pyodide": {"enabled": True, "pool_size": 1}}
-    _, info = await start_daemon(**sections)
+    _, info = await start_for(executor)
     client = await connect(info)
     answers = {}
     for name, code in PROGRAMS[language].items():
@@ -191,18 +199,9 @@ UPSTREAM_PROGRAMS = {
 
 @pytest.mark.parametrize(("language", "executor"), EXECUTORS)
 async def test_an_upstream_s_surrogates_and_odd_numbers_reach_a_program_replaced(
-    start_daemon: Any,
-    connect: Any,
-    tmp_path: Path,
-    request: pytest.FixtureRequest,
-    language: str,
-    executor: str,
+    start_for: Callable[..., Any], connect: Any, language: str, executor: str
 ) -> None:
-    sections: dict[str, Any] = {"upstreams": [ECHO]}
-    if executor == "pyodide":
-        share_install(tmp_path / "state", request.getfixturevalue("pyodide_install"))
-        sections["executors"] = {"pyodide": {"enabled": True, "pool_size": 1}}
-    server, info = await start_daemon(**sections)
+    server, info = await start_for(executor, upstreams=[ECHO])
     await wait_upstreams(server, "echo")
     client = await connect(info)
     await client.send(
