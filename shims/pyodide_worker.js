@@ -88,6 +88,10 @@ async function noDaemon() {
 // costs ~10 ms more than the next. Pay that here, off the request path, on a
 // throwaway program, in the program's own fresh namespace (each run makes its own).
 await runProgram({ code: "sum([1, 2])", inputs: null, timeout_ms: 1000 }, noDaemon);
+// The snapshot holds `random` as it was seeded when the snapshot was made: without a
+// fresh seed (from crypto.getRandomValues, new in every process) every execution would
+// draw the same numbers.
+pyodide.runPython("__import__('random').seed()");
 
 // The daemon's address is used once, here, and every permission given up before any
 // job exists (see permissions.js): Python, even through `import js`, gets this
