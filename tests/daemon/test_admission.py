@@ -23,7 +23,7 @@ from conduit.daemon.errors import Overloaded, Unauthenticated
 from conduit.daemon.limits import ConnectionBudget, ConnectionSlot
 from conduit.daemon.server import Daemon
 from tests.conftest import MASTER_TOKEN, WAIT_S
-from tests.e2e.helpers import execute, wait_upstreams
+from tests.e2e.helpers import execute, farewells, wait_upstreams
 from tests.fixtures.mcp_echo_server import command as echo_command
 
 NO_DENO = {"executors": {"deno": {"enabled": False}}}
@@ -203,22 +203,7 @@ async def _flood(address: tuple[str, int], count: int) -> list[trio.SocketStream
 
 async def _farewells(streams: list[trio.SocketStream]) -> list[Any]:
     """Each stream's one line before the daemon closed it (fails after WAIT_S)."""
-    told: list[Any] = []
-
-    async def read(stream: trio.SocketStream) -> None:
-        data = b""
-        try:
-            while chunk := await stream.receive_some():
-                data += chunk
-        except trio.BrokenResourceError:
-            pass  # reset: the daemon closed it before the line reached us
-        told.append(json.loads(data) if data else None)
-
-    with trio.fail_after(WAIT_S + 30):
-        async with trio.open_nursery() as nursery:
-            for stream in streams:
-                nursery.start_soon(read, stream)
-    return told
+    return await farewells(streams, WAIT_S + 30)
 
 
 @pytest.fixture

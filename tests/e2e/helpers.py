@@ -6,6 +6,7 @@ would; `execute()` and `wait_upstreams()` serve the tests that run it in-process
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -102,6 +103,27 @@ async def wait_available(socket_path: str, executor: str) -> None:
             if any(e["name"] == executor and e["available"] for e in executors):
                 return
             await trio.sleep(0.05)  # nothing announces readiness to a client
+
+
+async def farewells(streams: list[trio.SocketStream], wait_s: float) -> list[Any]:
+    """Each stream's one JSON line before the daemon closed it (None where it was reset
+    before the line reached us), in the order they closed; fails after `wait_s`."""
+    told: list[Any] = []
+
+    async def read(stream: trio.SocketStream) -> None:
+        data = b""
+        try:
+            while chunk := await stream.receive_some():
+                data += chunk
+        except trio.BrokenResourceError:
+            pass
+        told.append(json.loads(data) if data else None)
+
+    with trio.fail_after(wait_s):
+        async with trio.open_nursery() as nursery:
+            for stream in streams:
+                nursery.start_soon(read, stream)
+    return told
 
 
 async def execute(client: RawClient, code: str, **params: Any) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import trio
 
 from conduit.daemon.errors import Overloaded, Unauthenticated
 from tests.conftest import RawClient
-from tests.e2e.helpers import CONDUIT, base_env, call, conduit_serve, execute
+from tests.e2e.helpers import CONDUIT, base_env, call, conduit_serve, execute, farewells
 from tests.fixtures.mcp_echo_server import command as echo_command
 
 
@@ -186,17 +186,6 @@ async def _tcp_address(daemon: Any) -> tuple[str, int]:
             await trio.sleep(0.05)  # the log is a file; nothing announces a new line
 
 
-async def _until_closed(stream: trio.SocketStream) -> Any:
-    """The one line the daemon sent before closing `stream` (None if it was reset)."""
-    data = b""
-    try:
-        while chunk := await stream.receive_some():
-            data += chunk
-    except trio.BrokenResourceError:
-        pass
-    return json.loads(data) if data else None
-
-
 @pytest.mark.slow
 async def test_2000_idle_tcp_connections_leave_the_owner_served_then_are_closed(
     tmp_path: Path, short_dir: Path
@@ -231,15 +220,7 @@ async def test_2000_idle_tcp_connections_leave_the_owner_served_then_are_closed(
             if trio.current_time() - flooded_at < FLOOD_AUTH_TIMEOUT_S:
                 assert status["connections"] >= 1024 + 1  # the flood was still there
 
-            told: list[Any] = []
-
-            async def read(stream: trio.SocketStream) -> None:
-                told.append(await _until_closed(stream))
-
-            with trio.fail_after(FLOOD_AUTH_TIMEOUT_S + 60):
-                async with trio.open_nursery() as nursery:
-                    for stream in flood:
-                        nursery.start_soon(read, stream)
+            told = await farewells(flood, FLOOD_AUTH_TIMEOUT_S + 60)
         finally:
             with trio.CancelScope(shield=True):
                 for stream in flood:

@@ -16,23 +16,14 @@ import trio
 
 from conduit.executors.base import Job, Limits, Outcome, Status
 from conduit.executors.pyodide import PyodideExecutor
-from tests.sandboxes import NoBridge
+from tests.sandboxes import LOAD_WAIT_S, NoBridge, start_pyodide
 
 pytestmark = pytest.mark.slow
-
-# Loading Pyodide takes seconds, more on a loaded two-core machine.
-LOAD_WAIT_S = 120
 
 
 @pytest.fixture
 async def pyodide(nursery: trio.Nursery, tmp_path: Path, pyodide_install: Path) -> PyodideExecutor:
-    executor = PyodideExecutor(
-        cache_dir=tmp_path / "pyodide", install_dir=pyodide_install, pool_size=1
-    )
-    await nursery.start(executor.serve)
-    with trio.fail_after(LOAD_WAIT_S):
-        assert await executor.wait_ready(), executor.info().reason
-    return executor
+    return await start_pyodide(nursery, tmp_path, pyodide_install)
 
 
 async def run(executor: PyodideExecutor, code: str, inputs: Any = None, **limits: Any) -> Outcome:

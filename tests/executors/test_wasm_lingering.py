@@ -11,12 +11,19 @@ def test_a_fresh_budget_admits_and_counts_nothing() -> None:
     assert budget.statistics().threads == 0
 
 
+def _refusal_after(budget: LingerBudget, charged: list[str], asking: str) -> str:
+    """What `budget` tells `asking` once each of `charged` has a 64 MB runner lingering."""
+    for principal in charged:
+        budget.charge(principal, 64)
+    refusal = budget.refusal(asking, 64)
+    assert refusal is not None
+    return refusal
+
+
 def test_the_total_thread_cap_refuses_everyone_until_a_runner_finishes() -> None:
     budget = LingerBudget(max_threads=2, max_threads_per_principal=2)
-    budget.charge("alice", 64)
-    budget.charge("bob", 64)
-    refusal = budget.refusal("carol", 64)
-    assert refusal is not None and "executor's" in refusal and "try again" in refusal
+    refusal = _refusal_after(budget, ["alice", "bob"], "carol")
+    assert "executor's" in refusal and "try again" in refusal
     budget.release("alice", 64)
     assert budget.refusal("carol", 64) is None
     assert budget.statistics().threads == 1
@@ -24,10 +31,7 @@ def test_the_total_thread_cap_refuses_everyone_until_a_runner_finishes() -> None
 
 def test_one_principal_cannot_take_the_whole_budget() -> None:
     budget = LingerBudget(max_threads=10, max_threads_per_principal=2)
-    budget.charge("alice", 64)
-    budget.charge("alice", 64)
-    refusal = budget.refusal("alice", 64)
-    assert refusal is not None and "caller's" in refusal
+    assert "caller's" in _refusal_after(budget, ["alice", "alice"], "alice")
     assert budget.refusal("bob", 64) is None
 
 

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 import trio
 
-from conduit.executors.base import Job, Limits, Outcome, Status
+from conduit.executors.base import Status
 from conduit.executors.deno import DenoExecutor
 from tests.e2e.helpers import wait_upstreams
 from tests.e2e.test_tools import ECHO
 from tests.processes import deno_children
-from tests.sandboxes import WAIT_S, NoBridge
+from tests.sandboxes import WAIT_S, Attacks, each_attack, error_text
 
 
 @pytest.fixture
@@ -34,25 +34,18 @@ async def deno(nursery: trio.Nursery, tmp_path: Path) -> DenoExecutor:
     return executor
 
 
-async def run(executor: DenoExecutor, code: str, **limits: Any) -> Outcome:
-    with trio.fail_after(WAIT_S):
-        return await executor.run(
-            Job("ex_attack", "typescript", code, Limits(**limits)), NoBridge()
-        )
+_attacks = Attacks("typescript", "return 1 + 1")
+run, refused = _attacks.run, _attacks.refused
 
 
-async def refused(executor: DenoExecutor, code: str, **limits: Any) -> Outcome:
-    """Run an attack; assert it failed, and that a harmless program runs after it."""
-    outcome = await run(executor, code, **limits)
-    assert outcome.status is not Status.OK, outcome
-    after = await run(executor, "return 1 + 1")
-    assert (after.status, after.result) == (Status.OK, 2), after
-    return outcome
-
-
-def error_text(outcome: Outcome) -> str:
-    assert outcome.error is not None, outcome
-    return f"{outcome.error.type}: {outcome.error.message}"
+def requesting(name: str, *, sync: bool = False) -> str:
+    """A program asking Deno for permission `name`, throwing unless it is granted
+    (--no-prompt answers "denied")."""
+    call = "Deno.permissions.requestSync" if sync else "await Deno.permissions.request"
+    return (
+        f"const s = {call}({{name: '{name}'}});\n"
+        "if (s.state !== 'granted') throw new Error(s.state)"
+    )
 
 
 # -- the host: files, environment, processes, native code ----------------------------
@@ -137,11 +130,7 @@ async def test_writing_a_file_is_refused(deno: DenoExecutor, tmp_path: Path) -> 
 
 
 async def test_permissions_cannot_be_requested(deno: DenoExecutor) -> None:
-    code = (
-        "const s = await Deno.permissions.request({name: 'read'});\n"
-        "if (s.state !== 'granted') throw new Error(s.state);\n"
-        "return Deno.readTextFileSync('/etc/passwd')"
-    )
+    code = requesting("read") + ";\nreturn Deno.readTextFileSync('/etc/passwd')"
     outcome = await refused(deno, code)
     assert error_text(outcome) == "Error: denied"
 
@@ -238,35 +227,16 @@ HOST_ATTACKS = [
         "process.dlopen({exports: {}}, '/lib/x86_64-linux-gnu/libc.so.6')",
         "ffi access",
     ),
-    (
-        "request_net",
-        "const s = await Deno.permissions.request({name: 'net'});\n"
-        "if (s.state !== 'granted') throw new Error(s.state)",
-        "denied",
-    ),
-    (
-        "request_run",
-        "const s = await Deno.permissions.request({name: 'run'});\n"
-        "if (s.state !== 'granted') throw new Error(s.state)",
-        "denied",
-    ),
-    (
-        "request_write",
-        "const s = Deno.permissions.requestSync({name: 'write'});\n"
-        "if (s.state !== 'granted') throw new Error(s.state)",
-        "denied",
-    ),
+    ("request_net", requesting("net"), "denied"),
+    ("request_run", requesting("run"), "denied"),
+    ("request_write", requesting("write", sync=True), "denied"),
     ("remote_import_localhost", "return await import('http://127.0.0.1:1/x.js')", "--no-remote"),
 ]
 
 
-@pytest.mark.parametrize(
-    ("code", "refusal"), [row[1:] for row in HOST_ATTACKS], ids=[row[0] for row in HOST_ATTACKS]
-)
+@each_attack(HOST_ATTACKS)
 async def test_host_attack_is_refused(deno: DenoExecutor, code: str, refusal: str) -> None:
-    outcome = await refused(deno, code)
-    assert outcome.status is Status.ERROR
-    assert refusal in error_text(outcome)
+    await _attacks.refused_with(deno, code, refusal)
 
 
 # -- the network --------------------------------------------------------------------------

@@ -17,18 +17,16 @@ from typing import Any
 import pytest
 import trio
 
-from conduit.executors.base import Job, Limits, Outcome, Status
+from conduit.executors.base import Status
 from conduit.executors.pyodide import PyodideExecutor
 from tests.e2e.helpers import wait_upstreams
 from tests.e2e.test_pyodide_tools import share_install
 from tests.e2e.test_tools import ECHO
-from tests.sandboxes import NoBridge
+from tests.sandboxes import LOAD_WAIT_S, Attacks, each_attack, start_pyodide
 from tests.security.test_deno_sandbox import attack_the_callback_channel
 
 pytestmark = pytest.mark.slow
 
-# Loading Pyodide takes seconds, more on a loaded two-core machine.
-LOAD_WAIT_S = 120
 SECRET = "env-s3cret"
 
 
@@ -40,32 +38,11 @@ def _secret_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 async def pyodide(nursery: trio.Nursery, tmp_path: Path, pyodide_install: Path) -> PyodideExecutor:
-    executor = PyodideExecutor(
-        cache_dir=tmp_path / "pyodide", install_dir=pyodide_install, pool_size=1
-    )
-    await nursery.start(executor.serve)
-    with trio.fail_after(LOAD_WAIT_S):
-        assert await executor.wait_ready(), executor.info().reason
-    return executor
+    return await start_pyodide(nursery, tmp_path, pyodide_install)
 
 
-async def run(executor: PyodideExecutor, code: str, **limits: Any) -> Outcome:
-    with trio.fail_after(LOAD_WAIT_S):
-        return await executor.run(Job("ex_attack", "python", code, Limits(**limits)), NoBridge())
-
-
-async def refused(executor: PyodideExecutor, code: str, **limits: Any) -> Outcome:
-    """Run an attack; assert it failed, and that a harmless program runs after it."""
-    outcome = await run(executor, code, **limits)
-    assert outcome.status is not Status.OK, outcome
-    after = await run(executor, "1 + 1")
-    assert (after.status, after.result) == (Status.OK, 2), after
-    return outcome
-
-
-def error_text(outcome: Outcome) -> str:
-    assert outcome.error is not None, outcome
-    return f"{outcome.error.type}: {outcome.error.message}"
+_attacks = Attacks("python", "1 + 1", wait_s=LOAD_WAIT_S)
+refused = _attacks.refused
 
 
 # -- one attempt a row: (name, program, what the refusal says) --------------------------
@@ -233,13 +210,9 @@ ATTACKS = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("code", "refusal"), [row[1:] for row in ATTACKS], ids=[row[0] for row in ATTACKS]
-)
+@each_attack(ATTACKS)
 async def test_attack_is_refused(pyodide: PyodideExecutor, code: str, refusal: str) -> None:
-    outcome = await refused(pyodide, code)
-    assert outcome.status is Status.ERROR
-    assert refusal in error_text(outcome)
+    outcome = await _attacks.refused_with(pyodide, code, refusal)
     seen = f"{outcome.result} {outcome.stdout} {outcome.stderr} {outcome.error}"
     assert SECRET not in seen
     assert "root:" not in seen

@@ -16,7 +16,13 @@ from conduit.executors.base import Job, Limits, Outcome, Status
 from conduit.executors.wasm_js import WasmJsExecutor
 from tests.e2e.helpers import wait_upstreams
 from tests.e2e.test_tools import ECHO
-from tests.sandboxes import WAIT_S, NoBridge
+from tests.sandboxes import (
+    FLOODS_OUTPUT,
+    RUNS_OUT_OF_MEMORY,
+    TIMES_OUT,
+    WAIT_S,
+    NoBridge,
+)
 from tests.security.test_wasm_python_sandbox import FORGED_HOST_CALLS
 
 # Generous: the CI machine runs a CPU hog beside the suite. A guest left waiting on a
@@ -158,30 +164,14 @@ async def test_environment_is_empty(wasm_js: WasmJsExecutor) -> None:
 @pytest.mark.parametrize(
     ("code", "limits", "status"),
     [
-        ("while (true) {}", {"timeout_ms": 300}, Status.TIMEOUT),
-        ("for (;;) { try { while (true) {} } catch {} }", {"timeout_ms": 300}, Status.TIMEOUT),
-        (
-            "const a = [];\nwhile (true) a.push(new Array(1e6).fill(1));",
-            {"memory_mb": 48},
-            Status.MEMORY_LIMIT,
-        ),
-        ("new ArrayBuffer(2 ** 30).byteLength", {"memory_mb": 48}, Status.MEMORY_LIMIT),
-        (
-            "while (true) console.log('x'.repeat(1000));",
-            {"output_bytes": 50_000},
-            Status.OUTPUT_LIMIT,
-        ),
+        ("while (true) {}", *TIMES_OUT),
+        ("for (;;) { try { while (true) {} } catch {} }", *TIMES_OUT),
+        ("const a = [];\nwhile (true) a.push(new Array(1e6).fill(1));", *RUNS_OUT_OF_MEMORY),
+        ("new ArrayBuffer(2 ** 30).byteLength", *RUNS_OUT_OF_MEMORY),
+        ("while (true) console.log('x'.repeat(1000));", *FLOODS_OUTPUT),
         ("while (true) console.error('e');", {"output_lines": 100}, Status.OUTPUT_LIMIT),
-        (
-            "const spin = () => Promise.resolve().then(spin);\nspin();",
-            {"timeout_ms": 300},
-            Status.TIMEOUT,
-        ),
-        (
-            "setInterval(() => {}, 0);\nawait new Promise((r) => setTimeout(r, 1e9));",
-            {"timeout_ms": 300},
-            Status.TIMEOUT,
-        ),
+        ("const spin = () => Promise.resolve().then(spin);\nspin();", *TIMES_OUT),
+        ("setInterval(() => {}, 0);\nawait new Promise((r) => setTimeout(r, 1e9));", *TIMES_OUT),
     ],
 )
 async def test_resource_attacks_are_stopped(
@@ -674,33 +664,23 @@ SMALL_MEMORY = {"memory_mb": 48, "timeout_ms": 5000}
 SHORT = {"timeout_ms": 300}
 
 
+def _bomb(code: str, name: str) -> Any:
+    """A row for a program that allocates until SMALL_MEMORY stops it."""
+    return pytest.param(code, SMALL_MEMORY, Status.MEMORY_LIMIT, id=name)
+
+
+def _spin(code: str, name: str) -> Any:
+    """A row for a program that computes until the SHORT timeout stops it."""
+    return pytest.param(code, SHORT, Status.TIMEOUT, id=name)
+
+
 @pytest.mark.parametrize(
     ("code", "limits", "status"),
     [
-        pytest.param(
-            "const m = new Map();\nfor (let i = 0; ; i++) m.set(i, { i });",
-            SMALL_MEMORY,
-            Status.MEMORY_LIMIT,
-            id="map-bomb",
-        ),
-        pytest.param(
-            "const a = [];\nfor (;;) a.push(a.length);",
-            SMALL_MEMORY,
-            Status.MEMORY_LIMIT,
-            id="array-push-bomb",
-        ),
-        pytest.param(
-            "new Array(2 ** 32 - 1).fill(0).length",
-            SMALL_MEMORY,
-            Status.MEMORY_LIMIT,
-            id="array-fill",
-        ),
-        pytest.param(
-            "Array(1e5).fill('x'.repeat(1000)).join('').length",
-            SMALL_MEMORY,
-            Status.MEMORY_LIMIT,
-            id="string-join-bomb",
-        ),
+        _bomb("const m = new Map();\nfor (let i = 0; ; i++) m.set(i, { i });", "map-bomb"),
+        _bomb("const a = [];\nfor (;;) a.push(a.length);", "array-push-bomb"),
+        _bomb("new Array(2 ** 32 - 1).fill(0).length", "array-fill"),
+        _bomb("Array(1e5).fill('x'.repeat(1000)).join('').length", "string-join-bomb"),
         pytest.param(
             # SpiderMonkey refuses a string past its length limit before any memory.
             "let s = 'x';\nwhile (true) s += s;",
@@ -708,38 +688,21 @@ SHORT = {"timeout_ms": 300}
             Status.ERROR,
             id="string-doubling",
         ),
-        pytest.param(
-            "/^(a+)+$/.test('a'.repeat(40) + '!')", SHORT, Status.TIMEOUT, id="redos-nested-plus"
-        ),
-        pytest.param(
-            "/(x+x+)+y/.test('x'.repeat(5000))", SHORT, Status.TIMEOUT, id="redos-overlapping"
-        ),
-        pytest.param(
-            # Catching "too much recursion" to recurse again makes it exponential.
+        _spin("/^(a+)+$/.test('a'.repeat(40) + '!')", "redos-nested-plus"),
+        _spin("/(x+x+)+y/.test('x'.repeat(5000))", "redos-overlapping"),
+        # Catching "too much recursion" to recurse again makes it exponential.
+        _spin(
             "function f(n) { try { return f(n + 1); } catch { return f(n + 1); } }\nf(0)",
-            SHORT,
-            Status.TIMEOUT,
-            id="recursion-that-catches-its-overflow",
+            "recursion-that-catches-its-overflow",
         ),
-        pytest.param(
-            "({ get x() { for (;;) {} } })", SHORT, Status.TIMEOUT, id="result-getter-that-loops"
-        ),
-        pytest.param(
-            "throw { get name() { for (;;) {} } };", SHORT, Status.TIMEOUT, id="error-getter-loops"
-        ),
-        pytest.param(
-            # Program code running in the guest's own timer bound (its delay's valueOf).
+        _spin("({ get x() { for (;;) {} } })", "result-getter-that-loops"),
+        _spin("throw { get name() { for (;;) {} } };", "error-getter-loops"),
+        # Program code running in the guest's own timer bound (its delay's valueOf).
+        _spin(
             "await new Promise((r) => setTimeout(r, { valueOf() { for (;;) {} } }));",
-            SHORT,
-            Status.TIMEOUT,
-            id="timer-delay-valueOf-loops",
+            "timer-delay-valueOf-loops",
         ),
-        pytest.param(
-            "[...'x'.repeat(2000)].sort(() => { for (;;) {} })",
-            SHORT,
-            Status.TIMEOUT,
-            id="sort-comparator-loops",
-        ),
+        _spin("[...'x'.repeat(2000)].sort(() => { for (;;) {} })", "sort-comparator-loops"),
     ],
 )
 async def test_resource_bombs_are_stopped(

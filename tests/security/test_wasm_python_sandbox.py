@@ -17,7 +17,13 @@ from conduit.executors.base import Job, Limits, Outcome, Status
 from conduit.executors.wasm import CONCURRENT_EXECUTIONS, RUNNERS
 from conduit.executors.wasm_python import WasmPythonExecutor
 from tests.conftest import MASTER_TOKEN
-from tests.sandboxes import WAIT_S, NoBridge
+from tests.sandboxes import (
+    FLOODS_OUTPUT,
+    RUNS_OUT_OF_MEMORY,
+    TIMES_OUT,
+    WAIT_S,
+    NoBridge,
+)
 
 
 class RefusingBridge:
@@ -118,35 +124,23 @@ async def test_the_raw_host_call_is_not_reachable_without_the_daemon(
 @pytest.mark.parametrize(
     ("code", "limits", "status"),
     [
-        ("while True: pass", {"timeout_ms": 300}, Status.TIMEOUT),
-        (
-            "x = []\nwhile True: x.append(bytearray(1 << 20))",
-            {"memory_mb": 48},
-            Status.MEMORY_LIMIT,
-        ),
-        ("b = bytearray(1 << 30)", {"memory_mb": 48}, Status.MEMORY_LIMIT),
-        ("while True: print('x' * 1000)", {"output_bytes": 50_000}, Status.OUTPUT_LIMIT),
+        ("while True: pass", *TIMES_OUT),
+        ("x = []\nwhile True: x.append(bytearray(1 << 20))", *RUNS_OUT_OF_MEMORY),
+        ("b = bytearray(1 << 30)", *RUNS_OUT_OF_MEMORY),
+        ("while True: print('x' * 1000)", *FLOODS_OUTPUT),
         (
             "import sys\nwhile True: sys.stderr.write('e\\n')",
             {"output_lines": 100},
             Status.OUTPUT_LIMIT,
         ),
-        ("sum(range(10**12))", {"timeout_ms": 300}, Status.TIMEOUT),
-        ("import re\nre.match('(a+)+$', 'a' * 64 + 'b')", {"timeout_ms": 300}, Status.TIMEOUT),
-        ("x = 10 ** 10 ** 8", {"timeout_ms": 300}, Status.TIMEOUT),
-        (
-            "def f():\n    while True: yield\nfor _ in f(): pass",
-            {"timeout_ms": 300},
-            Status.TIMEOUT,
-        ),
-        ("x = 'x' * (1 << 30)", {"memory_mb": 48}, Status.MEMORY_LIMIT),
-        ("x = [0] * (1 << 28)", {"memory_mb": 48}, Status.MEMORY_LIMIT),
-        ("while True: print('x' * 10**5)", {"output_bytes": 50_000}, Status.OUTPUT_LIMIT),
-        (
-            "import os\nwhile True: os.write(1, b'x' * 8192)",
-            {"output_bytes": 50_000},
-            Status.OUTPUT_LIMIT,
-        ),
+        ("sum(range(10**12))", *TIMES_OUT),
+        ("import re\nre.match('(a+)+$', 'a' * 64 + 'b')", *TIMES_OUT),
+        ("x = 10 ** 10 ** 8", *TIMES_OUT),
+        ("def f():\n    while True: yield\nfor _ in f(): pass", *TIMES_OUT),
+        ("x = 'x' * (1 << 30)", *RUNS_OUT_OF_MEMORY),
+        ("x = [0] * (1 << 28)", *RUNS_OUT_OF_MEMORY),
+        ("while True: print('x' * 10**5)", *FLOODS_OUTPUT),
+        ("import os\nwhile True: os.write(1, b'x' * 8192)", *FLOODS_OUTPUT),
         ("'x' * (2 << 20)", {}, Status.ERROR),  # larger than the result may be
     ],
 )
