@@ -218,7 +218,7 @@ class _State:
         connections = _family(
             GaugeMetricFamily,
             "conduit_connections",
-            "Open connections, by transport (sandbox: running programs' own).",
+            "Open connections, by transport (sandbox: warm and running workers' own).",
             "transport",
         )
         by_transport = dict.fromkeys(("unix", "tcp", "sandbox"), 0)

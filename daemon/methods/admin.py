@@ -33,7 +33,10 @@ async def status(params: NoParams, ctx: CallContext) -> dict[str, Any]:
         "pid": os.getpid(),
         "uptime_s": round(trio.current_time() - daemon.started_at, 3),
         "config": daemon.config.source or None,
-        "connections": len(daemon.connections),
+        # Clients' connections; the sandboxes' (one per warm or running Deno or Pyodide
+        # worker) apart, so a pool filling up does not look like clients arriving.
+        "connections": sum(c.transport != "sandbox" for c in daemon.connections),
+        "sandbox_connections": sum(c.transport == "sandbox" for c in daemon.connections),
         "executions": {
             "running": admission.running,
             "queued": admission.waiting,
