@@ -23,17 +23,23 @@ __all__ = [
 ]
 
 # Examples per property: a bounded run in the default suite, a long one marked slow.
-# The long runs' counts are set per property, by its cost, and add up to over 100,000.
+# The long runs' counts are set per property, by its cost, and add up to over 100,000;
+# a costly one is cut into parts, each of them well inside a test's time on a busy
+# machine (pytest's faulthandler_timeout).
 QUICK_RUN = 200
 
 
-def run_counts(long: int) -> list[Any]:
-    """Parametrize a property over the quick run and a long run of `long` examples."""
+def run_counts(long: int, parts: int = 1) -> list[Any]:
+    """Parametrize a property over the quick run and a long run of `long` examples, in
+    `parts` independent parts (each draws its own examples)."""
     import pytest
 
     return [
         pytest.param(QUICK_RUN, id="quick"),
-        pytest.param(long, id="long", marks=pytest.mark.slow),
+        *(
+            pytest.param(long // parts, id=f"long-{part}", marks=pytest.mark.slow)
+            for part in range(1, parts + 1)
+        ),
     ]
 
 

@@ -40,7 +40,7 @@ def strict_json(data: bytes) -> Any:
     return value
 
 
-@pytest.mark.parametrize("examples", run_counts(45_000))
+@pytest.mark.parametrize("examples", run_counts(45_000, parts=5))
 def test_the_decoder_refuses_or_decodes_and_what_it_decodes_encodes(examples: int) -> None:
     @settings(max_examples=examples, **QUIET)
     @given(hostile_lines)
@@ -61,7 +61,7 @@ def test_the_decoder_refuses_or_decodes_and_what_it_decodes_encodes(examples: in
     prop()
 
 
-@pytest.mark.parametrize("examples", run_counts(45_000))
+@pytest.mark.parametrize("examples", run_counts(45_000, parts=6))
 def test_anything_the_daemon_holds_encodes_as_strict_json_and_reads_back(examples: int) -> None:
     @settings(max_examples=examples, **QUIET)
     @given(hostile_json)
