@@ -197,7 +197,11 @@ class Executions:
         code = self._checked_code(request.code)
         limits = self._limits(request.limits)
         requested = _checked_patterns(request.allowed_tools)
-        executor = daemon.registry.pick(request.language, request.executor)
+        getting_ready = trio.current_time()
+        executor = await daemon.registry.pick_ready(
+            request.language, request.executor, within_s=limits.timeout_ms / 1000
+        )
+        ready_wait_s = trio.current_time() - getting_ready
         daemon.rate_limiter.check(principal.name)
         checked = trio.current_time()
         violation = await self._violation(request.language, executor.name, code)
@@ -260,7 +264,8 @@ class Executions:
                         "duration_ms": round(duration_s * 1000, 2),
                     },
                 )
-                wire = _wire_result(execution_id, executor.name, outcome, duration_s, queue_wait_s)
+                waited_s = ready_wait_s + queue_wait_s
+                wire = _wire_result(execution_id, executor.name, outcome, duration_s, waited_s)
                 record = _record(
                     wire, job, principal.name, requested, digest, started_at, tuple(tool_log)
                 )

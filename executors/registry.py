@@ -97,6 +97,25 @@ class ExecutorRegistry:
             {"executor": chosen, "reason": reason},
         )
 
+    async def pick_ready(
+        self, language: str, name: str | None = None, *, within_s: float
+    ) -> Executor:
+        """`pick`, but a chosen executor that is still getting ready (loading or building
+        its component, probing its runtime) is waited for, up to `within_s`, rather than
+        refused: the first request after a start is the usual case under socket
+        activation. One that failed, or is not ready in time, is refused as by `pick`.
+        """
+        try:
+            return self.pick(language, name)
+        except ExecutorUnavailable:
+            chosen = self._executors.get(name or self._defaults.get(language) or "")
+            wait_ready = getattr(chosen, "wait_ready", None)
+            if wait_ready is None:
+                raise
+        with trio.move_on_after(within_s):
+            await wait_ready()
+        return self.pick(language, name)
+
     def _fallback(self, language: str, default: Executor) -> Executor | None:
         """Another available executor for `language`, while its default is unavailable."""
         for executor in self._executors.values():

@@ -15,6 +15,7 @@ from conduit.daemon.errors import (
     Overloaded,
     RateLimited,
 )
+from conduit.daemon.server import Daemon
 from tests.e2e.helpers import execute
 
 
@@ -216,3 +217,20 @@ async def test_a_program_may_declare_its_own_inputs(client: Any) -> None:
     result = await execute(client, "const inputs = [1, 2];\ninputs.length", inputs={"x": 1})
     assert result["status"] == "ok", result
     assert result["result"] == 2
+
+
+async def test_the_first_request_waits_for_an_executor_still_loading(
+    nursery: trio.Nursery, make_config: Any, connect: Any
+) -> None:
+    """Under socket activation the first request is what starts the daemon: it must
+    get its result, not "being built", while the component loads from its cache."""
+    config = make_config()
+    daemon = Daemon(config)
+    info = await nursery.start(daemon.serve)  # not waiting for the executors
+    client = await connect(info)
+    listed = await client.call("executors/list")
+    loading = next(e for e in listed["executors"] if e["name"] == "wasm-python")
+    result = await client.call("execute", {"language": "python", "code": "6 * 7"})
+    assert (result["status"], result["result"]) == ("ok", 42), result
+    if not loading["available"]:  # it was still loading: the wait is in queue_ms
+        assert result["queue_ms"] > 0, result

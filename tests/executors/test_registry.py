@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+import trio
 
 from conduit.daemon.errors import ExecutorUnavailable, InvalidParams
 from conduit.executors.base import ExecutorInfo
@@ -67,3 +68,50 @@ def test_an_executor_that_does_not_run_the_language_is_refused() -> None:
     chosen, _, _ = registry(wasm_js_available=True)
     with pytest.raises(InvalidParams, match="not typescript"):
         chosen.pick("typescript", "wasm-js")
+
+
+@dataclass
+class Preparing(StandIn):
+    """A stand-in that becomes ready (or fails) when told, as a loading component does."""
+
+    settled: trio.Event = field(default_factory=trio.Event)
+
+    async def wait_ready(self) -> bool:
+        await self.settled.wait()
+        return self.available
+
+
+async def test_a_starting_executor_is_waited_for_not_refused(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    python = Preparing("wasm-python", frozenset({"python"}), available=False)
+    chosen = ExecutorRegistry([python], {"python": "wasm-python"})  # type: ignore[list-item]
+    async with trio.open_nursery() as nursery:
+
+        async def become_ready() -> None:
+            await trio.sleep(1)
+            python.available = True
+            python.settled.set()
+
+        nursery.start_soon(become_ready)
+        assert await chosen.pick_ready("python", within_s=5) is python
+        assert trio.current_time() == 1
+
+
+async def test_one_that_fails_while_starting_is_refused_with_its_reason(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    python = Preparing("wasm-python", frozenset({"python"}), available=False, reason="no npm")
+    chosen = ExecutorRegistry([python], {"python": "wasm-python"})  # type: ignore[list-item]
+    python.settled.set()  # settled, and not available: failed
+    with pytest.raises(ExecutorUnavailable, match="no npm"):
+        await chosen.pick_ready("python", within_s=60)
+    assert trio.current_time() == 0  # refused at once, not after the wait
+
+
+async def test_one_not_ready_in_time_is_refused(autojump_clock: trio.abc.Clock) -> None:
+    python = Preparing("wasm-python", frozenset({"python"}), available=False)
+    chosen = ExecutorRegistry([python], {"python": "wasm-python"})  # type: ignore[list-item]
+    with pytest.raises(ExecutorUnavailable, match="being built"):
+        await chosen.pick_ready("python", within_s=7)
+    assert trio.current_time() == 7
