@@ -22,6 +22,7 @@ Imports nothing of the project's: every layer may use it.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -69,8 +70,12 @@ def _finite_or_null(text: str) -> float | None:
     return None if math.isinf(value) else value
 
 
-_STRICT: Final = (_refuse_constant, _finite_float)
-_LENIENT: Final = (_null_constant, _finite_or_null)
+# Made once: `json.loads` and `json.dumps` build a new decoder or encoder on every call
+# that passes an option, a few microseconds each on every request.
+_DECODERS: Final = {
+    False: json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float),
+    True: json.JSONDecoder(parse_constant=_null_constant, parse_float=_finite_or_null),
+}
 
 
 def loads(data: bytes | str, *, lenient_numbers: bool = False) -> Any:
@@ -80,12 +85,11 @@ def loads(data: bytes | str, *, lenient_numbers: bool = False) -> Any:
     range are refused, or read as `None` with `lenient_numbers` (for what a sandbox
     answers: its language may write them, and the daemon would send `null` anyway).
     """
-    constant, number = _LENIENT if lenient_numbers else _STRICT
     try:
         # Strict UTF-8 first: `json.loads` would read bytes with "surrogatepass" (and
         # guess UTF-16 or -32), letting encoded surrogates in as text.
         text = data.decode("utf-8") if isinstance(data, bytes | bytearray) else data
-        value = json.loads(text, parse_constant=constant, parse_float=number)
+        value = _DECODERS[lenient_numbers].decode(text)
     except JsonTextError:
         raise
     except RecursionError:
@@ -102,27 +106,31 @@ def dumps(value: Any, *, indent: int | None = None, ascii_only: bool = False) ->
 
     Objects JSON has no form for are written as their `str()`.
     """
-    separators = (",", ":") if indent is None else (",", ": ")
-    options: dict[str, Any] = {
-        "ensure_ascii": ascii_only,
-        "separators": separators,
-        "indent": indent,
-        "allow_nan": False,
-        "default": str,
-    }
+    encoder = _encoder(indent, ascii_only)
     try:
-        text = json.dumps(value, **options)
+        text = encoder.encode(value)
     except ValueError:  # a non-finite float, or an integer past the digit limit
-        return json.dumps(_cleaned(value), **options)
+        return encoder.encode(_cleaned(value))
     if ascii_only:  # surrogates are escaped there, paired or not: clean when any is
         if _SURROGATE_ESCAPE.search(text) is None:
             return text
-        return json.dumps(_cleaned(value), **options)
+        return encoder.encode(_cleaned(value))
     if text.isascii() or _LONE_SURROGATE.search(text) is None:
         return text
     # Through the value, not the text: two keys that differ only in their surrogates
     # become one key, as they would when the value is decoded.
-    return json.dumps(_cleaned(value), **options)
+    return encoder.encode(_cleaned(value))
+
+
+@functools.cache
+def _encoder(indent: int | None, ascii_only: bool) -> json.JSONEncoder:
+    return json.JSONEncoder(
+        ensure_ascii=ascii_only,
+        separators=(",", ":") if indent is None else (",", ": "),
+        indent=indent,
+        allow_nan=False,
+        default=str,
+    )
 
 
 def encode(value: Any) -> bytes:

@@ -182,6 +182,9 @@ class WasmExecutor:
     runtime: str  # what runs the programs, e.g. "CPython 3.14"
     # How much of an instance's memory its pool slot keeps resident (see `_wasmtime`).
     keep_resident_bytes: int = 0
+    # Whether the host bounds the guest's clock waits (`wasm_clock`): needed where a
+    # program can reach a raw WASI wait, as Python can.
+    host_bounds_waits: bool = True
 
     def __init__(self, *, cache_dir: str | os.PathLike[str], fuel: int | None = None) -> None:
         self._cache_dir = Path(cache_dir)
@@ -303,7 +306,7 @@ class WasmExecutor:
         fuel = self._fuel is not None
         clock = BoundedClock(self._engine)
         linker = self._linker()
-        if clock.install(linker, component):
+        if self.host_bounds_waits and clock.install(linker, component):
             try:
                 instances = Instances(self._engine, linker, component, fuel=fuel, clock=clock)
             except wasmtime.WasmtimeError as exc:

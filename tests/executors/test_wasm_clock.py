@@ -30,9 +30,10 @@ async def wait_for_lingering(executor: Any, count: int) -> None:
             await trio.sleep(0.05)  # the count changes in a runner thread
 
 
-async def test_both_guests_have_their_waits_bounded(wasm: Any, wasm_js: Any) -> None:
+async def test_python_has_its_waits_bounded_on_the_host(wasm: Any, wasm_js: Any) -> None:
     assert wasm.info().pool["bounded_waits"] is True
-    assert wasm_js.info().pool["bounded_waits"] is True
+    # JavaScript reaches no raw wait: its guest bounds every timer (the test below).
+    assert wasm_js.info().pool["bounded_waits"] is False
 
 
 async def test_an_unbounded_python_sleep_ends_at_the_deadline(wasm: Any) -> None:
