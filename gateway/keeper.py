@@ -397,6 +397,8 @@ class SessionKeeper(abc.ABC):
                 error = _bounded(error)
                 log.warning("upstream %s: %s", self.name, error, extra={"upstream": self.name})
                 log.debug("upstream %s ended", self.name, exc_info=exc)
+            except BaseExceptionGroup as group:
+                raise _cancellation_alone(group, self.name) from None
             since = self._ready_since
             up_for = 0.0 if since is None else trio.current_time() - since
             self._set_state(UpstreamState.BACKING_OFF, error=error)
@@ -706,3 +708,15 @@ def _first_line(exc: BaseException) -> str:
 
 def _bounded(text: str) -> str:
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
+
+
+def _cancellation_alone(group: BaseExceptionGroup, name: str) -> BaseException:
+    """What goes on when the session failed just as it was being cancelled (the daemon
+    stopping while a connection attempt fails): the cancellation alone. The failure
+    is logged; carried along, it would reach the daemon's root nursery as an error."""
+    cancelled, failed = group.split(trio.Cancelled)
+    if cancelled is None:
+        return group
+    if failed is not None:
+        log.debug("upstream %s failed while cancelled", name, exc_info=failed)
+    return cancelled
