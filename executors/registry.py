@@ -101,19 +101,15 @@ class ExecutorRegistry:
         self, language: str, name: str | None = None, *, within_s: float
     ) -> Executor:
         """`pick`, but a chosen executor that is still getting ready (loading or building
-        its component, probing its runtime) is waited for, up to `within_s`, rather than
-        refused: the first request after a start is the usual case under socket
-        activation. One that failed, or is not ready in time, is refused as by `pick`.
+        its component, probing its runtime) is waited for, up to `within_s`, before it
+        is refused or another stands in for it: the first request after a start is the
+        usual case under socket activation. One that failed is not waited for.
         """
-        try:
-            return self.pick(language, name)
-        except ExecutorUnavailable:
-            chosen = self._executors.get(name or self._defaults.get(language) or "")
-            wait_ready = getattr(chosen, "wait_ready", None)
-            if wait_ready is None:
-                raise
-        with trio.move_on_after(within_s):
-            await wait_ready()
+        chosen = self._executors.get(name or self._defaults.get(language) or "")
+        wait_ready = getattr(chosen, "wait_ready", None)
+        if chosen is not None and wait_ready is not None and chosen.unavailable_reason:
+            with trio.move_on_after(within_s):
+                await wait_ready()
         return self.pick(language, name)
 
     def _fallback(self, language: str, default: Executor) -> Executor | None:

@@ -115,3 +115,28 @@ async def test_one_not_ready_in_time_is_refused(autojump_clock: trio.abc.Clock) 
     with pytest.raises(ExecutorUnavailable, match="being built"):
         await chosen.pick_ready("python", within_s=7)
     assert trio.current_time() == 7
+
+
+async def test_a_starting_default_is_waited_for_before_another_stands_in(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    deno = StandIn("deno", frozenset({"javascript", "typescript"}))
+    wasm_js = Preparing("wasm-js", frozenset({"javascript"}), available=False)
+    chosen = ExecutorRegistry([deno, wasm_js], {"javascript": "wasm-js"})  # type: ignore[list-item]
+    async with trio.open_nursery() as nursery:
+
+        async def become_ready() -> None:
+            await trio.sleep(2)
+            wasm_js.available = True
+            wasm_js.settled.set()
+
+        nursery.start_soon(become_ready)
+        assert await chosen.pick_ready("javascript", within_s=5) is wasm_js
+
+
+async def test_another_stands_in_once_the_wait_is_over(autojump_clock: trio.abc.Clock) -> None:
+    deno = StandIn("deno", frozenset({"javascript", "typescript"}))
+    wasm_js = Preparing("wasm-js", frozenset({"javascript"}), available=False)
+    chosen = ExecutorRegistry([deno, wasm_js], {"javascript": "wasm-js"})  # type: ignore[list-item]
+    assert await chosen.pick_ready("javascript", within_s=5) is deno
+    assert trio.current_time() == 5
