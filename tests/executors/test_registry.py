@@ -80,6 +80,11 @@ class Preparing(StandIn):
         await self.settled.wait()
         return self.available
 
+    async def ready_after(self, seconds: float) -> None:
+        await trio.sleep(seconds)
+        self.available = True
+        self.settled.set()
+
 
 async def test_a_starting_executor_is_waited_for_not_refused(
     autojump_clock: trio.abc.Clock,
@@ -87,13 +92,7 @@ async def test_a_starting_executor_is_waited_for_not_refused(
     python = Preparing("wasm-python", frozenset({"python"}), available=False)
     chosen = ExecutorRegistry([python], {"python": "wasm-python"})  # type: ignore[list-item]
     async with trio.open_nursery() as nursery:
-
-        async def become_ready() -> None:
-            await trio.sleep(1)
-            python.available = True
-            python.settled.set()
-
-        nursery.start_soon(become_ready)
+        nursery.start_soon(python.ready_after, 1)
         assert await chosen.pick_ready("python", within_s=5) is python
         assert trio.current_time() == 1
 
@@ -124,13 +123,7 @@ async def test_a_starting_default_is_waited_for_before_another_stands_in(
     wasm_js = Preparing("wasm-js", frozenset({"javascript"}), available=False)
     chosen = ExecutorRegistry([deno, wasm_js], {"javascript": "wasm-js"})  # type: ignore[list-item]
     async with trio.open_nursery() as nursery:
-
-        async def become_ready() -> None:
-            await trio.sleep(2)
-            wasm_js.available = True
-            wasm_js.settled.set()
-
-        nursery.start_soon(become_ready)
+        nursery.start_soon(wasm_js.ready_after, 2)
         assert await chosen.pick_ready("javascript", within_s=5) is wasm_js
 
 
