@@ -304,18 +304,26 @@ class WasmExecutor:
         be linked so (logged), with Wasmtime's own clock: a blocked guest then lingers,
         within `wasm_lingering`'s caps."""
         fuel = self._fuel is not None
+        read_only = self.read_only_dirs(self._built.path.parent) if self._built else ()
         clock = BoundedClock(self._engine)
         linker = self._linker()
         if self.host_bounds_waits and clock.install(linker, component):
             try:
-                instances = Instances(self._engine, linker, component, fuel=fuel, clock=clock)
+                instances = Instances(
+                    self._engine, linker, component, fuel=fuel, clock=clock, read_only=read_only
+                )
             except wasmtime.WasmtimeError as exc:
                 log.warning("%s: bounded guest waits do not link (%s)", self.name, exc)
             else:
                 self._bounded_waits = True
                 return instances
         self._bounded_waits = False
-        return Instances(self._engine, self._linker(), component, fuel=fuel)
+        return Instances(self._engine, self._linker(), component, fuel=fuel, read_only=read_only)
+
+    def read_only_dirs(self, component_dir: Path) -> tuple[tuple[Path, str], ...]:
+        """The host directories every instance sees, read-only, as (host, guest) paths:
+        files the guest's build left beside the component in `component_dir`."""
+        return ()
 
     def _linker(self) -> wasmtime.component.Linker:
         linker = wasmtime.component.Linker(self._engine)

@@ -54,13 +54,16 @@ class GuestRecipe:
     `sources` are paths under `shims/`, copied flat into the build directory.
     `tool_versions` returns the build tools' versions (build inputs too), raising
     `BuildError` when a tool is missing. `build(work, cache_dir)` runs the tools in
-    `work` and leaves `work/guest.wasm`; it may keep reusable tooling in `cache_dir`.
+    `work` and leaves `work/guest.wasm`, and each of `outputs` (files or directories
+    the guest needs at run time, kept beside it); it may keep reusable tooling in
+    `cache_dir`.
     """
 
     name: str
     sources: tuple[str, ...]
     tool_versions: Callable[[], dict[str, str]]
     build: Callable[[Path, Path], None]
+    outputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +122,10 @@ def _build(recipe: GuestRecipe, cache_dir: Path, target: Path) -> None:
             raise BuildError(f"building {recipe.name} produced no component")
         final = work / "out"
         final.mkdir()
+        for output in recipe.outputs:
+            if not (work / output).exists():
+                raise BuildError(f"building {recipe.name} produced no {output}")
+            os.replace(work / output, final / output)
         os.replace(work / COMPONENT_FILE, final / COMPONENT_FILE)
         move_into_place(final, target, COMPONENT_FILE)
     finally:

@@ -26,7 +26,13 @@ from pathlib import Path
 from conduit.executors.npm import install_locked, locked_version, node_tools
 from conduit.executors.wasm_build import BuildError, GuestRecipe, run_tool, shim_path
 
-__all__ = ["JS_GUEST", "PYTHON_GUEST", "componentize_js_version", "preloaded_modules"]
+__all__ = [
+    "JS_GUEST",
+    "PYTHON_GUEST",
+    "STDLIB_DIR",
+    "componentize_js_version",
+    "preloaded_modules",
+]
 
 WORLD_FILE = "world.wit"
 WORLD = "guest"
@@ -36,6 +42,9 @@ BUILD_TIMEOUT_S = 300
 # -- wasm-python ------------------------------------------------------------------------
 
 PYTHON_SOURCE = "wasm_python/guest.py"
+# Copies the standard library out of the build (see its docstring), into STDLIB_DIR.
+PYTHON_STDLIB_EXPORT = "wasm_python/stdlib_export.py"
+STDLIB_DIR = "stdlib"
 # The program contract every Python executor shares.
 PYTHON_PROGRAM = "python_program.py"
 # Runs componentize-py's console entry point with this interpreter, wherever pip put
@@ -63,9 +72,10 @@ def _build_python(work: Path, _cache_dir: Path) -> None:
 
 PYTHON_GUEST = GuestRecipe(
     name="wasm-python",
-    sources=(WORLD_FILE, PYTHON_SOURCE, PYTHON_PROGRAM),
+    sources=(WORLD_FILE, PYTHON_SOURCE, PYTHON_PROGRAM, PYTHON_STDLIB_EXPORT),
     tool_versions=_componentize_py_version,
     build=_build_python,
+    outputs=(STDLIB_DIR,),
 )
 
 

@@ -28,8 +28,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import wasmtime
 import wasmtime.component
@@ -118,7 +119,8 @@ _NOTHING = contextlib.nullcontext()
 
 class Instances:
     """Makes instances of `component` with `linker`, whose waits `clock` bounds (when
-    it does: see `BoundedClock.install`).
+    it does: see `BoundedClock.install`), each seeing the host directories of
+    `read_only` (host path, guest path) and nothing else of the host.
 
     Creating it makes a first instance, then finds `base_memory_mib` by instantiating
     under shrinking limits (a few milliseconds up to ~50 for CPython, once): blocking,
@@ -133,9 +135,11 @@ class Instances:
         *,
         fuel: bool,
         clock: BoundedClock | None = None,
+        read_only: Sequence[tuple[Path, str]] = (),
     ) -> None:
         self._engine = engine
         self._clock = clock
+        self._read_only = tuple(read_only)
         self._linker = linker
         self._component = component
         self._fuel = fuel
@@ -161,6 +165,8 @@ class Instances:
             wasi = wasmtime.WasiConfig()
             wasi.stdout_custom = output.stdout
             wasi.stderr_custom = output.stderr
+            for host, guest in self._read_only:
+                wasi.preopen_dir(str(host), guest, fs_mutable=False)
             store.set_wasi(wasi)
             interrupt = _wasmtime.Interrupt(INSTANTIATE_TIMEOUT_S)
             interrupt.install(store)

@@ -2,9 +2,9 @@
 
 Built by componentize-py and pre-initialised at build time: everything imported at the
 top of this module (the interpreter, this shim, `python_program` and the standard-library
-modules in PRELOADED) is already in memory when an instance starts. Modules that were
-not imported at build time cannot be imported at run time: the component carries no
-file system.
+modules in PRELOADED) is already in memory when an instance starts. The rest of the
+standard library is exported at build time (`stdlib_export`) and mounted read-only at
+/python in every instance, so a program imports any other module from there, lazily.
 
 The host calls `run(request)` once per instance; the program's contract and the JSON
 answer are `python_program`'s, shared with every Python executor.
@@ -14,13 +14,14 @@ import json
 import re
 
 import python_program
+import stdlib_export
 import wit_world
 
-# The standard-library modules a program can import: pre-imported at build time.
-# Listed in one place, as the host reads it for `executors/list`; keep in step with
-# docs/executors.md. Left out on purpose: modules that reach the outside world
-# (socket, subprocess, ssl, urllib.request, http.client, asyncio, threading,
-# multiprocessing, ctypes) — WASI gives them nothing to reach, so they only mislead.
+stdlib_export.export_beside(__file__, "stdlib")
+
+# The standard-library modules imported at build time, so already in memory when an
+# instance starts: those most programs use. Any other module is imported from /python
+# when a program asks for it.
 PRELOADED = (
     "abc",
     "array",
