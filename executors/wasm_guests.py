@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import importlib.resources
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -44,7 +46,12 @@ BUILD_TIMEOUT_S = 300
 PYTHON_SOURCE = "wasm_python/guest.py"
 # Copies the standard library out of the build (see its docstring), into STDLIB_DIR.
 PYTHON_STDLIB_EXPORT = "wasm_python/stdlib_export.py"
+# asyncio's event loop without the socket pair WASI cannot make.
+PYTHON_ASYNCIO = "wasm_python/guest_asyncio.py"
 STDLIB_DIR = "stdlib"
+# The IANA time-zone package (a pinned dependency), copied into the guest's library.
+TIME_ZONES = "tzdata"
+_NOT_DATA = shutil.ignore_patterns("__pycache__")
 # The program contract every Python executor shares.
 PYTHON_PROGRAM = "python_program.py"
 # Runs componentize-py's console entry point with this interpreter, wherever pip put
@@ -54,11 +61,14 @@ COMPONENTIZE_PY = (
 )
 
 
-def _componentize_py_version() -> dict[str, str]:
-    try:
-        return {"componentize-py": importlib.metadata.version("componentize-py")}
-    except importlib.metadata.PackageNotFoundError:
-        raise BuildError("componentize-py is not installed; reinstall conduit") from None
+def _python_tool_versions() -> dict[str, str]:
+    versions = {}
+    for package in ("componentize-py", TIME_ZONES):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            raise BuildError(f"{package} is not installed; reinstall conduit") from None
+    return versions
 
 
 def _build_python(work: Path, _cache_dir: Path) -> None:
@@ -68,12 +78,16 @@ def _build_python(work: Path, _cache_dir: Path) -> None:
     command = [sys.executable, "-c", COMPONENTIZE_PY, "-q", "-d", WORLD_FILE, "-w", WORLD]
     command += ["componentize", "-p", ".", module, "-o", "guest.wasm"]
     run_tool("componentize-py", command, cwd=work, env=env, timeout_s=BUILD_TIMEOUT_S)
+    # The time-zone database `zoneinfo` falls back on: the guest has no /usr/share.
+    zones = importlib.resources.files(TIME_ZONES)
+    with importlib.resources.as_file(zones) as source:
+        shutil.copytree(source, work / STDLIB_DIR / TIME_ZONES, ignore=_NOT_DATA)
 
 
 PYTHON_GUEST = GuestRecipe(
     name="wasm-python",
-    sources=(WORLD_FILE, PYTHON_SOURCE, PYTHON_PROGRAM, PYTHON_STDLIB_EXPORT),
-    tool_versions=_componentize_py_version,
+    sources=(WORLD_FILE, PYTHON_SOURCE, PYTHON_PROGRAM, PYTHON_STDLIB_EXPORT, PYTHON_ASYNCIO),
+    tool_versions=_python_tool_versions,
     build=_build_python,
     outputs=(STDLIB_DIR,),
 )

@@ -13,11 +13,13 @@ answer are `python_program`'s, shared with every Python executor.
 import json
 import re
 
+import guest_asyncio
 import python_program
 import stdlib_export
 import wit_world
 
 stdlib_export.export_beside(__file__, "stdlib")
+guest_asyncio.install()
 
 # The standard-library modules imported at build time, so already in memory when an
 # instance starts: those most programs use. Any other module is imported from /python
