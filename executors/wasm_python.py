@@ -17,7 +17,7 @@ from conduit.executors.wasm_guests import PYTHON_GUEST, STDLIB_DIR
 
 __all__ = ["WasmPythonExecutor"]
 
-GUEST_STDLIB = "/python"
+GUEST_STDLIB = ("/python", "/python/lib/python3.14")
 
 
 class WasmPythonExecutor(WasmExecutor):
@@ -34,5 +34,7 @@ class WasmPythonExecutor(WasmExecutor):
     keep_resident_bytes = 16 * 1024 * 1024
 
     def read_only_dirs(self, component_dir: Path) -> tuple[tuple[Path, str], ...]:
-        # Where the guest's interpreter has its standard library (its sys.prefix).
-        return ((component_dir / STDLIB_DIR, GUEST_STDLIB),)
+        # Where the guest's interpreter finds its standard library (its sys.prefix), and
+        # where its frozen modules (os, codecs, ...) say their sources are.
+        stdlib = component_dir / STDLIB_DIR
+        return tuple((stdlib, guest) for guest in GUEST_STDLIB)
