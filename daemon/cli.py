@@ -511,8 +511,10 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0 if healthy else 1
 
 
-# Building and compiling the Python component takes ~12 s on a small machine.
+# A first start with every executor builds for about a minute on a small machine.
 DOCTOR_PREPARE_TIMEOUT_S = 600
+# How often doctor looks at the executors' progress while it waits for them.
+DOCTOR_PROGRESS_POLL_S = 0.5
 # Enough hex digits of a SHA-256 to tell two builds apart by eye.
 HASH_PREFIX_CHARS = 16
 # A Wasmtime executor's `compiled_cache`, worded as whether the cache was valid.
@@ -562,12 +564,56 @@ async def _probe_executors(registry: Any) -> list[Any]:
 
     async with trio.open_nursery() as nursery:
         await nursery.start(registry.serve)
-        # Doctor is the set-up step: it waits for components to be built and cached.
+        # Doctor is the set-up step: it waits for components to be built and cached,
+        # saying what is being built as it goes.
         with trio.move_on_after(DOCTOR_PREPARE_TIMEOUT_S):
-            await registry.wait_ready()
+            await _wait_showing_progress(registry)
         infos = registry.infos()
         nursery.cancel_scope.cancel()
     return infos
+
+
+async def _wait_showing_progress(registry: Any) -> None:
+    """`registry.wait_ready()`, printing each build step as it starts and ends."""
+    import trio
+
+    shown = _ProgressShown()
+
+    async def wait_then_stop(cancel_scope: trio.CancelScope) -> None:
+        await registry.wait_ready()
+        cancel_scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait_then_stop, nursery.cancel_scope)
+        while True:
+            shown.update(registry.infos(configured_only=True))
+            await trio.sleep(DOCTOR_PROGRESS_POLL_S)
+    shown.update(registry.infos(configured_only=True))
+
+
+class _ProgressShown:
+    """Prints the steps of each executor's `progress` not printed yet, as the log words
+    them: a step's start when it is seen running, its end with its seconds."""
+
+    def __init__(self) -> None:
+        self._done: dict[str, int] = {}
+        self._started: dict[str, int] = {}
+
+    def update(self, infos: Sequence[Any]) -> None:
+        for info in infos:
+            progress = info.progress or {}
+            done = progress.get("done") or []
+            for step in done[self._done.get(info.name, 0) :]:
+                outcome = "done" if step["ok"] else "failed"
+                self._print(f"{info.name}: {step['step']} {outcome} in {step['elapsed_s']:.1f} s")
+            self._done[info.name] = len(done)
+            if progress.get("step") and self._started.get(info.name, -1) < len(done):
+                self._started[info.name] = len(done)
+                self._print(f"{info.name}: {progress['step']} started")
+
+    @staticmethod
+    def _print(line: str) -> None:
+        print(escape(line), flush=True)
 
 
 def _mcp(args: argparse.Namespace) -> int:

@@ -220,7 +220,11 @@ class ToolBridge(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ExecutorInfo:
-    """A snapshot for `executors/list` and `conduit doctor`."""
+    """A snapshot for `executors/list` and `conduit doctor`.
+
+    `progress` is what the executor's start-up is building, step by step, with the
+    elapsed seconds (`wasm_build.BuildProgress.snapshot`), or None if it builds nothing.
+    """
 
     name: str
     languages: tuple[str, ...]
@@ -228,6 +232,7 @@ class ExecutorInfo:
     version: str | None = None
     reason: str | None = None
     pool: dict[str, Any] | None = None
+    progress: dict[str, Any] | None = None
 
 
 class Executor(Protocol):

@@ -67,7 +67,13 @@ from conduit.executors.base import (
     ToolBridge,
 )
 from conduit.executors.output import OutputCapture, StreamName
-from conduit.executors.wasm_build import BuildError, BuiltComponent, GuestRecipe, ensure_component
+from conduit.executors.wasm_build import (
+    BuildError,
+    BuildProgress,
+    BuiltComponent,
+    GuestRecipe,
+    ensure_component,
+)
 from conduit.executors.wasm_calls import add_string_import
 from conduit.executors.wasm_clock import BoundedClock
 from conduit.executors.wasm_instances import MIB, Instance, Instances
@@ -200,6 +206,7 @@ class WasmExecutor:
         self._built: BuiltComponent | None = None
         self._compiled_cache: str | None = None
         self._timings: dict[str, float] = {}
+        self._progress = BuildProgress(self.name)
         self._state = _State.NOT_STARTED
         self._reason: str | None = "the executor has not been started (serve() has not run)"
         # Each execution holds a slot while it runs; more than the cores only queue.
@@ -283,11 +290,12 @@ class WasmExecutor:
 
     def _load(self) -> None:
         self._built = None  # set once built: then a failure is one of loading
-        built = ensure_component(self.recipe, self._cache_dir)
+        built = ensure_component(self.recipe, self._cache_dir, self._progress)
         self._built = built
-        loaded = _wasmtime.load_component(
-            self._engine, built.path, built.component_hash, fuel=self._fuel is not None
-        )
+        with self._progress.step("compile" if built.built else "load"):
+            loaded = _wasmtime.load_component(
+                self._engine, built.path, built.component_hash, fuel=self._fuel is not None
+            )
         instances = self._instances_of(loaded.component)
         self._timings = {
             "build_s" if built.built else "build_check_s": round(built.seconds, 3),
@@ -369,6 +377,7 @@ class WasmExecutor:
             version=f"{self.runtime} on wasmtime {_wasmtime.wasmtime_version()}",
             reason=self._reason,
             pool=details,
+            progress=self._progress.snapshot(),
         )
 
     # -- jobs --------------------------------------------------------------------------

@@ -9,9 +9,10 @@ Both target the one WIT world in `shims/world.wit`:
 - `JS_GUEST`: SpiderMonkey plus `shims/wasm_js/guest.js`, built by npm's
   `@bytecodealliance/componentize-js`. Its exact version and every transitive
   dependency are pinned, with integrity hashes, by `shims/wasm_js/package-lock.json`;
-  `npm install` installs them once into the cache (the machine's Node.js and npm run it;
-  install scripts are off, so nothing but registry tarballs arrives). The component
-  is built without the `http` and `fetch-event` features: the guest has no `fetch`.
+  `npm install` installs them into the build directory (the machine's Node.js and npm
+  run it; install scripts are off, so nothing but registry tarballs arrives), deleted
+  with it: ~400 MB that nothing needs once the component exists. The component is
+  built without the `http` and `fetch-event` features: the guest has no `fetch`.
 """
 
 from __future__ import annotations
@@ -115,6 +116,9 @@ COMPONENTIZE_JS = "@bytecodealliance/componentize-js"
 COMPONENTIZE_JS_CLI = f"node_modules/{COMPONENTIZE_JS}/src/cli.js"
 # Features of the JS runtime the guest is built without: no outgoing HTTP at all.
 DISABLED_FEATURES = ("http", "fetch-event")
+# What earlier versions kept in the cache directory for this build: componentize-js's
+# install and npm's cache (~500 MB), deleted once the component exists.
+JS_LEFTOVERS = ("wasm-js-npm-*", "npm-cache")
 MISSING_NODE = (
     "the wasm-js component is built once with Node.js and npm, which are not on PATH "
     "(Debian: apt install nodejs npm); until then, run JavaScript with executor 'deno'"
@@ -144,9 +148,9 @@ def _node_tools() -> tuple[str, str]:
         raise BuildError(MISSING_NODE) from None
 
 
-def _build_js(work: Path, cache_dir: Path) -> None:
+def _build_js(work: Path, _cache_dir: Path) -> None:
     node, _npm = _node_tools()
-    cli = install_locked(JS_DIR, cache_dir, expect=COMPONENTIZE_JS_CLI) / COMPONENTIZE_JS_CLI
+    cli = install_locked(JS_DIR, work, expect=COMPONENTIZE_JS_CLI) / COMPONENTIZE_JS_CLI
     command = [node, str(cli), Path(JS_SOURCE).name, "-w", WORLD_FILE, "-n", WORLD]
     command += ["-d", *DISABLED_FEATURES, "-o", "guest.wasm"]
     run_tool("componentize-js", command, cwd=work, timeout_s=BUILD_TIMEOUT_S)
@@ -157,4 +161,5 @@ JS_GUEST = GuestRecipe(
     sources=(WORLD_FILE, JS_SOURCE, JS_SDK, NPM_LOCK),
     tool_versions=_js_tool_versions,
     build=_build_js,
+    leftovers=JS_LEFTOVERS,
 )

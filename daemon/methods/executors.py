@@ -10,7 +10,11 @@ from conduit.daemon.dispatcher import CallContext, NoParams, method
 
 @method("executors/list", params=NoParams, scope="execute")
 async def list_executors(params: NoParams, ctx: CallContext) -> dict[str, Any]:
-    """Each executor: languages, version, available or why not, pool statistics."""
+    """Each executor: languages, version, available or why not, pool, start-up progress.
+
+    `progress` is what the executor's start-up is building: the step under way and each
+    step done, with its seconds (see `wasm_build.BuildProgress.snapshot`).
+    """
     registry = ctx.daemon.registry
     return {
         "executors": [dataclasses.asdict(info) for info in registry.infos()],

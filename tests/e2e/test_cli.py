@@ -249,7 +249,9 @@ async def test_doctor_reports_each_executor(tmp_path: Path, wasm: Any) -> None:
     assert "executor deno" in report
     deno_line = next(line for line in report.splitlines() if line.startswith("executor deno"))
     assert "ok (2." in deno_line
-    python_line = next(line for line in report.splitlines() if "wasm-python" in line)
+    python_line = next(
+        line for line in report.splitlines() if line.startswith("executor wasm-python")
+    )
     assert "ok (CPython 3.14" in python_line
     assert "daemon: not running" in report
     # Under the executor line: the component it loaded and what it was built from.
@@ -266,6 +268,8 @@ async def test_doctor_reports_each_executor(tmp_path: Path, wasm: Any) -> None:
     assert details["compiled cache"] == ["valid: loaded without compiling"]
     assert "deserialize" in details["timings"][0]
     assert not _details(report, "deno")  # its line is as it was
+    # What it waited for, step by step, as the log says it.
+    assert re.search(r"^wasm-python: load done in \d+\.\d s$", report, re.MULTILINE), report
 
 
 async def test_doctor_reports_a_corrupt_compiled_cache_as_rebuilt(
@@ -285,9 +289,22 @@ async def test_doctor_reports_a_corrupt_compiled_cache_as_rebuilt(
     details = _details(first.stdout.decode(), "wasm-python")
     assert details["compiled cache"][0].startswith("invalid, rebuilt:"), details
     assert "compile" in details["timings"][0]
+    # The seconds it waited for the compiling are shown.
+    shown = re.search(r"^wasm-python: load done in (\d+\.\d) s$", first.stdout.decode(), re.M)
+    assert shown is not None and float(shown[1]) > 0, first.stdout.decode()
     again = await conduit("doctor", env=env)
     details = _details(again.stdout.decode(), "wasm-python")
     assert details["compiled cache"] == ["valid: loaded without compiling"]
+
+
+async def test_executors_list_says_what_each_start_built(running: Any) -> None:
+    done = await conduit("call", "--socket", running.socket_path, "executors/list")
+    assert done.returncode == 0, done.stderr
+    executors = {e["name"]: e for e in json.loads(done.stdout)["executors"]}
+    progress = executors["wasm-python"]["progress"]
+    assert (progress["step"], progress["elapsed_s"]) == (None, None)  # nothing under way
+    assert [(s["step"], s["ok"]) for s in progress["done"]] == [("load", True)]
+    assert executors["deno"]["progress"] is None  # it builds nothing
 
 
 def _details(report: str, executor: str) -> dict[str, list[str]]:
