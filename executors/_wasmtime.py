@@ -42,7 +42,7 @@ import os
 import platform
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -267,6 +267,11 @@ class StopReason(enum.Enum):
     TIMEOUT = "timeout"
     CANCELLED = "cancelled"
     OUTPUT_LIMIT = "output_limit"
+    FILES_LIMIT = "files_limit"
+
+
+# How often an interrupt's `watch` check runs, at most.
+WATCH_EVERY_S = 0.05
 
 
 _DeadlineCallback = ctypes.CFUNCTYPE(
@@ -297,10 +302,18 @@ class Interrupt:
         self.deadline = time.monotonic() + timeout_s
         self.reason: StopReason | None = None
         self._callback = _DeadlineCallback(self._on_deadline)  # kept alive with self
+        self._watch: Callable[[], StopReason | None] | None = None
+        self._next_watch = 0.0
 
     def stop(self, reason: StopReason) -> None:
         if self.reason is None:
             self.reason = reason
+
+    def watch(self, check: Callable[[], StopReason | None]) -> None:
+        """Also stop for the reason `check` returns, if any: it runs on the guest's
+        thread, between its instructions, at most every WATCH_EVERY_S. It must not
+        raise."""
+        self._watch = check
 
     def install(self, store: wasmtime.Store) -> None:
         """Check this interrupt every tick while `store` runs guest code.
@@ -311,8 +324,12 @@ class Interrupt:
         ffi.wasmtime_store_epoch_deadline_callback(store.ptr(), self._callback, None, _no_finalizer)
 
     def _on_deadline(self, _context, _data, delta, kind) -> int:  # type: ignore[no-untyped-def]
-        if self.reason is None and time.monotonic() >= self.deadline:
+        now = time.monotonic()
+        if self.reason is None and now >= self.deadline:
             self.reason = StopReason.TIMEOUT
+        if self.reason is None and self._watch is not None and now >= self._next_watch:
+            self._next_watch = now + WATCH_EVERY_S
+            self.reason = self._watch()
         if self.reason is not None:
             error = ffi.wasmtime_error_new(
                 f"conduit: execution stopped ({self.reason.value})".encode()

@@ -83,6 +83,17 @@ def memory_limit(outcome: Outcome, limits: Limits, traceback: str = "") -> Outco
     return outcome
 
 
+def files_limit(outcome: Outcome, limits: Limits) -> Outcome:
+    """The program's files took more than its memory limit (they count against it)."""
+    return failed(
+        outcome,
+        Status.MEMORY_LIMIT,
+        "MemoryLimit",
+        f"the program's files took more than its memory limit ({limits.memory_mb} MB); "
+        "write less, or raise limits.memory_mb",
+    )
+
+
 def stopped(outcome: Outcome) -> Outcome:
     """The daemon stopped it (cancel, drain, tool limit); the daemon names the reason."""
     return failed(outcome, Status.CANCELLED, "Cancelled", "the execution was stopped")

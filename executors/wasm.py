@@ -67,6 +67,7 @@ from conduit.executors.base import (
     ToolBridge,
 )
 from conduit.executors.output import OutputCapture, StreamName
+from conduit.executors.scratch import ScratchDirs
 from conduit.executors.wasm_build import (
     BuildError,
     BuildProgress,
@@ -84,6 +85,8 @@ __all__ = ["ProgramRejected", "WasmExecutor"]
 
 log = logging.getLogger(__name__)
 
+# Under the cache directory: each executor's executions' scratch directories.
+SCRATCH_DIR = "scratch"
 # The import the guest calls (shims/world.wit).
 HOST_CALL_IMPORT = "host-call"
 # Executions running at once: one per core.
@@ -191,6 +194,9 @@ class WasmExecutor:
     # Whether the host bounds the guest's clock waits (`wasm_clock`): needed where a
     # program can reach a raw WASI wait, as Python can.
     host_bounds_waits: bool = True
+    # Whether a program may write files: in a directory of its own (`scratch`), whose
+    # contents count against its memory limit.
+    files: bool = False
 
     def __init__(self, *, cache_dir: str | os.PathLike[str], fuel: int | None = None) -> None:
         self._cache_dir = Path(cache_dir)
@@ -313,12 +319,14 @@ class WasmExecutor:
         within `wasm_lingering`'s caps."""
         fuel = self._fuel is not None
         read_only = self.read_only_dirs(self._built.path.parent) if self._built else ()
+        scratch = ScratchDirs(self._cache_dir / SCRATCH_DIR / self.name) if self.files else None
+        mounts = {"read_only": read_only, "scratch": scratch}
         clock = BoundedClock(self._engine)
         linker = self._linker()
         if self.host_bounds_waits and clock.install(linker, component):
             try:
                 instances = Instances(
-                    self._engine, linker, component, fuel=fuel, clock=clock, read_only=read_only
+                    self._engine, linker, component, fuel=fuel, clock=clock, **mounts
                 )
             except wasmtime.WasmtimeError as exc:
                 log.warning("%s: bounded guest waits do not link (%s)", self.name, exc)
@@ -326,7 +334,7 @@ class WasmExecutor:
                 self._bounded_waits = True
                 return instances
         self._bounded_waits = False
-        return Instances(self._engine, self._linker(), component, fuel=fuel, read_only=read_only)
+        return Instances(self._engine, self._linker(), component, fuel=fuel, **mounts)
 
     def read_only_dirs(self, component_dir: Path) -> tuple[tuple[Path, str], ...]:
         """The host directories every instance sees, read-only, as (host, guest) paths:
@@ -576,7 +584,7 @@ class WasmExecutor:
         store.set_limits(memory_size=memory_bytes)
         if self._fuel is not None:
             store.set_fuel(self._fuel)
-        instance.install(execution.interrupt)
+        instance.install(execution.interrupt, files_bytes=memory_bytes)
         # Chosen once here, so a run nobody streams does no work for streaming.
         record = _record if execution.live is None else _record_live
         instance.output.attach(lambda stream, data: record(execution, capture, stream, data))
@@ -620,6 +628,8 @@ class WasmExecutor:
             return outcomes.output_limit(outcome, limits)
         if stopped is _wasmtime.StopReason.TIMEOUT:
             return outcomes.timed_out(outcome, limits)
+        if stopped is _wasmtime.StopReason.FILES_LIMIT:
+            return outcomes.files_limit(outcome, limits)
         if stopped is _wasmtime.StopReason.CANCELLED and answer is None:
             return outcomes.stopped(outcome)
         if answer is None:

@@ -26,6 +26,7 @@ store is used by one thread at a time.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -37,6 +38,7 @@ import wasmtime.component
 
 from conduit.executors import _wasmtime
 from conduit.executors.output import StreamName
+from conduit.executors.scratch import Scratch, ScratchDirs
 from conduit.executors.wasm_calls import StringExport
 from conduit.executors.wasm_clock import BoundedClock, StoreClock
 
@@ -64,6 +66,8 @@ FIRST_INSTANCE_BACKOFF_S = 0.05
 # The largest memory limit tried when finding the smallest that instantiates: the
 # pool's bound per memory (see `_wasmtime`), in MiB.
 MAX_MEMORY_MIB = _wasmtime.POOL_MEMORY_BYTES // MIB
+# Where an instance sees its scratch directory.
+SCRATCH_GUEST = "/tmp"
 
 
 class OutputRoute:
@@ -98,29 +102,43 @@ class Instance:
     interrupt: _wasmtime.Interrupt
     # Bounds the guest's waits by the interrupt's deadline; None if unbounded.
     clock: StoreClock | None = None
+    # The directory its files go to, if it may write any.
+    scratch: Scratch | None = None
 
-    def install(self, interrupt: _wasmtime.Interrupt) -> None:
-        """Stop the guest by `interrupt` from now on (the execution's, when taken)."""
+    def install(self, interrupt: _wasmtime.Interrupt, *, files_bytes: int = 0) -> None:
+        """Stop the guest by `interrupt` from now on (the execution's, when taken), and
+        once its files take more than `files_bytes` (if it has a scratch directory)."""
         interrupt.install(self.store)
         self.interrupt = interrupt
         if self.clock is not None:
             self.clock.interrupt = interrupt
+        if self.scratch is not None:
+            interrupt.watch(functools.partial(_files_over, self.scratch, files_bytes))
 
     def running(self) -> contextlib.AbstractContextManager[None]:
         """Around every call into the guest, on the thread making it."""
         return self.clock.running() if self.clock is not None else _NOTHING
 
     def close(self) -> None:
-        self.store.close()
+        try:
+            self.store.close()
+        finally:
+            if self.scratch is not None:
+                self.scratch.remove()
 
 
 _NOTHING = contextlib.nullcontext()
 
 
+def _files_over(scratch: Scratch, max_bytes: int) -> _wasmtime.StopReason | None:
+    return _wasmtime.StopReason.FILES_LIMIT if scratch.over(max_bytes) else None
+
+
 class Instances:
     """Makes instances of `component` with `linker`, whose waits `clock` bounds (when
     it does: see `BoundedClock.install`), each seeing the host directories of
-    `read_only` (host path, guest path) and nothing else of the host.
+    `read_only` (host path, guest path), a fresh directory of `scratch` at SCRATCH_GUEST
+    to write its files in (if given), and nothing else of the host.
 
     Creating it makes a first instance, then finds `base_memory_mib` by instantiating
     under shrinking limits (a few milliseconds up to ~50 for CPython, once): blocking,
@@ -136,10 +154,12 @@ class Instances:
         fuel: bool,
         clock: BoundedClock | None = None,
         read_only: Sequence[tuple[Path, str]] = (),
+        scratch: ScratchDirs | None = None,
     ) -> None:
         self._engine = engine
         self._clock = clock
         self._read_only = tuple(read_only)
+        self._scratch = scratch
         self._linker = linker
         self._component = component
         self._fuel = fuel
@@ -156,6 +176,7 @@ class Instances:
         one when the limit is below what the component starts with.
         """
         store = wasmtime.Store(self._engine)
+        scratch = self._scratch.new() if self._scratch is not None else None
         try:
             if memory_bytes is not None:
                 store.set_limits(memory_size=memory_bytes)
@@ -167,6 +188,8 @@ class Instances:
             wasi.stderr_custom = output.stderr
             for host, guest in self._read_only:
                 wasi.preopen_dir(str(host), guest, fs_mutable=False)
+            if scratch is not None:
+                wasi.preopen_dir(str(scratch.path), SCRATCH_GUEST, fs_mutable=True)
             store.set_wasi(wasi)
             interrupt = _wasmtime.Interrupt(INSTANTIATE_TIMEOUT_S)
             interrupt.install(store)
@@ -178,8 +201,10 @@ class Instances:
             export = StringExport(run)
         except BaseException:
             store.close()
+            if scratch is not None:
+                scratch.remove()
             raise
-        return Instance(store, export, output, interrupt, clock)
+        return Instance(store, export, output, interrupt, clock, scratch)
 
     def standby(self) -> Instance | None:
         """A new instance without a memory limit, made ahead of its execution; None if

@@ -27,6 +27,7 @@ class WasmPythonExecutor(WasmExecutor):
     languages = frozenset({"python"})
     recipe = PYTHON_GUEST
     runtime = "CPython 3.14"
+    files = True
     # Kept resident, a trivial program's pages need no faults: its run took 0.55 ms
     # of CPU instead of 2.1 ms, for a reset of 1.4 ms instead of 0.4 (made off the
     # request path since instances are made ahead), and less CPU in all (2.85 against

@@ -10,7 +10,9 @@ The host calls `run(request)` once per instance; the program's contract and the 
 answer are `python_program`'s, shared with every Python executor.
 """
 
+import contextlib
 import json
+import os
 import re
 
 import guest_asyncio
@@ -110,8 +112,20 @@ def _valid_text(answer):
     return answer if answer.isascii() else _LONE_SURROGATE.sub("\ufffd", answer)
 
 
+# The execution's own directory for files (see executors/scratch.py): relative paths
+# and `tempfile` land there.
+SCRATCH = "/tmp"
+
+
+def _enter_scratch():
+    # A host that gives no directory: files fail as they would have.
+    with contextlib.suppress(OSError):
+        os.chdir(SCRATCH)
+
+
 class WitWorld(wit_world.WitWorld):
     def run(self, request: str) -> str:
+        _enter_scratch()
         try:
             answer = python_program.execute(json.loads(request), wit_world.host_call)
         except BaseException as exc:  # MemoryError, RecursionError while reporting...

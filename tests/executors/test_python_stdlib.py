@@ -131,3 +131,67 @@ async def test_pyodide_imports_the_whole_standard_library(pyodide: Any) -> None:
 @pytest.mark.slow
 async def test_pyodide_modules_do_their_work(pyodide: Any) -> None:
     assert_real_use_works(await run(pyodide, REAL_USE))
+
+
+# Files: a directory of the execution's own, empty at start, capped, gone afterwards.
+FILES = """
+import os, pathlib, tempfile
+start = sorted(os.listdir("."))
+pathlib.Path("notes.txt").write_text("hello")
+with tempfile.NamedTemporaryFile("w", delete=False, suffix=".csv") as f:
+    f.write("a,b\\n1,2\\n")
+os.makedirs("out/deep", exist_ok=True)
+open("out/deep/x.bin", "wb").write(bytes(1000))
+{
+    "start": start,
+    "cwd": os.getcwd(),
+    "read": pathlib.Path("notes.txt").read_text(),
+    "temp": open(f.name).read(),
+    "listed": sorted(p.name for p in pathlib.Path(".").rglob("*")),
+    "host": [os.path.exists(p) for p in ("/etc/passwd", "../etc/passwd", "/proc/self")],
+}
+"""
+
+
+async def test_wasm_python_files_are_the_executions_own(wasm: Any) -> None:
+    first = await run(wasm, FILES)
+    assert first.status is Status.OK, first.error
+    result = first.result
+    assert result["start"] == [] and result["cwd"] == "/tmp"
+    assert result["read"] == "hello" and result["temp"] == "a,b\n1,2\n"
+    assert {"notes.txt", "deep", "x.bin"} <= set(result["listed"])
+    assert result["host"] == [False, False, False]  # nothing else of the host
+    second = await run(wasm, FILES)  # the same names again: nothing was left behind
+    assert second.result["start"] == [], second.error
+    leftovers = list((wasm._cache_dir / "scratch" / "wasm-python").iterdir())
+    assert len(leftovers) <= 8  # the instances made ahead; each execution's went with it
+
+
+async def test_wasm_python_files_count_against_the_memory_limit(wasm: Any) -> None:
+    code = "chunk = bytes(1 << 20)\nwith open('big', 'wb') as f:\n    while True: f.write(chunk)"
+    with trio.fail_after(LOAD_WAIT_S):
+        job = Job("ex_files", "python", code, Limits(timeout_ms=60_000, memory_mb=64))
+        outcome = await wasm.run(job, NoBridge())
+    assert outcome.status is Status.MEMORY_LIMIT, outcome
+    assert "files" in outcome.error.message
+    assert (await run(wasm, "import os\nos.listdir('.')")).result == []
+
+
+async def test_wasm_python_cannot_link_the_library_into_its_files(wasm: Any) -> None:
+    code = (
+        "import os\n"
+        "tried = {}\n"
+        "for how in ('link', 'symlink'):\n"
+        "    try:\n"
+        "        getattr(os, how)('/python/json/__init__.py', how)\n"
+        "        open(how, 'a').write('# changed')\n"
+        "        tried[how] = 'wrote'\n"
+        "    except OSError as exc:\n"
+        "        tried[how] = type(exc).__name__\n"
+        "tried"
+    )
+    outcome = await run(wasm, code)
+    assert outcome.status is Status.OK, outcome.error
+    assert "wrote" not in outcome.result.values(), outcome.result
+    stdlib = next(wasm._cache_dir.glob("wasm-python-*/stdlib"))
+    assert b"# changed" not in (stdlib / "json" / "__init__.py").read_bytes()
