@@ -14,7 +14,7 @@ TERMINAL = "need a terminal or a display"
 SYSTEM = "need processes, users or the system's services"
 SUBINTERPRETERS = "need threads or a debugger (subinterpreters, remote debugging)"
 C_LIBRARIES = "C libraries the WebAssembly build of CPython lacks"
-LEFT_OUT = "left out of the build: decimal, help() and a browser cover them"
+LEFT_OUT = "left out of Pyodide's build (decimal is its C version; no help texts, no browser)"
 
 # By reason; the names are as `sys.stdlib_module_names` lists them, private ones too.
 _WINDOWS = ("_overlapped", "_scproxy", "_winapi", "_wmi", "msvcrt", "nt", "winreg", "winsound")

@@ -1,5 +1,5 @@
 """docs/executors.md tells users what a Python program may import: it must say what the
-guest really pre-imports."""
+guest really pre-imports, and which modules each Python executor lacks."""
 
 from __future__ import annotations
 
@@ -41,3 +41,23 @@ def test_the_doc_lists_exactly_the_preloaded_modules() -> None:
         f"docs/executors.md is out of step with PRELOADED in {GUEST.name}: "
         f"add {missing}, remove {extra}"
     )
+
+
+def test_the_doc_lists_exactly_the_missing_modules() -> None:
+    from conduit.executors.python_stdlib import MISSING
+
+    text = DOC.read_text(encoding="utf-8")
+    for executor, groups in MISSING.items():
+        table = re.search(
+            rf"<!-- missing:{executor}:start -->(.*?)<!-- missing:{executor}:end -->",
+            text,
+            re.DOTALL,
+        )
+        assert table, f"{DOC} lost its <!-- missing:{executor}:start/end --> markers"
+        rows = [row for row in table.group(1).splitlines() if row.startswith("| `")]
+        documented = {
+            row.rsplit("|", 2)[1].strip(): re.findall(r"`([^`]+)`", row.rsplit("|", 2)[0])
+            for row in rows
+        }
+        expected = {reason: list(modules) for reason, modules in groups.items()}
+        assert documented == expected, f"docs/executors.md's {executor} table is out of step"
