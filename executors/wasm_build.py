@@ -259,13 +259,16 @@ def remove_abandoned(cache_dir: Path, prefix: str) -> None:
 
 
 def _remove_leftovers(cache_dir: Path, patterns: Sequence[str]) -> None:
+    """Delete what matches `patterns` in `cache_dir`, as far as it can: a leftover that
+    cannot be deleted only takes space, so it must not keep the component from loading."""
     for pattern in patterns:
         for path in cache_dir.glob(pattern):
             log.info("deleting %s, which an earlier version kept for builds", path)
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
             else:
-                path.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    path.unlink()
 
 
 def move_into_place(staging: Path, target: Path, marker: str) -> None:
