@@ -10,13 +10,16 @@ a JSON-RPC call under the execution's session token.
 The program's contract (documented in docs/tools.md):
 - its result is the value of a top-level `return`, else of its last expression;
   a value JSON cannot hold comes back as its `repr`;
-- `print` writes to stdout; `inputs` holds the request's inputs;
+- `print` writes to stdout, every byte of each write; `inputs` holds the request's
+  inputs;
 - `tools.<namespace>.<tool>(**arguments)` (or one dict argument) calls a tool and
   returns its value, raising `ToolError(code, tool, message)` if it fails;
   `tools._discover()` lists the tools this execution may call.
 """
 
 import ast
+import errno
+import io
 import json
 import linecache
 import sys
@@ -152,6 +155,64 @@ def bound_sleep(timeout_s):
     time.sleep = bounded_sleep
 
 
+class _WholeWrites(io.RawIOBase):
+    """The raw stream under the text stream `text`, with every write made whole.
+
+    A WASI host may take only part of a write (Wasmtime takes 8 KiB at a time), and
+    an unbuffered text stream (a `TextIOWrapper` straight over a `FileIO`, as a
+    guest's stdio may be) drops the rest of a short write without a word. This writes
+    the rest.
+    """
+
+    def __init__(self, text):
+        super().__init__()
+        # Kept: `text` closes the raw stream when it is collected. Closing this one
+        # leaves both open.
+        self._text = text
+        self._raw = text.buffer
+
+    def writable(self):
+        return True
+
+    def fileno(self):
+        return self._raw.fileno()
+
+    def isatty(self):
+        return self._raw.isatty()
+
+    def write(self, data):
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            wrote = self._raw.write(view[done:])
+            if not wrote:  # None (it would block) or 0: no progress to wait for
+                raise BlockingIOError(errno.EAGAIN, "the output stream took nothing", done)
+            done += wrote
+        return done
+
+
+def write_whole():
+    """Make `sys.stdout` and `sys.stderr` write every byte of each write where their
+    binary layer is raw (see `_WholeWrites`); a buffered one writes whole already.
+    The streams stay unbuffered, and the ones replaced keep working. Idempotent."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        buffer = getattr(stream, "buffer", None)
+        if not isinstance(buffer, io.RawIOBase) or isinstance(buffer, _WholeWrites):
+            continue
+        whole = io.TextIOWrapper(
+            _WholeWrites(stream),
+            encoding=stream.encoding,
+            errors=stream.errors,
+            newline="\n",
+            line_buffering=stream.line_buffering,
+            write_through=True,
+        )
+        setattr(sys, name, whole)
+        if getattr(sys, f"__{name}__") is stream:
+            setattr(sys, f"__{name}__", whole)
+
+
 def _returns_at_top(body):
     """Whether a `return` appears outside every function and class of `body`."""
     stack = list(body)
@@ -238,6 +299,7 @@ def _start(request, host_call, allow_await):
     """The compiled program and its globals, or the answer reporting why it cannot run."""
     code = request["code"]
     linecache.cache[PROGRAM_FILE] = (len(code), None, code.splitlines(True), PROGRAM_FILE)
+    write_whole()
     if request.get("live_output"):
         _flush_lines()
     bound_sleep(request.get("timeout_ms", 0) / 1000)
