@@ -719,8 +719,9 @@ def _from_payload(
     if not isinstance(message, dict):
         return _unreadable(outcome, "not a JSON object")
     error = message.get("error")
-    # The shim exits 0 after a result and 1 after an error, unless it was stopped first.
-    outcome.exit_code = 0 if error is None else 1
+    # The shim exits 0 after a result and 1 after an error (or with a Python program's
+    # `sys.exit` code), unless it was stopped first.
+    outcome.exit_code = 0 if error is None else outcomes.error_exit_code(message)
     if error is None:
         outcome.result = message.get("result")
         return outcome

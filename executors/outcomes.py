@@ -14,6 +14,7 @@ from conduit.executors.output import OutputCapture
 
 __all__ = [
     "captured",
+    "error_exit_code",
     "error_info",
     "failed",
     "memory_limit",
@@ -106,3 +107,12 @@ def error_info(error: dict[str, Any]) -> ErrorInfo:
         message=str(error.get("message", "")),
         traceback=str(error.get("traceback", "")),
     )
+
+
+def error_exit_code(answer: dict[str, Any]) -> int:
+    """The exit code of a guest shim's error answer: its `exit_code` when that is a
+    nonzero C int (a Python program's `sys.exit(n)`), else 1."""
+    code = answer.get("exit_code")
+    if type(code) is int and code != 0 and -(2**31) <= code < 2**31:
+        return code
+    return 1

@@ -646,7 +646,7 @@ class WasmExecutor:
             outcome.result = message.get("result")
             outcome.exit_code = 0
             return outcome
-        outcome.exit_code = 1
+        outcome.exit_code = outcomes.error_exit_code(message)
         info = outcomes.error_info(error)
         if self.is_out_of_memory(info):
             return outcomes.memory_limit(outcome, limits, info.traceback)

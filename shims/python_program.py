@@ -3,7 +3,8 @@
 A guest calls `execute(request, host_call)` (or `execute_async` where the program may
 use top-level `await`) once, with the request `{"code", "inputs", "timeout_ms",
 "live_output"?}` (`live_output`: flush stdout at every line, for streaming), and
-gets back JSON: `{"result": value}` or `{"error": {"type", "message", "traceback"}}`.
+gets back JSON: `{"result": value}` or `{"error": {"type", "message", "traceback"}}`,
+the latter with `"exit_code"` when the program ended by a failing `SystemExit`.
 `host_call(method, params_json) -> answer_json` is the guest's one way to the daemon:
 a JSON-RPC call under the execution's session token.
 
@@ -12,12 +13,15 @@ The program's contract (documented in docs/tools.md):
   a value JSON cannot hold comes back as its `repr`;
 - `print` writes to stdout, every byte of each write; `inputs` holds the request's
   inputs;
+- `sys.exit()` ends it as it ends CPython: a code of None or 0 succeeds (the result
+  is None); an int is the exit code; anything else is printed to stderr, code 1;
 - `tools.<namespace>.<tool>(**arguments)` (or one dict argument) calls a tool and
   returns its value, raising `ToolError(code, tool, message)` if it fails;
   `tools._discover()` lists the tools this execution may call.
 """
 
 import ast
+import contextlib
 import errno
 import io
 import json
@@ -41,6 +45,10 @@ TOOL_FAILED = -32007
 SLEEP_SLACK_S = 0.05
 # The interpreter's own sleep: every run bounds this one, never an earlier run's bound.
 _SLEEP = time.sleep
+# The exit codes a process can report (a C int); a code beyond them is reported as
+# EXIT_CODE_UNFIT, as CPython reports one it cannot convert.
+EXIT_CODE_MIN, EXIT_CODE_MAX = -(2**31), 2**31 - 1
+EXIT_CODE_UNFIT = -1
 
 
 class ToolError(Exception):
@@ -288,6 +296,38 @@ def error_answer(exc, *, syntax=False):
         return '{"error": {"type": "InternalError", "message": "the guest failed"}}'
 
 
+def _exit_code(code):
+    """The exit code of `SystemExit(code)`, as CPython exits with it: None is 0, an int
+    is itself, anything else is printed to stderr and is 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        code = int(code)  # True is 1
+        return code if EXIT_CODE_MIN <= code <= EXIT_CODE_MAX else EXIT_CODE_UNFIT
+    # A stderr the program broke, or a __str__ that raises, costs only the message.
+    with contextlib.suppress(BaseException):
+        print(code, file=sys.stderr)
+    return 1
+
+
+def _exit_answer(exc):
+    """The JSON answer for a program that raised `SystemExit`, never raising: a result
+    of None when it exits with 0, else an error with the exit code."""
+    try:
+        code = _exit_code(exc.code)
+        if code == 0:
+            return _result_answer(None)
+        error = {
+            "type": type(exc).__name__,
+            "message": f"the program exited with code {code}",
+            "traceback": _user_traceback(exc),
+            "line": None,
+        }
+        return json.dumps({"error": error, "exit_code": code})
+    except BaseException:  # a traceback that cannot be formatted...
+        return error_answer(exc)
+
+
 def _result_answer(value):
     try:
         return json.dumps({"result": value}, ensure_ascii=False, allow_nan=False)
@@ -348,6 +388,8 @@ async def execute_async(request, host_call, allow_await=True):
         pending = eval(program, scope)
         if pending is not None:  # a coroutine when the program awaits at top level
             await pending
+    except SystemExit as exc:
+        return _exit_answer(exc)
     except BaseException as exc:  # the program's own failure, reported as its result
         return error_answer(exc)
     finally:
