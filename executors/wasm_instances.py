@@ -71,7 +71,13 @@ SCRATCH_GUEST = "/tmp"
 
 
 class OutputRoute:
-    """Where an instance's stdout and stderr go: nowhere until `attach` names a sink."""
+    """Where an instance's stdout and stderr go: nowhere until `attach` names a sink.
+
+    Wasmtime calls `stdout` and `stderr` from its own I/O threads, with at most 8 KiB
+    of a guest's write each time (the guest writes the rest, see
+    `python_program.write_whole`), and one piece at a time: a guest's write returns
+    only once its piece is taken, so the sink gets the pieces in the order written.
+    """
 
     __slots__ = ("_sink",)
 
