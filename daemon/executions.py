@@ -198,8 +198,10 @@ class Executions:
         limits = self._limits(request.limits)
         requested = _checked_patterns(request.allowed_tools)
         getting_ready = trio.current_time()
+        # A wait for an executor still starting is queueing: bounded like the queue's.
+        within_s = min(limits.timeout_ms / 1000, daemon.config.limits.queue_timeout_s)
         executor = await daemon.registry.pick_ready(
-            request.language, request.executor, within_s=limits.timeout_ms / 1000
+            request.language, request.executor, within_s=within_s, code=code
         )
         ready_wait_s = trio.current_time() - getting_ready
         daemon.rate_limiter.check(principal.name)

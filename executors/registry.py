@@ -2,7 +2,12 @@
 
 `serve` starts every executor's background work in a nursery the registry owns; an
 executor that cannot start is reported unavailable with its reason, never fatal to the
-daemon. `pick` chooses the executor for a request or says precisely why none fits.
+daemon. `pick` chooses the executor for a request or says precisely why none fits, and
+`pick_ready` first waits, within a bound, for the one it wants to finish starting.
+
+With no executor named, a program that uses what its language's default lacks (the
+executor's `lacks(code)` says so: `Intl` on wasm-js) goes to another available executor
+for the language, when the configuration has one; a named executor always runs it.
 """
 
 from __future__ import annotations
@@ -28,6 +33,13 @@ KNOWN_EXECUTORS = {
     "pyodide": ("python",),
 }
 
+# Programs up to this size are read for what they use on the event loop (tokenizing
+# 4 KiB of JavaScript takes well under a millisecond); larger ones in a worker thread,
+# since 1 MiB takes over half a second.
+_INLINE_READ_CHARS = 4096
+# Reading holds the GIL: a second thread would only take turns with the first.
+_READ_THREADS = trio.CapacityLimiter(1)
+
 
 class ExecutorRegistry:
     """Executors by name, plus the default executor for each language."""
@@ -42,13 +54,15 @@ class ExecutorRegistry:
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run every executor's background work until cancelled.
 
-        Starts the executors one after another and calls `task_status.started()` once
-        each has said it is started; an executor reports a runtime it cannot use
-        through `info()` rather than by raising.
+        Starts the executors side by side and calls `task_status.started()` once each
+        has said it is started: a Wasmtime component loads while Deno's pool fills,
+        rather than after it. An executor reports a runtime it cannot use through
+        `info()` rather than by raising.
         """
         async with trio.open_nursery() as nursery:
-            for executor in self._executors.values():
-                await nursery.start(executor.serve)
+            async with trio.open_nursery() as starting:
+                for executor in self._executors.values():
+                    starting.start_soon(nursery.start, executor.serve)
             task_status.started()
 
     async def wait_ready(self) -> None:
@@ -63,73 +77,109 @@ class ExecutorRegistry:
         """Replace the language -> executor defaults (a configuration reload)."""
         self._defaults = dict(defaults)
 
-    def pick(self, language: str, name: str | None = None) -> Executor:
-        """The executor for `language` (or the one named); raises a wire error if none.
+    def pick(self, language: str, name: str | None = None, *, code: str = "") -> Executor:
+        """The executor for `language` (or the one named) to run `code`; raises a wire
+        error if none can.
 
         With no name, an unavailable default (one still building its component on a
-        first start, say) gives way to another available executor for the language;
-        a named executor is used or refused, never substituted.
+        first start, say) gives way to another available executor for the language,
+        and so does a default that lacks what `code` uses; a named executor is used or
+        refused, never substituted. Raises `InvalidParams` for an unknown executor or
+        one that does not run `language`, `ExecutorUnavailable` for one that is
+        disabled or cannot run now.
         """
-        chosen = name or self._defaults.get(language)
-        if chosen is None:
+        return self._pick(self._candidates(language, name, self._lacking(language, name, code)))
+
+    async def pick_ready(
+        self, language: str, name: str | None = None, *, within_s: float, code: str = ""
+    ) -> Executor:
+        """`pick`, but the executor it wants that is still starting (loading or building
+        its component, probing its runtime) is waited for, up to `within_s`, before it
+        is refused or another stands in for it: the first request after a start is the
+        usual case under socket activation. One that failed is not waited for.
+
+        Raises as `pick` does; `ExecutorUnavailable` says which of disabled, failed or
+        not ready within `within_s` it was.
+        """
+        lacking = await self._lacking_off_loop(language, name, code)
+        candidates = self._candidates(language, name, lacking)
+        wanted = candidates[0]
+        wait_ready = getattr(wanted, "wait_ready", None)
+        if wanted.unavailable_reason is None or wait_ready is None:
+            return self._pick(candidates)
+        with trio.move_on_after(within_s) as waiting:
+            await wait_ready()
+        return self._pick(candidates, late_after_s=within_s if waiting.cancelled_caught else None)
+
+    def _candidates(self, language: str, name: str | None, lacking: set[str]) -> list[Executor]:
+        """Who may run the program, in order of preference: the named executor alone;
+        else the default (after those that have what it lacks), then the others."""
+        chosen_name = name or self._defaults.get(language)
+        if chosen_name is None:
             raise InvalidParams(
                 f"invalid params: no executor is configured for {language}",
                 {"field": "language", "reason": "no executor configured"},
             )
-        executor = self._executors.get(chosen)
-        if executor is None:
-            self._raise_missing(chosen)
-        if language not in executor.languages:
+        chosen = self._executors.get(chosen_name)
+        if chosen is None:
+            raise _disabled_error(chosen_name)
+        if language not in chosen.languages:
             raise InvalidParams(
-                f"invalid params: executor {chosen!r} runs "
-                f"{', '.join(sorted(executor.languages))}, not {language}",
+                f"invalid params: executor {chosen_name!r} runs "
+                f"{', '.join(sorted(chosen.languages))}, not {language}",
                 {"field": "executor", "reason": f"does not run {language}"},
             )
-        reason = executor.unavailable_reason
-        if reason is None:
-            return executor
-        if name is None:
-            fallback = self._fallback(language, executor)
-            if fallback is not None:
-                return fallback
+        if name is not None:
+            return [chosen]
+        others = [
+            e for e in self._executors.values() if e is not chosen and language in e.languages
+        ]
+        if chosen.name not in lacking:
+            return [chosen, *others]
+        fitting = [e for e in others if e.name not in lacking]
+        return [*fitting, chosen, *(e for e in others if e.name in lacking)]
+
+    def _pick(self, candidates: list[Executor], *, late_after_s: float | None = None) -> Executor:
+        """The first available candidate; else the error for the first, which is the
+        one wanted (`late_after_s`: it was waited for that long and is still starting)."""
+        for executor in candidates:
+            if executor.unavailable_reason is None:
+                if executor is not candidates[0]:
+                    log.debug("%s stands in for %s", executor.name, candidates[0].name)
+                return executor
+        wanted = candidates[0]
+        reason = wanted.unavailable_reason or "unavailable"
+        if late_after_s is not None:
+            raise ExecutorUnavailable(
+                f"executor {wanted.name!r} is still starting and was not ready within "
+                f"{late_after_s:g} s; retry in a few seconds (`conduit doctor` shows what "
+                "it is doing)",
+                {"executor": wanted.name, "state": "starting", "reason": reason},
+            )
         raise ExecutorUnavailable(
-            f"executor {chosen!r} is unavailable: {reason}; run `conduit doctor`",
-            {"executor": chosen, "reason": reason},
+            f"executor {wanted.name!r} is unavailable: {reason}; `conduit doctor` says what to fix",
+            {"executor": wanted.name, "state": "failed", "reason": reason},
         )
 
-    async def pick_ready(
-        self, language: str, name: str | None = None, *, within_s: float
-    ) -> Executor:
-        """`pick`, but a chosen executor that is still getting ready (loading or building
-        its component, probing its runtime) is waited for, up to `within_s`, before it
-        is refused or another stands in for it: the first request after a start is the
-        usual case under socket activation. One that failed is not waited for.
-        """
-        chosen = self._executors.get(name or self._defaults.get(language) or "")
-        wait_ready = getattr(chosen, "wait_ready", None)
-        if chosen is not None and wait_ready is not None and chosen.unavailable_reason:
-            with trio.move_on_after(within_s):
-                await wait_ready()
-        return self.pick(language, name)
-
-    def _fallback(self, language: str, default: Executor) -> Executor | None:
-        """Another available executor for `language`, while its default is unavailable."""
+    def _lacking(self, language: str, name: str | None, code: str) -> set[str]:
+        """The executors for `language` that lack what `code` uses; none when the
+        request names its executor, which then runs the program as it is."""
+        if name is not None or not code:
+            return set()
+        lacking = set()
         for executor in self._executors.values():
-            runs_it = executor is not default and language in executor.languages
-            if runs_it and executor.unavailable_reason is None:
-                log.debug("%s is unavailable; %s runs %s", default.name, executor.name, language)
-                return executor
-        return None
+            lacks = getattr(executor, "lacks", None)
+            if language in executor.languages and lacks is not None and lacks(code):
+                lacking.add(executor.name)
+        return lacking
 
-    def _raise_missing(self, name: str) -> None:
-        if name in KNOWN_EXECUTORS:
-            raise ExecutorUnavailable(
-                f"executor {name!r} is {_disabled(name)}; executors/list shows what is available",
-                {"executor": name, "reason": _disabled(name)},
-            )
-        raise InvalidParams(
-            f"invalid params: unknown executor {name!r}; executors/list shows the executors",
-            {"field": "executor", "reason": "unknown executor"},
+    async def _lacking_off_loop(self, language: str, name: str | None, code: str) -> set[str]:
+        """`_lacking`, in a worker thread for a program large enough to hold the event
+        loop up while it is read."""
+        if len(code) <= _INLINE_READ_CHARS:
+            return self._lacking(language, name, code)
+        return await trio.to_thread.run_sync(
+            self._lacking, language, name, code, limiter=_READ_THREADS
         )
 
     def infos(self, *, configured_only: bool = False) -> list[ExecutorInfo]:
@@ -145,6 +195,19 @@ class ExecutorRegistry:
 
     def defaults(self) -> dict[str, str]:
         return dict(self._defaults)
+
+
+def _disabled_error(name: str) -> InvalidParams | ExecutorUnavailable:
+    """The error for an executor the configuration does not run: disabled, or unknown."""
+    if name in KNOWN_EXECUTORS:
+        return ExecutorUnavailable(
+            f"executor {name!r} is {_disabled(name)}; executors/list shows what is available",
+            {"executor": name, "state": "disabled", "reason": _disabled(name)},
+        )
+    return InvalidParams(
+        f"invalid params: unknown executor {name!r}; executors/list shows the executors",
+        {"field": "executor", "reason": "unknown executor"},
+    )
 
 
 def _disabled(name: str) -> str:

@@ -16,17 +16,22 @@ componentize-js's event loop.
 
 The guest has no module loader: a program with `import` declarations is refused with
 a message that names the executor that has one.
+
+SpiderMonkey comes without ICU in componentize-js's engine (built `--without-intl-api`;
+the package takes no option for it): there is no `Intl`, and the locale-taking methods
+ignore their locale. `uses_intl` tells from a program's tokens whether it relies on
+either, so that the registry can give it to an executor that has them.
 """
 
 from __future__ import annotations
 
 from conduit.daemon import jsontext
 from conduit.executors.base import ErrorInfo, Job
-from conduit.executors.js_source import may_await, prepare_module
+from conduit.executors.js_source import Token, may_await, prepare_module, token_groups
 from conduit.executors.wasm import ProgramRejected, WasmExecutor
 from conduit.executors.wasm_guests import JS_GUEST
 
-__all__ = ["WasmJsExecutor"]
+__all__ = ["WasmJsExecutor", "uses_intl"]
 
 # SpiderMonkey's report when the guest's linear memory cannot grow (a catchable error).
 OUT_OF_MEMORY = "out of memory"
@@ -47,6 +52,59 @@ NO_IMPORTS = (
     "loader); use plain JavaScript, or run the program with executor 'deno'"
 )
 
+# Methods whose answer is the locale's (the default one's, called with no arguments):
+# without ICU, numbers and dates come back unformatted ("1234567.891" for
+# "1,234,567.891") and strings compare by code unit ("a" after "B").
+LOCALE_METHODS = frozenset(
+    {"toLocaleString", "toLocaleDateString", "toLocaleTimeString", "localeCompare"}
+)
+# Case mappings differ from the plain ones only for a locale that is named ("tr").
+LOCALE_CASE_METHODS = frozenset({"toLocaleUpperCase", "toLocaleLowerCase"})
+# Text without any of these cannot use Intl: most programs are never tokenized.
+_INTL_WORDS = ("Intl", "toLocale", "localeCompare")
+
+
+def uses_intl(code: str) -> bool:
+    """Whether `code` names `Intl`, calls a method whose answer is the locale's, or
+    names a locale for a case mapping.
+
+    Read from the program's tokens, so a word in a string or a comment does not count;
+    a name the program builds at run time (`globalThis["In" + "tl"]`) is not seen. Text
+    that does not tokenize counts as not using it (the executor reports its error).
+    """
+    if not any(word in code for word in _INTL_WORDS):
+        return False
+    try:
+        for group in token_groups(code):
+            for index, token in enumerate(group.tokens):
+                if token.kind != "name":
+                    continue
+                if token.value == "Intl":
+                    return True
+                arguments = _method_arguments(code, group.tokens, index)
+                if arguments is None:
+                    continue
+                if token.value in LOCALE_METHODS:
+                    return True
+                if token.value in LOCALE_CASE_METHODS and arguments.strip():
+                    return True
+    except ValueError:
+        return False
+    return False
+
+
+def _method_arguments(code: str, tokens: list[Token], index: int) -> str | None:
+    """The text between the parentheses of `.name(...)` when `tokens[index]` is such a
+    method name, else None."""
+    if index == 0 or index + 1 >= len(tokens):
+        return None
+    before, after = tokens[index - 1], tokens[index + 1]
+    if before.kind != "punct" or before.value not in (".", "?."):
+        return None
+    if after.kind != "group" or after.value != "(":
+        return None
+    return code[after.start + 1 : after.end - 1]
+
 
 class WasmJsExecutor(WasmExecutor):
     """Runs JavaScript programs in fresh SpiderMonkey-on-Wasmtime instances."""
@@ -66,6 +124,11 @@ class WasmJsExecutor(WasmExecutor):
     # `wasm_lingering`'s caps. SpiderMonkey reads the clock ~9 times a run, and each
     # read through the host's bounded clock is a Python call: 20% of a trivial run.
     host_bounds_waits = False
+
+    @staticmethod
+    def lacks(code: str) -> str | None:
+        """What `code` uses that this executor does not have ("Intl"), or None."""
+        return "Intl" if uses_intl(code) else None
 
     def request_for(self, job: Job) -> str:
         module = prepare_module(job.code)

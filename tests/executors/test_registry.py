@@ -1,4 +1,5 @@
-"""Choosing an executor: defaults, names, and the fallback while a default is unavailable.
+"""Choosing an executor: defaults, names, the fallback while a default is unavailable or
+lacks what a program uses, and the wait for one still starting.
 
 Unit tests of the registry's choice alone: the executors here are stand-ins that only
 report availability (every executor itself is tested with its real runtime elsewhere).
@@ -6,6 +7,7 @@ report availability (every executor itself is tested with its real runtime elsew
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -22,6 +24,7 @@ class StandIn:
     languages: frozenset[str]
     available: bool = True
     reason: str | None = field(default=None)
+    lacks: Callable[[str], str | None] | None = None
 
     @property
     def unavailable_reason(self) -> str | None:
@@ -108,12 +111,37 @@ async def test_one_that_fails_while_starting_is_refused_with_its_reason(
     assert trio.current_time() == 0  # refused at once, not after the wait
 
 
-async def test_one_not_ready_in_time_is_refused(autojump_clock: trio.abc.Clock) -> None:
+async def test_one_not_ready_in_time_is_refused_as_still_starting(
+    autojump_clock: trio.abc.Clock,
+) -> None:
     python = Preparing("wasm-python", frozenset({"python"}), available=False)
     chosen = ExecutorRegistry([python], {"python": "wasm-python"})  # type: ignore[list-item]
-    with pytest.raises(ExecutorUnavailable, match="being built"):
+    with pytest.raises(ExecutorUnavailable) as refused:
         await chosen.pick_ready("python", within_s=7)
     assert trio.current_time() == 7
+    assert refused.value.message == (
+        "executor 'wasm-python' is still starting and was not ready within 7 s; retry in "
+        "a few seconds (`conduit doctor` shows what it is doing)"
+    )
+    assert refused.value.data == {
+        "executor": "wasm-python",
+        "state": "starting",
+        "reason": "being built",
+    }
+
+
+async def test_each_refusal_says_which_it_is() -> None:
+    failed = Preparing("wasm-python", frozenset({"python"}), available=False, reason="no npm")
+    failed.settled.set()
+    chosen = ExecutorRegistry([failed], {"python": "wasm-python"})  # type: ignore[list-item]
+    with pytest.raises(ExecutorUnavailable) as broken:
+        await chosen.pick_ready("python", within_s=5)
+    assert broken.value.data["state"] == "failed"
+    assert "unavailable: no npm; `conduit doctor` says what to fix" in broken.value.message
+    with pytest.raises(ExecutorUnavailable) as disabled:
+        await chosen.pick_ready("python", "pyodide", within_s=5)
+    assert disabled.value.data["state"] == "disabled"
+    assert "set executors.pyodide.enabled = true" in disabled.value.message
 
 
 async def test_a_starting_default_is_waited_for_before_another_stands_in(
@@ -133,3 +161,74 @@ async def test_another_stands_in_once_the_wait_is_over(autojump_clock: trio.abc.
     chosen = ExecutorRegistry([deno, wasm_js], {"javascript": "wasm-js"})  # type: ignore[list-item]
     assert await chosen.pick_ready("javascript", within_s=5) is deno
     assert trio.current_time() == 5
+
+
+def _no_intl(code: str) -> str | None:
+    return "Intl" if "Intl" in code else None
+
+
+def intl_registry(*, deno_available: bool = True) -> tuple[ExecutorRegistry, StandIn, StandIn]:
+    deno = StandIn("deno", frozenset({"javascript", "typescript"}), available=deno_available)
+    wasm_js = StandIn("wasm-js", frozenset({"javascript"}), lacks=_no_intl)
+    chosen = ExecutorRegistry([wasm_js, deno], {"javascript": "wasm-js"})  # type: ignore[list-item]
+    return chosen, deno, wasm_js
+
+
+def test_a_program_the_default_lacks_something_for_runs_on_another() -> None:
+    chosen, deno, wasm_js = intl_registry()
+    assert chosen.pick("javascript", code="new Intl.NumberFormat()") is deno
+    assert chosen.pick("javascript", code="1 + 1") is wasm_js
+    # Named, the executor runs it as it is.
+    assert chosen.pick("javascript", "wasm-js", code="new Intl.NumberFormat()") is wasm_js
+
+
+def test_the_default_runs_it_when_nothing_else_can() -> None:
+    chosen, _, wasm_js = intl_registry(deno_available=False)
+    assert chosen.pick("javascript", code="new Intl.NumberFormat()") is wasm_js
+
+
+async def test_a_large_program_is_read_off_the_event_loop_with_the_same_answer() -> None:
+    chosen, deno, wasm_js = intl_registry()
+    large = "let x = 1;\n" * 1000
+    assert await chosen.pick_ready("javascript", within_s=1, code=large + "Intl") is deno
+    assert await chosen.pick_ready("javascript", within_s=1, code=large) is wasm_js
+
+
+async def test_the_executor_that_has_it_is_waited_for_when_still_starting(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    deno = Preparing("deno", frozenset({"javascript"}), available=False)
+    wasm_js = StandIn("wasm-js", frozenset({"javascript"}), lacks=_no_intl)
+    chosen = ExecutorRegistry([wasm_js, deno], {"javascript": "wasm-js"})  # type: ignore[list-item]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(deno.ready_after, 2)
+        assert await chosen.pick_ready("javascript", within_s=5, code="Intl") is deno
+        assert trio.current_time() == 2
+
+
+@dataclass
+class Starting:
+    """An executor whose start needs another to have started first."""
+
+    name: str
+    after: trio.Event
+    started: trio.Event = field(default_factory=trio.Event)
+    languages: frozenset[str] = frozenset({"python"})
+
+    async def serve(self, *, task_status: trio.TaskStatus[None]) -> None:
+        await self.after.wait()
+        self.started.set()
+        task_status.started()
+        await trio.sleep_forever()
+
+
+async def test_executors_start_side_by_side(nursery: trio.Nursery) -> None:
+    """One waiting on another's start would hang if they started one after another."""
+    second_started = trio.Event()
+    first = Starting("first", after=second_started)
+    second = Starting("second", after=trio.Event(), started=second_started)
+    second.after.set()
+    chosen = ExecutorRegistry([first, second], {})  # type: ignore[list-item]
+    with trio.fail_after(5):
+        await nursery.start(chosen.serve)
+    assert first.started.is_set() and second.started.is_set()
