@@ -28,6 +28,13 @@ from mcp.shared.exceptions import MCPError
 from conduit.daemon.auth import hash_token
 from conduit.daemon.config import Config
 from tests.conftest import MASTER_TOKEN, WAIT_S
+from tests.e2e.first_start import (
+    FIRST_START_WAIT_S,
+    QUEUE_TIMEOUT_S,
+    REQUEST_TIMEOUT_MS,
+    cpu_hog,
+    uncompiled_state,
+)
 from tests.e2e.helpers import CONDUIT, call, wait_for_socket, wait_upstreams
 from tests.e2e.mcp_helpers import ECHO, ENDLESS_TIMEOUT_MS, NO_SANDBOXES
 
@@ -237,6 +244,66 @@ async def test_connect_to_no_daemon_says_where_it_looked(tmp_path: Path) -> None
     assert done.returncode == 3
     assert done.stdout == b""
     assert f"cannot reach the daemon at {missing}" in done.stderr.decode()
+
+
+# ---- the first request ----------------------------------------------------------------
+
+
+async def _read_replies(stdout: trio.abc.ReceiveStream, count: int) -> dict[Any, Any]:
+    """The next `count` JSON-RPC replies on `stdout`, by id."""
+    buffer = b""
+    with trio.fail_after(FIRST_START_WAIT_S):
+        while buffer.count(b"\n") < count:
+            chunk = await stdout.receive_some(65536)
+            assert chunk, f"conduit mcp closed stdout after {buffer!r:.500}"
+            buffer += chunk
+    return {reply["id"]: reply for reply in map(json.loads, buffer.splitlines())}
+
+
+@pytest.mark.slow
+async def test_execute_python_right_after_initialize_gets_its_result(
+    make_config: Callable[..., Config], tmp_path: Path, wasm_cache: Path
+) -> None:
+    """An MCP client's first call comes as soon as `initialize` is answered: with
+    wasm-python still compiling, it waits for it and gets the program's result."""
+    config = make_config(
+        executors={"deno": {"enabled": False}, "wasm_js": {"enabled": False}},
+        limits={"queue_timeout_s": QUEUE_TIMEOUT_S},
+    )
+    state = uncompiled_state(tmp_path / "fresh", wasm_cache)
+    command = [CONDUIT, "mcp", "--config", config.source, "--state-dir", str(state)]
+    arguments = {"code": "6 * 7", "limits": {"timeout_ms": REQUEST_TIMEOUT_MS}}
+    async with cpu_hog():
+        process = await trio.lowlevel.open_process(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+        try:
+            initialize = {"protocolVersion": "2025-11-25", "capabilities": {}}
+            await process.stdin.send_all(_rpc(1, "initialize", initialize) + b"\n")
+            assert "result" in (await _read_replies(process.stdout, 1))[1]
+            await process.stdin.send_all(
+                b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n'
+                + _rpc(2, "executors/list", {})
+                + b"\n"
+                + _rpc(3, "tools/call", {"name": "execute_python", "arguments": arguments})
+                + b"\n"
+            )
+            replies = await _read_replies(process.stdout, 2)
+        finally:
+            await process.stdin.aclose()
+            with trio.move_on_after(WAIT_S):
+                await process.wait()
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+            await process.stdout.aclose()
+    listed = {e["name"]: e for e in replies[2]["result"]["executors"]}
+    assert listed["wasm-python"]["available"] is False  # it was still starting
+    called = replies[3]["result"]
+    assert called["isError"] is False, called
+    result = called["structuredContent"]
+    assert (result["status"], result["result"], result["executor"]) == ("ok", 42, "wasm-python")
+    assert result["queue_ms"] > 0  # the wait for the executor is queueing
 
 
 # ---- stdout hygiene -------------------------------------------------------------------

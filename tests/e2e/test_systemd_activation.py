@@ -1,4 +1,5 @@
-"""`conduit serve` under systemd's protocols: socket activation, readiness, watchdog, stop."""
+"""`conduit serve` under systemd's protocols: socket activation, readiness, watchdog, stop;
+and the first request, the one that starts the daemon, getting its answer."""
 
 from __future__ import annotations
 
@@ -9,9 +10,18 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
 import trio
 
+from tests.e2e.first_start import (
+    FIRST_START_WAIT_S,
+    QUEUE_TIMEOUT_S,
+    REQUEST_TIMEOUT_MS,
+    cpu_hog,
+    uncompiled_state,
+)
 from tests.e2e.helpers import CONDUIT, base_env
 
 # What systemd does between fork and exec: the listening socket becomes fd 3 and
@@ -85,3 +95,65 @@ async def test_socket_activation_readiness_watchdog_and_stop(
     log = (tmp_path / "daemon.log").read_text()
     assert f"unix:{listen_path}" in log
     assert "LISTEN_FDS" not in os.environ
+
+
+async def _replies(stream: trio.SocketStream, count: int) -> dict[Any, Any]:
+    """The next `count` JSON lines from `stream`, by request id."""
+    buffer = b""
+    with trio.fail_after(FIRST_START_WAIT_S):
+        while buffer.count(b"\n") < count:
+            chunk = await stream.receive_some(65536)
+            assert chunk, f"the daemon closed the connection after {buffer!r:.500}"
+            buffer += chunk
+    return {reply["id"]: reply for reply in map(json.loads, buffer.splitlines())}
+
+
+@pytest.mark.slow
+async def test_the_first_request_starts_the_daemon_and_gets_its_result(
+    tmp_path: Path, short_dir: Path, wasm_cache: Path
+) -> None:
+    """As under systemd: the request waits in the socket's backlog, its daemon starts
+    with wasm-python still compiling, and it gets its result rather than -32006."""
+    listen_path = short_dir / "activated.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(listen_path))
+    listener.listen()
+    config = tmp_path / "conduit.toml"
+    config.write_text(f"[limits]\nqueue_timeout_s = {QUEUE_TIMEOUT_S}\n")
+    state = uncompiled_state(tmp_path / "fresh", wasm_cache)
+    env = base_env(state) | {"LISTEN_FDS": "1", "CONDUIT_CONFIG": str(config)}
+    execute = {"language": "python", "code": "6 * 7", "limits": {"timeout_ms": REQUEST_TIMEOUT_MS}}
+    async with cpu_hog():
+        client = await trio.open_unix_socket(str(listen_path))  # in the backlog: no daemon yet
+        async with client:
+            await client.send_all(
+                json.dumps({"id": "list", "method": "executors/list"}).encode()
+                + b"\n"
+                + json.dumps({"id": "run", "method": "execute", "params": execute}).encode()
+                + b"\n"
+            )
+            with (tmp_path / "daemon.log").open("wb") as log_file:
+                process = await trio.lowlevel.open_process(
+                    [sys.executable, "-c", ACTIVATE, str(listener.fileno()), CONDUIT, "serve"],
+                    env=env,
+                    pass_fds=[listener.fileno()],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log_file,
+                )
+            listener.close()
+            try:
+                replies = await _replies(client, 2)
+            finally:
+                process.send_signal(signal.SIGTERM)
+                with trio.move_on_after(30):
+                    await process.wait()
+                if process.poll() is None:
+                    process.kill()
+                    await process.wait()
+    listed = {e["name"]: e for e in replies["list"]["result"]["executors"]}
+    assert listed["wasm-python"]["available"] is False  # it was still starting
+    result = replies["run"].get("result")
+    assert result is not None, (replies["run"], (tmp_path / "daemon.log").read_text()[-3000:])
+    assert (result["status"], result["result"], result["executor"]) == ("ok", 42, "wasm-python")
+    assert result["queue_ms"] > 0  # the wait for the executor is queueing
