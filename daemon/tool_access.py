@@ -96,7 +96,7 @@ def wire_error(exc: GatewayError, tool: str | None = None) -> RpcError:
     """The wire error for a gateway failure, most specific first."""
     data = {"tool": tool}
     if isinstance(exc, ToolNotFound):
-        return NotFound(f"not found: {exc}; tools/list shows the tools", data)
+        return NotFound(f"not found: {exc}", data)  # which says where to look
     if isinstance(exc, ToolForbidden):
         return Forbidden(f"forbidden: {exc}", data)
     if isinstance(exc, ArgumentsInvalid):

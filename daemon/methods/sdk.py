@@ -1,7 +1,9 @@
 """`sdk/get` and `tools/stubs`: the typed `tools.*` SDK, for an agent's prompt.
 
 The declarations describe exactly the tools the caller (narrowed by `allowed_tools`, as
-an execution would be) may call, so a model is never shown a tool it cannot use.
+an execution would be) may call, so a model is never shown a tool it cannot use. They
+open with one comment line saying what programs cannot use on the language's default
+executor (`executors.caveats`), also given alone as `cannot_use`.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ from pydantic import Field
 
 from conduit.daemon.dispatcher import CallContext, Params, method
 from conduit.daemon.tool_access import allowlists_for, requested_allowlist
+from conduit.executors.caveats import cannot_use
 from conduit.gateway.catalogue import Catalogue
 from conduit.gateway.model import Tool
 from conduit.gateway.sdk import python_stubs, typescript_declarations
 
 __all__ = ["render_declarations"]
 
+# How each language's text opens a comment line.
+_COMMENT = {"typescript": "// ", "javascript": "// ", "python": "# "}
 # What each guest language reads: TypeScript declarations serve JavaScript too.
 _RENDERERS = {
     "typescript": typescript_declarations,
@@ -56,7 +61,15 @@ def render_declarations(language: str, tools: list[Tool], catalogue: Catalogue) 
 def _render(params: SdkParams, ctx: CallContext) -> dict[str, Any]:
     tools = _selected(params, ctx)
     text = render_declarations(params.language, tools, ctx.daemon.tools.catalogue)
-    return {"language": params.language, "tools": len(tools), "declarations": text}
+    caveat = cannot_use(ctx.daemon.registry.defaults().get(params.language))
+    if caveat:
+        text = f"{_COMMENT[params.language]}{caveat}\n{text}"
+    return {
+        "language": params.language,
+        "tools": len(tools),
+        "cannot_use": caveat,
+        "declarations": text,
+    }
 
 
 @method("sdk/get", params=SdkParams, scope="tools")

@@ -7,7 +7,8 @@ tools (`<upstream>__<tool>`) come from the gateway; sandboxes reach them with th
 session tokens and see only what their execution's allowlist permits.
 
 What an MCP client's model reads about the execution tools is built here, per caller:
-each description carries the declarations of the `tools.*` that caller's programs may
+each description says in one line what programs cannot use on the language's default
+executor (`executors.caveats`), then declares the `tools.*` that caller's programs may
 call (Python stubs for Python, TypeScript declarations for TypeScript and JavaScript),
 cut down to a list of names past `MAX_DECLARATIONS_CHARS`. Their input schema is the
 `execute` params model flattened to what strict clients accept (no `$ref`, no nullable
@@ -27,11 +28,18 @@ import trio
 from pydantic import ConfigDict, Field, ValidationError
 
 from conduit.daemon.dispatcher import CallContext, NoParams, Params, invalid_params, method
-from conduit.daemon.errors import Forbidden, InvalidParams
+from conduit.daemon.errors import (
+    ExecutorUnavailable,
+    Forbidden,
+    InvalidParams,
+    Overloaded,
+    RateLimited,
+)
 from conduit.daemon.methods.executions import ExecuteParams
 from conduit.daemon.methods.sdk import render_declarations
 from conduit.daemon.tool_access import allowlists_for, shaped, unavailable
 from conduit.executors.base import Status
+from conduit.executors.caveats import cannot_use
 from conduit.gateway.catalogue import Catalogue
 from conduit.gateway.model import Tool
 
@@ -231,15 +239,20 @@ async def _section(language: str, tools: list[Tool], catalogue: Catalogue) -> st
     return sections[key]
 
 
-async def builtin_tool_list(tools: list[Tool], catalogue: Catalogue) -> list[dict[str, Any]]:
-    """The execute tools as MCP `Tool`s, their descriptions declaring `tools`."""
+async def builtin_tool_list(
+    tools: list[Tool], catalogue: Catalogue, defaults: dict[str, str]
+) -> list[dict[str, Any]]:
+    """The execute tools as MCP `Tool`s, their descriptions declaring `tools` and
+    saying what programs cannot use on each language's default executor (`defaults`)."""
     listed = []
     for name, language in BUILTIN_TOOLS.items():
         section = await _section(language, tools, catalogue)
+        caveat = cannot_use(defaults.get(language))
+        summary = f"{_DESCRIPTIONS[language]} {caveat}" if caveat else _DESCRIPTIONS[language]
         listed.append(
             {
                 "name": name,
-                "description": f"{_DESCRIPTIONS[language]}\n\n{section}",
+                "description": f"{summary}\n\n{section}",
                 "inputSchema": INPUT_SCHEMA,
                 "outputSchema": OUTPUT_SCHEMA,
                 "annotations": {"openWorldHint": bool(tools)},
@@ -282,7 +295,8 @@ async def list_tools(params: ListParams, ctx: CallContext) -> dict[str, Any]:
     upstream_tools = [_mcp_tool(tool) for tool in visible]
     if principal.kind == "session" or "execute" not in principal.scopes:
         return {"tools": upstream_tools}
-    builtin = await builtin_tool_list(visible, ctx.daemon.tools.catalogue)
+    defaults = ctx.daemon.registry.defaults()
+    builtin = await builtin_tool_list(visible, ctx.daemon.tools.catalogue, defaults)
     return {"tools": builtin + upstream_tools}
 
 
@@ -305,8 +319,13 @@ def _execution_result(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _refused(message: str) -> dict[str, Any]:
-    """A tool error for arguments the program never ran with, for the model to fix."""
+    """A tool error for a call that did not run, saying what the model can do about it."""
     return {"content": [{"type": "text", "text": message}], "isError": True}
+
+
+# What a model can act on (fix an argument, wait, pick another executor): a tool error
+# it reads, as MCP advises, rather than a protocol error a client may keep from it.
+_TOOL_ERRORS = (InvalidParams, ExecutorUnavailable, Overloaded, RateLimited)
 
 
 async def _call_builtin(language: str, params: CallParams, ctx: CallContext) -> dict[str, Any]:
@@ -328,7 +347,7 @@ async def _call_builtin(language: str, params: CallParams, ctx: CallContext) -> 
     request = arguments.to_request(ctx)
     try:
         result = await ctx.daemon.executions.execute(request, principal)
-    except InvalidParams as exc:
+    except _TOOL_ERRORS as exc:
         return _refused(exc.message)
     return _execution_result(result)
 
@@ -339,13 +358,20 @@ async def call_tool(params: CallParams, ctx: CallContext) -> dict[str, Any]:
 
     A sandbox is refused alike (-32003, one message and `data.tool`, the name as sent)
     for a tool that does not exist and one its allowlists exclude; a client is told
-    which (-32001 with close matches, or -32003)."""
+    which (-32001 with close matches, or -32003). In the MCP shape, arguments the tool
+    refuses are a tool error (`isError`), for the model to correct; sandboxes' SDKs
+    (the value shape) get the error itself, whose code their `ToolError` carries."""
     language = BUILTIN_TOOLS.get(params.name)
     if language is not None:
         return await _call_builtin(language, params, ctx)
-    tool, result = await ctx.daemon.tools.call(
-        ctx.require_principal(), params.name, params.arguments
-    )
+    try:
+        tool, result = await ctx.daemon.tools.call(
+            ctx.require_principal(), params.name, params.arguments
+        )
+    except InvalidParams as exc:
+        if params.shape == "value":
+            raise
+        return _refused(exc.message)
     return shaped(tool, result) if params.shape == "value" else result
 
 

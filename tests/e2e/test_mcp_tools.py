@@ -1,5 +1,6 @@
 """What MCP clients see of Conduit on any connection: the execute tools' descriptions and
-schemas, tool errors for bad arguments, list-changed notifications and cancellation."""
+schemas, tool errors for what a model can act on (bad arguments, an executor that is
+unavailable, overload, rate limits), list-changed notifications and cancellation."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import trio
 
 from conduit.daemon.methods.tools import MAX_DECLARATIONS_CHARS
+from conduit.executors.caveats import CANNOT_USE, cannot_use
 from tests.conftest import WAIT_S, RawClient
 from tests.e2e.helpers import wait_upstreams
 from tests.e2e.mcp_helpers import DENO_ONLY, ECHO, ENDLESS_TIMEOUT_MS, NO_SANDBOXES
@@ -161,3 +163,79 @@ async def test_notifications_cancelled_stops_the_program_of_that_request(
     reply = await client.recv()
     assert reply["id"] == "long"
     assert reply["result"]["structuredContent"]["status"] == "cancelled"
+
+
+async def test_descriptions_and_sdk_say_what_programs_cannot_use(
+    start_daemon: Any, connect: Any
+) -> None:
+    _, _, client = await _mcp_client(start_daemon, connect, executors=NO_SANDBOXES)
+    tools = await _execute_tools(client)
+    for name, executor in [
+        ("execute_python", "wasm-python"),
+        ("execute_typescript", "deno"),
+        ("execute_javascript", "wasm-js"),
+    ]:
+        summary = tools[name]["description"].split("\n\n")[0]
+        assert f"Programs on {executor} cannot use {CANNOT_USE[executor]}." in summary
+    assert "threads (use asyncio), subprocesses" in tools["execute_python"]["description"]
+    assert "or Intl (a program using Intl" in tools["execute_javascript"]["description"]
+    sdk = await client.call("sdk/get", {"language": "python"})
+    assert sdk["cannot_use"] == cannot_use("wasm-python")
+    assert sdk["declarations"].startswith(f"# {cannot_use('wasm-python')}\n")
+    compile(sdk["declarations"], "<sdk>", "exec")  # still a valid Python module
+    javascript = await client.call("sdk/get", {"language": "javascript"})
+    assert javascript["declarations"].startswith(f"// {cannot_use('wasm-js')}\n")
+
+
+async def test_unavailable_overloaded_and_rate_limited_are_tool_errors(
+    start_daemon: Any, connect: Any
+) -> None:
+    """What a model can act on reaches it as a tool result, not a protocol error."""
+    limits = {"max_concurrent_executions": 1, "queue_size": 0, "executions_per_minute": 2}
+    daemon, _, client = await _mcp_client(
+        start_daemon, connect, executors=DENO_ONLY, limits={**limits, "burst": 2}
+    )
+    python = {"name": "execute_python", "arguments": {"code": "1"}}
+    disabled = await client.call("tools/call", python)
+    assert disabled["isError"] is True
+    text = disabled["content"][0]["text"]
+    assert text.startswith("executor 'wasm-python' is disabled in the configuration"), text
+
+    endless = {"code": "while (true) {}", "limits": {"timeout_ms": ENDLESS_TIMEOUT_MS}}
+    busy = {"name": "execute_typescript", "arguments": endless}
+    await client.send({"jsonrpc": "2.0", "id": "busy", "method": "tools/call", "params": busy})
+    with trio.fail_after(WAIT_S):
+        while not len(daemon.executions):
+            await trio.sleep(0.01)  # the daemon announces no execution's start to us
+    one = {"name": "execute_typescript", "arguments": {"code": "1"}}
+    overloaded = await client.call("tools/call", one)
+    assert overloaded["isError"] is True
+    assert overloaded["content"][0]["text"].startswith("overloaded: ")
+    daemon.executions.cancel_all()
+    assert (await client.recv())["result"]["structuredContent"]["status"] == "cancelled"
+
+    limited = await client.call("tools/call", one)  # the third start within the minute
+    assert limited["isError"] is True
+    assert limited["content"][0]["text"].startswith("rate limited: ")
+
+
+async def test_bad_arguments_to_an_upstream_tool_are_a_tool_error(
+    start_daemon: Any, connect: Any
+) -> None:
+    _, _, client = await _mcp_client(
+        start_daemon, connect, upstreams=[ECHO], executors=NO_SANDBOXES, gateway={"strict": True}
+    )
+    refused = await client.call("tools/call", {"name": "echo__add", "arguments": {"a": 1}})
+    assert refused["isError"] is True
+    assert refused["content"][0]["text"].startswith("invalid arguments for echo__add: ")
+    assert "b" in refused["content"][0]["text"]
+
+
+async def test_a_missing_tool_says_where_to_look_once(start_daemon: Any, connect: Any) -> None:
+    _, _, client = await _mcp_client(
+        start_daemon, connect, upstreams=[ECHO], executors=NO_SANDBOXES
+    )
+    missing = await client.request("tools/call", {"name": "echo.ech", "arguments": {}})
+    message = missing["error"]["message"]
+    assert message.count("tools/list") == 1, message
+    assert message.endswith("tools/list shows the tools you may call")

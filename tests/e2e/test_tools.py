@@ -187,9 +187,12 @@ async def test_clients_call_upstream_tools_directly(tooled: Any) -> None:
 
 async def test_strict_mode_validates_arguments_and_names_the_field(tooled: Any) -> None:
     _, _, client = await tooled(gateway={"strict": True})
-    reply = await client.request(
-        "tools/call", {"name": "echo.add", "arguments": {"a": 1, "b": "two"}}
-    )
+    arguments = {"name": "echo.add", "arguments": {"a": 1, "b": "two"}}
+    # A tool error the model can correct; the value shape (sandboxes') keeps the code.
+    refused = await client.call("tools/call", arguments)
+    assert refused["isError"] is True
+    assert "invalid arguments for echo__add" in refused["content"][0]["text"]
+    reply = await client.request("tools/call", {**arguments, "shape": "value"})
     assert reply["error"]["code"] == InvalidParams.code
     assert "b" in reply["error"]["message"]
 
