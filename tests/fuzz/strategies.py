@@ -8,6 +8,7 @@ JSON text, not encodable as UTF-8), control and bidi characters, integers past P
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from hypothesis import strategies as st
@@ -22,11 +23,13 @@ __all__ = [
     "run_counts",
 ]
 
-# Examples per property: a bounded run in the default suite, a long one marked slow.
-# The long runs' counts are set per property, by its cost, and add up to over 100,000;
-# a costly one is cut into parts, each of them well inside a test's time on a busy
-# machine (pytest's faulthandler_timeout).
+# Examples per property: a bounded run in the default suite, a long one marked slow
+# that runs only with CONDUIT_FUZZ_LONG=1 (ten minutes on two cores: past the suite's
+# budget). The long runs' counts are set per property, by its cost, and add up to over
+# 100,000; a costly one is cut into parts, each of them well inside a test's time on a
+# busy machine (pytest's faulthandler_timeout).
 QUICK_RUN = 200
+LONG_RUNS = os.environ.get("CONDUIT_FUZZ_LONG") == "1"
 
 
 def run_counts(long: int, parts: int = 1) -> list[Any]:
@@ -37,7 +40,14 @@ def run_counts(long: int, parts: int = 1) -> list[Any]:
     return [
         pytest.param(QUICK_RUN, id="quick"),
         *(
-            pytest.param(long // parts, id=f"long-{part}", marks=pytest.mark.slow)
+            pytest.param(
+                long // parts,
+                id=f"long-{part}",
+                marks=[
+                    pytest.mark.slow,
+                    pytest.mark.skipif(not LONG_RUNS, reason="set CONDUIT_FUZZ_LONG=1"),
+                ],
+            )
             for part in range(1, parts + 1)
         ),
     ]
