@@ -229,6 +229,8 @@ class Executions:
                 request.inputs,
                 on_output=live,
                 principal=principal.name,
+                # Whatever the queue has not used up bounds the executor's own queueing.
+                queue_timeout_s=max(0.0, daemon.config.limits.queue_timeout_s - queue_wait_s),
             )
             allowed = (requested, *principal.tool_patterns)
             started_at = time.time()
@@ -252,7 +254,8 @@ class Executions:
 
             def end(outcome: Outcome) -> dict[str, Any]:
                 """Log and publish how the execution ended; returns the wire result."""
-                duration_s = trio.current_time() - started
+                # What the executor spent waiting for a CPU slot or a sandbox is queueing.
+                duration_s = trio.current_time() - started - outcome.queue_s
                 # Debug, not info: the audit store and the events already record every
                 # execution, and one formatted line each cost as much as the rest of the
                 # bookkeeping together (~0.1 ms of the event loop per execution).
@@ -266,7 +269,7 @@ class Executions:
                         "duration_ms": round(duration_s * 1000, 2),
                     },
                 )
-                waited_s = ready_wait_s + queue_wait_s
+                waited_s = ready_wait_s + queue_wait_s + outcome.queue_s
                 wire = _wire_result(execution_id, executor.name, outcome, duration_s, waited_s)
                 record = _record(
                     wire, job, principal.name, requested, digest, started_at, tuple(tool_log)

@@ -149,6 +149,9 @@ class Job:
     on_output: OutputHook | None = field(default=None, compare=False)
     # Who the program runs for: what executors charge per-principal budgets to.
     principal: str | None = None
+    # How long, in all, the executor may hold the program back waiting for a CPU slot
+    # or a sandbox: queueing, which `limits.timeout_ms` does not count.
+    queue_timeout_s: float = 30.0
 
 
 def python_request(job: Job) -> dict[str, Any]:
@@ -186,6 +189,9 @@ class Outcome:
     truncated_stderr: bool = False
     tool_calls: int = 0
     memory_peak_bytes: int | None = None
+    # Time the executor held the program back waiting for a CPU slot or a sandbox
+    # (reported in `queue_ms`, apart from the program's own time).
+    queue_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,11 +16,13 @@ guest writes them. WASI's clocks and random numbers are Wasmtime's defaults: wal
 monotonic clocks (a program can time itself; it can already count epoch ticks by
 looping) and a random source (what `random`, `uuid` and `Math.random` seed from).
 
-At most one execution per core runs at once (a limiter); each takes a ready runner
-and hands it the execution. The guest's `host-call` import runs in the runner's thread
-and reaches the Trio side with `trio.from_thread.run` (`bridge.request`, in a task of
-its own), so a tool call goes through the daemon's one dispatcher under the
-execution's session. When the job has an `on_output` hook, each piece of output the
+Each execution takes a ready runner, then a CPU slot (`wasm_slots`: one per core,
+held only while the guest runs code, not while it waits on a tool or a timer), and
+hands the runner the execution; waiting for either is queueing, not the program's
+time. The guest's `host-call` import runs in the runner's thread and reaches the Trio
+side with `trio.from_thread.run` (`bridge.request`, in a task of its own), so a tool
+call goes through the daemon's one dispatcher under the execution's session. When the
+job has an `on_output` hook, each piece of output the
 guest writes is also handed, in order and without waiting, to a task on the Trio side
 that awaits the hook (`_LiveOutput`); without one, nothing is done for streaming. A
 timeout, a stop (`job.stop` or cancellation) or an exhausted output budget interrupts
@@ -76,10 +78,11 @@ from conduit.executors.wasm_build import (
     ensure_component,
 )
 from conduit.executors.wasm_calls import add_string_import
-from conduit.executors.wasm_clock import BoundedClock
+from conduit.executors.wasm_clock import BoundedClock, StoreClock
 from conduit.executors.wasm_instances import MIB, Instance, Instances
 from conduit.executors.wasm_lingering import LingerBudget
-from conduit.executors.wasm_runners import Runners
+from conduit.executors.wasm_runners import Runner, Runners
+from conduit.executors.wasm_slots import CpuSlots, GuestInterrupt, Seat
 
 __all__ = ["ProgramRejected", "WasmExecutor"]
 
@@ -89,17 +92,21 @@ log = logging.getLogger(__name__)
 SCRATCH_DIR = "scratch"
 # The import the guest calls (shims/world.wit).
 HOST_CALL_IMPORT = "host-call"
-# Executions running at once: one per core.
+# Guests running code at once (CPU slots, see `wasm_slots`): one per core. A guest
+# waiting on a tool, a sleep or a timer holds none.
 CONCURRENT_EXECUTIONS = os.cpu_count() or 1
-# Runners, each with an instance made ahead: one more than run at once, so that a
+# Runners kept, each with an instance made ahead: one more than run at once, so that a
 # runner is ready while another is still closing its last store and making its next.
 RUNNERS = CONCURRENT_EXECUTIONS + 1
+# Runners at most: one per execution under way, waits included (see `wasm_runners`),
+# well above the daemon's default admission cap. Each holds a thread and a store.
+MAX_RUNNERS = 64
 # How long a guest whose time is up (or that was stopped) may take to come back before
 # its execution is reported without it: many epoch ticks, so only a thread blocked in a
 # WASI call (a wait the deadline ends, see `wasm_clock`) is ever left behind.
 LINGER_GRACE_S = 0.25
-# Runner threads beyond RUNNERS that may be left finishing after their execution was
-# reported (see `wasm_lingering`); at the cap, new executions are refused, not queued.
+# Runner threads beyond MAX_RUNNERS that may be left finishing after their execution
+# was reported (see `wasm_lingering`); at the cap, new executions are refused, not queued.
 MAX_LINGERING_THREADS = 32
 # A component that was built but did not load (Wasmtime or the system refusing
 # something, perhaps for a moment) is loaded again while the executor serves: first
@@ -138,35 +145,89 @@ class _Execution:
     The thread reads `bridge` and `interrupt` (in the `host-call` import) and hands
     back its answer with `token.run_sync_soon(execution.answer, ...)`; `answer` runs
     on the Trio side and wakes `run` by setting `waiter`, the event it waits for.
+
+    The guest holds a CPU slot (`interrupt.seat`, see `wasm_slots`) only while it runs
+    code. What it spends waiting for a runner or a slot is queueing (`queue_s`, at most
+    `queue_limit_s` in all), not its own time: its deadline (and its clock, where the
+    host keeps it) moves on by each such wait.
     """
 
     bridge: ToolBridge
-    interrupt: _wasmtime.Interrupt
+    interrupt: GuestInterrupt
     token: trio.lowlevel.TrioToken
+    slots: CpuSlots
     # Who the execution is charged to, and what its store may hold, should it linger.
     principal: str | None = None
     memory_mb: int = 0
     tool_calls: int = 0
-    # Set once `run` has stopped waiting for the thread (its report may be out).
+    # Set once `run` has stopped waiting for the thread (its report may be out), and
+    # `lingers` if the runner was not done with it then.
     abandoned: bool = False
+    lingers: bool = False
+    handed: bool = False  # to its runner
     # Set by the thread once the guest has answered: output from then on is dropped.
     output_closed: bool = False
     finished: bool = False  # the runner is done with the store
     answered: bool = False
     result: _Answer | BaseException | None = None
     waiter: trio.Event | None = None
-    # The scope of the host call in flight, if any: `run` giving up cancels it.
+    # The scope of the host call (or the wait for a slot) in flight for the guest's
+    # thread, if any: `run` giving up, or stopping the guest, cancels it.
     host_call: trio.CancelScope | None = None
     # Hands kept output to the Trio side as it is written (streaming only).
     live: Callable[[StreamName, bytes], None] | None = None
+    queue_s: float = 0.0
+    queue_limit_s: float = math.inf
+    # Set when the guest was stopped because its waits for a slot ran past the limit.
+    queue_expired: bool = False
+    # The guest's clock, while its store runs (None where Wasmtime's own is used).
+    clock: StoreClock | None = None
+    # When the guest returned its answer (`time.monotonic`, set by the thread).
+    answered_at: float = 0.0
+
+    @property
+    def queue_left_s(self) -> float:
+        return max(0.0, self.queue_limit_s - self.queue_s)
 
     def answer(self, result: _Answer | BaseException) -> None:
         """Take the thread's answer (or failure) and wake `run`; Trio thread only."""
         if self.answered:
             return
         self.answered, self.result = True, result
+        self.wake()
+
+    def wake(self) -> None:
+        """Have `run` look again: the answer is in, or the deadline moved."""
         if self.waiter is not None:
             self.waiter.set()
+
+    async def regain_slot(self) -> None:
+        """Wait until the guest, back from a wait, holds a CPU slot again (Trio side).
+
+        The wait is queueing: the deadline and the guest's clock move on by it. If it
+        runs past what is left of `queue_limit_s`, the guest is stopped instead (as
+        timed out, `queue_expired`)."""
+        seat = self.interrupt.seat
+        if self.slots.take_nowait(seat, resuming=True):
+            return
+        seat.resuming = True
+        began = trio.current_time()
+        try:
+            with trio.move_on_after(self.queue_left_s) as waiting:
+                await self.slots.take(seat, resuming=True)
+        finally:
+            waited = trio.current_time() - began
+            seat.resuming = False
+            self.queue_s += waited
+            self.interrupt.deadline += waited
+            if self.clock is not None:
+                self.clock.pause(waited)
+            self.wake()
+        # Judged by the wait, not by `seat.held`: a slot taken from the seat since (its
+        # thread slow to run on) is regained at the guest's next tick.
+        if waiting.cancelled_caught:
+            self.queue_expired = True
+            self.interrupt.stop(_wasmtime.StopReason.TIMEOUT)
 
 
 class ProgramRejected(Exception):
@@ -204,7 +265,7 @@ class WasmExecutor:
         # Each runner thread holds at most one store: the pool has a slot for every one.
         self._engine = _wasmtime.new_engine(
             fuel=fuel is not None,
-            instances=RUNNERS + MAX_LINGERING_THREADS,
+            instances=MAX_RUNNERS + MAX_LINGERING_THREADS,
             keep_resident_bytes=self.keep_resident_bytes,
         )
         self._instances: Instances | None = None
@@ -215,12 +276,12 @@ class WasmExecutor:
         self._progress = BuildProgress(self.name)
         self._state = _State.NOT_STARTED
         self._reason: str | None = "the executor has not been started (serve() has not run)"
-        # Each execution holds a slot while it runs; more than the cores only queue.
-        self._slots = trio.CapacityLimiter(CONCURRENT_EXECUTIONS)
+        # Held while a guest runs code: more guests than cores doing so only queue.
+        self._slots = CpuSlots(CONCURRENT_EXECUTIONS)
         # Runner threads, counting those left finishing a blocking WASI call after
         # their execution was reported (see `_wait_for_guest`): a bound on what they
         # hold (and the size of the pool).
-        self._threads = trio.CapacityLimiter(RUNNERS + MAX_LINGERING_THREADS)
+        self._threads = trio.CapacityLimiter(MAX_RUNNERS + MAX_LINGERING_THREADS)
         self._lingering = LingerBudget(max_threads=MAX_LINGERING_THREADS)
         # `abandoned` and `finished` of an execution are set by two threads.
         self._lingering_lock = threading.Lock()
@@ -247,13 +308,17 @@ class WasmExecutor:
             with _wasmtime.TICKER.registered(self._engine):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(_wasmtime.serve_ticker)
+                    nursery.start_soon(self._slots.serve)
                     task_status.started()
                     await self._prepare_until_loaded()
                     if self._instances is not None:
                         # No checkpoint since `prepare` made the executor available:
                         # an execution always finds the runners (ready, or soon to be).
                         self._runners = Runners(
-                            self._instances, count=RUNNERS, threads=self._threads
+                            self._instances,
+                            count=RUNNERS,
+                            limit=MAX_RUNNERS,
+                            threads=self._threads,
                         )
                         nursery.start_soon(self._runners.serve)
         finally:
@@ -357,6 +422,7 @@ class WasmExecutor:
     def info(self) -> ExecutorInfo:
         """Availability, versions, the component and its cache state; never blocks."""
         lingering = self._lingering.statistics()
+        slots = self._slots.statistics()
         details: dict[str, Any] = {
             "state": self._state,
             "runs": self._runs,
@@ -364,6 +430,10 @@ class WasmExecutor:
             "lingering_memory_mb": lingering.memory_mb,
             "bounded_waits": self._bounded_waits,
             "runner_threads": self._runners.alive if self._runners is not None else 0,
+            "max_runners": MAX_RUNNERS,
+            "cpu_slots": slots.total,
+            "running_guests": slots.running,
+            "waiting_for_cpu": slots.resuming + slots.starting,
         }
         if self._built is not None:
             details.update(
@@ -398,7 +468,7 @@ class WasmExecutor:
             raise ValueError(f"the {self.name} executor does not run {job.language!r}")
         assert self._instances is not None  # loaded, as the executor is available
         limits = job.limits
-        interrupt = _wasmtime.Interrupt(limits.timeout_ms / 1000)
+        interrupt = GuestInterrupt(limits.timeout_ms / 1000, Seat())
         capture = OutputCapture(
             max_bytes=limits.output_bytes,
             max_lines=limits.output_lines,
@@ -409,9 +479,12 @@ class WasmExecutor:
             bridge,
             interrupt,
             trio.lowlevel.current_trio_token(),
+            self._slots,
             principal=job.principal,
             memory_mb=limits.memory_mb,
+            queue_limit_s=job.queue_timeout_s,
         )
+        interrupt.regain = functools.partial(_regain_slot, execution)
         self._runs += 1
         try:
             request = self.request_for(job)
@@ -431,55 +504,73 @@ class WasmExecutor:
         refusal = self._lingering.refusal(execution.principal, limits.memory_mb)
         if refusal is not None:
             raise Overloaded(f"the {self.name} executor is busy: {refusal}")
-        try:  # the usual case, without the checkpoint `acquire` adds
-            self._slots.acquire_nowait()
-        except trio.WouldBlock:
-            await self._slots.acquire()
+        runner = await self._take_runner(execution)
         try:
+            await self._take_slot(execution)
             if job.on_output is None:
-                answer, trap = await self._wait_for_guest(job, request, execution, capture)
+                answer, trap = await self._wait_for_guest(job, request, execution, capture, runner)
             else:
-                answer, trap = await self._wait_streaming(job, request, execution, capture)
+                answer, trap = await self._wait_streaming(job, request, execution, capture, runner)
         finally:
-            self._slots.release()
+            self._slots.release(interrupt.seat)
+            self._let_go(runner, execution)
+        if answer is not None and execution.answered_at > interrupt.deadline:
+            # Done between the deadline and the tick that would have stopped it: late.
+            interrupt.stop(_wasmtime.StopReason.TIMEOUT)
         outcome = self._outcome(job, capture, answer, trap, interrupt.reason)
+        if execution.queue_expired and outcome.status is Status.TIMEOUT:
+            outcome.error = ErrorInfo(
+                "Timeout",
+                f"the program waited more than {job.queue_timeout_s:g} s in all for the "
+                f"{self.name} executor's CPU to be free and was stopped; the daemon is "
+                "overloaded: retry later",
+            )
         outcome.tool_calls = execution.tool_calls
+        outcome.queue_s = execution.queue_s
         return outcome
 
-    async def _wait_for_guest(
-        self, job: Job, request: str, execution: _Execution, capture: OutputCapture
-    ) -> _Answer:
-        """Hand the execution to a ready runner; the guest's answer, or the trap that
-        ended it.
+    def _let_go(self, runner: Runner, execution: _Execution) -> None:
+        """`run` is done with `runner`: it goes on to its next instance, or retires
+        after a guest that lingers, or, never handed the execution, is ready again."""
+        if self._runners is None:
+            return
+        if execution.handed:
+            self._runners.release(runner, retiring=execution.lingers)
+        else:
+            self._runners.give_back(runner)
 
-        The epoch interrupt stops guest code within a tick, but not a thread blocked
-        inside a WASI call (a sleep, a timer the program awaits): Wasmtime checks the
-        epoch only while guest code runs. So once the execution's time is up or it is
-        stopped, the runner gets LINGER_GRACE_S to come back; after that the execution
-        is reported without it, and the runner finishes on its own, trapping as soon as
-        the call returns and closing its store. Cancellation abandons it at once.
-        Waiting for a ready runner counts against the execution's time.
+    async def _wait_for_guest(
+        self,
+        job: Job,
+        request: str,
+        execution: _Execution,
+        capture: OutputCapture,
+        runner: Runner,
+    ) -> _Answer:
+        """Hand the execution to `runner` (taken, with a CPU slot held); the guest's
+        answer, or the trap that ended it.
+
+        The program's time starts here: what it waited for so far was queueing. The
+        epoch interrupt stops guest code within a tick, but not a thread blocked inside
+        a WASI call (a sleep, a timer the program awaits): Wasmtime checks the epoch
+        only while guest code runs. So once the execution's time is up or it is
+        stopped, a tool call in flight is cancelled and the runner gets LINGER_GRACE_S
+        to come back; after that the execution is reported without it, and the runner
+        finishes on its own, trapping as soon as the call returns and closing its
+        store. Cancellation abandons it at once.
         """
-        runners = self._runners
-        if runners is None:
-            raise RuntimeMissing(f"the {self.name} executor is not being served (serve() runs it)")
         interrupt = execution.interrupt
-        deadline = trio.current_time() + max(0.0, interrupt.deadline - time.monotonic())
-        runner = runners.take_nowait()  # the usual case: no scope to wait in
-        if runner is None:
-            with trio.move_on_at(deadline) as waiting:
-                runner = await runners.take()
-            # Leaving the scope is no checkpoint: a runner taken is never lost to it.
-            if waiting.cancelled_caught:
-                interrupt.stop(_wasmtime.StopReason.TIMEOUT)
-                return None, None
+        interrupt.deadline = time.monotonic() + job.limits.timeout_ms / 1000
         runner.hand(functools.partial(self._work, job, request, execution, capture))
+        execution.handed = True
         try:
-            if not await _wait_answer(execution, deadline, job.stop):
+            if not await _wait_answer(execution, job.stop):
                 # A no-op if the guest was stopped for another reason first.
                 reason = _wasmtime.StopReason.CANCELLED if job.stop.is_set() else None
                 interrupt.stop(reason or _wasmtime.StopReason.TIMEOUT)
-                await _wait_answer(execution, trio.current_time() + LINGER_GRACE_S, None)
+                if execution.host_call is not None:  # a guest waiting on a tool: back now
+                    execution.host_call.cancel()
+                await _wait_answer(execution, None, until=trio.current_time() + LINGER_GRACE_S)
         finally:
             if not execution.answered:  # given up on, or the run itself was cancelled
                 self._abandon(execution)
@@ -487,8 +578,52 @@ class WasmExecutor:
             raise execution.result
         return execution.result or (None, None)
 
+    async def _take_runner(self, execution: _Execution) -> Runner:
+        """A ready runner, waiting for one (queueing) within the execution's queue
+        time; raises `Overloaded` if none came."""
+        runners = self._runners
+        if runners is None:
+            raise RuntimeMissing(f"the {self.name} executor is not being served (serve() runs it)")
+        runner = runners.take_nowait()  # the usual case: no scope to wait in
+        if runner is not None:
+            return runner
+        began = trio.current_time()
+        with trio.move_on_after(execution.queue_left_s):
+            runner = await runners.take()
+        # Leaving the scope is no checkpoint: a runner taken is never lost to it.
+        execution.queue_s += trio.current_time() - began
+        if runner is None:
+            raise Overloaded(
+                f"the {self.name} executor is busy: all its {MAX_RUNNERS} sandboxes are in "
+                f"use and none came free within {execution.queue_limit_s:g} s; retry later"
+            )
+        return runner
+
+    async def _take_slot(self, execution: _Execution) -> None:
+        """Wait (queueing) until the guest holds a CPU slot, within the execution's
+        queue time; raises `Overloaded` if none came."""
+        seat = execution.interrupt.seat
+        if self._slots.take_nowait(seat):
+            return
+        began = trio.current_time()
+        try:
+            with trio.move_on_after(execution.queue_left_s) as waiting:
+                await self._slots.take(seat)
+        finally:
+            execution.queue_s += trio.current_time() - began
+        if waiting.cancelled_caught:
+            raise Overloaded(
+                f"the {self.name} executor is busy: no CPU slot came free within "
+                f"{execution.queue_limit_s:g} s; retry later"
+            )
+
     async def _wait_streaming(
-        self, job: Job, request: str, execution: _Execution, capture: OutputCapture
+        self,
+        job: Job,
+        request: str,
+        execution: _Execution,
+        capture: OutputCapture,
+        runner: Runner,
     ) -> _Answer:
         """`_wait_for_guest`, with the guest's output streamed to `job.on_output`.
 
@@ -499,13 +634,15 @@ class WasmExecutor:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(live.forward, capture)
             try:
-                return await self._wait_for_guest(job, request, execution, capture)
+                return await self._wait_for_guest(job, request, execution, capture, runner)
             finally:
                 # The thread's hand-overs were queued before its result came back
                 # (one FIFO queue), so everything it wrote is in the channel now.
                 live.close()
 
     def _abandon(self, execution: _Execution) -> None:
+        """Give up on the execution's guest; its runner lingers (`execution.lingers`)
+        if the guest is not back yet, and retires when it is."""
         execution.interrupt.stop(_wasmtime.StopReason.CANCELLED)
         if execution.host_call is not None:  # a task of its own: it would carry on
             execution.host_call.cancel()
@@ -513,6 +650,7 @@ class WasmExecutor:
             execution.abandoned = True
             if execution.finished:
                 return
+            execution.lingers = True
             self._lingering.charge(execution.principal, execution.memory_mb)
         # Its runner retires once the guest is back (see `_work`): one takes its place.
         if self._runners is not None:
@@ -549,6 +687,7 @@ class WasmExecutor:
                         assert self._instances is not None  # runners exist once loaded
                         instance = self._instances.new(memory_bytes)
                     output = self._run_guest(instance, memory_bytes, request, execution, capture)
+                    execution.answered_at = time.monotonic()
                     answer = (output, None)
                 except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:
                     answer = (None, str(exc))
@@ -589,6 +728,7 @@ class WasmExecutor:
         record = _record if execution.live is None else _record_live
         instance.output.attach(lambda stream, data: record(execution, capture, stream, data))
         _RUNNING.execution = execution
+        execution.clock = instance.clock
         try:
             with instance.running():
                 return instance.run(store, request)
@@ -783,32 +923,78 @@ class _Stopped(Exception):
 async def _request_for_guest(execution: _Execution, method: str, params: dict[str, Any]) -> Any:
     """`bridge.request` for the guest's thread, in a scope that `_abandon` (and the
     executor's shutdown) cancels: the call runs in a task of its own, which would
-    otherwise outlive the execution."""
+    otherwise outlive the execution.
+
+    The guest runs no code while it waits for the answer: its CPU slot is free for
+    another guest meanwhile, and taken back before the answer goes to the guest."""
     with trio.CancelScope() as scope:
         execution.host_call = scope
         if execution.abandoned:
             scope.cancel()
+        execution.slots.release(execution.interrupt.seat)
         try:
-            return await execution.bridge.request(method, params)
+            try:
+                return await execution.bridge.request(method, params)
+            finally:
+                if not scope.cancel_called:
+                    await execution.regain_slot()
         finally:
             execution.host_call = None
     raise _Stopped
 
 
-async def _wait_answer(execution: _Execution, deadline: float, stop: StopSignal | None) -> bool:
-    """Wait until the thread has answered, `deadline` (Trio time) or `stop`; whether
-    it has answered. Woken by an event (`_Execution.answer`, or `stop` calling back),
-    not by cancelling a scope: that cost the event loop ~10% of its time per trivial
-    execution (a cancel and its exception), on the way to the reply."""
-    if execution.answered:
-        return True
-    woken = trio.Event()
-    execution.waiter = woken
+def _regain_slot(execution: _Execution) -> None:
+    """`GuestInterrupt.regain`: block the guest's thread until it holds a CPU slot
+    again, or until its execution is stopped (then the guest stops at this tick).
+    Never raises: it runs inside Wasmtime's epoch callback."""
     try:
-        with trio.move_on_at(deadline), stop.calling(woken.set) if stop else _NOTHING:
-            await woken.wait()
-    finally:
-        execution.waiter = None
+        trio.from_thread.run(_regain_for_guest, execution, trio_token=execution.token)
+    except BaseException:  # cancelled, given up on, or the daemon is gone
+        execution.interrupt.stop(_wasmtime.StopReason.CANCELLED)
+
+
+async def _regain_for_guest(execution: _Execution) -> None:
+    """`_Execution.regain_slot` for the guest's thread, in a scope that `_abandon` and
+    a stop cancel (as `_request_for_guest`)."""
+    with trio.CancelScope() as scope:
+        execution.host_call = scope
+        if execution.abandoned or execution.interrupt.reason is not None:
+            scope.cancel()
+        try:
+            await execution.regain_slot()
+        finally:
+            execution.host_call = None
+    if scope.cancelled_caught:
+        raise _Stopped
+
+
+async def _wait_answer(
+    execution: _Execution, stop: StopSignal | None, *, until: float | None = None
+) -> bool:
+    """Wait until the thread has answered, the execution's deadline, `until` (Trio
+    time, instead of the deadline) or `stop`; whether it has answered.
+
+    The deadline is the interrupt's, which moves on while the guest waits for a CPU
+    slot (then there is none to wait for: `execution.wake` says when to look again).
+    Woken by an event (`_Execution.answer`, or `stop` calling back), not by cancelling
+    a scope: that cost the event loop ~10% of its time per trivial execution (a cancel
+    and its exception), on the way to the reply."""
+    while not execution.answered:
+        if until is not None:
+            deadline = until
+        elif execution.interrupt.seat.resuming:
+            deadline = math.inf
+        else:
+            deadline = trio.current_time() + (execution.interrupt.deadline - time.monotonic())
+        if deadline <= trio.current_time() or (stop is not None and stop.is_set()):
+            break
+        woken = trio.Event()
+        execution.waiter = woken
+        try:
+            with trio.move_on_at(deadline), stop.calling(woken.set) if stop else _NOTHING:
+                await woken.wait()
+        finally:
+            execution.waiter = None
     return execution.answered
 
 

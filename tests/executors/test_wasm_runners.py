@@ -194,3 +194,44 @@ async def test_waiting_for_a_runner_hurries_the_busy_ones(js_instances: Instance
         nursery.cancel_scope.cancel()
     idle = os.SCHED_IDLE if thread_priority.available() else os.SCHED_OTHER
     assert (before, during) == (idle, os.SCHED_OTHER)
+
+
+async def test_runners_grow_to_the_limit_while_all_are_taken_then_shrink_back(
+    js_instances: Instances,
+) -> None:
+    """Waiting programs each hold a runner: more are started, up to the limit, and
+    those beyond the kept count retire once unused."""
+    async with trio.open_nursery() as nursery:
+        runners = Runners(
+            js_instances, count=1, limit=3, threads=trio.CapacityLimiter(3), idle_retire_s=0.05
+        )
+        await nursery.start(runners.serve)
+        with trio.fail_after(WAIT_S):
+            taken = [await runners.take() for _ in range(3)]
+        assert len(set(taken)) == 3 and runners.taken == 3
+        # At the limit, a taker waits for one to come back.
+        late: list[object] = []
+
+        async def take_late() -> None:
+            late.append(await runners.take())
+
+        nursery.start_soon(take_late)
+        await trio.testing.wait_all_tasks_blocked()
+        assert late == [] and runners.alive == 3
+        runners.give_back(taken[0])
+        with trio.fail_after(WAIT_S):
+            while not late:
+                await trio.sleep(0.005)
+        assert late == [taken[0]]
+        works = [Recorder() for _ in taken]
+        for runner, work in zip(taken, works, strict=True):
+            runner.hand(work)
+        for work in works:
+            await wait_done(work)
+        assert all(json.loads(w.answers[0]) == {"result": 42} for w in works)
+        with trio.fail_after(WAIT_S):  # the two beyond the kept one retire, unused
+            while runners.alive > 1:
+                await trio.sleep(0.01)
+        assert runners.taken == 0
+        await wait_ready(runners, 1)
+        nursery.cancel_scope.cancel()
