@@ -4,6 +4,10 @@ Every execution gets a `deno run` process that has run nothing before and is kil
 after its one program. Speed comes from a `WarmPool` of such processes, started ahead
 of time and blocked reading their job; a job takes one (or starts one cold when the
 pool is empty or the job wants a different heap size) and the pool refills behind it.
+So as many programs run at once as the daemon admits (`limits.max_concurrent_executions`),
+each in its own process: a program waiting on a tool holds its process and nothing
+else, and the kernel shares the cores among those that compute. Starting a worker cold
+is queueing (`Outcome.queue_s`), not the program's time.
 
 The process is the sandbox: Deno's permissions deny everything (no --allow-* flag
 unless a callback address is configured, and then only that address), remote, npm
@@ -529,16 +533,23 @@ class DenoExecutor:
         return await self._run_cold(job, request, nonce)
 
     async def _run_cold(self, job: Job, request: bytes, nonce: str) -> Outcome:
+        """Start a worker for `job` and run it there. Starting is the wait for a
+        sandbox, not the program's time: it is the outcome's `queue_s` (bounded by the
+        start timeout), and the program's timeout starts once the worker is ready."""
         cpu_s = cpu_backstop_s(job.limits.timeout_ms / 1000)
         failure: ExecutorError | None = None
         outcome: Outcome | None = None
         async with trio.open_nursery() as nursery:
+            began = trio.current_time()
             try:
                 worker = await nursery.start(self._run_worker, job.limits.memory_mb, cpu_s)
             except ExecutorError as exc:
                 failure = exc  # raised below, outside the nursery's exception group
             else:
+                starting_s = trio.current_time() - began
                 outcome = await self._run_on(worker, job, request, nonce)
+                if outcome is not None:
+                    outcome.queue_s += starting_s
         if failure is not None:
             raise failure
         if outcome is None:
