@@ -136,8 +136,11 @@ def _maxima() -> LimitValues:
 
 
 class LimitsConfig(_Section):
-    # Two cores here: more concurrent sandboxes than that only queue inside the kernel.
-    max_concurrent_executions: Annotated[int, Field(ge=1, le=10_000)] = 4
+    # Executions under way at once, waits on tools included: computing is bounded apart,
+    # by the executors' CPU slots (one per core). Sixteen cover a tool-heavy agent's
+    # bursts on a two-core machine; each holds a sandbox (~10 MB for wasm-python, ~37
+    # for a Deno process), so sixteen waiting at once hold ~0.6 GB at most.
+    max_concurrent_executions: Annotated[int, Field(ge=1, le=10_000)] = 16
     queue_size: Annotated[int, Field(ge=0, le=100_000)] = 64
     queue_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
     # 0 turns the per-principal rate limit off; tool calls from sandboxes never count.

@@ -3,8 +3,10 @@
 `ConnectionBudget` holds one listener kind's connection slots (the Unix socket, TCP and
 the sandboxes' callback socket each have their own, so filling one never locks the
 others out) and caps, per peer, the connections not yet authenticated. `Admission`
-caps how many executions run at once and how many may wait; a full queue is refused at
-once with `Overloaded`, never left to pile up. `RateLimiter` is a token bucket per
+caps how many executions are under way at once, waits on tools and timers included
+(how many of them compute at once is the executors' own bound: their CPU slots), and
+how many may wait; a full queue is refused at once with `Overloaded`, never left to
+pile up. `RateLimiter` is a token bucket per
 principal name. Neither of the last two ever sees a sandbox's own tool calls: those
 travel under session tokens and never take an execution slot (a program holding the
 only slot must still be able to call its tools).

@@ -116,7 +116,7 @@ async def test_a_scrape_reports_executions_tools_requests_pools_and_upstreams(
     assert value(families, "conduit_execution_queue_wait_seconds_count") == 2
     assert value(families, "conduit_executions_active") == 0
     assert value(families, "conduit_executions_queued") == 0
-    assert value(families, "conduit_execution_slots") == 4
+    assert value(families, "conduit_execution_slots") == 16
 
     assert value(families, "conduit_tool_calls_total", upstream="echo", outcome="ok") == 1
     assert value(families, "conduit_tool_calls_total", upstream="echo", outcome="error") == 1
