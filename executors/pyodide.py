@@ -1,36 +1,71 @@
 """The pyodide executor: Python programs in Pyodide (CPython 3.14 on WebAssembly) under Deno.
 
-Each execution runs in a fresh `deno run` process, exactly as on the Deno executor
-(`deno.DenoExecutor`, whose warm pool, limits and nonce-marked result protocol this
-reuses): no permission but the callback address and read access to Pyodide's own
-files and the program contract. Read access to those files is revoked once they are
-loaded; the callback address is used once, to connect as the worker warms up, and
-every permission is revoked before it reports ready (see `deno` for why). The worker
-(`shims/pyodide_worker.js`) loads Pyodide before it reports ready, so the ~2 s load is
-paid by the pool, off the request path, and runs `shims/python_program.py`: the same
-contract as wasm-python, plus top-level `await`. Tool calls from Python are
-synchronous; they wait on the daemon's answer through JSPI (`run_sync`).
+Programs run in Pyodide worker processes (`shims/pyodide_worker.js`, driven through
+`pyodide_host.PyodideHost`). Each compiled Pyodide's WebAssembly once and runs programs
+one at a time, each in a fresh interpreter of its own: a Web Worker restored from a
+memory snapshot, with no permission at all, ended after its one program. A pool
+(`pyodide_pool.HostPool`) keeps `pool_size` such processes, each with its next
+interpreter made ahead, after its last program; a program takes a process whose
+interpreter is ready, or waits for one. That wait is queueing: it is reported in
+`queue_ms` and bounded by the queue timeout, and the program's `timeout_ms` counts from
+the moment its interpreter takes it.
+
+The sandbox is Deno's, as on the Deno executor: no permission but reading Pyodide's
+files and these scripts, and the callback address. The process connects to that
+address and reads its files as it starts, then gives up everything but reading the two
+JavaScript modules an interpreter loads; tool calls go through the process under each
+program's own session token, which the program never holds. A process whose program
+timed out, was stopped, hit a limit or crashed is killed and replaced; see
+`pyodide_host` for what else ends one.
 
 Pyodide comes from npm, pinned with integrity by `shims/pyodide/package-lock.json`,
 installed once with the machine's npm into `<cache_dir>` (see `npm.install_locked`);
-the executor is unavailable, with the reason, until that is done or if it fails.
+the time-zone database is the pinned `tzdata` package, zipped once beside it; and the
+memory snapshot is built once from both. The executor is unavailable, with the reason,
+until that is done or if it fails.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
+import importlib.metadata
+import importlib.resources
 import logging
 import os
+import resource
+import secrets
+import shutil
+import subprocess
+import zipfile
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from conduit.executors.base import ErrorInfo, ExecutorInfo, Job, python_request
-from conduit.executors.deno import DENO_ENV, SANDBOX_FLAGS, DenoExecutor
+from conduit.daemon.errors import ExecutorError, Overloaded, RuntimeMissing, SandboxCrashed
+from conduit.executors.base import (
+    CallbackAddress,
+    ErrorInfo,
+    ExecutorInfo,
+    Job,
+    Limits,
+    Outcome,
+    ToolBridge,
+    python_request,
+)
+from conduit.executors.deno import DENO_ENV, SANDBOX_FLAGS, find_deno, permission_flags
 from conduit.executors.npm import install_locked, locked_version
-from conduit.executors.process import kill_process_group, minimal_env, sandbox_process_options
+from conduit.executors.process import (
+    DEFAULT_FILE_BYTES,
+    DEFAULT_OPEN_FILES,
+    describe_returncode,
+    kill_process_group,
+    minimal_env,
+    sandbox_process_options,
+)
+from conduit.executors.pyodide_host import IDLE_CPU_S, PyodideHost, set_soft_limit
+from conduit.executors.pyodide_pool import HostPool
 from conduit.executors.wasm_build import BuildError, shim_path
 
 __all__ = ["PyodideExecutor"]
@@ -39,99 +74,234 @@ log = logging.getLogger(__name__)
 
 SHIM_DIR = "pyodide"
 PACKAGE = "pyodide"
-# The files Pyodide reads while it loads; nothing else of the package is needed.
-PYODIDE_FILES = (
-    "pyodide.mjs",
-    "pyodide.asm.mjs",
-    "pyodide.asm.wasm",
-    "python_stdlib.zip",
-    "pyodide-lock.json",
-)
+# The files a worker process reads as it starts; nothing else of the package is needed.
+PYODIDE_FILES = ("pyodide.asm.wasm", "python_stdlib.zip", "pyodide-lock.json")
+# What an interpreter imports as it loads: the process keeps reading these.
+PYODIDE_MODULES = ("pyodide.mjs", "pyodide.asm.mjs")
 PROGRAM_MODULE = "python_program.py"
-BOOT_SCRIPT = "pyodide_boot.js"
+WORKER_SCRIPT = "pyodide_worker.js"
 SNAPSHOT_SCRIPT = "pyodide_snapshot.js"
+# The interpreter's own scripts, read each time one starts (a Web Worker's modules need
+# read permission; the worker process's own, imported as it starts, do not).
+INTERPRETER_SCRIPTS = ("pyodide_interpreter.js", "pyodide_boot.js", "worker_io.js")
+# The IANA time-zone database, a pinned dependency, zipped for the interpreters.
+TIME_ZONES = "tzdata"
+# Deno flags beyond the Deno executor's sandbox: an interpreter is a Web Worker started
+# with no permission (the option is unstable). Code caching stays on: a process caches
+# Pyodide's JavaScript once, in its own DENO_DIR, for all its interpreters.
+FLAGS = (
+    *(flag for flag in SANDBOX_FLAGS if flag != "--no-code-cache"),
+    "--unstable-worker-options",
+)
+# Each interpreter is a new V8 isolate that runs Pyodide's ~1.2 MB of JavaScript once:
+# compiled eagerly, all of it is in the code cache and later isolates compile none; the
+# optimizing tiers would compile, in the background, code that runs once (Python's
+# WebAssembly still tiers up); a 32 MB young generation holds what loading allocates
+# without a dozen collections. Together a sixth of an interpreter's CPU.
+V8_FLAGS = "--no-lazy,--no-opt,--no-maglev,--min-semi-space-size=32"
 # Building the snapshot loads Pyodide once (seconds); past this it is hung.
 SNAPSHOT_TIMEOUT_S = 180
-# Loading Pyodide takes ~2 s on an idle machine and several on a loaded one.
+# A worker process compiles Pyodide and makes its first interpreter in ~1 s on an idle
+# machine, several on a loaded one; a later interpreter takes ~0.2 s of CPU.
 START_TIMEOUT_S = 60.0
+# `deno --version` answers at once; past this Deno is broken.
+VERSION_TIMEOUT_S = 10.0
+# Two processes, so one makes its next interpreter while the other runs a program.
+DEFAULT_POOL_SIZE = 2
+# Processes started beyond the pool for programs that wait on tools or sleeps while
+# every process is busy; each holds ~0.25 GB, so this bounds the executor to ~2 GB.
+MAX_PROCESSES = 8
 
 
-class PyodideExecutor(DenoExecutor):
-    """Runs Python programs in one-shot Pyodide-in-Deno sandboxes."""
+class PyodideExecutor:
+    """Runs Python programs in Pyodide, each in a fresh interpreter (see the module).
+
+    `cache_dir` is a directory the daemon owns (each worker process's private DENO_DIR
+    is made there, and deleted with it); Pyodide is installed under `install_dir`
+    (`cache_dir` by default). `binary` overrides where Deno is looked for (see
+    `deno.find_deno`). `memory_mb` is the JavaScript heap limit of every interpreter;
+    each program's own `memory_mb` bounds the memory it may add. `callback`, when set,
+    is the one address the processes may connect to.
+    """
 
     name = "pyodide"
     languages = frozenset({"python"})
-    shim = "pyodide_worker.js"
 
     def __init__(
-        self, *, cache_dir: str | Path, install_dir: str | Path | None = None, **options: Any
+        self,
+        *,
+        cache_dir: str | os.PathLike[str],
+        install_dir: str | os.PathLike[str] | None = None,
+        work_dir: str | os.PathLike[str] | None = None,
+        binary: str | os.PathLike[str] | None = None,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        memory_mb: int = Limits().memory_mb,
+        callback: CallbackAddress | None = None,
+        start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:
-        """As `DenoExecutor`; Pyodide is installed under `install_dir` (`cache_dir`)."""
-        options.setdefault("start_timeout_s", START_TIMEOUT_S)
-        super().__init__(cache_dir=cache_dir, **options)
-        self._install_dir = Path(install_dir) if install_dir is not None else Path(cache_dir)
-        self._pyodide_dir: Path | None = None
-        self._program = shim_path(PROGRAM_MODULE)
+        self._cache_dir = Path(cache_dir)
+        self._install_dir = Path(install_dir) if install_dir is not None else self._cache_dir
+        self._work_dir = Path(work_dir) if work_dir is not None else self._cache_dir / "work"
+        self._configured_binary = binary
+        self._deno = find_deno(binary)
+        self._memory_mb = memory_mb
+        self._callback = callback
+        self._permission_flags = permission_flags(callback)
+        self._start_timeout_s = start_timeout_s
         self._pyodide_version = locked_version(SHIM_DIR, PACKAGE)
+        self._pyodide_dir: Path | None = None
+        self._time_zones: Path | None = None
         self._snapshot: Path | None = None
-        self._boot_scripts = tuple(shim_path(name) for name in (BOOT_SCRIPT, SNAPSHOT_SCRIPT))
+        self._deno_version: str | None = None
+        self._pool = HostPool(
+            self._run_host,
+            size=pool_size,
+            max_size=max(pool_size, MAX_PROCESSES),
+            recycle_timeout_s=start_timeout_s,
+        )
+        self._reason: str | None = "the executor has not been started (serve() has not run)"
+        self._settled = trio.Event()
+
+    def __repr__(self) -> str:
+        state = "available" if self._reason is None else f"unavailable: {self._reason}"
+        return f"<PyodideExecutor ({state}) {self._pool!r}>"
+
+    # -- lifecycle ---------------------------------------------------------------------
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Install Pyodide (once), then run like the Deno executor.
+        """Install Pyodide and build its snapshot (once), then keep the pool until
+        cancelled.
 
-        Calls `task_status.started()` at once; the executor is unavailable while
-        Pyodide installs, and stays so if it cannot be installed.
+        Calls `task_status.started()` at once; the executor is unavailable, with the
+        reason in `info()`, while that is done, and stays so if it cannot be. Never
+        raises for a missing Deno or a failed install.
         """
         self._reason = "Pyodide is being installed (seconds, on first start only)"
         task_status.started()
+        self._reason = await self._prepare()
+        if self._reason is not None:
+            log.warning("pyodide executor unavailable: %s", self._reason)
+            self._settled.set()
+            await trio.sleep_forever()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self._pool.run)
+            # A program may come now: it waits for the first interpreter, as queueing.
+            self._settled.set()
+
+    async def wait_ready(self) -> bool:
+        """Wait until `serve` knows whether the executor can run jobs; whether it can."""
+        await self._settled.wait()
+        return self._reason is None
+
+    async def _prepare(self) -> str | None:
+        """Everything a worker process needs, made once; why the executor cannot run, or
+        None."""
+        deno = self._deno
+        if deno is None:
+            where = (
+                f"at the configured path {self._configured_binary}"
+                if self._configured_binary is not None
+                else "next to the Python interpreter or on PATH"
+            )
+            return (
+                f"Deno was not found {where}; install it (pip install deno) or configure its path"
+            )
         try:
+            await trio.to_thread.run_sync(self._prepare_dirs)
             installed = await trio.to_thread.run_sync(
                 lambda: install_locked(
                     SHIM_DIR, self._install_dir, expect=_package_file("pyodide.mjs")
                 )
             )
+            self._pyodide_dir = (installed / "node_modules" / PACKAGE).resolve()
+            self._time_zones = await trio.to_thread.run_sync(_zip_time_zones, self._install_dir)
         except (BuildError, OSError) as exc:
-            self._reason = f"Pyodide could not be installed: {exc}"
-            log.warning("pyodide executor unavailable: %s", self._reason)
-            self._settled.set()
-            await trio.sleep_forever()
-        self._pyodide_dir = installed / "node_modules" / PACKAGE
-        self._snapshot = await self._ensure_snapshot()
-        await super().serve()
+            return f"Pyodide could not be installed: {exc}"
+        try:
+            self._deno_version = await self._read_version(deno)
+            self._snapshot = await self._ensure_snapshot(deno)
+        except ExecutorError as exc:
+            return str(exc)
+        except OSError as exc:
+            return f"the Pyodide snapshot could not be built: {exc}"
+        return None
 
-    async def _ensure_snapshot(self) -> Path | None:
-        """A memory snapshot of a loaded worker, built once; None to load cold.
+    def _prepare_dirs(self) -> None:
+        self._cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Left behind if the daemon died with worker processes running.
+        for stale in self._cache_dir.glob("host-*"):
+            shutil.rmtree(stale, ignore_errors=True)
 
-        Restoring one takes ~0.2 s against ~2 s for a cold load, which is what a pool
-        refill costs. Built by a trusted Deno process that may write only the new file;
-        keyed by everything it holds (Pyodide, the contract, the boot script).
+    async def _read_version(self, deno: str) -> str:
+        """`deno --version`'s first line without the program name; RuntimeMissing if it
+        fails."""
+        try:
+            with trio.fail_after(VERSION_TIMEOUT_S):
+                done = await trio.run_process(
+                    [deno, "--version"],
+                    capture_stdout=True,
+                    capture_stderr=True,
+                    check=False,
+                    deliver_cancel=kill_process_group,
+                    **sandbox_process_options(cwd=self._work_dir, env=minimal_env(DENO_ENV)),
+                )
+        except (OSError, trio.TooSlowError) as exc:
+            raise RuntimeMissing(f"cannot run {deno} --version: {exc}") from exc
+        if done.returncode != 0:
+            raise RuntimeMissing(
+                f"`{deno} --version` failed ({describe_returncode(done.returncode)})"
+            )
+        return done.stdout.decode("utf-8", "replace").strip().splitlines()[0].removeprefix("deno ")
+
+    async def _ensure_snapshot(self, deno: str) -> Path:
+        """The memory snapshot interpreters start from, built once; keyed by everything
+        it holds (Pyodide, the contract, the scripts that load it, the time zones).
+
+        Built by a trusted Deno process that may write only the new file. Raises
+        RuntimeMissing if it cannot be built.
         """
-        deno = self._deno
-        if deno is None:
-            return None  # the Deno executor's own start-up says why
+        assert self._pyodide_dir is not None
+        assert self._time_zones is not None
         digest = hashlib.sha256()
-        for part in (
-            shim_path(f"{SHIM_DIR}/package-lock.json"),
-            self._program,
-            *self._boot_scripts,
-        ):
+        sources = [shim_path(f"{SHIM_DIR}/package-lock.json"), shim_path(PROGRAM_MODULE)]
+        sources += [shim_path(name) for name in (SNAPSHOT_SCRIPT, *INTERPRETER_SCRIPTS)]
+        for part in (*sources, self._time_zones):
             digest.update(part.read_bytes())
         target = self._install_dir / f"snapshot-{digest.hexdigest()[:16]}.bin"
         if target.is_file():
-            return target
+            return target.resolve()
         partial_file = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        readable = [*self._pyodide_files(), shim_path(PROGRAM_MODULE), self._time_zones]
+        readable += [shim_path(name) for name in (SNAPSHOT_SCRIPT, *INTERPRETER_SCRIPTS)]
         command = [
             deno,
             "run",
-            *SANDBOX_FLAGS,
-            f"--allow-read={','.join(self._readable(snapshot=None))}",
+            *FLAGS,
+            _read_flag(readable),
             f"--allow-write={partial_file}",
             str(shim_path(SNAPSHOT_SCRIPT)),
             str(self._pyodide_dir),
-            str(self._program),
+            str(shim_path(PROGRAM_MODULE)),
+            str(self._time_zones),
             str(partial_file),
         ]
         started = trio.current_time()
+        try:
+            await self._run_builder(command)
+            os.replace(partial_file, target)
+        except (OSError, trio.TooSlowError) as exc:
+            partial_file.unlink(missing_ok=True)
+            raise RuntimeMissing(f"the Pyodide snapshot could not be built: {exc}") from exc
+        for superseded in self._install_dir.glob("snapshot-*.bin"):
+            if superseded != target:
+                superseded.unlink(missing_ok=True)
+        log.info("Pyodide snapshot built in %.1f s", trio.current_time() - started)
+        return target.resolve()
+
+    async def _run_builder(self, command: list[str]) -> None:
+        deno_dir = self._cache_dir / f"host-{secrets.token_hex(8)}"
+        env = minimal_env({**DENO_ENV, "DENO_DIR": str(deno_dir)})
         try:
             with trio.fail_after(SNAPSHOT_TIMEOUT_S):
                 done = await trio.run_process(
@@ -140,56 +310,214 @@ class PyodideExecutor(DenoExecutor):
                     capture_stderr=True,
                     check=False,
                     deliver_cancel=kill_process_group,
-                    **sandbox_process_options(cwd=self._install_dir, env=minimal_env(DENO_ENV)),
+                    **sandbox_process_options(cwd=self._work_dir, env=env),
                 )
-            if done.returncode != 0:
-                raise OSError(done.stderr.decode("utf-8", "replace").strip()[-500:])
-            os.replace(partial_file, target)
-            for superseded in self._install_dir.glob("snapshot-*.bin"):
-                if superseded != target:
-                    superseded.unlink(missing_ok=True)
-        except (OSError, trio.TooSlowError) as exc:
-            partial_file.unlink(missing_ok=True)
-            log.warning("no Pyodide snapshot (workers load cold, ~2 s each): %s", exc)
-            return None
-        log.info("Pyodide snapshot built in %.1f s", trio.current_time() - started)
-        return target
+        finally:
+            await trio.to_thread.run_sync(partial(shutil.rmtree, deno_dir, ignore_errors=True))
+        if done.returncode != 0:
+            raise OSError(done.stderr.decode("utf-8", "replace").strip()[-500:])
+
+    @property
+    def unavailable_reason(self) -> str | None:
+        return self._reason
 
     def info(self) -> ExecutorInfo:
-        info = super().info()
-        deno = f" on Deno {info.version}" if info.version else ""
-        pool = dict(info.pool or {}, snapshot=str(self._snapshot) if self._snapshot else None)
-        version = f"Pyodide {self._pyodide_version}{deno}"
-        return dataclasses.replace(info, version=version, pool=pool)
+        """Availability, versions and the pool's statistics."""
+        deno = f" on Deno {self._deno_version}" if self._deno_version else ""
+        pool = self._pool.statistics()
+        pool["memory_mb"] = self._memory_mb
+        pool["snapshot"] = str(self._snapshot) if self._snapshot else None
+        return ExecutorInfo(
+            name=self.name,
+            languages=tuple(sorted(self.languages)),
+            available=self._reason is None,
+            version=f"Pyodide {self._pyodide_version}{deno}",
+            reason=self._reason,
+            pool=pool,
+        )
 
-    def _readable(self, snapshot: Path | None) -> list[str]:
-        """What a worker may read while it loads (it revokes that before any program)."""
+    # -- worker processes --------------------------------------------------------------
+
+    def _pyodide_files(self) -> list[Path]:
         assert self._pyodide_dir is not None
-        readable = [str(self._pyodide_dir / name) for name in PYODIDE_FILES]
-        readable.append(str(self._program))
-        if snapshot is not None:
-            readable.append(str(snapshot))
-        if any("," in path for path in readable):
-            raise ValueError("Pyodide's path must not contain commas (Deno's flag separator)")
-        return readable
+        return [self._pyodide_dir / name for name in (*PYODIDE_FILES, *PYODIDE_MODULES)]
 
-    def extra_flags(self) -> list[str]:
-        return [f"--allow-read={','.join(self._readable(self._snapshot))}"]
-
-    def shim_args(self) -> list[str]:
-        snapshot = str(self._snapshot) if self._snapshot is not None else ""
+    def _command(self) -> list[str]:
+        """`deno run` of a worker process. It may read what it loads, and gives up all
+        of it but the interpreter's modules and scripts once started."""
+        assert self._deno is not None
+        assert self._pyodide_dir is not None
+        assert self._snapshot is not None
+        assert self._time_zones is not None
+        kept = [self._pyodide_dir / name for name in PYODIDE_MODULES]
+        kept += [shim_path(name) for name in INTERPRETER_SCRIPTS]
+        used_up = [self._pyodide_dir / name for name in PYODIDE_FILES]
+        used_up += [self._snapshot, self._time_zones]
         return [
+            self._deno,
+            "run",
+            *FLAGS,
+            *self._permission_flags,
+            _read_flag([*kept, *used_up]),
+            f"--v8-flags=--max-old-space-size={self._memory_mb},{V8_FLAGS}",
+            str(shim_path(WORKER_SCRIPT)),
             str(self._pyodide_dir),
-            str(self._program),
-            snapshot,
-            *self._readable(self._snapshot),
+            str(self._snapshot),
+            str(self._time_zones),
+            *(str(path) for path in used_up),
         ]
 
-    def program_fields(self, job: Job) -> dict[str, Any]:
-        return {"program": python_request(job)}
+    async def _run_host(self, *, task_status: trio.TaskStatus[PyodideHost]) -> None:
+        """Run one worker process until it exits (the pool's `start`).
+
+        Calls `task_status.started(host)` once its first interpreter is ready. Raises
+        RuntimeMissing if Deno cannot be run, SandboxCrashed if the process does not
+        start. Its private DENO_DIR is deleted after it has exited.
+        """
+        deno_dir = self._cache_dir / f"host-{secrets.token_hex(8)}"
+        try:
+            deno_dir.mkdir(mode=0o700)
+        except OSError as exc:
+            raise SandboxCrashed(f"cannot create a DENO_DIR for a worker: {exc}") from exc
+        try:
+            failure: ExecutorError | None = None
+            async with trio.open_nursery() as nursery:
+                try:
+                    host = await self._start_host(nursery, deno_dir)
+                except ExecutorError as exc:
+                    failure = exc  # raised below, outside the nursery's exception group
+                else:
+                    task_status.started(host)
+            if failure is not None:
+                raise failure
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(partial(shutil.rmtree, deno_dir, ignore_errors=True))
+
+    async def _start_host(self, nursery: trio.Nursery, deno_dir: Path) -> PyodideHost:
+        env = minimal_env({**DENO_ENV, "DENO_DIR": str(deno_dir)})
+        try:
+            process: trio.Process = await nursery.start(
+                partial(
+                    trio.run_process,
+                    self._command(),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    check=False,
+                    deliver_cancel=kill_process_group,
+                    **sandbox_process_options(cwd=self._work_dir, env=env),
+                )
+            )
+        except OSError as exc:
+            raise RuntimeMissing(f"cannot start Deno ({self._deno}): {exc}") from exc
+        host = PyodideHost.of(process, deno_dir)
+        try:
+            _limit_host(process)
+            await host.send({"callback": _address(self._callback)})
+            await host.wait_ready(self._start_timeout_s)
+        except ProcessLookupError as exc:
+            await host.aclose()
+            raise SandboxCrashed("a Pyodide worker exited right after starting") from exc
+        except BaseException:
+            await host.aclose()
+            raise
+        return host
+
+    # -- jobs --------------------------------------------------------------------------
+
+    async def run(self, job: Job, bridge: ToolBridge) -> Outcome:
+        """Run `job` in a fresh interpreter and report how it ended.
+
+        Waiting for an interpreter is the outcome's `queue_s`, at most
+        `job.queue_timeout_s`; raises Overloaded if none was ready by then, and
+        SandboxCrashed if none can be started. A failing
+        program is an Outcome, never an exception. Raises RuntimeMissing if the
+        executor is unavailable. If cancelled, the program's process is killed before
+        `trio.Cancelled` propagates.
+        """
+        if self._reason is not None:
+            raise RuntimeMissing(f"the pyodide executor is unavailable: {self._reason}")
+        if job.language not in self.languages:
+            raise ValueError(f"the pyodide executor does not run {job.language!r}")
+        began = trio.current_time()
+        host = await self._pool.acquire(job.queue_timeout_s)
+        waited_s = trio.current_time() - began
+        if host is None:
+            failure = self._pool.last_failure
+            if failure is not None and not self._pool.processes:
+                raise SandboxCrashed(f"no Pyodide worker process could be started: {failure}")
+            raise Overloaded(
+                f"the pyodide executor is busy: no interpreter was ready within "
+                f"{job.queue_timeout_s:g} s; retry later, or raise executors.pyodide.pool_size"
+            )
+        # Read only when it is used: a bridge may mint the token on first read.
+        token = bridge.session_token if bridge.callback is not None else None
+        reusable = False
+        try:
+            outcome, reusable = await host.run(
+                job, python_request(job), token, self.is_out_of_memory
+            )
+        finally:
+            self._pool.release(host, reusable)
+        outcome.queue_s += waited_s
+        return outcome
 
     def is_out_of_memory(self, error: ErrorInfo) -> bool:
         return error.type == "MemoryError"
+
+
+def _limit_host(process: trio.Process) -> None:
+    """A new worker process's limits: no core dumps, bounded files and descriptors, and
+    a CPU budget for starting; each program's own limits are set as it is handed over
+    (`PyodideHost.run`). The hard limits stay where they are so those can be raised."""
+    for which, value in (
+        (resource.RLIMIT_CORE, 0),
+        (resource.RLIMIT_FSIZE, DEFAULT_FILE_BYTES),
+        (resource.RLIMIT_NOFILE, DEFAULT_OPEN_FILES),
+    ):
+        resource.prlimit(process.pid, which, (value, value))
+    set_soft_limit(process, resource.RLIMIT_CPU, IDLE_CPU_S)
+
+
+def _address(callback: CallbackAddress | None) -> dict[str, Any] | None:
+    if callback is None:
+        return None
+    return {
+        "unix_path": callback.unix_path,
+        "tcp_host": callback.tcp_host,
+        "tcp_port": callback.tcp_port,
+    }
+
+
+def _read_flag(paths: list[Path]) -> str:
+    if any("," in str(path) for path in paths):
+        raise RuntimeMissing("Pyodide's paths must not contain commas (Deno's flag separator)")
+    return f"--allow-read={','.join(str(path) for path in paths)}"
+
+
+def _zip_time_zones(install_dir: Path) -> Path:
+    """The tzdata package zipped for the interpreters' sys.path, made once per version.
+
+    Raises BuildError if tzdata is not installed.
+    """
+    try:
+        version = importlib.metadata.version(TIME_ZONES)
+    except importlib.metadata.PackageNotFoundError:
+        raise BuildError(f"{TIME_ZONES} is not installed; reinstall conduit") from None
+    target = install_dir / f"tzdata-{version}.zip"
+    if target.is_file():
+        return target.resolve()
+    partial_file = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    source = importlib.resources.files(TIME_ZONES)
+    with importlib.resources.as_file(source) as root, zipfile.ZipFile(partial_file, "w") as out:
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                # Fixed times: the same package makes the same zip, and the same snapshot.
+                info = zipfile.ZipInfo(f"{TIME_ZONES}/{path.relative_to(root).as_posix()}")
+                out.writestr(info, path.read_bytes())
+    os.replace(partial_file, target)
+    return target.resolve()
 
 
 def _package_file(name: str) -> str:

@@ -1,131 +1,230 @@
-// Conduit's one-shot Pyodide worker: loads Python, runs exactly one program, exits.
+// Conduit's Pyodide worker process: compiles Pyodide's WebAssembly once, then runs
+// programs one at a time, each in a fresh interpreter of its own.
 //
-// Run by the daemon as `deno run <deny-all flags> --allow-read=<Pyodide's files and
-// python_program.py> pyodide_worker.js <pyodide dir> <python_program.py> <those paths>`
-// (conduit/executors/pyodide.py). The protocol is the Deno worker's (deno_worker.js):
-// the prelude line on stdin, READY on stdout once loaded and connected, one JSON job on
-// stdin, then "\x1e" + nonce + PAYLOAD as the last thing on stdout, where PAYLOAD is
-// python_program's JSON answer.
+// Run by the daemon (conduit/executors/pyodide.py) as `deno run <deny-all flags>
+// --allow-read=<Pyodide's files, these scripts, the snapshot, the time-zone data>
+// pyodide_worker.js <Pyodide's directory> <snapshot> <time-zone zip> <paths to give
+// up>...`. An interpreter is a Web Worker (pyodide_interpreter.js) restored from the
+// memory snapshot, with no permission once loaded; it runs one program and is
+// terminated, and the next program gets the next one. Nothing of one program's
+// Python or JavaScript world is left for the next: each has its own heap, its own
+// WebAssembly memory and file system, its own timers and promises. The daemon still
+// starts the next interpreter only once it has seen the last one's thread gone.
 //
-// Before any program runs, the worker gives up what it no longer needs and what Python
-// could reach through `import js`: read permission on Pyodide's files is revoked once
-// they are loaded, every other permission (the daemon's callback address) once its
-// connection is open, before READY, and the ways a program could end or write past the
-// daemon's reading of this process are deleted. Whatever
-// is left, the daemon treats this process's stdout and exit as the program's own,
-// untrusted: only the nonce-marked line counts.
+// The protocol, one JSON object a line on stdin:
+//   {"callback": address or null}    first: the worker connects to the daemon's
+//       callback address, gives up every permission but reading the interpreters'
+//       modules, starts an interpreter and writes READY on stdout.
+//   {"job": {nonce, program, session_token, tools}}    the interpreter runs `program`
+//       (python_program's request). Its output goes straight to stdout and stderr; then
+//       this process writes "\x1e" + nonce + "\n" on stderr and "\x1e" + nonce +
+//       ANSWER + "\n" on stdout, where ANSWER is python_program's JSON answer.
+//   {"prepare": true}    start the next interpreter; READY on stdout once it is.
+// Tool calls go through this process, under the job's session token, on its one
+// connection: the program never holds the token, the connection or the nonce.
+// A job that did not end with its answer ends with this process: the daemon kills it.
 
-import { openChannel, requester } from "./daemon_socket.js";
-import { dropPermissions } from "./permissions.js";
-import { boot } from "./pyodide_boot.js";
-import { stdinReader, writeAll } from "./worker_io.js";
+import { openChannel } from "./daemon_socket.js";
+import { pyodideFiles, startInterpreter } from "./pyodide_boot.js";
+import { writeAll } from "./worker_io.js";
 
-// Captured first: nothing below may be reached or replaced by the program.
 const stringify = JSON.stringify;
 const parse = JSON.parse;
 const encode = TextEncoder.prototype.encode.bind(new TextEncoder());
+const decode = TextDecoder.prototype.decode.bind(new TextDecoder());
 const stdoutWrite = Deno.stdout.writeSync.bind(Deno.stdout);
 const stderrWrite = Deno.stderr.writeSync.bind(Deno.stderr);
 const stdinRead = Deno.stdin.read.bind(Deno.stdin);
 const exit = Deno.exit;
-const connect = Deno.connect;
 const permissions = Deno.permissions;
-const readTextFile = Deno.readTextFileSync;
 const RESULT_MARK = "\x1e";
 const READY = "\x1econduit-ready\n";
+const NO_TOOLS = { code: -32006, message: "tools are not available in this execution" };
 
-// Pyodide's directory, the program contract, the snapshot to start from ("" for none),
-// then every path this worker may read.
-const [pyodideDir, programModule, snapshotPath, ...readable] = Deno.args;
+const [pyodideDir, snapshotPath, timeZonesPath, ...usedUp] = Deno.args;
+const files = await pyodideFiles(pyodideDir, timeZonesPath, snapshotPath);
+const lines = lineReader(stdinRead);
+const { callback } = await lines();
+const request = requester(await openChannel(callback, Deno.connect));
+giveUp(callback);
 
-const { pyodide, run } = await boot({
-  pyodideDir,
-  programText: readTextFile(programModule),
-  snapshot: snapshotPath ? Deno.readFileSync(snapshotPath) : undefined,
-});
-// Raw writes as Python makes them: the daemon counts output against the budget as it
-// streams, and nothing is lost or reordered by line buffering.
-pyodide.setStdout({ write: (bytes) => (writeAll(stdoutWrite, bytes), bytes.length) });
-pyodide.setStderr({ write: (bytes) => (writeAll(stderrWrite, bytes), bytes.length) });
-
-// Nothing more to read: Pyodide holds its files in memory now. (Only these paths until
-// the job's connection is open; then every permission goes, see below.)
-for (const path of readable) permissions.revokeSync({ name: "read", path });
-for (const name of ["exit", "kill", "stdin", "stdout", "stderr", "addSignalListener", "removeSignalListener"]) {
-  delete Deno[name];
-}
-if (globalThis.process) {
-  for (const name of ["exit", "reallyExit", "abort", "kill", "stdin", "stdout", "stderr", "_rawDebug"]) {
-    delete globalThis.process[name];
-  }
-}
-delete globalThis.close;
-delete globalThis.Worker;
-// An error outside the awaited program (a timer, an unawaited promise) must not end the
-// process before it reports.
-globalThis.addEventListener("error", (event) => event.preventDefault());
-globalThis.addEventListener("unhandledrejection", (event) => event.preventDefault());
-
-// One program through python_program, in a fresh namespace: its JSON answer.
-// runPythonAsync, so the program may await at top level and run_sync may suspend it.
-async function runProgram(program, hostCall) {
-  const scope = pyodide.globals.get("dict")();
-  try {
-    scope.set("conduit_run", run);
-    scope.set("request_json", stringify(program));
-    scope.set("js_host_call", hostCall);
-    return await pyodide.runPythonAsync("await conduit_run(request_json, js_host_call)", { globals: scope });
-  } finally {
-    scope.destroy();
-  }
-}
-
-async function noDaemon() {
-  return stringify({ error: { code: -32603, message: "no daemon before the job" } });
-}
-
-// A restored interpreter compiles its WebAssembly lazily: the first Python it runs
-// costs ~10 ms more than the next. Pay that here, off the request path, on a
-// throwaway program, in the program's own fresh namespace (each run makes its own).
-await runProgram({ code: "sum([1, 2])", inputs: null, timeout_ms: 1000 }, noDaemon);
-// The snapshot holds `random` as it was seeded when the snapshot was made: without a
-// fresh seed (from crypto.getRandomValues, new in every process) every execution would
-// draw the same numbers.
-pyodide.runPython("__import__('random').seed()");
-
-// The daemon's address is used once, here, and every permission given up before any
-// job exists (see permissions.js): Python, even through `import js`, gets this
-// connection's calls under its own token, and no way to reach the address itself.
-// A permission that will not go ends the worker here, before READY.
-const stdin = stdinReader(stdinRead);
-const { callback } = await stdin.prelude();
-const channel = await openChannel(callback, connect);
-dropPermissions(permissions, callback);
-
+let warm = await prepare();
 writeAll(stdoutWrite, encode(READY));
-const job = await stdin.job();
-const request = requester(job.session_token, job.callback ? channel : null);
+for (;;) {
+  const message = await lines();
+  if (message === null) break;
+  if (message.job && warm) {
+    const worker = warm;
+    warm = null;
+    await runJob(worker, message.job);
+  } else if (message.prepare && !warm) {
+    if (request.broken) fail(request.broken);
+    warm = await prepare();
+    writeAll(stdoutWrite, encode(READY));
+  } else {
+    fail("the daemon sent a message out of turn");
+  }
+}
+exit(0);
 
-// One JSON-RPC call to the daemon, for python_program's `host_call`: the answer as JSON
-// text, {"result": ...} or {"error": {...}}, never a rejection.
-async function hostCall(method, params) {
+function fail(why) {
+  writeAll(stderrWrite, encode(`conduit pyodide worker: ${why}\n`));
+  exit(1);
+}
+
+async function prepare() {
+  const interpreter = startInterpreter(files);
   try {
-    return stringify({ result: await request(method, parse(params), null) });
+    await interpreter.ready;
   } catch (error) {
-    return stringify({ error: { code: error.code ?? -32603, message: String(error.message ?? error), data: error.data } });
+    fail(`an interpreter failed to start: ${error?.message ?? error}`);
+  }
+  return interpreter.worker;
+}
+
+// Every permission goes but reading what starts an interpreter (Pyodide's modules,
+// these scripts): the connection is open, the files are in memory. The callback
+// address must be out of reach, or the worker stops here, before READY.
+function giveUp(callback) {
+  for (const name of ["write", "net", "env", "sys", "run", "ffi"]) permissions.revokeSync({ name });
+  const read = [...usedUp];
+  if (callback?.unix_path) read.push(callback.unix_path);
+  for (const path of read) permissions.revokeSync({ name: "read", path });
+  const checks = ["write", "net", "env", "sys", "run", "ffi"].map((name) => ({ name }));
+  checks.push(...read.map((path) => ({ name: "read", path })));
+  if (callback?.unix_path) checks.push({ name: "net", host: `unix:${callback.unix_path}` });
+  const kept = checks.filter((descriptor) => permissions.querySync(descriptor).state === "granted");
+  if (kept.length > 0) fail(`could not give up its permissions: ${stringify(kept)}`);
+}
+
+async function runJob(worker, { nonce, program, session_token: token, tools }) {
+  const pending = new Set();
+  const answer = await new Promise((resolve) => {
+    worker.onmessage = ({ data }) => {
+      if (typeof data?.answer === "string") {
+        resolve(data.answer);
+      } else if (data?.call !== undefined) {
+        const call = relay(worker, data, tools ? token : null);
+        pending.add(call);
+        call.finally(() => pending.delete(call));
+      }
+    };
+    // A program's stray error is its own business, never this process's end.
+    worker.onerror = (event) => event.preventDefault();
+    worker.postMessage({ job: program });
+  });
+  worker.onmessage = null;
+  worker.terminate();
+  // Calls the program started are its own: answered under its token, before its end.
+  await Promise.allSettled([...pending]);
+  const line = answer.includes("\n")
+    ? stringify({ error: { type: "InternalError", message: "the interpreter sent a broken answer", traceback: "" } })
+    : answer;
+  writeAll(stderrWrite, encode(RESULT_MARK + nonce + "\n"));
+  writeAll(stdoutWrite, encode(RESULT_MARK + nonce + line + "\n"));
+}
+
+// One tool call of the running program, answered to its interpreter as JSON text:
+// {"result": ...} or {"error": {code, message, data}}.
+async function relay(worker, { call, method, params }, token) {
+  let answer;
+  try {
+    if (token === null) throw NO_TOOLS;
+    answer = stringify({ result: await request(token, String(method), parse(String(params))) });
+  } catch (error) {
+    answer = stringify({
+      error: { code: error?.code ?? -32603, message: String(error?.message ?? error), data: error?.data },
+    });
+  }
+  try {
+    worker.postMessage({ reply: call, answer });
+  } catch {
+    // The interpreter is gone; so is whoever waited for the answer.
   }
 }
 
-let answer;
-try {
-  answer = await runProgram(job.program, hostCall);
-} catch (error) {
-  answer = stringify({ error: { type: "InternalError", message: String(error?.message ?? error), traceback: "" } });
+// JSON-RPC on the one connection to the daemon, every job's calls multiplexed by id,
+// each under its own job's token. `request.broken` says why no call can succeed any
+// more (the connection closed), or is null.
+function requester(channel) {
+  if (!channel) return Object.assign(() => Promise.reject(NO_TOOLS), { broken: null });
+  if (channel.failure) {
+    const failure = { code: -32603, message: channel.failure };
+    return Object.assign(() => Promise.reject(failure), { broken: null });
+  }
+  let nextId = 1;
+  const pending = new Map();
+  const request = async (token, method, params) => {
+    if (request.broken) throw { code: -32603, message: request.broken };
+    const id = nextId++;
+    const message = { jsonrpc: "2.0", id, method, params, auth: { bearerToken: token } };
+    const reply = new Promise((resolve, reject) => pending.set(id, { resolve, reject }));
+    const bytes = encode(stringify(message) + "\n");
+    for (let offset = 0; offset < bytes.length; ) offset += await channel.write(bytes.subarray(offset));
+    return reply;
+  };
+  request.broken = null;
+  readReplies(channel, pending).finally(() => {
+    request.broken = "the connection to the daemon closed";
+    for (const { reject } of pending.values()) reject({ code: -32603, message: request.broken });
+    pending.clear();
+  });
+  return request;
 }
-try {
-  pyodide.runPython("import sys; sys.stdout.flush(); sys.stderr.flush()");
-} catch {
-  // Output already written stays written; the answer still goes out.
+
+async function readReplies(channel, pending) {
+  const buffer = new Uint8Array(65536);
+  const decoder = new TextDecoder();
+  let text = "";
+  try {
+    for (;;) {
+      const n = await channel.read(buffer);
+      if (n === null) return;
+      text += decoder.decode(buffer.subarray(0, n), { stream: true });
+      let newline;
+      while ((newline = text.indexOf("\n")) >= 0) {
+        const reply = parse(text.slice(0, newline));
+        text = text.slice(newline + 1);
+        const waiter = pending.get(reply.id);
+        pending.delete(reply.id);
+        if (reply.error) waiter?.reject(reply.error);
+        else waiter?.resolve(reply.result);
+      }
+    }
+  } catch {
+    // The connection is unusable: every call still waiting learns so.
+  }
 }
-writeAll(stdoutWrite, encode(RESULT_MARK + job.nonce + answer + "\n"));
-exit(answer.startsWith('{"error"') ? 1 : 0);
+
+// The next line of stdin, parsed; null at the end of stdin. Jobs may be megabytes:
+// chunks are joined once, when their line is complete.
+function lineReader(read) {
+  let chunks = [];
+  let rest = new Uint8Array(0);
+  return async function next() {
+    for (;;) {
+      const newline = rest.indexOf(10);
+      if (newline >= 0) {
+        const line = join([...chunks, rest.subarray(0, newline)]);
+        chunks = [];
+        rest = rest.subarray(newline + 1);
+        return parse(decode(line));
+      }
+      if (rest.length) chunks.push(rest);
+      const buffer = new Uint8Array(65536);
+      const n = await read(buffer);
+      if (n === null) return null;
+      rest = buffer.subarray(0, n);
+    }
+  };
+}
+
+function join(parts) {
+  const whole = new Uint8Array(parts.reduce((total, part) => total + part.length, 0));
+  let offset = 0;
+  for (const part of parts) {
+    whole.set(part, offset);
+    offset += part.length;
+  }
+  return whole;
+}

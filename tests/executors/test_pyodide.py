@@ -1,7 +1,9 @@
 """The pyodide executor with real Deno and real Pyodide: the Python contract, limits,
-and containment tried from inside Python.
+containment tried from inside Python, and a fresh interpreter for every program in a
+worker process that runs many.
 
-Slow (each worker loads Pyodide, ~2-3 s of CPU), so each test batches its checks.
+Slow (each worker process compiles and loads Pyodide, seconds of CPU), so each test
+batches its checks.
 """
 
 from __future__ import annotations
@@ -54,6 +56,152 @@ async def test_the_whole_standard_library_is_there(pyodide: PyodideExecutor) -> 
         "sqlite3.connect(':memory:').execute('select 6*7').fetchone()[0]"
     )
     assert (await run(pyodide, code)).result == 42
+
+
+async def test_time_zones_have_their_data(pyodide: PyodideExecutor) -> None:
+    code = """
+import datetime, zoneinfo
+def offset(zone, month):
+    moment = datetime.datetime(2026, month, 1, 12, tzinfo=zoneinfo.ZoneInfo(zone))
+    return moment.utcoffset().total_seconds() / 3600
+{
+    "paris": [offset("Europe/Paris", 1), offset("Europe/Paris", 7)],
+    "new_york": [offset("America/New_York", 1), offset("America/New_York", 7)],
+    "kolkata": offset("Asia/Kolkata", 1),
+    "zones": len(zoneinfo.available_timezones()) > 400,
+}
+"""
+    done = await run(pyodide, code)
+    assert done.status is Status.OK, done.error
+    assert done.result == {
+        "paris": [1.0, 2.0],
+        "new_york": [-5.0, -4.0],
+        "kolkata": 5.5,
+        "zones": True,
+    }
+
+
+# Leaves something behind everywhere a program can: Python's modules, builtins and
+# files, the environment, and JavaScript's globals, prototypes, timers, promises and
+# finalizers, some of which would fire while the next program runs.
+PLANT = """
+import builtins, json, os, sys
+import js
+from pyodide.code import run_js
+builtins.LEFT = 1
+json.LEFT = 1
+sys.modules["left_behind"] = json
+os.environ["LEFT"] = "1"
+for path in ("/tmp/left.txt", "/home/pyodide/left.txt", "/lib/left.txt"):
+    with open(path, "w") as f:
+        f.write("left")
+js.globalThis.LEFT = 1
+run_js("Object.prototype.LEFT_PROTO = 1; Array.prototype.map = () => 'patched'")
+run_js("setTimeout(() => { globalThis.TIMER = 1; console.log('LEFT TIMER') }, 200)")
+run_js("setInterval(() => console.error('LEFT INTERVAL'), 50)")
+run_js("new Promise((ok) => setTimeout(ok, 200)).then(() => console.log('LEFT PROMISE'))")
+run_js("new FinalizationRegistry(() => console.log('LEFT FINALIZER')).register({}, 0)")
+import random
+random.random()
+"""
+
+# Waits past every timer PLANT set, then looks for what it left.
+LOOK = """
+import asyncio, builtins, json, os, random, sys
+from pyodide.code import run_js
+await asyncio.sleep(0.5)
+FILES = ("/tmp/left.txt", "/home/pyodide/left.txt", "/lib/left.txt")
+JS = "[typeof LEFT, typeof ({}).LEFT_PROTO, typeof globalThis.TIMER, [1].map(x => x + 1)[0]]"
+{
+    "python": [hasattr(builtins, "LEFT"), hasattr(json, "LEFT"), "left_behind" in sys.modules],
+    "environ": "LEFT" in os.environ,
+    "files": [os.path.exists(path) for path in FILES],
+    "js": run_js(JS).to_py(),
+    "random": random.random(),
+}
+"""
+
+
+async def test_nothing_of_a_program_is_left_for_the_next(pyodide: PyodideExecutor) -> None:
+    planted = await run(pyodide, PLANT)
+    assert planted.status is Status.OK, planted.error
+    first = await run(pyodide, LOOK)
+    second = await run(pyodide, LOOK)
+    for looked in (first, second):
+        assert looked.status is Status.OK, looked.error
+        assert looked.result["python"] == [False, False, False]
+        assert looked.result["environ"] is False
+        assert looked.result["files"] == [False, False, False]
+        assert looked.result["js"] == ["undefined", "undefined", "undefined", 2]
+        assert "LEFT" not in looked.stdout + looked.stderr
+    assert "LEFT" not in planted.stdout + planted.stderr
+    # Each interpreter draws its own random numbers, though all start from one snapshot.
+    assert first.result["random"] != second.result["random"]
+    # All three ran in the one worker process: it was reused, not replaced.
+    pool = pyodide.info().pool
+    assert pool is not None
+    assert (pool["processes"], pool["handed_out"], pool["discarded"]) == (1, 3, 0), pool
+
+
+# Forges its own answer, then runs JavaScript that a terminated Deno worker does not
+# stop, writing all the while.
+OUTLIVE = """
+import js
+from pyodide.code import run_js
+js.postMessage(js.Object.fromEntries([["answer", '{"result": "forged"}']]))
+run_js("for (;;) { console.log('STILL RUNNING'); }")
+"""
+
+
+# Has Deno cache a module in the process's code cache, which the next program could
+# find (by its speed) or grow until the disk is full.
+CACHE = """
+from pyodide.code import run_js
+await run_js("import('data:text/javascript,export default 1')")
+'cached'
+"""
+
+
+async def test_code_that_outlives_its_program_costs_its_process(
+    pyodide: PyodideExecutor,
+) -> None:
+    outlived = await run(pyodide, OUTLIVE)
+    assert (outlived.status, outlived.result) == (Status.OK, "forged")  # its own doing
+    after = await run(pyodide, "print('mine')\n6 * 7")
+    assert (after.status, after.result, after.stdout, after.stderr) == (Status.OK, 42, "mine\n", "")
+    cached = await run(pyodide, CACHE)
+    assert (cached.status, cached.result) == (Status.OK, "cached")
+    assert (await run(pyodide, "6 * 7")).result == 42
+    pool = pyodide.info().pool
+    assert pool is not None
+    assert pool["discarded"] == 2, pool  # each time, the process it ran in was killed
+    assert len(pyodide_workers()) == 1
+
+
+async def test_waiting_for_an_interpreter_is_not_the_programs_time(
+    pyodide: PyodideExecutor,
+) -> None:
+    """One process, two programs at once: the second waits (for the first's process to
+    make its next interpreter, or for a new process), and that wait is queueing, not
+    part of its timeout."""
+    outcomes: dict[str, Outcome] = {}
+
+    async def one(name: str, code: str, timeout_ms: int) -> None:
+        outcomes[name] = await run(pyodide, code, timeout_ms=timeout_ms)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(one, "first", "import time\ntime.sleep(1.5)\n'slept'", 30_000)
+        with trio.fail_after(LOAD_WAIT_S):
+            while not (pyodide.info().pool or {}).get("in_use"):
+                await trio.sleep(0.01)
+        nursery.start_soon(one, "second", "'quick'", 1000)
+    assert (outcomes["first"].status, outcomes["first"].result) == (Status.OK, "slept")
+    second = outcomes["second"]
+    assert (second.status, second.result) == (Status.OK, "quick"), second
+    assert second.queue_s > 0.05
+    # Its own time is still bounded: a program past its timeout is never ok.
+    late = await run(pyodide, "import time\ntime.sleep(3)\n'late'", timeout_ms=1000)
+    assert late.status is Status.TIMEOUT, late
 
 
 async def test_python_reaches_nothing_of_the_host(

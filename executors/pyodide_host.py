@@ -1,0 +1,527 @@
+"""One Pyodide worker process, and the daemon's side of its protocol.
+
+A host is a `deno run shims/pyodide_worker.js` process that compiled Pyodide's
+WebAssembly once and runs programs one at a time, each in a fresh interpreter: a Web
+Worker restored from the memory snapshot, with no permission, ended after its one
+program (the protocol is described in the shim). So the ~0.2 s of making an
+interpreter is paid after a program, off the next one's path, and a process is not
+started and loaded per program.
+
+What one program could leave for the next, and why it cannot:
+- its Python world (modules, globals, files) and its JavaScript world (globals,
+  prototypes, timers, promises, finalizers) live in its own Web Worker, which is
+  terminated; the next interpreter gets new ones, from bytes the program never held;
+- a worker that does not stop when told (a JavaScript loop that never yields keeps a
+  terminated Deno worker running, and writing) is caught before the next interpreter
+  exists: `recycle` waits for the worker's thread to be gone and for the pipes to be
+  empty, or the process is killed;
+- a program that timed out, was stopped, hit a limit or crashed takes its process with
+  it: `PyodideHost.run` reports it not reusable and the pool kills it;
+- the process's own DENO_DIR holds the code cache its interpreters share: Deno caches
+  modules there as they load, Pyodide's as the first interpreter loads and, no less, a
+  program's own `import("data:...")`; a program after which it has grown takes its
+  process with it, so no program finds what another cached (or fills the disk).
+
+Limits: the process's CPU and data limits are per program, set before each job and
+lifted between jobs (`set_soft_limit`); the wall-clock timeout counts from the moment
+the program is handed to its interpreter.
+
+This module knows nothing of pools, installs or snapshots: `pyodide.py` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import resource
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from conduit.daemon import jsontext
+from conduit.daemon.errors import SandboxCrashed
+from conduit.daemon.jsontext import JsonTextError
+from conduit.executors import outcomes
+from conduit.executors.base import ErrorInfo, Job, Limits, Outcome, Status
+from conduit.executors.output import READ_CHUNK_BYTES, OutputCapture, StreamName
+from conduit.executors.process import (
+    cpu_backstop_s,
+    describe_returncode,
+    read_vm_data_bytes,
+    signal_process_group,
+)
+
+__all__ = ["READY", "HostBroken", "PyodideHost", "set_soft_limit", "worker_threads"]
+
+MIB = 1024 * 1024
+
+# Written by the host once its first interpreter is ready, and after each `prepare`.
+READY = b"\x1econduit-ready\n"
+# Starts the answer line on stdout and the end line on stderr; the job's nonce follows.
+RESULT_MARK = b"\x1e"
+# 128 bits: a program that prints untrusted data cannot guess it.
+NONCE_BYTES = 16
+# Deno names each Web Worker's thread "worker-<n>" (its comm, in /proc).
+WORKER_THREAD = "worker-"
+# A terminated interpreter's thread is gone within milliseconds, even on a loaded
+# machine well within this; one still there is running code that ignores termination.
+THREAD_EXIT_TIMEOUT_S = 5.0
+THREAD_POLL_S = 0.002
+# Writable memory a program may use beyond its limit: the interpreter's JavaScript
+# heap growth and allocator slack on top of the WebAssembly memory it grows.
+DATA_SLACK_BYTES = 64 * MIB
+# Between programs the host only makes the next interpreter (~0.2 s of CPU); this
+# bounds a host that would spin on its own.
+IDLE_CPU_S = 600
+# What Deno prints when it dies of memory: V8's fatal heap OOM, a failed Rust allocation.
+OOM_SIGNS = ("out of memory", "memory allocation of")
+
+
+class HostBroken(SandboxCrashed):
+    """The host cannot be trusted with another program; it must be killed."""
+
+
+def worker_threads(pid: int) -> int:
+    """How many Web Worker threads process `pid` runs now.
+
+    Raises `ProcessLookupError` if the process is gone.
+    """
+    count = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError as exc:
+        raise ProcessLookupError(pid) from exc
+    for task in tasks:
+        comm = f"/proc/{pid}/task/{task}/comm"
+        # A thread that ended meanwhile is not counted.
+        with contextlib.suppress(OSError), open(comm, encoding="utf-8", errors="replace") as f:
+            if f.read().startswith(WORKER_THREAD):
+                count += 1
+    return count
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time process `pid` has used (all its threads, user and system).
+
+    Raises `ProcessLookupError` if the process is gone.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError as exc:
+        raise ProcessLookupError(pid) from exc
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def set_soft_limit(process: trio.Process, which: int, soft: int) -> None:
+    """Set the soft limit `which` of the live `process`, under its hard limit.
+
+    Unlike `process.lower_rlimit`, this may raise the soft limit again (never past the
+    hard one): a host's limits change with each program it runs. Nothing is set once the
+    process has been reaped (its pid may be anyone's). Raises `ProcessLookupError` if the
+    process is gone.
+    """
+    if process.returncode is not None:
+        raise ProcessLookupError(f"process {process.pid} has exited")
+    _, hard = resource.prlimit(process.pid, which)
+    if hard != resource.RLIM_INFINITY and (soft == resource.RLIM_INFINITY or soft > hard):
+        soft = hard
+    resource.prlimit(process.pid, which, (soft, hard))
+
+
+class _Pipe:
+    """A host's stdout or stderr: bytes read but not yet used are kept for the next
+    reader (the protocol's lines follow the program's output in the same pipe)."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self.stream = stream
+        self._kept = b""
+
+    async def receive(self) -> bytes:
+        """What was kept, else the next bytes from the pipe; b"" at its end."""
+        if self._kept:
+            data, self._kept = self._kept, b""
+            return data
+        return bytes(await self.stream.receive_some(READ_CHUNK_BYTES))
+
+    def keep(self, data: bytes) -> None:
+        self._kept = data + self._kept
+
+    def pending_nowait(self) -> bytes:
+        """What is kept or already waiting in the pipe, taken, without waiting."""
+        data, self._kept = self._kept, b""
+        fileno = getattr(self.stream, "fileno", None)
+        while fileno is not None:
+            try:
+                chunk = os.read(fileno(), READ_CHUNK_BYTES)
+            except (BlockingIOError, OSError):
+                break
+            if not chunk:
+                break
+            data += chunk
+        return data
+
+    async def read_until(
+        self, marker: bytes, on_data: Callable[[bytes], Awaitable[None]] | None = None
+    ) -> bool:
+        """Give `on_data` everything before `marker` (none of it when None) and consume
+        the marker; False if the pipe ended first. A tail that could begin a marker
+        split across reads is held back until the next read tells."""
+        held = b""
+        while chunk := await self.receive():
+            data = held + chunk
+            found = data.find(marker)
+            if found >= 0:
+                self.keep(data[found + len(marker) :])
+                if on_data is not None and found:
+                    await on_data(data[:found])
+                return True
+            cut = _possible_marker_start(data, marker)
+            held = data[cut:]
+            if on_data is not None and cut:
+                await on_data(data[:cut])
+        if on_data is not None and held:
+            await on_data(held)
+        return False
+
+    async def read_line(self, max_bytes: int) -> bytes | None:
+        """The bytes up to the next newline (consumed, not returned); None if the pipe
+        ended first or the line is longer than `max_bytes`."""
+        line = b""
+        while chunk := await self.receive():
+            end = chunk.find(b"\n")
+            if end >= 0:
+                self.keep(chunk[end + 1 :])
+                line += chunk[:end]
+                return line if len(line) <= max_bytes else None
+            line += chunk
+            if len(line) > max_bytes:
+                return None
+        return None
+
+
+def _possible_marker_start(data: bytes, marker: bytes) -> int:
+    """Where a tail of `data` that could begin `marker` starts, or len(data). The
+    marker's first byte occurs nowhere else in it, so only the last one matters."""
+    start = data.rfind(marker[:1], max(0, len(data) - len(marker) + 1))
+    if start >= 0 and marker.startswith(data[start:]):
+        return start
+    return len(data)
+
+
+def _tree_bytes(root: Path) -> int:
+    """What the files under `root` take, in bytes (0 if it is gone)."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(root):
+            with contextlib.suppress(OSError):
+                if entry.is_dir(follow_symlinks=False):
+                    total += _tree_bytes(Path(entry.path))
+                else:
+                    total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
+@dataclasses.dataclass(eq=False)
+class PyodideHost:
+    """One started host with an interpreter ready or being made; owned by one task.
+
+    `deno_dir` is its private DENO_DIR; `cache_bytes` what it held when the host last
+    became ready.
+    """
+
+    process: trio.Process
+    stdout: _Pipe
+    stderr: _Pipe
+    deno_dir: Path
+    jobs: int = 0
+    cache_bytes: int = 0
+
+    @classmethod
+    def of(cls, process: trio.Process, deno_dir: Path) -> PyodideHost:
+        assert process.stdout is not None
+        assert process.stderr is not None
+        return cls(process, _Pipe(process.stdout), _Pipe(process.stderr), deno_dir)
+
+    @property
+    def alive(self) -> bool:
+        return self.process.returncode is None
+
+    def kill(self) -> None:
+        """SIGKILL the host's process group now; its task reaps it."""
+        signal_process_group(self.process)
+
+    async def aclose(self) -> None:
+        """Kill the host and close its pipes. Idempotent; safe when cancelled."""
+        self.kill()
+        with trio.CancelScope(shield=True):
+            for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
+                if stream is not None:
+                    await stream.aclose()
+
+    async def send(self, message: dict[str, Any]) -> bool:
+        """Write one protocol line; False if the host is gone."""
+        assert self.process.stdin is not None
+        try:
+            await self.process.stdin.send_all(jsontext.encode(message) + b"\n")
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        return True
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Until the host writes READY, and nothing else; raises HostBroken otherwise."""
+        received = b""
+        with trio.move_on_after(timeout_s):
+            while len(received) < len(READY):
+                chunk = await self.stdout.receive()
+                if not chunk:
+                    break
+                received += chunk
+        self.stdout.keep(received[len(READY) :])
+        if received[: len(READY)] == READY:
+            self.cache_bytes = _tree_bytes(self.deno_dir)
+            return
+        self.kill()
+        stderr = await _read_briefly(self.stderr)
+        why = (
+            f"it did not become ready within {timeout_s:g} s"
+            if not received
+            else f"it wrote {received[:200]!r} instead of its ready line"
+        )
+        raise HostBroken(f"a Pyodide worker failed to start: {why}; stderr: {stderr!r}")
+
+    # -- one program ------------------------------------------------------------------
+
+    async def run(
+        self,
+        job: Job,
+        program: dict[str, Any],
+        session_token: str | None,
+        is_out_of_memory: Callable[[ErrorInfo], bool],
+    ) -> tuple[Outcome, bool]:
+        """Run `program` (python_program's request) on the ready interpreter, under
+        `job`'s limits; its outcome, and whether the host may run another program.
+
+        If cancelled, the host is killed before `trio.Cancelled` propagates.
+        """
+        limits = job.limits
+        nonce = os.urandom(NONCE_BYTES).hex()
+        self.jobs += 1
+        capture = OutputCapture(
+            max_bytes=limits.output_bytes,
+            max_lines=limits.output_lines,
+            on_limit=self.kill,
+            on_output=job.on_output,
+        )
+        reading = _JobReading(self, capture, nonce, limits.result_bytes)
+        message = {"nonce": nonce, "program": program, "session_token": session_token or ""}
+        message["tools"] = session_token is not None
+        try:
+            self._limit(limits)
+        except ProcessLookupError:
+            return _crashed(capture, "the Pyodide worker exited before it took the program"), False
+        with job.stop.calling(self.kill), trio.move_on_after(limits.timeout_ms / 1000) as deadline:
+            if await self.send({"job": message}):
+                await reading.read()
+        if deadline.cancelled_caught:
+            self.kill()
+        reusable = reading.complete and not (
+            deadline.cancelled_caught or capture.limit_hit or job.stop.is_set()
+        )
+        if not reading.complete and not deadline.cancelled_caught:
+            await self._wait_exit()
+        outcome = reading.outcome(deadline.cancelled_caught, limits, is_out_of_memory)
+        if job.stop.is_set() and outcome.status is Status.CRASHED:
+            outcome = outcomes.stopped(outcome)
+        return outcome, reusable
+
+    def _limit(self, limits: Limits) -> None:
+        """This program's CPU and data limits, counted from what the host holds now."""
+        process = self.process
+        used = cpu_seconds(process.pid)
+        cpu_s = math.ceil(used) + cpu_backstop_s(limits.timeout_ms / 1000)
+        set_soft_limit(process, resource.RLIMIT_CPU, cpu_s)
+        held = read_vm_data_bytes(process.pid)
+        if held is None:
+            raise ProcessLookupError(process.pid)
+        data = held + limits.memory_mb * MIB + DATA_SLACK_BYTES
+        set_soft_limit(process, resource.RLIMIT_DATA, data)
+
+    async def _wait_exit(self) -> None:
+        """The host died or was killed: its exit status, waited for briefly."""
+        with trio.move_on_after(1.0):
+            await self.process.wait()
+
+    # -- between programs -------------------------------------------------------------
+
+    async def recycle(self, start_timeout_s: float) -> None:
+        """Make the next interpreter, once nothing of the last one is left.
+
+        Raises HostBroken if the last interpreter's thread lingers, it wrote past its
+        end or it had Deno cache code, or if the next one does not start; the host must
+        then be killed.
+        """
+        await self._wait_workers(0)
+        self._expect_quiet("after its program ended")
+        if _tree_bytes(self.deno_dir) != self.cache_bytes:
+            raise HostBroken("a program made the Pyodide worker cache code of its own")
+        try:
+            set_soft_limit(self.process, resource.RLIMIT_DATA, resource.RLIM_INFINITY)
+            used = cpu_seconds(self.process.pid)
+            set_soft_limit(self.process, resource.RLIMIT_CPU, math.ceil(used) + IDLE_CPU_S)
+        except ProcessLookupError as exc:
+            raise HostBroken("the Pyodide worker exited between programs") from exc
+        if not await self.send({"prepare": True}):
+            raise HostBroken("the Pyodide worker exited between programs")
+        await self.wait_ready(start_timeout_s)
+        await self._wait_workers(1)
+        self._expect_quiet("while it made an interpreter")
+
+    async def _wait_workers(self, expected: int) -> None:
+        with trio.move_on_after(THREAD_EXIT_TIMEOUT_S):
+            while True:
+                try:
+                    if worker_threads(self.process.pid) == expected and self.alive:
+                        return
+                except ProcessLookupError:
+                    break
+                await trio.sleep(THREAD_POLL_S)
+        raise HostBroken(
+            f"the Pyodide worker runs other than {expected} interpreter(s): "
+            "a program's code outlived it"
+        )
+
+    def _expect_quiet(self, when: str) -> None:
+        for name, pipe in (("stdout", self.stdout), ("stderr", self.stderr)):
+            stray = pipe.pending_nowait()
+            if stray:
+                raise HostBroken(f"the Pyodide worker wrote {stray[:80]!r} on {name} {when}")
+
+
+class _JobReading:
+    """Reading one job's output and answer from a host's pipes."""
+
+    def __init__(self, host: PyodideHost, capture: OutputCapture, nonce: str, max_result: int):
+        self._host = host
+        self._capture = capture
+        self._nonce = nonce.encode("ascii")
+        self._max_result = max_result
+        self.payload: bytes | None = None
+        self.payload_too_large = False
+        self._stderr_done = False
+
+    @property
+    def complete(self) -> bool:
+        """Both pipes reached their end-of-job lines, and the answer was read."""
+        return self.payload is not None and self._stderr_done
+
+    async def read(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._read_stderr)
+            await self._read_stdout()
+
+    async def _read_stdout(self) -> None:
+        found = await self._host.stdout.read_until(
+            RESULT_MARK + self._nonce, self._writer("stdout")
+        )
+        if found:
+            self.payload = await self._host.stdout.read_line(self._max_result)
+            if self.payload is None:
+                self.payload_too_large = True
+                self._host.kill()
+        await self._capture.finish("stdout")
+
+    async def _read_stderr(self) -> None:
+        marker = RESULT_MARK + self._nonce + b"\n"
+        self._stderr_done = await self._host.stderr.read_until(marker, self._writer("stderr"))
+        await self._capture.finish("stderr")
+
+    def _writer(self, stream: StreamName) -> Callable[[bytes], Awaitable[None]]:
+        async def write(data: bytes) -> None:
+            # Once read, output is kept even if the reader is cancelled meanwhile.
+            with trio.CancelScope(shield=True):
+                await self._capture.write(stream, data)
+
+        return write
+
+    def outcome(
+        self, timed_out: bool, limits: Limits, is_out_of_memory: Callable[[ErrorInfo], bool]
+    ) -> Outcome:
+        """How the program ended. Limits come first: the host was killed for them, so
+        what the program would have answered is unknown."""
+        outcome = outcomes.captured(self._capture)
+        if self._capture.limit_hit:
+            return outcomes.output_limit(outcome, limits)
+        if self.payload_too_large:
+            return outcomes.result_too_large(outcome, limits)
+        if timed_out:
+            return outcomes.timed_out(outcome, limits)
+        if self.payload is not None:
+            return _from_answer(outcome, self.payload, is_out_of_memory)
+        return _from_exit(outcome, self._host.process.returncode, limits)
+
+
+def _from_answer(
+    outcome: Outcome, payload: bytes, is_out_of_memory: Callable[[ErrorInfo], bool]
+) -> Outcome:
+    """The outcome python_program answered. Whatever the program made its result or
+    error hold, this never raises: an answer the daemon cannot read is a crash."""
+    try:
+        message = jsontext.loads(payload, lenient_numbers=True)
+    except JsonTextError as exc:
+        return _unreadable(outcome, str(exc))
+    if not isinstance(message, dict):
+        return _unreadable(outcome, "not a JSON object")
+    error = message.get("error")
+    outcome.exit_code = 0 if error is None else outcomes.error_exit_code(message)
+    if error is None:
+        outcome.result = message.get("result")
+        return outcome
+    if not isinstance(error, dict):
+        return _unreadable(outcome, "its error is not a JSON object")
+    info = outcomes.error_info(error)
+    outcome.error = info
+    outcome.status = Status.MEMORY_LIMIT if is_out_of_memory(info) else Status.ERROR
+    return outcome
+
+
+def _unreadable(outcome: Outcome, why: str) -> Outcome:
+    return outcomes.failed(
+        outcome, Status.CRASHED, "Crashed", f"the Pyodide worker sent an unreadable answer: {why}"
+    )
+
+
+def _crashed(capture: OutputCapture, why: str) -> Outcome:
+    return outcomes.failed(outcomes.captured(capture), Status.CRASHED, "Crashed", why)
+
+
+def _from_exit(outcome: Outcome, returncode: int | None, limits: Limits) -> Outcome:
+    """No answer: the host died (of memory, of its CPU limit) or was killed."""
+    if returncode is not None and any(sign in outcome.stderr for sign in OOM_SIGNS):
+        return outcomes.memory_limit(outcome, limits)
+    if returncode == -signal.SIGXCPU:
+        return outcomes.failed(
+            outcome,
+            Status.TIMEOUT,
+            "Timeout",
+            "the program used up its CPU time and was stopped; make it faster, or raise "
+            "limits.timeout_ms",
+        )
+    how = "an unknown cause" if returncode is None else describe_returncode(returncode)
+    return outcomes.failed(
+        outcome, Status.CRASHED, "Crashed", f"the Pyodide worker was killed by {how}"
+    )
+
+
+async def _read_briefly(pipe: _Pipe, max_bytes: int = 4096) -> str:
+    """Up to `max_bytes` of `pipe`, waiting at most a second (for error messages)."""
+    data = b""
+    with trio.move_on_after(1.0):
+        while len(data) < max_bytes and (chunk := await pipe.receive()):
+            data += chunk
+    return data[:max_bytes].decode("utf-8", "replace").strip()

@@ -1,0 +1,134 @@
+// One Python interpreter for one program: a Web Worker of the Pyodide host
+// (pyodide_worker.js), which starts it with no permission but reading Pyodide's two
+// JavaScript modules, and ends it after its one program.
+//
+// Messages from the host, in this order:
+//   {load: {dir, module, lock, stdlib, timeZones, snapshot}} restore Pyodide from the
+//       snapshot, warm it up and give up reading; answers {ready: true, returned}
+//       (the bytes it was lent), or {failed: why}.
+//   {load: {..., programText}} (the snapshot's builder) start Pyodide from scratch,
+//       prepare it and answer {snapshot: bytes}.
+//   {job: request} run python_program's request; answers {answer: json}. Meanwhile
+//       each tool call is {call: id, method, params} out and {reply: id, answer} back.
+//
+// The program's output goes straight to the process's stdout and stderr, as it is
+// written; the host marks where each program's output ends. Whatever the program does
+// to this worker's JavaScript world (globals, timers, promises) ends with the worker:
+// every program gets a new one.
+
+import { boot } from "./pyodide_boot.js";
+import { writeAll } from "./worker_io.js";
+
+// Captured first: nothing below may be reached or replaced by the program.
+const stringify = JSON.stringify;
+const post = globalThis.postMessage.bind(globalThis);
+const stdoutWrite = Deno.stdout.writeSync.bind(Deno.stdout);
+const stderrWrite = Deno.stderr.writeSync.bind(Deno.stderr);
+const permissions = Deno.permissions;
+
+// What a program most often does first: print to both streams, return a value.
+const WARM_UP = "import sys\nprint('warm')\nprint('warm', file=sys.stderr)\nsum([1, 2])";
+
+let interpreter = null;
+let nextCall = 1;
+const calls = new Map();
+
+globalThis.onmessage = async ({ data }) => {
+  if (data?.reply !== undefined) {
+    calls.get(data.reply)?.(data.answer);
+    calls.delete(data.reply);
+  } else if (data?.job && interpreter) {
+    post({ answer: await answer(data.job) });
+  } else if (data?.load && !interpreter) {
+    await load(data.load);
+  }
+};
+
+async function load(what) {
+  try {
+    interpreter = await boot(what);
+    if (what.programText !== undefined) {
+      const snapshot = interpreter.pyodide.makeMemorySnapshot();
+      post({ snapshot }, [snapshot.buffer]);
+      return;
+    }
+    await warmUp();
+    // The borrowed bytes go back before any program exists (see startInterpreter).
+    const returned = { stdlib: what.stdlib, timeZones: what.timeZones, snapshot: what.snapshot };
+    post({ ready: true, returned }, Object.values(returned).map((bytes) => bytes.buffer));
+  } catch (error) {
+    post({ failed: String(error?.stack ?? error) });
+  }
+}
+
+// Off the request path, before any program exists: the first program a restored
+// interpreter runs costs more (paths through Pyodide and python_program run for the
+// first time), and the snapshot holds `random` as it was seeded when the snapshot was
+// made; without a fresh seed (from crypto.getRandomValues) every interpreter would draw
+// the same numbers. Then the worker gives up what Python could reach through
+// `import js` and does not need (`process` is gone already, see pyodide_boot.js).
+async function warmUp() {
+  const { pyodide } = interpreter;
+  const discard = { write: (bytes) => bytes.length };
+  pyodide.setStdout(discard);
+  pyodide.setStderr(discard);
+  await answer({ code: WARM_UP, inputs: null, timeout_ms: 1000 });
+  // Raw writes as Python makes them: the daemon counts output against the budget as
+  // it streams, and nothing is lost or reordered by line buffering.
+  pyodide.setStdout({ write: (bytes) => (writeAll(stdoutWrite, bytes), bytes.length) });
+  pyodide.setStderr({ write: (bytes) => (writeAll(stderrWrite, bytes), bytes.length) });
+  pyodide.runPython("__import__('random').seed()");
+  giveUp();
+}
+
+function giveUp() {
+  permissions.revokeSync({ name: "read" });
+  for (const name of ["read", "write", "net", "env", "sys", "run", "ffi"]) {
+    if (permissions.querySync({ name }).state === "granted") {
+      throw new Error(`the interpreter could not give up its ${name} permission`);
+    }
+  }
+  for (const name of ["exit", "kill", "stdin", "stdout", "stderr", "addSignalListener", "removeSignalListener"]) {
+    delete Deno[name];
+  }
+  delete globalThis.close;
+  delete globalThis.Worker;
+  // An error outside the awaited program (a timer, an unawaited promise) must not end
+  // the worker before it answers.
+  globalThis.addEventListener("error", (event) => event.preventDefault());
+  globalThis.addEventListener("unhandledrejection", (event) => event.preventDefault());
+}
+
+// One JSON-RPC call to the daemon through the host, for python_program's `host_call`:
+// the answer as JSON text, {"result": ...} or {"error": {...}}, never a rejection.
+function hostCall(method, params) {
+  const id = nextCall++;
+  return new Promise((resolve) => {
+    calls.set(id, resolve);
+    post({ call: id, method: String(method), params: String(params) });
+  });
+}
+
+// The program, through python_program, in a fresh namespace: its JSON answer.
+// runPythonAsync, so the program may await at top level and run_sync may suspend it.
+async function answer(request) {
+  const { pyodide, run } = interpreter;
+  const scope = pyodide.globals.get("dict")();
+  let json;
+  try {
+    scope.set("conduit_run", run);
+    scope.set("request_json", stringify(request));
+    scope.set("js_host_call", hostCall);
+    json = await pyodide.runPythonAsync("await conduit_run(request_json, js_host_call)", { globals: scope });
+  } catch (error) {
+    json = stringify({ error: { type: "InternalError", message: String(error?.message ?? error), traceback: "" } });
+  } finally {
+    scope.destroy();
+  }
+  try {
+    pyodide.runPython("import sys; sys.stdout.flush(); sys.stderr.flush()");
+  } catch {
+    // Output already written stays written; the answer still goes out.
+  }
+  return String(json);
+}
