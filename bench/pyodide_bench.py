@@ -4,14 +4,18 @@ reference.
 Two daemons of their own, after the others have stopped, with the Deno pool empty and
 the Wasmtime executors off, so nothing else loads or competes for the two cores:
 
-- "pyodide-warm", `pool_size` 2. Warm latency: each timed execution starts once both
-  warm workers are idle (a refill restores a worker from the memory snapshot, ~0.45 s
-  of CPU, which would otherwise compete with the request), and the pool's
-  `cold_starts` counter shows whether any request found no warm worker. Then the tool
-  calls (wasm-python's program, paced the same way), executions/s with 8 clients, and
-  memory: the daemon's RSS before and after `n` executions by 8 clients, and the RSS
-  of its idle workers.
-- "pyodide-cold", `pool_size` 0: every execution restores a worker on the request path.
+- "pyodide-warm", `pool_size` 2: two worker processes, each running programs one at a
+  time in a fresh interpreter and making its next one (~0.2 s of CPU) after each.
+  - warm latency: each timed execution starts once both processes have an interpreter
+    ready, as an agent's requests seconds apart find them; `cold_starts` counts the
+    requests that found none;
+  - back to back: sequential executions with no pause, so each also waits for the
+    interpreters the last ones used to be made again: the rate the machine sustains;
+  - the tool calls (wasm-python's program, paced as the warm series), executions/s
+    with 8 clients, and memory: the daemon's RSS before and after `n` executions by 8
+    clients, and the RSS of each worker process, idle, before and after them.
+- "pyodide-cold", `pool_size` 0: a worker process is started for each execution (it
+  compiles Pyodide and makes its first interpreter on the request path).
 
 The reference is `deno run --allow-read=<Pyodide's directory>` of a script that loads
 Pyodide the documented way (`loadPyodide()`, no snapshot) and runs `1+1`.
@@ -41,7 +45,7 @@ from bench.conduit_daemon import (
     executors,
     wait_upstream,
 )
-from bench.latency import check_result, execute_latency, wait_pool_full
+from bench.latency import check_result, execute_latency, execute_samples, wait_pool_full
 from bench.programs import PYODIDE_REQUEST
 from bench.stats import percentiles
 from bench.throughput import execute_count, execute_throughput
@@ -55,7 +59,7 @@ WARMUP = 5
 # How long a pool may take to fill, or the daemon to finish what a cancelled
 # throughput run left in flight, before we measure anyway.
 SETTLE_TIMEOUT_S = 60
-# The memory run: 500 executions at ~4/s (worker restores on two cores) is ~2 min.
+# The memory run: 500 executions at ~5/s or more is under 2 min.
 MEMORY_BUDGET_S = 400
 # Daemon RSS is sampled every this many executions of the memory run.
 SAMPLE_EVERY = 50
@@ -83,6 +87,8 @@ async def figures(workdir: Path, n: dict[str, int]) -> dict[str, Any]:
         results["version"] = (await executors(path))[NAME]["version"]
         await wait_upstream(path)
         results["warm"] = await warm_latency(path, n["pyodide_warm"])
+        await settle(path)
+        results["back_to_back"] = await back_to_back(path, n["pyodide_back_to_back"])
         results["tool_calls"] = await tool_calls.python_calls(
             path,
             TOOL_CALLS,
@@ -160,6 +166,20 @@ async def warm_latency(path: str, runs: int) -> dict[str, Any]:
     finally:
         await client.aclose()
     return {"figures": figures, "cold_starts": cold}
+
+
+async def back_to_back(path: str, runs: int) -> dict[str, Any]:
+    """Sequential executions with no pause between them; how many found no interpreter
+    ready, and how long they queued for one."""
+    client = await Client.open(path)
+    try:
+        await _pool_full(client)
+        before = (await _pool(client))["cold_starts"]
+        samples = await execute_samples(path, PYODIDE_REQUEST, runs)
+        cold = (await _pool(client))["cold_starts"] - before
+    finally:
+        await client.aclose()
+    return {"figures": percentiles(samples), "cold_starts": cold}
 
 
 async def settle(path: str) -> None:

@@ -181,11 +181,14 @@ def _pyodide(results: dict[str, Any]) -> None:
         f"  warm p50 {warm['p50_ms']:.2f} ms (target <= {PYODIDE_WARM_P50_MS:.0f} ms: "
         f"{verdict(warm['p50_ms'] <= PYODIDE_WARM_P50_MS)})"
     )
+    back_to_back = pyodide["back_to_back"]
+    print(row("conduit, pyodide, back to back (pool 2)", back_to_back["figures"]))
+    print(f"    requests that found no interpreter ready: {back_to_back['cold_starts']}")
     cold = pyodide["cold"].get("figures")
     if cold is None:
         print(f"  conduit, pyodide, cold: not measured: {pyodide['cold']['skipped']}")
     else:
-        print(row("conduit, pyodide, cold (pool 0, snapshot)", cold))
+        print(row("conduit, pyodide, cold (pool 0: a process per execution)", cold))
     plain = pyodide["plain_pyodide_load"].get("figures")
     if plain is None:
         print(f"  reference: plain Pyodide load: not measured: {pyodide['plain_pyodide_load']}")
@@ -196,7 +199,7 @@ def _pyodide(results: dict[str, Any]) -> None:
             versus += f", cold {plain['p50_ms'] / cold['p50_ms']:.1f}x"
         print(f"  conduit vs a plain Pyodide load at p50: {versus} faster")
     per_s = pyodide["throughput_8clients_per_s"]
-    print(f"execute throughput, 8 clients, pyodide {per_s:8.1f} exec/s (bound by worker restores)")
+    print(f"execute throughput, 8 clients, pyodide {per_s:8.1f} exec/s (bound by new interpreters)")
     _pyodide_tool_calls(results)
     _pyodide_memory(pyodide["memory"])
 
@@ -236,10 +239,11 @@ def _pyodide_memory(memory: dict[str, Any]) -> None:
         print(f"  (only {memory['executions']} of {memory['asked']} finished in the time allowed)")
     samples = " ".join(f"{rss / KIB_PER_MIB:.1f}" for _, rss in memory["daemon_rss_samples_kib"])
     print(f"  daemon VmRSS along the run, MiB: {samples}")
-    for worker in memory["idle_workers_after_kib"][:1]:
-        print(
-            f"  one idle worker: VmRSS {worker['VmRSS'] / KIB_PER_MIB:.1f} MiB "
-            f"(anonymous {worker.get('RssAnon', 0) / KIB_PER_MIB:.1f}, "
-            f"file-backed {worker.get('RssFile', 0) / KIB_PER_MIB:.1f}) of "
-            f"{len(memory['idle_workers_after_kib'])} idle"
+    for when in ("before", "after"):
+        workers = memory[f"idle_workers_{when}_kib"]
+        sizes = ", ".join(
+            f"{worker['VmRSS'] / KIB_PER_MIB:.1f} (anonymous "
+            f"{worker.get('RssAnon', 0) / KIB_PER_MIB:.1f})"
+            for worker in workers
         )
+        print(f"  idle worker processes {when} the run, VmRSS MiB: {sizes}")

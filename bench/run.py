@@ -70,6 +70,7 @@ def iterations(quick: bool) -> dict[str, int]:
         "peer_python": 5,
         "peer_javascript": 10,
         "pyodide_warm": 100,
+        "pyodide_back_to_back": 40,
         "pyodide_cold": 20,
         "pyodide_tool_runs": 20,
         "pyodide_memory": 500,
@@ -80,8 +81,7 @@ def iterations(quick: bool) -> dict[str, int]:
         return full
     reduced = {name: max(2, count // 4) for name, count in full.items()}
     reduced["pyodide_memory"] = 100
-    # Under 8 clients a pyodide execution takes ~2 s (worker restores queue for the two
-    # cores): a shorter window would measure the ramp, not the rate.
+    # A shorter window would measure the ramp of 8 clients on pyodide, not the rate.
     reduced["pyodide_throughput_s"] = full["pyodide_throughput_s"]
     return reduced
 
