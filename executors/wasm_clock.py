@@ -4,9 +4,10 @@ Epoch interruption stops guest code, not a thread blocked inside a WASI call: a 
 sleeping in `wasi:io/poll` would hold its runner thread (and its store's memory) for as
 long as it asked. Every wait a guest can make is a poll on pollables, and of the
 pollables it can get only the monotonic clock's may stay pending: stdout and stderr
-take writes at once, stdin is empty, there is no file system, and no socket can
-connect or resolve anything, so their pollables are always ready. So bounding the
-clock's subscriptions bounds every wait, whatever code the guest reaches.
+take writes at once, stdin is empty, files are local (a read or write never waits on
+anything), and no socket can connect or resolve anything, so their pollables are
+always ready. So bounding the clock's subscriptions bounds every wait, whatever code
+the guest reaches.
 
 `BoundedClock.install` shadows the component's `wasi:clocks/monotonic-clock` import
 with host functions. `subscribe-duration` and `subscribe-instant` forward to
