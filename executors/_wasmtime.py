@@ -3,9 +3,10 @@ cache and the per-execution interrupt.
 
 One `Engine` per executor, with the component model and epoch interruption on. A
 daemon-wide `EpochTicker` advances the epoch of every registered engine every
-`EPOCH_TICK_S`; each store's deadline is one tick away, and when it passes, the store's
-`Interrupt` decides in the worker thread whether the guest goes on for another tick or
-traps (wall time used up, the execution stopped, its output budget spent). So one
+`EPOCH_TICK_S` while a call into a guest is under way (each is made inside
+`TICKER.running()`); each store's deadline is one tick away, and when it passes, the
+store's `Interrupt` decides in the worker thread whether the guest goes on for another
+tick or traps (wall time used up, the execution stopped, its output budget spent). So one
 shared epoch serves executions that each stop for their own reason, and a stop takes
 effect within a tick, on the thread running the store (a store is used by one thread
 at a time).
@@ -67,6 +68,9 @@ log = logging.getLogger(__name__)
 
 # 10 ms: how late a timeout or a stop may take effect; ticking costs ~nothing.
 EPOCH_TICK_S = 0.010
+# Ticks with no guest call before the ticker waits for one: 0.1 s, longer than the
+# gap between executions sent back to back, far shorter than an agent's pause.
+IDLE_AFTER_TICKS = 10
 
 
 @functools.cache
@@ -156,11 +160,17 @@ def _use_pool(config: wasmtime.Config, instances: int, keep_resident_bytes: int)
 
 
 class EpochTicker:
-    """Advances the epoch of every registered engine every `EPOCH_TICK_S`.
+    """Advances the epoch of every registered engine every `EPOCH_TICK_S`, while guest
+    code may run.
 
     One per daemon, served by whichever executor's task came first (`serve_shared`);
     when that task ends, another one that serves takes over. An engine is ticked while
-    it is `registered`, from the next tick on.
+    it is `registered`, from the next tick on, and only while some thread is inside
+    `running()`, the block around every call into a guest: with no guest under way the
+    thread waits without a timeout, so an idle daemon has no thread waking every tick
+    (each wake takes the GIL, from the event loop when a request has just come in).
+    It goes on ticking for `IDLE_AFTER_TICKS` ticks after the last guest call ended,
+    so executions back to back do not wake it each time.
 
     The ticks come from a thread of the serving task's own, not from the event loop:
     there, each tick was a Trio sleep ending in a cancellation, ~10% of the event loop's
@@ -178,13 +188,21 @@ class EpochTicker:
         self._interval_s = interval_s
         # Replaced, never changed in place: the thread ticks whichever tuple it took.
         self._engines: tuple[wasmtime.Engine, ...] = ()
-        self._changed = threading.Condition()  # guards the two fields below
+        self._changed = threading.Condition()  # guards the fields below
         self._stopping = False
         self._serving = False
+        # Guest calls under way, and how many ever began (the thread tells from it
+        # whether any ran since its last tick).
+        self._running = 0
+        self._began = 0
+        self._waiting_for_guests = False
         self._handover = trio.Event()
 
     def __repr__(self) -> str:
-        return f"<EpochTicker every {self._interval_s * 1000:g} ms, {len(self._engines)} engines>"
+        return (
+            f"<EpochTicker every {self._interval_s * 1000:g} ms, {len(self._engines)} engines, "
+            f"{self._running} guest calls>"
+        )
 
     @contextlib.contextmanager
     def registered(self, engine: wasmtime.Engine) -> Iterator[None]:
@@ -204,6 +222,21 @@ class EpochTicker:
             with self._changed:
                 self._engines = tuple(e for e in self._engines if e is not engine)
             engine.increment_epoch()
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Tick while the block runs: around every call into a guest (any thread), for
+        its deadline to be checked. Blocks nest and overlap freely."""
+        with self._changed:
+            self._running += 1
+            self._began += 1
+            if self._waiting_for_guests:
+                self._changed.notify_all()
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._running -= 1
 
     async def serve_shared(self) -> None:
         """`serve` unless some task serves this ticker already; then wait, and take
@@ -238,20 +271,37 @@ class EpochTicker:
 
     def _tick(self) -> None:
         """The ticking thread: until stopped, tick every registered engine, then wait
-        a tick's interval (with none registered, until one is)."""
+        a tick's interval; with no engine registered, or no guest call for
+        `IDLE_AFTER_TICKS` ticks, wait until there is one."""
+        quiet_ticks = IDLE_AFTER_TICKS  # nothing has run yet
+        began = self._began
         while True:
             with self._changed:
-                while not self._engines and not self._stopping:
-                    self._changed.wait()
+                if self._running or self._began != began:
+                    quiet_ticks = 0
+                if quiet_ticks >= IDLE_AFTER_TICKS or not self._engines:
+                    self._wait_for_guests()
+                    quiet_ticks = 0
+                began = self._began
                 if self._stopping:
                     return
                 engines = self._engines
             for engine in engines:
                 engine.increment_epoch()
             del engines  # hold no engine while waiting
+            quiet_ticks += 1
             with self._changed:
                 if self._changed.wait_for(lambda: self._stopping, self._interval_s):
                     return
+
+    def _wait_for_guests(self) -> None:
+        """Until an engine is registered and a guest call is under way, or stopping
+        (with `_changed` held)."""
+        self._waiting_for_guests = True
+        try:
+            self._changed.wait_for(lambda: self._stopping or (self._engines and self._running))
+        finally:
+            self._waiting_for_guests = False
 
 
 # The daemon's one ticker, shared by every Wasmtime executor in the process.

@@ -29,7 +29,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,9 +121,12 @@ class Instance:
         if self.scratch is not None:
             interrupt.watch(functools.partial(_files_over, self.scratch, files_bytes))
 
-    def running(self) -> contextlib.AbstractContextManager[None]:
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
         """Around every call into the guest, on the thread making it."""
-        return self.clock.running() if self.clock is not None else _NOTHING
+        clock = self.clock.running() if self.clock is not None else _NOTHING
+        with _wasmtime.TICKER.running(), clock:
+            yield
 
     def close(self) -> None:
         try:
@@ -200,7 +203,8 @@ class Instances:
             interrupt = _wasmtime.Interrupt(INSTANTIATE_TIMEOUT_S)
             interrupt.install(store)
             clock = self._clock.attach(store, interrupt) if self._clock is not None else None
-            with clock.running() if clock is not None else _NOTHING:
+            guest = clock.running() if clock is not None else _NOTHING
+            with _wasmtime.TICKER.running(), guest:
                 run = self._linker.instantiate(store, self._component).get_func(store, RUN_EXPORT)
             if run is None:
                 raise wasmtime.WasmtimeError(f"the component exports no {RUN_EXPORT!r}")

@@ -1,12 +1,13 @@
 """The epoch ticker (`_wasmtime.EpochTicker`) with real Wasmtime engines: what it ticks,
-for how long it holds an engine, and who ticks once its first server stops."""
+when (only while a guest call is under way), for how long it holds an engine, and who
+ticks once its first server stops."""
 
 from __future__ import annotations
 
 import gc
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import trio
@@ -21,10 +22,11 @@ TICK_S = 0.002
 
 
 class Spinner:
-    """A guest looping forever on `engine` in a thread of its own, until an epoch
-    tick past its deadline traps it."""
+    """A guest looping forever on `engine` in a thread of its own, inside `ticker`'s
+    `running()` block, until an epoch tick past its deadline traps it."""
 
-    def __init__(self, engine: wasmtime.Engine) -> None:
+    def __init__(self, engine: wasmtime.Engine, ticker: EpochTicker) -> None:
+        self._ticker = ticker
         self.store = wasmtime.Store(engine)
         self.store.set_epoch_deadline(1)
         instance = wasmtime.Instance(self.store, wasmtime.Module(engine, SPIN), [])
@@ -35,7 +37,8 @@ class Spinner:
 
     def _run(self) -> None:
         try:
-            self._spin(self.store)  # type: ignore[operator]
+            with self._ticker.running():
+                self._spin(self.store)  # type: ignore[operator]
         except wasmtime.Trap:
             self.trapped.set()
         finally:
@@ -62,7 +65,7 @@ async def test_a_registered_engine_is_ticked(engine: wasmtime.Engine) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ticker.serve_shared)
         with ticker.registered(engine):
-            assert await Spinner(engine).wait_trapped()
+            assert await Spinner(engine, ticker).wait_trapped()
         nursery.cancel_scope.cancel()
 
 
@@ -84,7 +87,7 @@ async def test_leaving_the_block_moves_the_epoch_once_more(engine: wasmtime.Engi
     # No task serves this ticker: only the tick on the way out can stop the guest.
     ticker = EpochTicker(TICK_S)
     with ticker.registered(engine):
-        spinner = Spinner(engine)
+        spinner = Spinner(engine, ticker)
         await trio.sleep(0.05)
         assert not spinner.trapped.is_set()
     assert await spinner.wait_trapped()
@@ -102,7 +105,7 @@ async def test_another_server_takes_over_when_the_first_one_stops(
         await trio.sleep(0.01)
         first.cancel()
         with ticker.registered(engine):
-            assert await Spinner(engine).wait_trapped()
+            assert await Spinner(engine, ticker).wait_trapped()
         nursery.cancel_scope.cancel()
 
 
@@ -118,13 +121,59 @@ async def test_engines_freed_in_other_threads_while_it_ticks_do_not_crash_it() -
     ticker = EpochTicker(0)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ticker.serve_shared)
-        with ticker.registered(new_engine()):  # keeps the ticker busy throughout
+        # A guest call under way throughout keeps the ticker busy.
+        with ticker.registered(new_engine()), ticker.running():
             for _ in range(40):
                 engines = [new_engine(instances=4)]
                 with ticker.registered(engines[0]):
                     await trio.lowlevel.checkpoint()
                 await trio.to_thread.run_sync(engines.clear)
         nursery.cancel_scope.cancel()
+
+
+class CountingEngine:
+    """Stands for an engine: counts the ticks it is given."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+
+    def increment_epoch(self) -> None:
+        self.ticks += 1
+
+
+async def test_it_ticks_only_while_a_guest_call_is_under_way() -> None:
+    ticker = EpochTicker(TICK_S)
+    engine = CountingEngine()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker.serve_shared)
+        with ticker.registered(engine):  # type: ignore[arg-type]
+            await trio.sleep(20 * TICK_S)
+            assert engine.ticks == 0  # registered, but no guest runs: no thread wakes
+            with ticker.running():
+                await _until(lambda: engine.ticks >= 3)
+            # It stops once IDLE_AFTER_TICKS ticks have passed with no call.
+            await _until_steady(engine)
+            with ticker.running():  # and starts again with the next call
+                ticks = engine.ticks
+                await _until(lambda: engine.ticks >= ticks + 3)
+        nursery.cancel_scope.cancel()
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    with trio.fail_after(WAIT_S):
+        while not condition():
+            await trio.sleep(TICK_S)
+
+
+async def _until_steady(engine: CountingEngine) -> None:
+    """Until `engine` got no tick for a while: the ticker waits for a guest call."""
+    quiet = (_wasmtime.IDLE_AFTER_TICKS + 5) * TICK_S
+    with trio.fail_after(WAIT_S):
+        while True:
+            ticks = engine.ticks
+            await trio.sleep(quiet)
+            if engine.ticks == ticks:
+                return
 
 
 def test_the_daemon_has_one_shared_ticker() -> None:
