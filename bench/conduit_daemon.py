@@ -45,7 +45,9 @@ args = [{json.dumps(str(ECHO_SERVER))}]
 """
 
 
-def _config(pool_size: int, wasm: bool, pyodide_pool: int | None, audit_path: Path) -> str:
+def _config(
+    pool_size: int, wasm: bool, pyodide_pool: int | None, max_concurrent: int, audit_path: Path
+) -> str:
     pyodide = (
         f"[executors.pyodide]\nenabled = true\npool_size = {pyodide_pool}\n"
         if pyodide_pool is not None
@@ -56,7 +58,7 @@ def _config(pool_size: int, wasm: bool, pyodide_pool: int | None, audit_path: Pa
         f"[executors.wasm_python]\nenabled = {json.dumps(wasm)}\n"
         f"[executors.wasm_js]\nenabled = {json.dumps(wasm)}\n"
         + pyodide
-        + "[limits]\nmax_concurrent_executions = 8\nqueue_size = 256\n"
+        + f"[limits]\nmax_concurrent_executions = {max_concurrent}\nqueue_size = 256\n"
         + f"[audit]\npath = {json.dumps(str(audit_path))}\n"
         + UPSTREAM
     )
@@ -70,13 +72,16 @@ async def daemon(
     pool_size: int,
     wasm: bool = True,
     pyodide_pool: int | None = None,
+    max_concurrent: int = 8,
 ) -> AsyncIterator[str]:
     """A `conduit serve` process with the echo upstream; yields its socket path once
     it answers `ping` (executors may still be building: see `wait_executors`).
     `wasm=False` leaves the Wasmtime executors out (a Deno-only daemon); a
-    `pyodide_pool` turns the pyodide executor on with that many warm workers."""
+    `pyodide_pool` turns the pyodide executor on with that many warm workers;
+    `max_concurrent` is its `limits.max_concurrent_executions`."""
     config = workdir / f"{name}.toml"
-    config.write_text(_config(pool_size, wasm, pyodide_pool, workdir / f"{name}-audit.sqlite3"))
+    audit = workdir / f"{name}-audit.sqlite3"
+    config.write_text(_config(pool_size, wasm, pyodide_pool, max_concurrent, audit))
     socket_path = str(workdir / f"{name}.sock")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONDUIT_")}
     env["CONDUIT_STATE_DIR"] = str(STATE_DIR)

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ SERIES_BUDGET_S = 120
 # How often a wait for a full pool asks again.
 POOL_POLL_S = 0.005
 
+Check = Callable[[dict[str, Any]], None]
+
 
 async def wait_pool_full(
     client: Client, size: int, executor: str = "deno", *, within_s: float = 5
@@ -42,7 +45,7 @@ async def wait_pool_full(
             await trio.sleep(POOL_POLL_S)
 
 
-def _wait_pool_full_blocking(
+def wait_pool_full_blocking(
     client: BlockingClient, size: int, executor: str, *, within_s: float = 5
 ) -> None:
     """`wait_pool_full` for a blocking client."""
@@ -76,30 +79,38 @@ async def execute_samples(
     warm_pool: int = 0,
     warmup: int = 0,
     pool_of: str = "deno",
+    check: Check = check_result,
 ) -> list[float]:
     """`runs` sequential executions of `params`, each timed end to end (seconds), after
     `warmup` untimed ones; with `warm_pool`, each starts when `pool_of`'s pool is full
-    again. Runs in a worker thread (see the module's docstring)."""
-    series = functools.partial(_series, path, params, runs, warm_pool, warmup, pool_of)
+    again. `check` raises if a result is not the expected one. Runs in a worker thread
+    (see the module's docstring)."""
+    series = functools.partial(_series, path, params, runs, warm_pool, warmup, pool_of, check)
     # Abandoned on cancellation: the thread ends when the daemon closes its connection.
     return await trio.to_thread.run_sync(series, abandon_on_cancel=True)
 
 
 def _series(
-    path: str, params: dict[str, Any], runs: int, warm_pool: int, warmup: int, pool_of: str
+    path: str,
+    params: dict[str, Any],
+    runs: int,
+    warm_pool: int,
+    warmup: int,
+    pool_of: str,
+    check: Check,
 ) -> list[float]:
     deadline = time.monotonic() + SERIES_BUDGET_S
     samples: list[float] = []
     with BlockingClient.connect(unix_path=path) as client:
         for _ in range(warmup):
-            check_result(client.call("execute", params))
+            check(client.call("execute", params))
         while len(samples) < runs and time.monotonic() < deadline:
             if warm_pool:
-                _wait_pool_full_blocking(client, warm_pool, pool_of)
+                wait_pool_full_blocking(client, warm_pool, pool_of)
             started = time.perf_counter()
             result = client.call("execute", params)
             samples.append(time.perf_counter() - started)
-            check_result(result)
+            check(result)
     return samples
 
 

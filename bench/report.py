@@ -53,6 +53,7 @@ def report(results: dict[str, Any]) -> None:
     _javascript(results)
     _tool_calls(results)
     _pyodide(results)
+    _agent(results)
 
 
 def _ping(results: dict[str, Any]) -> None:
@@ -247,3 +248,99 @@ def _pyodide_memory(memory: dict[str, Any]) -> None:
             for worker in workers
         )
         print(f"  idle worker processes {when} the run, VmRSS MiB: {sizes}")
+
+
+def _agent(results: dict[str, Any]) -> None:
+    agent = results["agent"]
+    print(
+        "what agents do (one daemon, every executor, "
+        f"max_concurrent_executions {agent['max_concurrent_executions']}):"
+    )
+    for name, why in agent["skipped"].items():
+        print(f"  {name}: not measured: {why}")
+    _idle(agent["idle"])
+    _tool_waits(agent["tool_waits"])
+    _realistic(agent["realistic"], _trivial(results))
+
+
+def _idle(idle: dict[str, Any]) -> None:
+    gaps = [str(gap) for gap in idle["gaps_s"]]
+    targets = idle["targets"]
+    echo = targets["echo server"]
+    print(
+        f"  a request after the daemon sat idle, p50 (min-max) ms; hot: at once again; "
+        f"target: echo server + hot + {idle['margin_ms']:g} ms"
+    )
+    header = "".join(f"{f'after {float(gap):g} s idle':>24}" for gap in gaps)
+    print(f"    {'':14}{header}{'hot p50':>10}")
+    for name, figures in targets.items():
+        cells = "".join(f"{_range(figures['after_idle'][gap]):>24}" for gap in gaps)
+        verdicts = []
+        if name != "echo server" and figures["hot"].get("n"):
+            for gap in gaps:
+                after, base = figures["after_idle"][gap], echo["after_idle"][gap]
+                if after.get("n") and base.get("n"):
+                    bound = base["p50_ms"] + figures["hot"]["p50_ms"] + idle["margin_ms"]
+                    verdicts.append(f"{float(gap):g} s: {verdict(after['p50_ms'] <= bound)}")
+        hot = f"{figures['hot']['p50_ms']:10.2f}" if figures["hot"].get("n") else f"{'-':>10}"
+        print(f"    {name:14}{cells}{hot}  {', '.join(verdicts)}")
+
+
+def _range(figures: dict[str, Any]) -> str:
+    if not figures.get("n"):
+        return "-"
+    return (
+        f"{figures['p50_ms']:.1f} ({figures['min_ms']:.1f}-{figures['max_ms']:.1f}, "
+        f"n={figures['n']})"
+    )
+
+
+def _tool_waits(waits: dict[str, Any]) -> None:
+    print("  16 programs at once, each waiting 1 s on a tool (timeout_ms 2000):")
+    for name, run in waits.items():
+        others = f"; others: {', '.join(run['not_ok'])}" if run["not_ok"] else ""
+        unfinished = f"; {run['unfinished']} unfinished" if run["unfinished"] else ""
+        print(
+            f"    {name:14}{run['ok']:3}/{run['programs']} ok, all back in "
+            f"{run['wall_s']:.2f} s{others}{unfinished}"
+        )
+
+
+def _trivial(results: dict[str, Any]) -> dict[str, tuple[float | None, float | None]]:
+    """Each executor's trivial p50 (ms) and executions/s with 8 clients, where measured."""
+    wasm_js = results["execute_wasm_js"].get("figures") or {}
+    trivial: dict[str, tuple[float | None, float | None]] = {
+        "deno": (results["execute_warm"]["p50_ms"], results["execute_8clients_per_s"]),
+        "wasm-python": (
+            results["execute_python"]["p50_ms"],
+            results["execute_python_8clients_per_s"],
+        ),
+        "wasm-js": (wasm_js.get("p50_ms"), None),
+    }
+    pyodide = results["pyodide"]
+    if "skipped" not in pyodide:
+        trivial["pyodide"] = (
+            pyodide["warm"]["figures"]["p50_ms"],
+            pyodide["throughput_8clients_per_s"],
+        )
+    return trivial
+
+
+def _realistic(
+    realistic: dict[str, Any], trivial: dict[str, tuple[float | None, float | None]]
+) -> None:
+    print(
+        "  the realistic program (stdlib imports, 100 KB of inputs, 5 tool calls) beside "
+        "the trivial one; p50 ms, exec/s with 8 clients:"
+    )
+    print(f"    {'':14}{'realistic p50':>14}{'exec/s':>9}{'trivial p50':>14}{'exec/s':>9}")
+    for name, figures in realistic.items():
+        p50, per_s = trivial.get(name, (None, None))
+        print(
+            f"    {name:14}{figures['latency']['p50_ms']:14.2f}{figures['per_s']:9.1f}"
+            f"{_number(p50, 14, 2)}{_number(per_s, 9, 1)}"
+        )
+
+
+def _number(value: float | None, width: int, decimals: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:{width}.{decimals}f}"

@@ -17,7 +17,12 @@ on sockets in a temporary directory and measures, over loopback only:
   warm and cold, tool calls, executions/s with 8 clients, the daemon's memory over 500
   executions, and a plain Pyodide load under `deno run` as the reference;
 - the peer, PyPI `llm-wasm-sandbox` (bench/peer.py), running the same Python and
-  JavaScript in its own venv, its runs alternating with the Wasmtime series.
+  JavaScript in its own venv, its runs alternating with the Wasmtime series;
+- what agents do, in a daemon with every executor on (bench/agent_bench.py): `ping`
+  and a trivial execution per executor after the daemon sat idle 2 s and 8 s, beside a
+  plain blocking echo server; sixteen programs waiting a second on a tool at once; and
+  a realistic program per executor (the standard library, 100 KB of inputs, 5 tool
+  calls), p50 and executions/s with 8 clients.
 
 Every loop is bounded in count and time. The modules beside this file hold the parts.
 """
@@ -36,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import trio
 
-from bench import machine, pyodide_bench, tool_calls, wasm_bench
+from bench import agent_bench, machine, pyodide_bench, tool_calls, wasm_bench
 from bench.conduit_daemon import daemon, wait_executors, wait_upstream
 from bench.latency import execute_latency, plain_deno
 from bench.programs import PYTHON_REQUEST, TYPESCRIPT_REQUEST
@@ -76,6 +81,10 @@ def iterations(quick: bool) -> dict[str, int]:
         "pyodide_memory": 500,
         "pyodide_throughput_s": 10,
         "plain_pyodide": 5,
+        # Per executor, each execution once its pool is full: pyodide's take ~0.5 s.
+        "realistic": 40,
+        # Rounds of idle gaps: each is a minute (6 targets, 2 s and 8 s each).
+        "idle_rounds": 5,
     }
     if not quick:
         return full
@@ -156,6 +165,9 @@ def main(quick: bool) -> dict[str, Any]:
         started = machine.snapshot()
         results.update(trio.run(conduit_figures, workdir, n))
         interference["conduit"] = machine.interference(started, machine.snapshot())
+        started = machine.snapshot()
+        results["agent"] = trio.run(agent_bench.figures, workdir, n)
+        interference["agent"] = machine.interference(started, machine.snapshot())
         started = machine.snapshot()
         results["pyodide"] = trio.run(pyodide_bench.figures, workdir, n)
         interference["pyodide"] = machine.interference(started, machine.snapshot())
