@@ -52,7 +52,6 @@ import os
 import resource
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -64,7 +63,6 @@ import trio
 
 from conduit.daemon import jsontext
 from conduit.daemon.errors import ExecutorError, RuntimeMissing, SandboxCrashed
-from conduit.daemon.jsontext import JsonTextError
 from conduit.executors import outcomes
 from conduit.executors.base import (
     CallbackAddress,
@@ -92,7 +90,7 @@ from conduit.executors.process import (
     signal_process_group,
 )
 
-__all__ = ["DenoExecutor", "DenoWorker", "find_deno", "permission_flags"]
+__all__ = ["DenoExecutor", "DenoWorker", "find_deno", "permission_flags", "read_version"]
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +150,7 @@ DATA_SLACK_BYTES = 64 * MIB
 DEFAULT_POOL_SIZE = 2
 
 # What Deno prints when it dies of memory: V8's fatal heap OOM, a failed Rust allocation.
-OOM_SIGNS = ("out of memory", "memory allocation of")
+OOM_SIGNS = outcomes.V8_OUT_OF_MEMORY
 # Where V8's OOM report (GC log, C stack trace) starts; cut from the stderr we return.
 OOM_REPORT_STARTS = ("\n<--- Last few GCs --->", "<--- Last few GCs --->", "\n#\n# Fatal")
 # How V8 words an ArrayBuffer or WebAssembly.Memory allocation that the memory
@@ -173,6 +171,40 @@ def find_deno(configured: str | os.PathLike[str] | None = None) -> str | None:
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)
     return shutil.which("deno")
+
+
+async def read_version(deno: str, cwd: Path) -> str:
+    """The first line of `deno --version` without the program name ("2.9.8 (…)"), run
+    in `cwd`.
+
+        Raises RuntimeMissing if it fails.
+    """
+    options = sandbox_process_options(cwd=cwd, env=minimal_env(DENO_ENV))
+    try:
+        with trio.fail_after(VERSION_TIMEOUT_S):
+            done = await trio.run_process(
+                [deno, "--version"],
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+                deliver_cancel=kill_process_group,
+                **options,
+            )
+    except OSError as exc:
+        raise RuntimeMissing(f"cannot run {deno}: {exc}") from exc
+    except trio.TooSlowError as exc:
+        raise RuntimeMissing(
+            f"`{deno} --version` did not answer within {VERSION_TIMEOUT_S:g} s"
+        ) from exc
+    if done.returncode != 0:
+        detail = done.stderr.decode("utf-8", "replace").strip()
+        raise RuntimeMissing(
+            f"`{deno} --version` failed ({describe_returncode(done.returncode)}): {detail}"
+        )
+    # "deno 2.9.8 (stable, release, x86_64-unknown-linux-gnu)": the name is the
+    # executor's already.
+    first = done.stdout.decode("utf-8", "replace").strip().splitlines()[0]
+    return first.removeprefix("deno ")
 
 
 def permission_flags(callback: CallbackAddress | None) -> list[str]:
@@ -311,7 +343,7 @@ class DenoExecutor:
         except OSError as exc:
             return f"cannot prepare the Deno directories: {exc}"
         try:
-            self._version = await self._read_version(self._deno)
+            self._version = await read_version(self._deno, self._work_dir)
         except ExecutorError as exc:
             return str(exc)
         return None
@@ -322,38 +354,6 @@ class DenoExecutor:
         # Left behind if the daemon died with workers running: nothing may survive.
         for stale in self._cache_dir.glob("worker-*"):
             shutil.rmtree(stale, ignore_errors=True)
-
-    async def _read_version(self, deno: str) -> str:
-        """The first line of `deno --version` without the program name ("2.9.8 (…)").
-
-        Raises RuntimeMissing if it fails.
-        """
-        options = sandbox_process_options(cwd=self._work_dir, env=minimal_env(DENO_ENV))
-        try:
-            with trio.fail_after(VERSION_TIMEOUT_S):
-                done = await trio.run_process(
-                    [deno, "--version"],
-                    capture_stdout=True,
-                    capture_stderr=True,
-                    check=False,
-                    deliver_cancel=kill_process_group,
-                    **options,
-                )
-        except OSError as exc:
-            raise RuntimeMissing(f"cannot run {deno}: {exc}") from exc
-        except trio.TooSlowError as exc:
-            raise RuntimeMissing(
-                f"`{deno} --version` did not answer within {VERSION_TIMEOUT_S:g} s"
-            ) from exc
-        if done.returncode != 0:
-            detail = done.stderr.decode("utf-8", "replace").strip()
-            raise RuntimeMissing(
-                f"`{deno} --version` failed ({describe_returncode(done.returncode)}): {detail}"
-            )
-        # "deno 2.9.8 (stable, release, x86_64-unknown-linux-gnu)": the name is the
-        # executor's already.
-        first = done.stdout.decode("utf-8", "replace").strip().splitlines()[0]
-        return first.removeprefix("deno ")
 
     @property
     def unavailable_reason(self) -> str | None:
@@ -713,42 +713,8 @@ def _outcome(
     if timed_out:
         return outcomes.timed_out(outcome, limits)
     if stdout.payload is not None:
-        return _from_payload(outcome, stdout.payload, is_out_of_memory)
+        return outcomes.answered(outcome, stdout.payload, is_out_of_memory, "Deno worker")
     return _from_exit(outcome, returncode, limits)
-
-
-def _from_payload(
-    outcome: Outcome, payload: bytes, is_out_of_memory: Callable[[ErrorInfo], bool]
-) -> Outcome:
-    """The outcome the shim reported. Whatever the program made its result or error
-    hold (lone surrogates, NaN, huge numbers), this never raises: text that is not
-    JSON the daemon accepts makes the execution crash, nothing else."""
-    try:
-        message = jsontext.loads(payload, lenient_numbers=True)
-    except JsonTextError as exc:
-        return _unreadable(outcome, str(exc))
-    if not isinstance(message, dict):
-        return _unreadable(outcome, "not a JSON object")
-    error = message.get("error")
-    # The shim exits 0 after a result and 1 after an error (or with a Python program's
-    # `sys.exit` code), unless it was stopped first.
-    outcome.exit_code = 0 if error is None else outcomes.error_exit_code(message)
-    if error is None:
-        outcome.result = message.get("result")
-        return outcome
-    if not isinstance(error, dict):
-        return _unreadable(outcome, "its error is not a JSON object")
-    info = outcomes.error_info(error)
-    outcome.error = info
-    # An allocation refused by the memory backstop.
-    outcome.status = Status.MEMORY_LIMIT if is_out_of_memory(info) else Status.ERROR
-    return outcome
-
-
-def _unreadable(outcome: Outcome, why: str) -> Outcome:
-    return outcomes.failed(
-        outcome, Status.CRASHED, "Crashed", f"the Deno worker sent an unreadable result: {why}"
-    )
 
 
 def _from_exit(outcome: Outcome, returncode: int | None, limits: Limits) -> Outcome:
@@ -766,18 +732,7 @@ def _from_exit(outcome: Outcome, returncode: int | None, limits: Limits) -> Outc
     if returncode is not None and any(sign in outcome.stderr for sign in OOM_SIGNS):
         outcome.stderr = _cut_oom_report(outcome.stderr)
         return outcomes.memory_limit(outcome, limits)
-    if returncode == -signal.SIGXCPU:
-        return outcomes.failed(
-            outcome,
-            Status.TIMEOUT,
-            "Timeout",
-            "the program used up its CPU time and was stopped; make it faster, or raise "
-            "limits.timeout_ms",
-        )
-    how = "an unknown cause" if returncode is None else describe_returncode(returncode)
-    return outcomes.failed(
-        outcome, Status.CRASHED, "Crashed", f"the Deno sandbox was killed by {how}"
-    )
+    return outcomes.process_ended(outcome, returncode, limits, "Deno sandbox")
 
 
 def _cut_oom_report(stderr: str) -> str:

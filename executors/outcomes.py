@@ -7,22 +7,34 @@ to do about it. Partial output is always kept.
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Callable
 from typing import Any
 
+from conduit.daemon import jsontext
+from conduit.daemon.jsontext import JsonTextError
 from conduit.executors.base import ErrorInfo, Limits, Outcome, Status
 from conduit.executors.output import OutputCapture
+from conduit.executors.process import describe_returncode
 
 __all__ = [
+    "V8_OUT_OF_MEMORY",
+    "answered",
     "captured",
     "error_exit_code",
     "error_info",
     "failed",
     "memory_limit",
     "output_limit",
+    "process_ended",
     "result_too_large",
     "stopped",
     "timed_out",
 ]
+
+
+# How V8 words running out of memory on a Deno process's stderr.
+V8_OUT_OF_MEMORY = ("out of memory", "memory allocation of")
 
 
 def captured(capture: OutputCapture) -> Outcome:
@@ -116,3 +128,55 @@ def error_exit_code(answer: dict[str, Any]) -> int:
     if type(code) is int and code != 0 and -(2**31) <= code < 2**31:
         return code
     return 1
+
+
+def answered(
+    outcome: Outcome,
+    payload: bytes,
+    is_out_of_memory: Callable[[ErrorInfo], bool],
+    sender: str,
+) -> Outcome:
+    """The outcome a sandbox's shim answered, `{"result"}` or `{"error"}`. Whatever the
+    program made its result or error hold (lone surrogates, NaN, huge numbers), this
+    never raises: an answer the daemon cannot read makes the execution crash."""
+    try:
+        message = jsontext.loads(payload, lenient_numbers=True)
+    except JsonTextError as exc:
+        return _unreadable(outcome, sender, str(exc))
+    if not isinstance(message, dict):
+        return _unreadable(outcome, sender, "not a JSON object")
+    error = message.get("error")
+    outcome.exit_code = 0 if error is None else error_exit_code(message)
+    if error is None:
+        outcome.result = message.get("result")
+        return outcome
+    if not isinstance(error, dict):
+        return _unreadable(outcome, sender, "its error is not a JSON object")
+    info = error_info(error)
+    outcome.error = info
+    # An allocation refused by the memory backstop.
+    outcome.status = Status.MEMORY_LIMIT if is_out_of_memory(info) else Status.ERROR
+    return outcome
+
+
+def _unreadable(outcome: Outcome, sender: str, why: str) -> Outcome:
+    return failed(
+        outcome, Status.CRASHED, "Crashed", f"the {sender} sent an unreadable result: {why}"
+    )
+
+
+def process_ended(outcome: Outcome, returncode: int | None, limits: Limits, what: str) -> Outcome:
+    """A sandbox process (`what`) that ended without answering: out of memory, out of
+    CPU time, or killed."""
+    if returncode is not None and any(sign in outcome.stderr for sign in V8_OUT_OF_MEMORY):
+        return memory_limit(outcome, limits)
+    if returncode == -signal.SIGXCPU:
+        return failed(
+            outcome,
+            Status.TIMEOUT,
+            "Timeout",
+            "the program used up its CPU time and was stopped; make it faster, or raise "
+            "limits.timeout_ms",
+        )
+    how = "an unknown cause" if returncode is None else describe_returncode(returncode)
+    return failed(outcome, Status.CRASHED, "Crashed", f"the {what} was killed by {how}")

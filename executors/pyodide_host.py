@@ -36,7 +36,6 @@ import dataclasses
 import math
 import os
 import resource
-import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -45,13 +44,11 @@ import trio
 
 from conduit.daemon import jsontext
 from conduit.daemon.errors import SandboxCrashed
-from conduit.daemon.jsontext import JsonTextError
 from conduit.executors import outcomes
 from conduit.executors.base import ErrorInfo, Job, Limits, Outcome, Status
 from conduit.executors.output import READ_CHUNK_BYTES, OutputCapture, StreamName
 from conduit.executors.process import (
     cpu_backstop_s,
-    describe_returncode,
     read_vm_data_bytes,
     signal_process_group,
 )
@@ -79,7 +76,6 @@ DATA_SLACK_BYTES = 64 * MIB
 # bounds a host that would spin on its own.
 IDLE_CPU_S = 600
 # What Deno prints when it dies of memory: V8's fatal heap OOM, a failed Rust allocation.
-OOM_SIGNS = ("out of memory", "memory allocation of")
 
 
 class HostBroken(SandboxCrashed):
@@ -462,60 +458,13 @@ class _JobReading:
         if timed_out:
             return outcomes.timed_out(outcome, limits)
         if self.payload is not None:
-            return _from_answer(outcome, self.payload, is_out_of_memory)
-        return _from_exit(outcome, self._host.process.returncode, limits)
-
-
-def _from_answer(
-    outcome: Outcome, payload: bytes, is_out_of_memory: Callable[[ErrorInfo], bool]
-) -> Outcome:
-    """The outcome python_program answered. Whatever the program made its result or
-    error hold, this never raises: an answer the daemon cannot read is a crash."""
-    try:
-        message = jsontext.loads(payload, lenient_numbers=True)
-    except JsonTextError as exc:
-        return _unreadable(outcome, str(exc))
-    if not isinstance(message, dict):
-        return _unreadable(outcome, "not a JSON object")
-    error = message.get("error")
-    outcome.exit_code = 0 if error is None else outcomes.error_exit_code(message)
-    if error is None:
-        outcome.result = message.get("result")
-        return outcome
-    if not isinstance(error, dict):
-        return _unreadable(outcome, "its error is not a JSON object")
-    info = outcomes.error_info(error)
-    outcome.error = info
-    outcome.status = Status.MEMORY_LIMIT if is_out_of_memory(info) else Status.ERROR
-    return outcome
-
-
-def _unreadable(outcome: Outcome, why: str) -> Outcome:
-    return outcomes.failed(
-        outcome, Status.CRASHED, "Crashed", f"the Pyodide worker sent an unreadable answer: {why}"
-    )
+            return outcomes.answered(outcome, self.payload, is_out_of_memory, "Pyodide worker")
+        returncode = self._host.process.returncode
+        return outcomes.process_ended(outcome, returncode, limits, "Pyodide worker")
 
 
 def _crashed(capture: OutputCapture, why: str) -> Outcome:
     return outcomes.failed(outcomes.captured(capture), Status.CRASHED, "Crashed", why)
-
-
-def _from_exit(outcome: Outcome, returncode: int | None, limits: Limits) -> Outcome:
-    """No answer: the host died (of memory, of its CPU limit) or was killed."""
-    if returncode is not None and any(sign in outcome.stderr for sign in OOM_SIGNS):
-        return outcomes.memory_limit(outcome, limits)
-    if returncode == -signal.SIGXCPU:
-        return outcomes.failed(
-            outcome,
-            Status.TIMEOUT,
-            "Timeout",
-            "the program used up its CPU time and was stopped; make it faster, or raise "
-            "limits.timeout_ms",
-        )
-    how = "an unknown cause" if returncode is None else describe_returncode(returncode)
-    return outcomes.failed(
-        outcome, Status.CRASHED, "Crashed", f"the Pyodide worker was killed by {how}"
-    )
 
 
 async def _read_briefly(pipe: _Pipe, max_bytes: int = 4096) -> str:

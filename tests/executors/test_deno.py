@@ -17,7 +17,8 @@ import trio.testing
 
 from conduit.daemon.errors import RuntimeMissing, SandboxCrashed
 from conduit.executors.base import CallbackAddress, Job, Limits, Outcome, Status
-from conduit.executors.deno import DenoExecutor, _from_payload, permission_flags
+from conduit.executors.deno import DenoExecutor, permission_flags
+from conduit.executors.outcomes import answered
 from conduit.executors.output import OutputCapture, ResultSplitter
 from conduit.executors.pool import PoolState
 from tests.processes import deno_children
@@ -123,7 +124,7 @@ async def test_text_and_numbers_json_cannot_carry_never_raise(deno: DenoExecutor
     )
     echoed = await run(deno, "return inputs", inputs={"s": "\ud800", "f": float("nan")})
     assert echoed.result == {"s": "\ufffd", "f": None}
-    huge = _from_payload(Outcome(Status.OK), b'{"result": [1e999, NaN]}', lambda _: False)
+    huge = answered(Outcome(Status.OK), b'{"result": [1e999, NaN]}', lambda _: False, "Deno worker")
     assert (huge.status, huge.result) == (Status.OK, [None, None])
 
 
@@ -138,7 +139,7 @@ async def test_text_and_numbers_json_cannot_carry_never_raise(deno: DenoExecutor
     ],
 )
 def test_an_unreadable_result_is_a_crash_not_an_exception(payload: bytes) -> None:
-    outcome = _from_payload(Outcome(Status.OK), payload, lambda _: False)
+    outcome = answered(Outcome(Status.OK), payload, lambda _: False, "Deno worker")
     assert outcome.status is Status.CRASHED
     assert outcome.error is not None
     assert "unreadable result" in outcome.error.message
