@@ -27,7 +27,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import trio
 
-__all__ = ["PoolState", "PoolStatistics", "PoolWorker", "WarmPool"]
+__all__ = ["PoolState", "PoolStatistics", "PoolWorker", "StartRelay", "WarmPool"]
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,8 @@ W = TypeVar("W", bound=PoolWorker)
 Spawn = Callable[..., Awaitable[Any]]
 
 
-class _Relay(Generic[W]):
-    """A task_status for `spawn`: adopts the worker the moment it is ready, so no
+class StartRelay(Generic[W]):
+    """A task_status for starting a worker: adopts it the moment it is ready, so no
     scheduling gap lets it die unnoticed, then passes it on."""
 
     def __init__(self, task_status: trio.TaskStatus[W], adopt: Callable[[W, float], None]) -> None:
@@ -249,7 +249,7 @@ class WarmPool(Generic[W]):
 
     async def _host(self, *, task_status: trio.TaskStatus[W]) -> None:
         """Run one worker; forget it when it exits, counting a death if it was idle."""
-        relay: _Relay[W] = _Relay(task_status, self._adopt)
+        relay: StartRelay[W] = StartRelay(task_status, self._adopt)
         try:
             await self._spawn(task_status=relay)
         finally:

@@ -54,12 +54,17 @@ from conduit.executors.base import (
     ToolBridge,
     python_request,
 )
-from conduit.executors.deno import DENO_ENV, SANDBOX_FLAGS, find_deno, permission_flags
+from conduit.executors.deno import (
+    DENO_ENV,
+    SANDBOX_FLAGS,
+    find_deno,
+    permission_flags,
+    read_version,
+)
 from conduit.executors.npm import install_locked, locked_version
 from conduit.executors.process import (
     DEFAULT_FILE_BYTES,
     DEFAULT_OPEN_FILES,
-    describe_returncode,
     kill_process_group,
     minimal_env,
     sandbox_process_options,
@@ -104,8 +109,6 @@ SNAPSHOT_TIMEOUT_S = 180
 # A worker process compiles Pyodide and makes its first interpreter in ~1 s on an idle
 # machine, several on a loaded one; a later interpreter takes ~0.2 s of CPU.
 START_TIMEOUT_S = 60.0
-# `deno --version` answers at once; past this Deno is broken.
-VERSION_TIMEOUT_S = 10.0
 # Two processes, so one makes its next interpreter while the other runs a program.
 DEFAULT_POOL_SIZE = 2
 # Processes started beyond the pool for programs that wait on tools or sleeps while
@@ -218,7 +221,7 @@ class PyodideExecutor:
         except (BuildError, OSError) as exc:
             return f"Pyodide could not be installed: {exc}"
         try:
-            self._deno_version = await self._read_version(deno)
+            self._deno_version = await read_version(deno, self._work_dir)
             self._snapshot = await self._ensure_snapshot(deno)
         except ExecutorError as exc:
             return str(exc)
@@ -232,27 +235,6 @@ class PyodideExecutor:
         # Left behind if the daemon died with worker processes running.
         for stale in self._cache_dir.glob("host-*"):
             shutil.rmtree(stale, ignore_errors=True)
-
-    async def _read_version(self, deno: str) -> str:
-        """`deno --version`'s first line without the program name; RuntimeMissing if it
-        fails."""
-        try:
-            with trio.fail_after(VERSION_TIMEOUT_S):
-                done = await trio.run_process(
-                    [deno, "--version"],
-                    capture_stdout=True,
-                    capture_stderr=True,
-                    check=False,
-                    deliver_cancel=kill_process_group,
-                    **sandbox_process_options(cwd=self._work_dir, env=minimal_env(DENO_ENV)),
-                )
-        except (OSError, trio.TooSlowError) as exc:
-            raise RuntimeMissing(f"cannot run {deno} --version: {exc}") from exc
-        if done.returncode != 0:
-            raise RuntimeMissing(
-                f"`{deno} --version` failed ({describe_returncode(done.returncode)})"
-            )
-        return done.stdout.decode("utf-8", "replace").strip().splitlines()[0].removeprefix("deno ")
 
     async def _ensure_snapshot(self, deno: str) -> Path:
         """The memory snapshot interpreters start from, built once; keyed by everything

@@ -28,7 +28,7 @@ from typing import Any
 
 import trio
 
-from conduit.executors.pool import PoolState
+from conduit.executors.pool import PoolState, StartRelay
 from conduit.executors.pyodide_host import HostBroken, PyodideHost
 
 __all__ = ["HostPool"]
@@ -50,21 +50,6 @@ CLOSE_TIMEOUT_S = 5.0
 # its way. A short program takes well under this even on a busy machine, so only hosts
 # busy with long ones (waiting on a tool, a sleep) make the pool start another.
 GROW_CHECK_S = 0.5
-
-
-class _Relay:
-    """A task_status for `start`: adopts the host the moment it is ready."""
-
-    def __init__(self, task_status: trio.TaskStatus[PyodideHost], adopt: Callable[..., None]):
-        self._task_status = task_status
-        self._adopt = adopt
-        self._began = trio.current_time()
-        self.host: PyodideHost | None = None
-
-    def started(self, host: PyodideHost) -> None:
-        self.host = host
-        self._adopt(host, trio.current_time() - self._began)
-        self._task_status.started(host)
 
 
 class HostPool:
@@ -254,11 +239,11 @@ class HostPool:
     async def _start_one(self) -> None:
         """Start one host (already counted in `_starting`) and run it until it exits."""
         assert self._nursery is not None
-        relay = _Relay(trio.TASK_STATUS_IGNORED, self._adopt)
+        relay: StartRelay[PyodideHost] = StartRelay(trio.TASK_STATUS_IGNORED, self._adopt)
         try:
             await self._start(task_status=relay)
         except Exception as exc:
-            if relay.host is not None:
+            if relay.worker is not None:
                 # Its process is gone all the same; it is replaced like any other.
                 log.warning("%s: a worker process failed: %s", self._name, exc)
                 return
@@ -270,10 +255,10 @@ class HostPool:
             exponent = min(self._failures_in_a_row - 1, 20)
             await trio.sleep(min(FIRST_BACKOFF_S * math.pow(2, exponent), MAX_BACKOFF_S))
         finally:
-            if relay.host is None:
+            if relay.worker is None:
                 self._starting -= 1
             else:
-                self._forget(relay.host)
+                self._forget(relay.worker)
             self._changed.set()
 
     def _adopt(self, host: PyodideHost, took_s: float) -> None:
