@@ -10,11 +10,13 @@ component loaded from its compiled cache may be ready before the first request l
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -56,3 +58,14 @@ async def cpu_hog() -> AsyncIterator[None]:
         hog.kill()
         with trio.CancelScope(shield=True):
             await hog.wait()
+
+
+async def read_replies(stream: trio.abc.ReceiveStream, count: int) -> dict[Any, Any]:
+    """The next `count` JSON-RPC replies (JSON lines) on `stream`, by id."""
+    buffer = b""
+    with trio.fail_after(FIRST_START_WAIT_S):
+        while buffer.count(b"\n") < count:
+            chunk = await stream.receive_some(65536)
+            assert chunk, f"the other side closed after {buffer!r:.500}"
+            buffer += chunk
+    return {reply["id"]: reply for reply in map(json.loads, buffer.splitlines())}

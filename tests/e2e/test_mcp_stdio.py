@@ -29,10 +29,10 @@ from conduit.daemon.auth import hash_token
 from conduit.daemon.config import Config
 from tests.conftest import MASTER_TOKEN, WAIT_S
 from tests.e2e.first_start import (
-    FIRST_START_WAIT_S,
     QUEUE_TIMEOUT_S,
     REQUEST_TIMEOUT_MS,
     cpu_hog,
+    read_replies,
     uncompiled_state,
 )
 from tests.e2e.helpers import CONDUIT, call, wait_for_socket, wait_upstreams
@@ -249,17 +249,6 @@ async def test_connect_to_no_daemon_says_where_it_looked(tmp_path: Path) -> None
 # ---- the first request ----------------------------------------------------------------
 
 
-async def _read_replies(stdout: trio.abc.ReceiveStream, count: int) -> dict[Any, Any]:
-    """The next `count` JSON-RPC replies on `stdout`, by id."""
-    buffer = b""
-    with trio.fail_after(FIRST_START_WAIT_S):
-        while buffer.count(b"\n") < count:
-            chunk = await stdout.receive_some(65536)
-            assert chunk, f"conduit mcp closed stdout after {buffer!r:.500}"
-            buffer += chunk
-    return {reply["id"]: reply for reply in map(json.loads, buffer.splitlines())}
-
-
 @pytest.mark.slow
 async def test_execute_python_right_after_initialize_gets_its_result(
     make_config: Callable[..., Config], tmp_path: Path, wasm_cache: Path
@@ -280,7 +269,7 @@ async def test_execute_python_right_after_initialize_gets_its_result(
         try:
             initialize = {"protocolVersion": "2025-11-25", "capabilities": {}}
             await process.stdin.send_all(_rpc(1, "initialize", initialize) + b"\n")
-            assert "result" in (await _read_replies(process.stdout, 1))[1]
+            assert "result" in (await read_replies(process.stdout, 1))[1]
             await process.stdin.send_all(
                 b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n'
                 + _rpc(2, "executors/list", {})
@@ -288,7 +277,7 @@ async def test_execute_python_right_after_initialize_gets_its_result(
                 + _rpc(3, "tools/call", {"name": "execute_python", "arguments": arguments})
                 + b"\n"
             )
-            replies = await _read_replies(process.stdout, 2)
+            replies = await read_replies(process.stdout, 2)
         finally:
             await process.stdin.aclose()
             with trio.move_on_after(WAIT_S):

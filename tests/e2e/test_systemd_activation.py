@@ -10,16 +10,15 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 
 from tests.e2e.first_start import (
-    FIRST_START_WAIT_S,
     QUEUE_TIMEOUT_S,
     REQUEST_TIMEOUT_MS,
     cpu_hog,
+    read_replies,
     uncompiled_state,
 )
 from tests.e2e.helpers import CONDUIT, base_env
@@ -32,6 +31,19 @@ os.dup2(int(sys.argv[1]), 3)
 os.environ["LISTEN_PID"] = str(os.getpid())
 os.execv(sys.argv[2], sys.argv[2:])
 """
+
+
+async def _activate(listener: socket.socket, env: dict[str, str], log: Path) -> trio.Process:
+    """`conduit serve` handed `listener` as systemd hands it (fd 3), its stderr in `log`."""
+    with log.open("wb") as log_file:
+        return await trio.lowlevel.open_process(
+            [sys.executable, "-c", ACTIVATE, str(listener.fileno()), CONDUIT, "serve"],
+            env=env,
+            pass_fds=[listener.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+        )
 
 
 async def _next_state(notify: trio.socket.SocketType, wanted: str) -> list[str]:
@@ -60,15 +72,7 @@ async def test_socket_activation_readiness_watchdog_and_stop(
         "NOTIFY_SOCKET": str(short_dir / "notify.sock"),
         "WATCHDOG_USEC": "200000",
     }
-    with (tmp_path / "daemon.log").open("wb") as log_file:
-        process = await trio.lowlevel.open_process(
-            [sys.executable, "-c", ACTIVATE, str(listener.fileno()), CONDUIT, "serve"],
-            env=env,
-            pass_fds=[listener.fileno()],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=log_file,
-        )
+    process = await _activate(listener, env, tmp_path / "daemon.log")
     listener.close()  # the daemon holds its own copy now, as under systemd
     try:
         await _next_state(notify, "READY=1")
@@ -97,17 +101,6 @@ async def test_socket_activation_readiness_watchdog_and_stop(
     assert "LISTEN_FDS" not in os.environ
 
 
-async def _replies(stream: trio.SocketStream, count: int) -> dict[Any, Any]:
-    """The next `count` JSON lines from `stream`, by request id."""
-    buffer = b""
-    with trio.fail_after(FIRST_START_WAIT_S):
-        while buffer.count(b"\n") < count:
-            chunk = await stream.receive_some(65536)
-            assert chunk, f"the daemon closed the connection after {buffer!r:.500}"
-            buffer += chunk
-    return {reply["id"]: reply for reply in map(json.loads, buffer.splitlines())}
-
-
 @pytest.mark.slow
 async def test_the_first_request_starts_the_daemon_and_gets_its_result(
     tmp_path: Path, short_dir: Path, wasm_cache: Path
@@ -132,18 +125,10 @@ async def test_the_first_request_starts_the_daemon_and_gets_its_result(
                 + json.dumps({"id": "run", "method": "execute", "params": execute}).encode()
                 + b"\n"
             )
-            with (tmp_path / "daemon.log").open("wb") as log_file:
-                process = await trio.lowlevel.open_process(
-                    [sys.executable, "-c", ACTIVATE, str(listener.fileno()), CONDUIT, "serve"],
-                    env=env,
-                    pass_fds=[listener.fileno()],
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=log_file,
-                )
+            process = await _activate(listener, env, tmp_path / "daemon.log")
             listener.close()
             try:
-                replies = await _replies(client, 2)
+                replies = await read_replies(client, 2)
             finally:
                 process.send_signal(signal.SIGTERM)
                 with trio.move_on_after(30):
