@@ -21,6 +21,7 @@ from conduit.gateway.upstream import Upstream
 
 if TYPE_CHECKING:
     from conduit.executors.deno import DenoExecutor
+    from conduit.executors.pyodide import PyodideExecutor
 
 __all__ = ["build_catalogue", "build_registry", "build_upstream", "language_defaults"]
 
@@ -64,8 +65,10 @@ def build_registry(config: Config, callback: CallbackAddress | None) -> Executor
 
 
 def _deno_hosted(
-    kind: type[DenoExecutor], config: Config, callback: CallbackAddress | None
-) -> DenoExecutor:
+    kind: type[DenoExecutor] | type[PyodideExecutor],
+    config: Config,
+    callback: CallbackAddress | None,
+) -> DenoExecutor | PyodideExecutor:
     """A Deno-process executor (deno, pyodide) from its `[executors.<name>]` section."""
     section = getattr(config.executors, kind.name)
     return kind(
