@@ -52,6 +52,8 @@ import wasmtime
 import wasmtime.component
 from wasmtime import _ffi as ffi
 
+from conduit.executors.file_digest import sha256_hex
+
 __all__ = [
     "EPOCH_TICK_S",
     "CompiledCache",
@@ -438,11 +440,13 @@ def load_component(
     started = time.perf_counter()
     state = CompiledCache.MISS
     if compiled.exists():
-        data = compiled.read_bytes()
         expected = checksum.read_text().strip() if checksum.exists() else ""
-        if hashlib.sha256(data).hexdigest() == expected:
+        if sha256_hex(compiled) == expected:
             try:
-                component = wasmtime.component.Component.deserialize(engine, data)
+                # Mapped, not read: its pages are the page cache's, shared by every
+                # engine that loads it. Cache files are only ever replaced, never
+                # written in place, so the mapping keeps the bytes that were checked.
+                component = wasmtime.component.Component.deserialize_file(engine, str(compiled))
                 return LoadedComponent(
                     component, CompiledCache.HIT, compiled, time.perf_counter() - started
                 )

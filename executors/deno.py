@@ -74,6 +74,7 @@ from conduit.executors.base import (
     Status,
     ToolBridge,
 )
+from conduit.executors.file_digest import file_version
 from conduit.executors.js_source import prepare_module
 from conduit.executors.output import OutputCapture, ResultSplitter, read_buffered
 from conduit.executors.pool import WarmPool
@@ -175,10 +176,27 @@ def find_deno(configured: str | os.PathLike[str] | None = None) -> str | None:
 
 async def read_version(deno: str, cwd: Path) -> str:
     """The first line of `deno --version` without the program name ("2.9.8 (…)"), run
-    in `cwd`.
+    in `cwd`; asked once per process for each version of the binary.
 
-        Raises RuntimeMissing if it fails.
+    Raises RuntimeMissing if it fails.
     """
+    try:
+        binary = file_version(Path(deno))
+    except OSError:
+        binary = None
+    if binary is not None and (known := _versions.get(binary)) is not None:
+        return known
+    version = await _ask_version(deno, cwd)
+    if binary is not None:
+        _versions[binary] = version
+    return version
+
+
+# What each version of a Deno binary said it is (see `read_version`).
+_versions: dict[tuple[int, ...], str] = {}
+
+
+async def _ask_version(deno: str, cwd: Path) -> str:
     options = sandbox_process_options(cwd=cwd, env=minimal_env(DENO_ENV))
     try:
         with trio.fail_after(VERSION_TIMEOUT_S):
@@ -203,8 +221,10 @@ async def read_version(deno: str, cwd: Path) -> str:
         )
     # "deno 2.9.8 (stable, release, x86_64-unknown-linux-gnu)": the name is the
     # executor's already.
-    first = done.stdout.decode("utf-8", "replace").strip().splitlines()[0]
-    return first.removeprefix("deno ")
+    lines = done.stdout.decode("utf-8", "replace").strip().splitlines()
+    if not lines:
+        raise RuntimeMissing(f"`{deno} --version` printed nothing")
+    return lines[0].removeprefix("deno ")
 
 
 def permission_flags(callback: CallbackAddress | None) -> list[str]:

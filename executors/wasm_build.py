@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from conduit.executors.file_digest import sha256_hex
+
 __all__ = [
     "BuildError",
     "BuildProgress",
@@ -210,7 +212,7 @@ def ensure_component(
         prune_superseded(cache_dir, recipe.name, keep=target)
         built = True
     _remove_leftovers(cache_dir, recipe.leftovers)
-    component_hash = hashlib.sha256(wasm.read_bytes()).hexdigest()
+    component_hash = sha256_hex(wasm)
     return BuiltComponent(
         wasm, inputs_hash, component_hash, inputs, built, time.perf_counter() - started
     )

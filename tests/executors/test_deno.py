@@ -17,7 +17,7 @@ import trio.testing
 
 from conduit.daemon.errors import RuntimeMissing, SandboxCrashed
 from conduit.executors.base import CallbackAddress, Job, Limits, Outcome, Status
-from conduit.executors.deno import DenoExecutor, permission_flags
+from conduit.executors.deno import DenoExecutor, permission_flags, read_version
 from conduit.executors.outcomes import answered
 from conduit.executors.output import OutputCapture, ResultSplitter
 from conduit.executors.pool import PoolState
@@ -448,3 +448,24 @@ async def test_result_splitter_finds_a_marker_split_across_reads() -> None:
     assert splitter.payload == b'{"r":1}'
     assert capture.text("stdout") == "outafter\x1ea"
     assert settled == [True]
+
+
+async def test_a_deno_binary_is_asked_its_version_once_per_version(tmp_path: Path) -> None:
+    asked = tmp_path / "asked"
+    binary = tmp_path / "deno"
+    binary.write_text(f'#!/bin/sh\necho x >> "{asked}"\necho "deno 9.9.9 (test)"\n')
+    binary.chmod(0o755)
+    assert await read_version(str(binary), tmp_path) == "9.9.9 (test)"
+    assert await read_version(str(binary), tmp_path) == "9.9.9 (test)"
+    assert asked.read_text().count("x") == 1
+    binary.write_text(f'#!/bin/sh\necho x >> "{asked}"\necho "deno 9.9.10 (test)"\n')
+    assert await read_version(str(binary), tmp_path) == "9.9.10 (test)"
+    assert asked.read_text().count("x") == 2
+
+
+async def test_a_deno_that_prints_no_version_is_missing_not_a_crash(tmp_path: Path) -> None:
+    binary = tmp_path / "deno"
+    binary.write_text("#!/bin/sh\nexit 0\n")
+    binary.chmod(0o755)
+    with pytest.raises(RuntimeMissing, match="printed nothing"):
+        await read_version(str(binary), tmp_path)
