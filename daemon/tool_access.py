@@ -6,10 +6,12 @@ its execution's limit, and gateway failures are translated (most specific first)
 the RPC errors the caller sees. Tool calls never take an execution slot and never
 count against the rate limit: a program holding the only slot must finish.
 
-A sandbox may not learn which tools exist beyond those it may call. A tool that does
-not exist and one its allowlists exclude get one answer (`unavailable`): the same
-code, message and data, after the same work. Clients, which may list what their own
-tokens allow, are told which it was, with close matches.
+A caller whose allowlists hold back some tools (a sandbox, or a client token with
+`allowed_tools`) may not learn which tools exist beyond those it may call. A tool that
+does not exist and one its allowlists exclude get one answer (`unavailable`): the same
+code, message and data, after the same work (`hides_catalogue`). A caller that may
+call every tool is never refused one, so it is told what is missing, with close
+matches.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ __all__ = [
     "ToolAccess",
     "allowlists_for",
     "gateway_errors",
+    "hides_catalogue",
     "requested_allowlist",
     "shaped",
     "unavailable",
@@ -70,6 +73,17 @@ def allowlists_for(principal: Principal) -> list[Allowlist]:
 @functools.lru_cache(maxsize=1024)
 def _allowlists(tool_patterns: tuple[tuple[str, ...], ...]) -> tuple[Allowlist, ...]:
     return tuple(Allowlist(patterns) for patterns in tool_patterns)
+
+
+def hides_catalogue(principal: Principal) -> bool:
+    """Whether `principal` must not learn which tools exist beyond those it may call.
+
+    True for a sandbox, and for any caller one of whose allowlists lacks `*`: told
+    "not found" for one name and "forbidden" for another, it would learn that the
+    second exists. A caller whose allowlists are all `*` may call every tool there is,
+    so nothing is hidden from it.
+    """
+    return principal.kind == "session" or any("*" not in p for p in principal.tool_patterns)
 
 
 def requested_allowlist(patterns: Sequence[str]) -> Allowlist:
@@ -111,7 +125,8 @@ def wire_error(exc: GatewayError, tool: str | None = None) -> RpcError:
 
 
 def unavailable(name: str) -> Forbidden:
-    """What a sandbox is told of any tool it may not call, existing or not.
+    """What a caller that `hides_catalogue` is told of any tool it may not call,
+    existing or not.
 
     It depends on nothing but `name` as the program spelled it: no canonical path, no
     suggestions, so no answer says which names the catalogue holds.
@@ -174,13 +189,14 @@ class ToolAccess:
     def resolve(self, principal: Principal, name: str) -> Tool:
         """The tool `name` names (id or SDK path), if this principal may call it.
 
-        Raises `unavailable(name)` for a sandbox, whether the tool is missing or not
-        allowed; a client gets `NotFound` (with close matches) or `Forbidden`.
+        Raises `unavailable(name)`, whether the tool is missing or not allowed, when
+        the catalogue is hidden from this principal (`hides_catalogue`); otherwise
+        `NotFound` with close matches.
         """
-        sandboxed = principal.kind == "session"
+        hidden = hides_catalogue(principal)
         allow = _allowlists(principal.tool_patterns)
         try:  # on every tool call: plain try, no context manager
-            return self.catalogue.resolve(name, allow=allow, suggest=not sandboxed)
+            return self.catalogue.resolve(name, allow=allow, suggest=not hidden)
         except GatewayError as exc:
             raise _refusal(principal, exc, name) from exc
 
@@ -233,8 +249,8 @@ class ToolAccess:
 
 
 def _refusal(principal: Principal, exc: GatewayError, name: str) -> RpcError:
-    """The wire error for a failed lookup of `name`: `unavailable` for a sandbox."""
-    if principal.kind == "session" and isinstance(exc, ToolNotFound | ToolForbidden):
+    """The wire error for a failed lookup of `name`: `unavailable` if it must not tell."""
+    if isinstance(exc, ToolNotFound | ToolForbidden) and hides_catalogue(principal):
         return unavailable(name)
     return wire_error(exc, name)
 

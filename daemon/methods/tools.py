@@ -37,7 +37,7 @@ from conduit.daemon.errors import (
 )
 from conduit.daemon.methods.executions import ExecuteParams
 from conduit.daemon.methods.sdk import render_declarations
-from conduit.daemon.tool_access import allowlists_for, shaped, unavailable
+from conduit.daemon.tool_access import allowlists_for, hides_catalogue, shaped, unavailable
 from conduit.executors.base import Status
 from conduit.executors.caveats import cannot_use
 from conduit.gateway.catalogue import Catalogue
@@ -330,9 +330,9 @@ _TOOL_ERRORS = (InvalidParams, ExecutorUnavailable, Overloaded, RateLimited)
 
 async def _call_builtin(language: str, params: CallParams, ctx: CallContext) -> dict[str, Any]:
     principal = ctx.require_principal()
-    if principal.kind == "session":  # refused as every tool outside its allowlist is
-        raise unavailable(params.name)
     if "execute" not in principal.scopes:
+        if hides_catalogue(principal):  # refused as every tool outside its allowlist is
+            raise unavailable(params.name)
         raise Forbidden(f"forbidden: {principal.name} may not call {params.name}")
     # Bad arguments are the model's to correct, so they come back as tool errors
     # (MCP's advice), not as protocol errors a client might hide from it.
@@ -356,9 +356,10 @@ async def _call_builtin(language: str, params: CallParams, ctx: CallContext) -> 
 async def call_tool(params: CallParams, ctx: CallContext) -> dict[str, Any]:
     """Call a tool by id or SDK path with its arguments; answers an MCP tool result.
 
-    A sandbox is refused alike (-32003, one message and `data.tool`, the name as sent)
-    for a tool that does not exist and one its allowlists exclude; a client is told
-    which (-32001 with close matches, or -32003). In the MCP shape, arguments the tool
+    A caller whose allowlists hold tools back (a sandbox, a client token with
+    `allowed_tools`) is refused alike (-32003, one message and `data.tool`, the name as
+    sent) for a tool that does not exist and one it may not call; a caller that may call
+    every tool gets -32001 with close matches. In the MCP shape, arguments the tool
     refuses are a tool error (`isError`), for the model to correct; sandboxes' SDKs
     (the value shape) get the error itself, whose code their `ToolError` carries."""
     language = BUILTIN_TOOLS.get(params.name)

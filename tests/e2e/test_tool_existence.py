@@ -1,8 +1,8 @@
 """A sandbox cannot tell a tool that does not exist from one it may not call.
 
 Both get one answer: the same code, message and data, with nothing in it but the
-name as the program sent it. A client, which may list what its own token allows, is
-still told which it was, with close matches.
+name as the program sent it; so does a client token limited by `allowed_tools`. A
+client that may call every tool is told what is missing, with close matches.
 """
 
 from __future__ import annotations
@@ -125,11 +125,19 @@ async def test_a_session_gets_one_whole_wire_answer(
     assert suggested == []
 
 
-async def test_a_client_is_still_told_which_it_was(echoing: tuple[Any, RawClient]) -> None:
+async def test_a_restricted_client_gets_one_answer_too(echoing: tuple[Any, RawClient]) -> None:
     _, client = echoing
     await client.call("auth/login", {"token": TOKEN})
     forbidden = (await client.request("tools/call", {"name": "echo.add"}))["error"]
-    missing = (await client.request("tools/call", {"name": "echo.echo2"}))["error"]
+    missing = (await client.request("tools/call", {"name": "echo.sub"}))["error"]
     assert forbidden["code"] == Forbidden.code
+    assert _named(forbidden, "echo.add") == _named(missing, "echo.sub")
+
+
+async def test_a_client_that_may_call_every_tool_is_told_what_is_missing(
+    echoing: tuple[Any, RawClient],
+) -> None:
+    _, client = echoing
+    missing = (await client.request("tools/call", {"name": "echo.echo2"}))["error"]
     assert missing["code"] == NotFound.code
     assert "did you mean 'echo.echo'" in missing["message"]
