@@ -270,6 +270,7 @@ class WasmExecutor:
         )
         self._instances: Instances | None = None
         self._runners: Runners | None = None
+        self._scratch: ScratchDirs | None = None
         self._built: BuiltComponent | None = None
         self._compiled_cache: str | None = None
         self._timings: dict[str, float] = {}
@@ -323,6 +324,8 @@ class WasmExecutor:
                         nursery.start_soon(self._runners.serve)
         finally:
             self._runners = None
+            if self._scratch is not None:
+                self._scratch.close()
 
     async def _prepare_until_loaded(self) -> None:
         """`prepare`, and again after a pause each time the component was built but
@@ -384,8 +387,9 @@ class WasmExecutor:
         within `wasm_lingering`'s caps."""
         fuel = self._fuel is not None
         read_only = self.read_only_dirs(self._built.path.parent) if self._built else ()
-        scratch = ScratchDirs(self._cache_dir / SCRATCH_DIR / self.name) if self.files else None
-        mounts = {"read_only": read_only, "scratch": scratch}
+        if self.files and self._scratch is None:
+            self._scratch = ScratchDirs(self._cache_dir / SCRATCH_DIR / self.name)
+        mounts = {"read_only": read_only, "scratch": self._scratch}
         clock = BoundedClock(self._engine)
         linker = self._linker()
         if self.host_bounds_waits and clock.install(linker, component):

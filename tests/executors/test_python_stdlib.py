@@ -163,7 +163,7 @@ async def test_wasm_python_files_are_the_executions_own(wasm: Any) -> None:
     assert result["host"] == [False, False, False]  # nothing else of the host
     second = await run(wasm, FILES)  # the same names again: nothing was left behind
     assert second.result["start"] == [], second.error
-    leftovers = list((wasm._cache_dir / "scratch" / "wasm-python").iterdir())
+    leftovers = [path for path in wasm._scratch.root.iterdir() if path.is_dir()]
     assert len(leftovers) <= 8  # the instances made ahead; each execution's went with it
 
 
