@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import itertools
 import json
 import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -54,20 +58,28 @@ def short_dir() -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def kept_dir(
     pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
-) -> Callable[[str], Path]:
+) -> Callable[[str], AbstractContextManager[Path]]:
     """Directories kept in pytest's cache between runs, by name (`--cache-clear` drops
     them); fresh temporary ones when the cache plugin is off (`-p no:cacheprovider`,
-    where the config has no `cache` at all)."""
+    where the config has no `cache` at all).
+
+    `with kept_dir(name) as path:` holds the directory's lock, so test processes
+    running side by side (`pytest -n`) fill it once, one after the other.
+    """
     cache = getattr(pytestconfig, "cache", None)
 
-    def make(name: str) -> Path:
-        return cache.mkdir(name) if cache is not None else tmp_path_factory.mktemp(name)
+    @contextlib.contextmanager
+    def use(name: str) -> Iterator[Path]:
+        path = cache.mkdir(name) if cache is not None else tmp_path_factory.mktemp(name)
+        with open(path.parent / f".{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield path
 
-    return make
+    return use
 
 
 @pytest.fixture(scope="session")
-def wasm_cache(kept_dir: Callable[[str], Path]) -> Path:
+def wasm_cache(kept_dir: Callable[[str], AbstractContextManager[Path]]) -> Path:
     """The wasm-python and wasm-js components, built and compiled once.
 
     Kept in pytest's cache directory between runs (`--cache-clear` drops it): both
@@ -75,24 +87,27 @@ def wasm_cache(kept_dir: Callable[[str], Path]) -> Path:
     ~30 s of building is paid once per clone rather than once per run.
     """
     from conduit.executors import _wasmtime
-    from conduit.executors.wasm_build import ensure_component
+    from conduit.executors.wasm_build import GuestRecipe, ensure_component
     from conduit.executors.wasm_guests import JS_GUEST, PYTHON_GUEST
 
-    cache = kept_dir("wasm-components")
-    for recipe in (PYTHON_GUEST, JS_GUEST):
+    def build(recipe: GuestRecipe) -> None:
         built = ensure_component(recipe, cache)
         _wasmtime.load_component(_wasmtime.new_engine(), built.path, built.component_hash)
+
+    with kept_dir("wasm-components") as cache, ThreadPoolExecutor() as builders:
+        # Side by side, as the daemon builds them: each build uses about one core.
+        list(builders.map(build, (PYTHON_GUEST, JS_GUEST)))
     return cache
 
 
 @pytest.fixture(scope="session")
-def pyodide_install(kept_dir: Callable[[str], Path]) -> Path:
+def pyodide_install(kept_dir: Callable[[str], AbstractContextManager[Path]]) -> Path:
     """Pyodide from npm, installed once (kept in pytest's cache like the components)."""
     from conduit.executors.npm import install_locked
     from conduit.executors.pyodide import PACKAGE, SHIM_DIR
 
-    where = kept_dir("pyodide")
-    install_locked(SHIM_DIR, where, expect=f"node_modules/{PACKAGE}/pyodide.mjs")
+    with kept_dir("pyodide") as where:
+        install_locked(SHIM_DIR, where, expect=f"node_modules/{PACKAGE}/pyodide.mjs")
     return where
 
 

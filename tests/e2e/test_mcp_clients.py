@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -79,11 +80,11 @@ NOT_APPLICABLE = {
 
 
 @pytest.fixture(scope="session")
-def mcp_clients(kept_dir: Callable[[str], Path]) -> Path:
+def mcp_clients(kept_dir: Callable[[str], AbstractContextManager[Path]]) -> Path:
     """The pinned npm clients, installed once (kept in pytest's cache like the wasm builds)."""
-    cache = kept_dir("mcp-clients")
     expect = "node_modules/@modelcontextprotocol/inspector/package.json"
-    return install_lock_dir(CLIENTS_DIR, cache, expect=expect)
+    with kept_dir("mcp-clients") as cache:
+        return install_lock_dir(CLIENTS_DIR, cache, expect=expect)
 
 
 async def _run(command: list[str], *, cwd: Path, env: dict[str, str]) -> Any:
