@@ -20,6 +20,12 @@ The `RpcError` classes are the daemon's (`conduit.daemon.errors`), re-exported h
 `except Unauthenticated` catches the same class whichever side raised it. A failing
 *program* is not an exception: it is an `ExecutionResult` with a non-ok status, which
 `raise_for_status()` turns into `ProgramFailed` for those who want one.
+
+A program's error and a subscription's drop reason are written by someone else, and an
+exception's message ends up in terminals and logs: `str()` of `ProgramFailed` and
+`SubscriptionDropped` shows that text bounded, with control characters, bidi controls
+and lone surrogates escaped (`\\x1b`, `\\n`). The exact text stays on the exception
+(`result.error.message`, `reason`).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from conduit.daemon.errors import (
     Unauthenticated,
     UpstreamError,
 )
+from conduit.daemon.terminal import escape
 
 if TYPE_CHECKING:
     from conduit.client.results import ExecutionResult
@@ -69,6 +76,26 @@ __all__ = [
     "Unauthenticated",
     "UpstreamError",
 ]
+
+# What a message quotes of text someone else wrote: a real error line fits many times
+# over, and a hostile one cannot fill a screen or a log line.
+_MAX_QUOTED_CHARS = 2_000
+
+
+def _quoted(text: object) -> str:
+    """`text` fit for a message: bounded, on one line, nothing a terminal would obey.
+
+    Never raises, whatever `text` is: a message that cannot be built would replace the
+    error being reported.
+    """
+    try:
+        text = text if isinstance(text, str) else str(text)
+    except Exception:
+        return f"<unprintable {type(text).__name__}>"
+    if len(text) > _MAX_QUOTED_CHARS:
+        cut = len(text) - _MAX_QUOTED_CHARS
+        text = f"{text[:_MAX_QUOTED_CHARS]}... ({cut} more characters)"
+    return escape(text)
 
 
 class ClientError(ConduitError):
@@ -114,14 +141,25 @@ class Timeout(ClientError, TimeoutError):
 
 
 class ProgramFailed(ClientError):
-    """The program ended with a non-ok status; `result` is its whole `ExecutionResult`."""
+    """The program ended with a non-ok status; `result` is its whole `ExecutionResult`.
+
+    The message quotes the program's error type and message escaped and bounded
+    (`_quoted`); `result.error` holds them as the program wrote them.
+    """
 
     def __init__(self, result: ExecutionResult) -> None:
         error = result.error
-        detail = f": {error.type}: {error.message}" if error is not None else ""
-        super().__init__(f"the program ended with status {result.status}{detail}")
+        detail = f": {_quoted(error.type)}: {_quoted(error.message)}" if error is not None else ""
+        super().__init__(f"the program ended with status {_quoted(result.status)}{detail}")
         self.result = result
 
 
 class SubscriptionDropped(ClientError):
-    """An event subscription ended because its reader fell behind; the message says why."""
+    """An event subscription ended because its reader fell behind; the message says why.
+
+    `reason` is the daemon's reason as sent; the message quotes it escaped and bounded.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(_quoted(reason))
+        self.reason = reason
