@@ -19,7 +19,10 @@ Error handling: whatever one connection raises (a reply that cannot be written, 
 is logged with an error id and closes that connection alone; it never reaches the
 connections nursery, which would take every other connection and the daemon with it.
 Each listener kind has its own `ConnectionBudget`, so a flood on TCP never keeps the
-owner off the Unix socket, nor the sandboxes off their callback socket.
+owner off the Unix socket, nor the sandboxes off their callback socket. Refusing a
+connection, or failing to accept one, is logged at most once per kind every
+`REFUSAL_LOG_EVERY_S`, the next line counting those left out (`suppressed`): a peer
+connecting in a loop must not flood the log.
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import resource
 import secrets
 import signal
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +67,7 @@ from conduit.daemon.tool_access import ToolAccess
 from conduit.daemon.wiring import build_catalogue, build_registry, language_defaults
 from conduit.executors.base import CallbackAddress
 from conduit.executors.registry import ExecutorRegistry
+from conduit.gateway.keeper import RateLimit
 
 __all__ = ["Daemon", "ServingInfo", "serve"]
 
@@ -74,6 +79,9 @@ _CANCEL_REPORT_S = 2.0
 _ACCEPT_BACKOFF_S = 0.1
 # How long the line telling a refused peer why may take: it must not hold the fd longer.
 _REFUSAL_S = 1.0
+# A peer can be refused as often as it connects; a line of each kind this often (with
+# how many were left out) tells an operator as much as a line per connection would.
+REFUSAL_LOG_EVERY_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +132,7 @@ class Daemon:
         self.started_at = trio.current_time() if _in_trio() else 0.0
         self._notifier = systemd.Notifier(None)
         self._acceptors: trio.CancelScope | None = None
+        self._refusal_log = _ThrottledLog(REFUSAL_LOG_EVERY_S)
 
     def note_auth_failure(self) -> None:
         self.auth_failures += 1
@@ -239,7 +248,8 @@ class Daemon:
             try:
                 stream = await bound.listener.accept()
             except OSError as exc:
-                log.warning("accept failed", extra={"error": str(exc)})
+                kind = ("accept", bound.transport, exc.errno)
+                self._refusal_log.warning(kind, "accept failed", error=str(exc))
                 await trio.sleep(_ACCEPT_BACKOFF_S)
                 continue
             connections.start_soon(self._serve_stream, stream, bound.transport)
@@ -269,7 +279,10 @@ class Daemon:
             key, authenticated=principal is not None, reserved=owner
         )
         if not isinstance(slot, ConnectionSlot):
-            await _refuse(stream, transport, slot)
+            # The reason's counts vary from one refusal to the next; its kind does not.
+            kind = ("refused", transport, re.sub(r"\d+", "#", slot))
+            self._refusal_log.warning(kind, "connection refused", transport=transport, reason=slot)
+            await _refuse(stream, slot)
             return
         try:
             connection = Connection(
@@ -497,9 +510,30 @@ def _budgets(config: Config) -> dict[str, ConnectionBudget]:
     return {kind: ConnectionBudget(*caps) for kind, caps in _budget_caps(config).items()}
 
 
-async def _refuse(stream: trio.SocketStream, transport: str, reason: str) -> None:
+class _ThrottledLog:
+    """Warnings a peer can cause at will: of each kind, one line every `every_s` at most.
+
+    A line logged after some of its kind were left out says how many (`suppressed`).
+    Kinds are few (what happened, on which listener), so one bucket each is kept.
+    """
+
+    def __init__(self, every_s: float) -> None:
+        self._every_s = every_s
+        self._limits: dict[Hashable, RateLimit] = {}
+
+    def warning(self, kind: Hashable, message: str, **fields: object) -> None:
+        limit = self._limits.get(kind)
+        if limit is None:
+            limit = self._limits[kind] = RateLimit(burst=1, per_s=1 / self._every_s)
+        if not limit.allow():
+            return
+        if suppressed := limit.take_suppressed():
+            fields["suppressed"] = suppressed
+        log.warning(message, extra=fields)
+
+
+async def _refuse(stream: trio.SocketStream, reason: str) -> None:
     """Tell a peer there is no room for it, if that can be written at once."""
-    log.warning("connection refused", extra={"transport": transport, "reason": reason})
     error = Overloaded(f"overloaded: {reason}; closing the connection, retry later")
     with (
         trio.move_on_after(_REFUSAL_S),
