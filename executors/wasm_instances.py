@@ -68,6 +68,9 @@ FIRST_INSTANCE_BACKOFF_S = 0.05
 MAX_MEMORY_MIB = _wasmtime.POOL_MEMORY_BYTES // MIB
 # Where an instance sees its scratch directory.
 SCRATCH_GUEST = "/tmp"
+# What a guest given a scratch directory is first called with, as its instance is made:
+# it enters the directory then, ahead of its execution (see shims/wasm_python/guest.py).
+PREPARE_REQUEST = ""
 
 
 class OutputRoute:
@@ -206,9 +209,11 @@ class Instances:
             guest = clock.running() if clock is not None else _NOTHING
             with _wasmtime.TICKER.running(), guest:
                 run = self._linker.instantiate(store, self._component).get_func(store, RUN_EXPORT)
-            if run is None:
-                raise wasmtime.WasmtimeError(f"the component exports no {RUN_EXPORT!r}")
-            export = StringExport(run)
+                if run is None:
+                    raise wasmtime.WasmtimeError(f"the component exports no {RUN_EXPORT!r}")
+                export = StringExport(run)
+                if scratch is not None:
+                    export(store, PREPARE_REQUEST)
         except BaseException:
             store.close()
             if scratch is not None:

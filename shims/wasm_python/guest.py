@@ -6,21 +6,25 @@ modules in PRELOADED) is already in memory when an instance starts. The rest of 
 standard library is exported at build time (`stdlib_export`) and mounted read-only at
 /python in every instance, so a program imports any other module from there, lazily.
 
-The host calls `run(request)` once per instance; the program's contract and the JSON
+The host calls `run("")` as it makes an instance (see `WitWorld.run`), then `run(request)`
+once, for its execution; the program's contract and the JSON
 answer are `python_program`'s, shared with every Python executor.
 """
 
-import contextlib
-import json
-import os
-import re
-
-import guest_asyncio
-import python_program
+# First, so that what exporting imports is forgotten before anything else is imported.
 import stdlib_export
-import wit_world
 
 stdlib_export.export_beside(__file__, "stdlib")
+
+import contextlib  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+
+import guest_asyncio  # noqa: E402
+import python_program  # noqa: E402
+import wit_world  # noqa: E402
+
 guest_asyncio.install()
 
 # The standard-library modules imported at build time, so already in memory when an
@@ -125,7 +129,12 @@ def _enter_scratch():
 
 class WitWorld(wit_world.WitWorld):
     def run(self, request: str) -> str:
-        _enter_scratch()
+        # The host's first call, as it makes the instance ahead of its execution: the
+        # C library's first look at the file system (its preopened directories) and
+        # the change of directory are host calls, paid here rather than by the program.
+        if not request:
+            _enter_scratch()
+            return ""
         try:
             answer = python_program.execute(json.loads(request), wit_world.host_call)
         except BaseException as exc:  # MemoryError, RecursionError while reporting...

@@ -9,11 +9,15 @@ version must be the guest's), with hash-based pycs that are never checked agains
 sources: the files cannot change, and an import then reads one file.
 """
 
-import compileall
-import os
-import py_compile
-import shutil
 import sys
+
+_BEFORE = frozenset(sys.modules)
+
+import compileall  # noqa: E402
+import gc  # noqa: E402
+import os  # noqa: E402
+import py_compile  # noqa: E402
+import shutil  # noqa: E402
 
 # Directories of the library no program can use: third-party packages (the build's),
 # CPython's own tests, the GUI and the installer of pip.
@@ -36,8 +40,10 @@ def export(target):
 
 def export_beside(source_file, name):
     """`export` into `name` in the directory of `source_file` (the build's), then
-    forget the modules that needed: they would only take room in every instance."""
-    before = set(sys.modules)
+    forget every module imported since this one was (itself included): they would only
+    take room in every instance. Import this module before any other, or those are
+    forgotten too."""
     export(os.path.join(os.path.dirname(os.path.abspath(source_file)), name))
-    for module in set(sys.modules) - before:
+    for module in set(sys.modules) - _BEFORE:
         del sys.modules[module]
+    gc.collect()
