@@ -143,12 +143,18 @@ async def test_the_mcp_front_narrowed_to_a_client_gets_one_answer(agent_daemon: 
     assert [tool["name"] for tool in listed["tools"]] == ["echo__echo"]
 
 
+async def logged_in(running: Any, connect: Any, token: str) -> Any:
+    """A client of the running daemon, logged in with `token`."""
+    _, info = running
+    client = await connect(info)
+    await client.call("auth/login", {"token": token})
+    return client
+
+
 async def test_listings_show_a_restricted_token_only_what_it_may_call(
     agent_daemon: Any, connect: Any
 ) -> None:
-    _, info = agent_daemon
-    client = await connect(info)
-    await client.call("auth/login", {"token": TOKEN})
+    client = await logged_in(agent_daemon, connect, TOKEN)
     listed = await client.call("tools/list")
     assert [tool["name"] for tool in listed["tools"]] == ["echo__echo"]
     packages = (await client.call("tools/packages"))["packages"]
@@ -166,9 +172,7 @@ async def test_listings_show_a_restricted_token_only_what_it_may_call(
 async def test_a_caller_that_may_call_every_tool_is_told_what_is_missing(
     agent_daemon: Any, connect: Any
 ) -> None:
-    _, info = agent_daemon
-    client = await connect(info)
-    await client.call("auth/login", {"token": MASTER_TOKEN})
+    client = await logged_in(agent_daemon, connect, MASTER_TOKEN)
     missing = (await client.request("tools/call", {"name": "echo.echo2"}))["error"]
     assert missing["code"] == NotFound.code
     assert "did you mean 'echo.echo'" in missing["message"]
