@@ -48,7 +48,7 @@ from conduit.daemon.errors import (
     Unauthenticated,
     UpstreamError,
 )
-from conduit.daemon.terminal import escape
+from conduit.daemon.terminal import quoted
 
 if TYPE_CHECKING:
     from conduit.client.results import ExecutionResult
@@ -76,26 +76,6 @@ __all__ = [
     "Unauthenticated",
     "UpstreamError",
 ]
-
-# What a message quotes of text someone else wrote: a real error line fits many times
-# over, and a hostile one cannot fill a screen or a log line.
-_MAX_QUOTED_CHARS = 2_000
-
-
-def _quoted(text: object) -> str:
-    """`text` fit for a message: bounded, on one line, nothing a terminal would obey.
-
-    Never raises, whatever `text` is: a message that cannot be built would replace the
-    error being reported.
-    """
-    try:
-        text = text if isinstance(text, str) else str(text)
-    except Exception:
-        return f"<unprintable {type(text).__name__}>"
-    if len(text) > _MAX_QUOTED_CHARS:
-        cut = len(text) - _MAX_QUOTED_CHARS
-        text = f"{text[:_MAX_QUOTED_CHARS]}... ({cut} more characters)"
-    return escape(text)
 
 
 class ClientError(ConduitError):
@@ -144,13 +124,13 @@ class ProgramFailed(ClientError):
     """The program ended with a non-ok status; `result` is its whole `ExecutionResult`.
 
     The message quotes the program's error type and message escaped and bounded
-    (`_quoted`); `result.error` holds them as the program wrote them.
+    (`terminal.quoted`); `result.error` holds them as the program wrote them.
     """
 
     def __init__(self, result: ExecutionResult) -> None:
         error = result.error
-        detail = f": {_quoted(error.type)}: {_quoted(error.message)}" if error is not None else ""
-        super().__init__(f"the program ended with status {_quoted(result.status)}{detail}")
+        detail = f": {quoted(error.type)}: {quoted(error.message)}" if error is not None else ""
+        super().__init__(f"the program ended with status {quoted(result.status)}{detail}")
         self.result = result
 
 
@@ -161,5 +141,5 @@ class SubscriptionDropped(ClientError):
     """
 
     def __init__(self, reason: str) -> None:
-        super().__init__(_quoted(reason))
+        super().__init__(quoted(reason))
         self.reason = reason

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from conduit.daemon.terminal import quoted
+
 __all__ = [
     "ConduitError",
     "ConfigError",
@@ -93,6 +95,10 @@ class RpcError(ConduitError):
         if klass is RpcError:
             exc.code = code  # type: ignore[misc]  # an unknown code keeps its number
         return exc
+
+    def __str__(self) -> str:
+        # The message may be an upstream's or a program's: printed, it obeys no one.
+        return quoted(self.message)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(code={self.code}, message={self.message!r})"

@@ -21,7 +21,7 @@ import json
 import re
 from typing import Any, Final
 
-__all__ = ["dumps", "escape", "escape_lines"]
+__all__ = ["MAX_QUOTED_CHARS", "dumps", "escape", "escape_lines", "quoted"]
 
 # What a terminal may obey: DEL and the C1 controls (U+0080-U+009F: U+009B is CSI,
 # U+009D OSC); the bidi marks, embeddings, overrides and isolates (Trojan Source);
@@ -52,6 +52,27 @@ def escape(text: Any) -> str:
     if text.isascii() and text.isprintable():  # the usual case, and the fast one
         return text
     return _UNSAFE_CHAR.sub(_escaped, text)
+
+
+# What a message quotes of text someone else wrote: a real error line fits many times
+# over, and a hostile one cannot fill a screen or a log line.
+MAX_QUOTED_CHARS = 2_000
+
+
+def quoted(text: object) -> str:
+    """`text` fit for a message: bounded, on one line, nothing a terminal would obey.
+
+    Never raises, whatever `text` is: a message that cannot be built would replace the
+    error being reported.
+    """
+    try:
+        text = text if isinstance(text, str) else str(text)
+    except Exception:
+        return f"<unprintable {type(text).__name__}>"
+    if len(text) > MAX_QUOTED_CHARS:
+        cut = len(text) - MAX_QUOTED_CHARS
+        text = f"{text[:MAX_QUOTED_CHARS]}... ({cut} more characters)"
+    return escape(text)
 
 
 def escape_lines(text: str) -> str:

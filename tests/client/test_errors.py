@@ -12,7 +12,7 @@ import traceback
 
 import pytest
 
-from conduit.client import ExecutionResult, ProgramFailed, SubscriptionDropped
+from conduit.client import ExecutionResult, ProgramFailed, SubscriptionDropped, UpstreamError
 from conduit.client.results import ProgramError
 
 # What a terminal would obey: clear the screen, set the title, CSI as one C1 character,
@@ -79,3 +79,13 @@ def test_a_subscription_drop_reason_is_printed_escaped_and_kept_as_sent() -> Non
     dropped = SubscriptionDropped(HOSTILE)
     assert str(dropped) == SHOWN
     assert dropped.reason == HOSTILE
+
+
+def test_a_daemon_error_prints_an_upstreams_text_escaped_and_keeps_it_on_the_wire() -> None:
+    hostile = "upstream said \x1b]0;owned\x07\nnext line \ud800" + "x" * 5000
+    error = UpstreamError(hostile, {"tool": "echo.echo"})
+    shown = str(error)
+    assert "\x1b" not in shown and "\n" not in shown and "\\x1b" in shown
+    assert "\\ud800" in shown and "more characters" in shown
+    shown.encode("utf-8")  # printable: no lone surrogate left
+    assert error.message == hostile and error.to_wire()["message"] == hostile
