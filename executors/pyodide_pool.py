@@ -7,11 +7,10 @@ it back (`release`), and the pool has it make its next interpreter in the backgr
 another program. A host that dies, or is killed, is replaced, with back-off after
 failed starts so a broken runtime costs one attempt every half minute.
 
-Programs that wait (on a tool, a sleep) hold their host all the while: a program that
-has waited `GROW_CHECK_S` for a host, while more programs wait than interpreters are
-being made, has the pool start another host, up to `max_size`, so programs that all
-wait on tools at once get hosts started side by side; hosts beyond `size` are retired
-as their program ends, once no program waits.
+Programs that wait (on a tool, a sleep) hold their host all the while: when every host
+is running a program and none is making an interpreter, a program that waits for one
+has the pool start another host, up to `max_size`; hosts beyond `size` are retired as
+their program ends, once no program waits.
 
 The pool knows nothing about jobs: like `WarmPool` it changes its bookkeeping without
 awaiting, and closes hosts as a separate, shielded step.
@@ -214,13 +213,11 @@ class HostPool:
             self._state = PoolState.CLOSED
 
     def _grow(self) -> None:
-        """One more host, if more programs wait than interpreters are on their way: every
-        host runs a program, which may take any time (a tool call, a sleep). A host
-        making its next interpreter serves one waiting program; only those beyond get a
-        new host (~0.5 s of CPU each), so each waiting program starts at most one.
-        Called by a program that waits, which `_waiting` does not count meanwhile."""
-        waiting = self._waiting + 1
-        if self._nursery is None or waiting <= self._recycling + self._starting:
+        """One more host, if a program waits and no interpreter is on its way: every host
+        runs a program, which may take any time (a tool call, a sleep). While one is
+        making an interpreter, programs wait for it rather than for a new host (~1 s of
+        CPU, which would only slow everything on a busy machine)."""
+        if self._nursery is None or self._recycling + self._starting > 0:
             return
         if len(self._live) + self._starting >= self._max_size:
             return

@@ -143,27 +143,3 @@ async def test_a_pool_of_none_starts_a_host_per_program(
     first = await run_one(pool)
     second = await run_one(pool)
     assert second is not first and not first.alive
-
-
-async def test_programs_waiting_together_get_hosts_started_side_by_side(
-    nursery: trio.Nursery, autojump_clock: Any
-) -> None:
-    starter = Starter()
-    pool = HostPool(starter, size=1, max_size=4, recycle_timeout_s=5)
-    await nursery.start(pool.run)
-    busy = await pool.acquire(within_s=30)  # a program that waits on a tool
-    began = trio.current_time()
-    got: list[Any] = []
-
-    async def wait_for_one() -> None:
-        got.append(await pool.acquire(within_s=30))
-        got.append(trio.current_time() - began)
-
-    async with trio.open_nursery() as programs:
-        for _ in range(3):
-            programs.start_soon(wait_for_one)
-    hosts, waited = got[::2], got[1::2]
-    assert len({id(host) for host in hosts}) == 3 and busy not in hosts
-    # One start's time after the check, not three one after the other.
-    assert max(waited) < GROW_CHECK_S + 1.5, waited
-    assert len(starter.hosts) == 4 and pool.statistics()["processes"] == 4
