@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +10,7 @@ import trio
 
 from conduit.executors import _wasmtime
 from conduit.executors.base import Job, Limits, Outcome, Status, StopSignal
-from conduit.executors.wasm_build import ensure_component
-from conduit.executors.wasm_guests import PYTHON_GUEST, preloaded_modules
+from conduit.executors.wasm_guests import preloaded_modules
 from conduit.executors.wasm_python import WasmPythonExecutor
 from tests.sandboxes import WAIT_S, NoBridge
 
@@ -162,25 +161,27 @@ async def test_info_reports_the_component_and_cache(wasm: WasmPythonExecutor) ->
     assert info.pool["build_inputs"]["componentize-py"] == "0.25.1"
 
 
-def test_compiled_cache_is_reused_and_a_corrupt_one_rebuilt(
-    wasm_cache: Path, tmp_path: Path
-) -> None:
-    built = ensure_component(PYTHON_GUEST, wasm_cache)
-    assert not built.built  # the session's build is reused
-    copy = tmp_path / "guest.wasm"
-    shutil.copyfile(built.path, copy)
+# A component of a few hundred bytes: the compiled cache's handling does not depend on
+# the component, and compiling CPython's twice would cost ~15 s of CPU.
+TINY_COMPONENT = '(component (core module (func (export "f") (result i32) i32.const 7)))'
+
+
+def test_compiled_cache_is_reused_and_a_corrupt_one_rebuilt(tmp_path: Path) -> None:
+    source = tmp_path / "guest.wasm"
+    source.write_text(TINY_COMPONENT)
+    component_hash = hashlib.sha256(source.read_bytes()).hexdigest()
     engine = _wasmtime.new_engine()
-    first = _wasmtime.load_component(engine, copy, built.component_hash)
+    first = _wasmtime.load_component(engine, source, component_hash)
     assert first.cache is _wasmtime.CompiledCache.MISS
-    again = _wasmtime.load_component(engine, copy, built.component_hash)
+    again = _wasmtime.load_component(engine, source, component_hash)
     assert again.cache is _wasmtime.CompiledCache.HIT
     data = bytearray(again.path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     again.path.write_bytes(bytes(data))
-    rebuilt = _wasmtime.load_component(engine, copy, built.component_hash)
+    rebuilt = _wasmtime.load_component(engine, source, component_hash)
     assert rebuilt.cache is _wasmtime.CompiledCache.REBUILT
     assert (
-        _wasmtime.load_component(engine, copy, built.component_hash).cache
+        _wasmtime.load_component(engine, source, component_hash).cache
         is _wasmtime.CompiledCache.HIT
     )
 
