@@ -4,8 +4,11 @@ A guest that may write files gets one directory of its own, made when its instan
 is made (ahead of the execution) and deleted with the instance: nothing a program
 writes outlives it or reaches another execution. `Scratch.usage` is what the files
 take on disk, counting each entry a little, so neither large files nor many empty
-ones pass the cap; a sparse file counts the blocks it really holds. Symbolic links
-are never followed, here or by `shutil.rmtree`.
+ones pass the cap; a sparse file counts the blocks it really holds. A program nests
+its directories as deep as it likes (each opened from its parent, a guest spells no
+path whole), so the tree is walked the same way, from descriptors, never by path nor
+by recursion: past the longest path or the interpreter's recursion limit, its files
+are still counted and removed. Symbolic links are never followed.
 
 `ScratchDirs` makes them in a root directory of its own, 0700, under a parent that
 other daemons sharing the state directory may use too. It holds a lock on its root
@@ -17,9 +20,8 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
-import stat
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -34,6 +36,8 @@ BLOCK_BYTES = 512  # the unit of st_blocks
 ROOT_PREFIX = "run-"
 OWNER_LOCK = ".owner"
 SWEEP_LOCK = ".sweep.lock"
+# How a directory is opened to be walked: never through a link.
+OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,29 +50,26 @@ class Scratch:
         """Bytes the directory's contents take (see the module doc); counting stops
         once past `stop_past`. A directory that vanished or cannot be read counts 0."""
         total = 0
-        pending = [str(self.path)]
-        while pending:
-            try:
-                entries = list(os.scandir(pending.pop()))
-            except OSError:
-                continue
-            for entry in entries:
+        try:
+            for _, entry in _walk(self.path):
+                if isinstance(entry, str):
+                    continue
                 try:
                     info = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
                 total += ENTRY_BYTES + info.st_blocks * BLOCK_BYTES
-                if stat.S_ISDIR(info.st_mode):
-                    pending.append(entry.path)
                 if stop_past is not None and total > stop_past:
                     return total
+        except OSError:
+            pass
         return total
 
     def over(self, max_bytes: int) -> bool:
         return self.usage(stop_past=max_bytes) > max_bytes
 
     def remove(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+        _remove(self.path)
 
 
 class ScratchDirs:
@@ -93,7 +94,7 @@ class ScratchDirs:
     def close(self) -> None:
         """Delete the root and everything in it. Idempotent."""
         if self._owner is not None:
-            shutil.rmtree(self.root, ignore_errors=True)
+            _remove(self.root)
             self._owner.close()
             self._owner = None
 
@@ -107,7 +108,7 @@ def _sweep(parent: Path, keep: Path) -> None:
         if entry.name.startswith(ROOT_PREFIX) and _owned(path):
             continue
         if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(path, ignore_errors=True)
+            _remove(path)
         else:
             path.unlink(missing_ok=True)
 
@@ -123,3 +124,74 @@ def _owned(root: Path) -> bool:
         except BlockingIOError:
             return True
     return False
+
+
+def _remove(top: Path) -> None:
+    """Delete the directory `top` and everything in it, as far as it can."""
+    try:
+        for fd, entry in _walk(top):
+            try:
+                if isinstance(entry, str):
+                    os.rmdir(entry, dir_fd=fd)
+                elif not entry.is_dir(follow_symlinks=False):
+                    os.unlink(entry.name, dir_fd=fd)
+            except OSError:
+                continue
+        os.rmdir(top)
+    except OSError:
+        pass
+
+
+def _walk(top: Path) -> Iterator[tuple[int, os.DirEntry[str] | str]]:
+    """Every entry under the directory `top`, depth first, with the descriptor of the
+    directory holding it; once a directory's entries are done, its name (a str) with
+    its parent's descriptor. A descriptor is valid until the next item.
+
+    Links are never followed, and at most two descriptors are open however deep the
+    tree: a directory is left by its `..`, checked to be the one it was entered from
+    (the walk ends there if it is not: something moved the tree). Raises OSError if
+    `top` cannot be opened.
+    """
+    fd = os.open(top, OPEN_DIR)
+    # From `top` down to the directory being walked: each one's identity, the name
+    # it was entered by, and its subdirectories not yet walked.
+    levels: list[tuple[os.stat_result, str, list[str]]] = []
+    entered = ""
+    try:
+        while True:
+            subdirs = []
+            for entry in _listing(fd):
+                yield fd, entry
+                if entry.is_dir(follow_symlinks=False):
+                    subdirs.append(entry.name)
+            levels.append((os.fstat(fd), entered, subdirs))
+            # On to the next directory not yet walked, here or further up.
+            while True:
+                if pending := levels[-1][2]:
+                    entered = pending.pop()
+                    try:
+                        child = os.open(entered, OPEN_DIR, dir_fd=fd)
+                    except OSError:  # gone, or no longer a directory
+                        continue
+                    os.close(fd)
+                    fd = child
+                    break
+                _, left, _ = levels.pop()
+                if not levels:
+                    return
+                parent = os.open("..", OPEN_DIR, dir_fd=fd)
+                os.close(fd)
+                fd = parent
+                if not os.path.samestat(os.fstat(fd), levels[-1][0]):
+                    return
+                yield fd, left
+    finally:
+        os.close(fd)
+
+
+def _listing(fd: int) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(fd) as entries:
+            return list(entries)
+    except OSError:
+        return []

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-from conduit.executors.scratch import ScratchDirs
+from conduit.executors.scratch import ENTRY_BYTES, ScratchDirs
 
 
 def test_two_owners_of_one_parent_keep_each_others_files(tmp_path: Path) -> None:
@@ -72,3 +73,63 @@ def test_a_root_another_process_owns_is_not_swept(tmp_path: Path) -> None:
     # Once the holder is gone, its root is anyone's to sweep.
     ScratchDirs(tmp_path).close()
     assert not theirs.exists()
+
+
+def nest(top: Path, depth: int, name: str = "d") -> int:
+    """Directories `depth` deep under `top`, made as a guest makes them (each from its
+    parent's descriptor, so no path is ever spelled whole); the deepest's descriptor."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir(name, dir_fd=fd)
+        child = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    return fd
+
+
+def test_files_nested_past_the_longest_path_still_count(tmp_path: Path) -> None:
+    dirs = ScratchDirs(tmp_path)
+    scratch = dirs.new()
+    deepest = nest(scratch.path, 30, "d" * 200)  # ~6000 characters of path
+    try:
+        file = os.open("big", os.O_WRONLY | os.O_CREAT, dir_fd=deepest)
+        os.write(file, os.urandom(1 << 20))
+        os.close(file)
+    finally:
+        os.close(deepest)
+    assert scratch.usage() > 1 << 20
+    assert scratch.over(1 << 20)
+    dirs.close()
+
+
+def test_links_out_of_the_directory_count_as_links(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "big").write_bytes(os.urandom(1 << 20))
+    dirs = ScratchDirs(tmp_path / "scratch")
+    scratch = dirs.new()
+    (scratch.path / "up").symlink_to("../../../outside")
+    assert scratch.usage() == ENTRY_BYTES + os.lstat(scratch.path / "up").st_blocks * 512
+    scratch.remove()
+    dirs.close()
+    assert (outside / "big").exists()
+
+
+def test_a_tree_deeper_than_the_interpreter_recurses_is_removed(tmp_path: Path) -> None:
+    dirs = ScratchDirs(tmp_path)
+    scratch = dirs.new()
+    os.close(nest(scratch.path, sys.getrecursionlimit() + 200))
+    scratch.remove()
+    assert not scratch.path.exists()
+    os.close(nest(dirs.new().path, sys.getrecursionlimit() + 200))
+    dirs.close()
+    assert not dirs.root.exists()
+
+
+def test_a_dead_owners_deep_tree_is_swept(tmp_path: Path) -> None:
+    dead = tmp_path / "run-dead"
+    (dead / "xold").mkdir(parents=True)
+    os.close(nest(dead / "xold", sys.getrecursionlimit() + 200))
+    owner = ScratchDirs(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".sweep.lock", owner.root.name])
+    owner.close()
