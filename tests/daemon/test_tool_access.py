@@ -178,3 +178,16 @@ async def test_a_caller_that_may_call_every_tool_is_told_what_is_missing(
     assert "did you mean 'echo.echo'" in missing["message"]
     added = await client.call("tools/call", {"name": "echo.add", "arguments": {"a": 1, "b": 2}})
     assert added["structuredContent"] == {"sum": 3}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="upstreams/list (scope tools) counts every upstream's tools for any caller",
+)
+async def test_upstreams_show_a_restricted_token_only_what_it_may_call(
+    agent_daemon: Any, connect: Any
+) -> None:
+    client = await logged_in(agent_daemon, connect, TOKEN)
+    upstreams = (await client.call("upstreams/list"))["upstreams"]
+    # Told how many tools `echo` has, it learns that tools it may not call exist.
+    assert [(upstream["name"], upstream["tools"]) for upstream in upstreams] == [("echo", 1)]
