@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from typing import Any
 
 from pydantic import Field, TypeAdapter, ValidationError
 
 from conduit.daemon.dispatcher import CallContext, NoParams, Params, invalid_params, method
-from conduit.daemon.tool_access import gateway_errors
+from conduit.daemon.tool_access import gateway_errors, hides_catalogue
 from conduit.daemon.wiring import build_upstream
 from conduit.gateway.settings import UpstreamSettings
 
@@ -17,8 +18,20 @@ _SETTINGS = TypeAdapter(UpstreamSettings)
 
 @method("upstreams/list", params=NoParams, scope="tools")
 async def list_upstreams(params: NoParams, ctx: CallContext) -> dict[str, Any]:
-    """Each upstream: transport, state (ready, backing off, ...), tools, last error."""
+    """Each upstream: transport, state (ready, backing off, ...), tools, last error.
+
+    A caller that may not learn which tools exist (`hides_catalogue`) sees only the
+    upstreams with a tool it may call, and counts only those tools.
+    """
     statuses = ctx.daemon.tools.catalogue.statuses()
+    principal = ctx.require_principal()
+    if hides_catalogue(principal):
+        callable_tools = Counter(tool.upstream for tool in ctx.daemon.tools.visible(principal))
+        statuses = [
+            dataclasses.replace(status, tools=callable_tools[status.name])
+            for status in statuses
+            if callable_tools[status.name]
+        ]
     return {"upstreams": [dataclasses.asdict(status) for status in statuses]}
 
 

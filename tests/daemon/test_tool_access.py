@@ -180,10 +180,6 @@ async def test_a_caller_that_may_call_every_tool_is_told_what_is_missing(
     assert added["structuredContent"] == {"sum": 3}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="upstreams/list (scope tools) counts every upstream's tools for any caller",
-)
 async def test_upstreams_show_a_restricted_token_only_what_it_may_call(
     agent_daemon: Any, connect: Any
 ) -> None:
