@@ -52,7 +52,7 @@ import wasmtime
 import wasmtime.component
 from wasmtime import _ffi as ffi
 
-from conduit.executors.file_digest import sha256_hex
+from conduit.executors.file_digest import file_version, sha256_hex
 
 __all__ = [
     "EPOCH_TICK_S",
@@ -441,15 +441,19 @@ def load_component(
     state = CompiledCache.MISS
     if compiled.exists():
         expected = checksum.read_text().strip() if checksum.exists() else ""
+        version = file_version(compiled)
         if sha256_hex(compiled) == expected:
             try:
                 # Mapped, not read: its pages are the page cache's, shared by every
-                # engine that loads it. Cache files are only ever replaced, never
-                # written in place, so the mapping keeps the bytes that were checked.
+                # engine that loads it. Cache files are only ever replaced (and are
+                # read-only), never written in place, so the mapping keeps the bytes
+                # that were checked, if the file is still the one that was.
                 component = wasmtime.component.Component.deserialize_file(engine, str(compiled))
-                return LoadedComponent(
-                    component, CompiledCache.HIT, compiled, time.perf_counter() - started
-                )
+                if file_version(compiled) == version:
+                    return LoadedComponent(
+                        component, CompiledCache.HIT, compiled, time.perf_counter() - started
+                    )
+                log.warning("the compiled cache %s changed as it loaded; compiling", compiled)
             except wasmtime.WasmtimeError as exc:
                 log.warning("the compiled cache %s did not load (%s); compiling", compiled, exc)
         else:
@@ -463,6 +467,9 @@ def load_component(
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
+    """Replace `path` with a read-only file holding `data`: a loaded component maps its
+    file, and one written in place under it would crash the daemon."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     temporary.write_bytes(data)
+    temporary.chmod(0o444)
     os.replace(temporary, path)

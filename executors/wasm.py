@@ -326,6 +326,7 @@ class WasmExecutor:
             self._runners = None
             if self._scratch is not None:
                 self._scratch.close()
+                self._scratch = None
 
     async def _prepare_until_loaded(self) -> None:
         """`prepare`, and again after a pause each time the component was built but

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import stat
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from conduit.executors import _wasmtime
@@ -175,8 +177,11 @@ def test_compiled_cache_is_reused_and_a_corrupt_one_rebuilt(tmp_path: Path) -> N
     assert first.cache is _wasmtime.CompiledCache.MISS
     again = _wasmtime.load_component(engine, source, component_hash)
     assert again.cache is _wasmtime.CompiledCache.HIT
+    # Read-only: a loaded component maps its file, which must never change under it.
+    assert stat.S_IMODE(again.path.stat().st_mode) == 0o444
     data = bytearray(again.path.read_bytes())
     data[len(data) // 2] ^= 0xFF
+    again.path.chmod(0o644)
     again.path.write_bytes(bytes(data))
     rebuilt = _wasmtime.load_component(engine, source, component_hash)
     assert rebuilt.cache is _wasmtime.CompiledCache.REBUILT
@@ -220,3 +225,17 @@ def test_a_trap_is_judged_by_its_message_not_by_the_functions_in_its_backtrace(
         Outcome(Status.OK), limits, "Caused by:\n    out of memory (failed to allocate 65536 bytes)"
     )
     assert out_of_memory.status is Status.MEMORY_LIMIT, out_of_memory
+
+
+def test_a_compiled_cache_replaced_as_it_loads_is_compiled_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "guest.wasm"
+    source.write_text(TINY_COMPONENT)
+    component_hash = hashlib.sha256(source.read_bytes()).hexdigest()
+    engine = _wasmtime.new_engine()
+    _wasmtime.load_component(engine, source, component_hash)  # compiled and cached
+    versions = iter([(1,), (2,)])  # checked, then found another file once mapped
+    monkeypatch.setattr(_wasmtime, "file_version", lambda _path: next(versions))
+    loaded = _wasmtime.load_component(engine, source, component_hash)
+    assert loaded.cache is _wasmtime.CompiledCache.REBUILT
