@@ -459,11 +459,26 @@ def load_component(
         else:
             log.warning("the compiled cache %s is corrupt; compiling again", compiled)
         state = CompiledCache.REBUILT
-    component = wasmtime.component.Component.from_file(engine, str(wasm_path))
-    data = bytes(component.serialize())
+    data = bytes(wasmtime.component.Component.from_file(engine, str(wasm_path)).serialize())
     _write_atomically(compiled, data)
     _write_atomically(checksum, hashlib.sha256(data).hexdigest().encode())
+    del data
+    # Loaded as a later start loads it, mapped from its file, and the heap compiling
+    # left behind (hundreds of megabytes, freed but kept by the C allocator) given back.
+    component = wasmtime.component.Component.deserialize_file(engine, str(compiled))
+    release_free_memory()
     return LoadedComponent(component, state, compiled, time.perf_counter() - started)
+
+
+def release_free_memory() -> None:
+    """Give memory the C allocator holds free back to the system: glibc's malloc_trim,
+    where there is one (elsewhere nothing is done)."""
+    trim = getattr(_LIBC, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
+_LIBC = ctypes.CDLL(None)
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

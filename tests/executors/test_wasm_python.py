@@ -239,3 +239,25 @@ def test_a_compiled_cache_replaced_as_it_loads_is_compiled_again(
     monkeypatch.setattr(_wasmtime, "file_version", lambda _path: next(versions))
     loaded = _wasmtime.load_component(engine, source, component_hash)
     assert loaded.cache is _wasmtime.CompiledCache.REBUILT
+
+
+def test_compiling_gives_the_heap_back_and_loads_the_component_from_its_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "guest.wasm"
+    source.write_text(TINY_COMPONENT)
+    released: list[bool] = []
+    monkeypatch.setattr(_wasmtime, "release_free_memory", lambda: released.append(True))
+    loaded = _wasmtime.load_component(
+        _wasmtime.new_engine(), source, hashlib.sha256(source.read_bytes()).hexdigest()
+    )
+    assert loaded.cache is _wasmtime.CompiledCache.MISS and released == [True]
+    assert loaded.path.is_file()
+
+
+def test_giving_the_heap_back_is_a_no_op_without_malloc_trim(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _wasmtime.release_free_memory()  # glibc here: trims
+    monkeypatch.setattr(_wasmtime, "_LIBC", object())  # a C library without it
+    _wasmtime.release_free_memory()
