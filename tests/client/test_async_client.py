@@ -101,10 +101,12 @@ async def test_execute_results_are_typed(started: Any) -> None:
             failed = await client.execute(
                 "console.log('before');\nthrow new TypeError('boom');", language="javascript"
             )
+            # Long enough that the line is out before the loop, however busy the
+            # machine: console.log writes the text and the line feed separately.
             slow = await client.execute(
                 "console.log('started'); while (true) {}",
                 language="javascript",
-                limits={"timeout_ms": 300},
+                limits={"timeout_ms": 1000},
             )
     assert isinstance(ok, ExecutionResult)
     assert (ok.status, ok.ok, ok.result, ok.stdout) == ("ok", True, 42, "hi\n")
