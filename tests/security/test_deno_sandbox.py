@@ -367,10 +367,12 @@ async def test_disk_cannot_be_filled_through_web_storage(
 def _bytes_on_disk(root: Path) -> int:
     """Sizes of regular files under `root` (workers come and go meanwhile)."""
     total = 0
-    for path in root.rglob("*"):
-        with contextlib.suppress(FileNotFoundError):
-            info = path.lstat()  # Deno links its own binary into DENO_DIR
-            total += info.st_size if stat.S_ISREG(info.st_mode) else 0
+    # os.walk passes over a directory that vanishes as it is read; Path.rglob raises.
+    for directory, _, names in os.walk(root):
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                info = os.lstat(os.path.join(directory, name))  # Deno links its binary
+                total += info.st_size if stat.S_ISREG(info.st_mode) else 0
     return total
 
 
