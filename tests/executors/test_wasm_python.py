@@ -256,9 +256,20 @@ def test_compiling_gives_the_heap_back_and_loads_the_component_from_its_file(
     assert loaded.path.is_file()
 
 
-def test_giving_the_heap_back_is_a_no_op_without_malloc_trim(
+def test_giving_the_heap_back_trims_with_glibc_and_does_nothing_without(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    _wasmtime.release_free_memory()  # glibc here: trims
+    trims: list[int] = []
+
+    class Glibc:
+        @staticmethod
+        def malloc_trim(pad: int) -> int:
+            trims.append(pad)
+            return 1
+
+    monkeypatch.setattr(_wasmtime, "_LIBC", Glibc())
+    _wasmtime.release_free_memory()
+    assert trims == [0]
     monkeypatch.setattr(_wasmtime, "_LIBC", object())  # a C library without it
     _wasmtime.release_free_memory()
+    assert trims == [0]
