@@ -16,6 +16,8 @@ the compiled form in a cache file named after everything it depends on (the
 component's hash, the Wasmtime version, the CPU, whether fuel is counted) with the
 SHA-256 of its bytes beside it: a file whose bytes do not match is never handed to
 Wasmtime (deserializing is only safe on bytes Wasmtime wrote), it is compiled again.
+Daemons sharing a state directory (an MCP client's embedded daemons, say) take turns
+on a lock beside the cache file, so the first compiles and the others load its result.
 
 An executor's engine allocates instances from a pool (`new_engine(instances=...)`,
 Wasmtime's pooling allocator): the address space of every instance it may ever hold at
@@ -35,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import enum
+import fcntl
 import functools
 import hashlib
 import importlib.metadata
@@ -67,6 +70,13 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# How long a start waits for another process compiling the same component before it
+# compiles too (cache files are replaced atomically, so both results are sound): a
+# compile under load takes a minute; a peer stopped while holding the lock must not
+# stop this daemon's start for ever.
+COMPILE_LOCK_WAIT_S = 300
+COMPILE_LOCK_POLL_S = 0.05
 
 # 10 ms: how late a timeout or a stop may take effect; ticking costs ~nothing.
 EPOCH_TICK_S = 0.010
@@ -436,8 +446,16 @@ def load_component(
     if fuel:
         key += "-fuel"
     compiled = wasm_path.with_name(f"compiled-{key}.cwasm")
-    checksum = compiled.with_suffix(".sha256")
     started = time.perf_counter()
+    with _compile_lock(compiled.with_suffix(".lock")):
+        component, state = _load_or_compile(engine, wasm_path, compiled)
+    return LoadedComponent(component, state, compiled, time.perf_counter() - started)
+
+
+def _load_or_compile(
+    engine: wasmtime.Engine, wasm_path: Path, compiled: Path
+) -> tuple[wasmtime.component.Component, CompiledCache]:
+    checksum = compiled.with_suffix(".sha256")
     state = CompiledCache.MISS
     if compiled.exists():
         expected = checksum.read_text().strip() if checksum.exists() else ""
@@ -450,9 +468,7 @@ def load_component(
                 # that were checked, if the file is still the one that was.
                 component = wasmtime.component.Component.deserialize_file(engine, str(compiled))
                 if file_version(compiled) == version:
-                    return LoadedComponent(
-                        component, CompiledCache.HIT, compiled, time.perf_counter() - started
-                    )
+                    return component, CompiledCache.HIT
                 log.warning("the compiled cache %s changed as it loaded; compiling", compiled)
             except wasmtime.WasmtimeError as exc:
                 log.warning("the compiled cache %s did not load (%s); compiling", compiled, exc)
@@ -467,7 +483,44 @@ def load_component(
     # left behind (hundreds of megabytes, freed but kept by the C allocator) given back.
     component = wasmtime.component.Component.deserialize_file(engine, str(compiled))
     release_free_memory()
-    return LoadedComponent(component, state, compiled, time.perf_counter() - started)
+    return component, state
+
+
+@contextlib.contextmanager
+def _compile_lock(path: Path) -> Iterator[None]:
+    """Hold the lock at `path` for the block, once another process lets go of it.
+
+    Polled, so the wait has a bound: a peer holding it for ever (a stopped process,
+    say) delays this start by `COMPILE_LOCK_WAIT_S` (logged), then it goes on
+    without. Where no lock file can be made (a read-only cache), it goes on at once.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        if not _take(fd, time.monotonic() + COMPILE_LOCK_WAIT_S, path.stem):
+            log.warning("%s stayed locked for %d s: going on without", path, COMPILE_LOCK_WAIT_S)
+        yield
+    finally:
+        os.close(fd)  # lets go of the lock
+
+
+def _take(fd: int, deadline: float, what: str) -> bool:
+    """Whether the flock on `fd` was taken before `deadline`."""
+    waiting = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            if not waiting:
+                waiting = True
+                log.info("waiting for another process compiling %s", what)
+            time.sleep(COMPILE_LOCK_POLL_S)
 
 
 def release_free_memory() -> None:

@@ -1,27 +1,29 @@
 """Shared by the first-request tests: a daemon whose executor is still starting, on a
 machine busy with something else.
 
-`uncompiled_state` gives a fresh state directory the session's built components but
-not their compiled forms, so the daemon's start compiles wasm-python (seconds, more
-under load) and a request sent at once finds it still starting: deterministic, where a
-component loaded from its compiled cache may be ready before the first request lands.
-`cpu_hog` keeps a core busy for as long as the test runs, as CI machines often are.
+`compile_held` gives a fresh state directory the session's compiled components and
+holds wasm-python's compile lock (the one daemons sharing a state directory take
+turns on) until the test lets go: the daemon's start waits for it, so a request sent
+meanwhile finds the executor still starting, deterministically and without the CPU a
+real compile takes. `cpu_hog` keeps a core busy for as long as the test runs, as CI
+machines often are.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import subprocess
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import ExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import trio
 
-# Compiling wasm-python takes ~5 s on a quiet two-core machine; a hog and other suites
-# beside it can make that several times longer. Only a hang should reach this.
+# A daemon's start under a hog and other suites beside it can take many times what it
+# takes on a quiet machine. Only a hang should reach this.
 FIRST_START_WAIT_S = 300
 # Generous for the same reason; a request's wait for its executor ends with the
 # earlier of its timeout and the queue timeout.
@@ -29,18 +31,25 @@ REQUEST_TIMEOUT_MS = 240_000
 QUEUE_TIMEOUT_S = 240
 
 
-def uncompiled_state(state_dir: Path, cache: Path) -> Path:
-    """`state_dir` holding the components in `cache` without their compiled forms
-    (wasm-js keeps its own: only Python's start is slowed)."""
+@contextmanager
+def compile_held(state_dir: Path, cache: Path) -> Iterator[Callable[[], None]]:
+    """`state_dir` holding the components in `cache`, compiled, with wasm-python's
+    compile lock held until the `release` this yields is called or the block ends."""
     wasm = state_dir / "wasm"
     if wasm.is_symlink():  # the session's shared cache, linked in by conftest
         wasm.unlink()
     wasm.mkdir(parents=True, exist_ok=True)
     for built in cache.glob("wasm-*"):
         if built.is_dir() and not built.name.startswith("wasm-js-npm"):
-            skip = "compiled-*" if built.name.startswith("wasm-python-") else "*.tmp"
-            shutil.copytree(built, wasm / built.name, ignore=shutil.ignore_patterns(skip))
-    return state_dir
+            skip = shutil.ignore_patterns("*.tmp", "*.lock")
+            shutil.copytree(built, wasm / built.name, ignore=skip)
+    compiled = list(wasm.glob("wasm-python-*/compiled-*.cwasm"))
+    assert compiled, f"the session's cache {cache} holds no compiled wasm-python"
+    with ExitStack() as held:
+        for path in compiled:
+            lock = held.enter_context(path.with_suffix(".lock").open("w"))
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield held.close
 
 
 @asynccontextmanager

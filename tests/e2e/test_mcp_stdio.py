@@ -31,9 +31,9 @@ from tests.conftest import MASTER_TOKEN, WAIT_S
 from tests.e2e.first_start import (
     QUEUE_TIMEOUT_S,
     REQUEST_TIMEOUT_MS,
+    compile_held,
     cpu_hog,
     read_replies,
-    uncompiled_state,
 )
 from tests.e2e.helpers import CONDUIT, call, wait_for_socket, wait_upstreams
 from tests.e2e.mcp_helpers import ECHO, ENDLESS_TIMEOUT_MS, NO_SANDBOXES
@@ -254,38 +254,43 @@ async def test_execute_python_right_after_initialize_gets_its_result(
     make_config: Callable[..., Config], tmp_path: Path, wasm_cache: Path
 ) -> None:
     """An MCP client's first call comes as soon as `initialize` is answered: with
-    wasm-python still compiling, it waits for it and gets the program's result."""
+    wasm-python still loading, it waits for it and gets the program's result."""
     config = make_config(
         executors={"deno": {"enabled": False}, "wasm_js": {"enabled": False}},
         limits={"queue_timeout_s": QUEUE_TIMEOUT_S},
     )
-    state = uncompiled_state(tmp_path / "fresh", wasm_cache)
+    state = tmp_path / "fresh"
     command = [CONDUIT, "mcp", "--config", config.source, "--state-dir", str(state)]
     arguments = {"code": "6 * 7", "limits": {"timeout_ms": REQUEST_TIMEOUT_MS}}
-    async with cpu_hog():
-        process = await trio.lowlevel.open_process(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-        )
-        try:
-            initialize = {"protocolVersion": "2025-11-25", "capabilities": {}}
-            await process.stdin.send_all(_rpc(1, "initialize", initialize) + b"\n")
-            assert "result" in (await read_replies(process.stdout, 1))[1]
-            await process.stdin.send_all(
-                b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n'
-                + _rpc(2, "executors/list", {})
-                + b"\n"
-                + _rpc(3, "tools/call", {"name": "execute_python", "arguments": arguments})
-                + b"\n"
+    with compile_held(state, wasm_cache) as release:
+        async with cpu_hog():
+            process = await trio.lowlevel.open_process(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
             )
-            replies = await read_replies(process.stdout, 2)
-        finally:
-            await process.stdin.aclose()
-            with trio.move_on_after(WAIT_S):
-                await process.wait()
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-            await process.stdout.aclose()
+            try:
+                initialize = {"protocolVersion": "2025-11-25", "capabilities": {}}
+                await process.stdin.send_all(_rpc(1, "initialize", initialize) + b"\n")
+                assert "result" in (await read_replies(process.stdout, 1))[1]
+                # The listing comes after the call: once it is answered, the call has
+                # been read, and waits for the executor.
+                await process.stdin.send_all(
+                    b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n'
+                    + _rpc(3, "tools/call", {"name": "execute_python", "arguments": arguments})
+                    + b"\n"
+                    + _rpc(2, "executors/list", {})
+                    + b"\n"
+                )
+                replies = await read_replies(process.stdout, 1)
+                release()
+                replies |= await read_replies(process.stdout, 1)
+            finally:
+                await process.stdin.aclose()
+                with trio.move_on_after(WAIT_S):
+                    await process.wait()
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+                await process.stdout.aclose()
     listed = {e["name"]: e for e in replies[2]["result"]["executors"]}
     assert listed["wasm-python"]["available"] is False  # it was still starting
     called = replies[3]["result"]

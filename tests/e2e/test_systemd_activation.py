@@ -17,9 +17,9 @@ import trio
 from tests.e2e.first_start import (
     QUEUE_TIMEOUT_S,
     REQUEST_TIMEOUT_MS,
+    compile_held,
     cpu_hog,
     read_replies,
-    uncompiled_state,
 )
 from tests.e2e.helpers import CONDUIT, base_env
 
@@ -106,36 +106,40 @@ async def test_the_first_request_starts_the_daemon_and_gets_its_result(
     tmp_path: Path, short_dir: Path, wasm_cache: Path
 ) -> None:
     """As under systemd: the request waits in the socket's backlog, its daemon starts
-    with wasm-python still compiling, and it gets its result rather than -32006."""
+    with wasm-python still loading, and it gets its result rather than -32006."""
     listen_path = short_dir / "activated.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(listen_path))
     listener.listen()
     config = tmp_path / "conduit.toml"
     config.write_text(f"[limits]\nqueue_timeout_s = {QUEUE_TIMEOUT_S}\n")
-    state = uncompiled_state(tmp_path / "fresh", wasm_cache)
-    env = base_env(state) | {"LISTEN_FDS": "1", "CONDUIT_CONFIG": str(config)}
     execute = {"language": "python", "code": "6 * 7", "limits": {"timeout_ms": REQUEST_TIMEOUT_MS}}
-    async with cpu_hog():
-        client = await trio.open_unix_socket(str(listen_path))  # in the backlog: no daemon yet
-        async with client:
-            await client.send_all(
-                json.dumps({"id": "list", "method": "executors/list"}).encode()
-                + b"\n"
-                + json.dumps({"id": "run", "method": "execute", "params": execute}).encode()
-                + b"\n"
-            )
-            process = await _activate(listener, env, tmp_path / "daemon.log")
-            listener.close()
-            try:
-                replies = await read_replies(client, 2)
-            finally:
-                process.send_signal(signal.SIGTERM)
-                with trio.move_on_after(30):
-                    await process.wait()
-                if process.poll() is None:
-                    process.kill()
-                    await process.wait()
+    with compile_held(tmp_path / "fresh", wasm_cache) as release:
+        env = base_env(tmp_path / "fresh") | {"LISTEN_FDS": "1", "CONDUIT_CONFIG": str(config)}
+        async with cpu_hog():
+            client = await trio.open_unix_socket(str(listen_path))  # in the backlog
+            async with client:
+                # The listing comes after the request on the line: once it is answered,
+                # the request has been read, and waits for the executor.
+                await client.send_all(
+                    json.dumps({"id": "run", "method": "execute", "params": execute}).encode()
+                    + b"\n"
+                    + json.dumps({"id": "list", "method": "executors/list"}).encode()
+                    + b"\n"
+                )
+                process = await _activate(listener, env, tmp_path / "daemon.log")
+                listener.close()
+                try:
+                    replies = await read_replies(client, 1)
+                    release()
+                    replies |= await read_replies(client, 1)
+                finally:
+                    process.send_signal(signal.SIGTERM)
+                    with trio.move_on_after(30):
+                        await process.wait()
+                    if process.poll() is None:
+                        process.kill()
+                        await process.wait()
     listed = {e["name"]: e for e in replies["list"]["result"]["executors"]}
     assert listed["wasm-python"]["available"] is False  # it was still starting
     result = replies["run"].get("result")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import logging
 import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -169,10 +172,14 @@ async def test_info_reports_the_component_and_cache(wasm: WasmPythonExecutor) ->
 TINY_COMPONENT = '(component (core module (func (export "f") (result i32) i32.const 7)))'
 
 
-def test_compiled_cache_is_reused_and_a_corrupt_one_rebuilt(tmp_path: Path) -> None:
+def _tiny(tmp_path: Path) -> tuple[Path, str]:
     source = tmp_path / "guest.wasm"
     source.write_text(TINY_COMPONENT)
-    component_hash = hashlib.sha256(source.read_bytes()).hexdigest()
+    return source, hashlib.sha256(source.read_bytes()).hexdigest()
+
+
+def test_compiled_cache_is_reused_and_a_corrupt_one_rebuilt(tmp_path: Path) -> None:
+    source, component_hash = _tiny(tmp_path)
     engine = _wasmtime.new_engine()
     first = _wasmtime.load_component(engine, source, component_hash)
     assert first.cache is _wasmtime.CompiledCache.MISS
@@ -190,6 +197,42 @@ def test_compiled_cache_is_reused_and_a_corrupt_one_rebuilt(tmp_path: Path) -> N
         _wasmtime.load_component(engine, source, component_hash).cache
         is _wasmtime.CompiledCache.HIT
     )
+
+
+def test_a_start_waits_for_another_process_compiling_then_loads_its_result(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=_wasmtime.__name__)
+    source, component_hash = _tiny(tmp_path)
+    engine = _wasmtime.new_engine()
+    compiled = _wasmtime.load_component(engine, source, component_hash).path
+    loaded: list[_wasmtime.LoadedComponent] = []
+    # A lock taken through another open file is another holder, as a peer daemon is.
+    with compiled.with_suffix(".lock").open("w") as peer:
+        fcntl.flock(peer, fcntl.LOCK_EX)
+        waiter = threading.Thread(
+            target=lambda: loaded.append(_wasmtime.load_component(engine, source, component_hash))
+        )
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive() and not loaded  # it cannot go on while the peer holds it
+    waiter.join(WAIT_S)
+    assert [one.cache for one in loaded] == [_wasmtime.CompiledCache.HIT]
+    assert "waiting for another process compiling" in caplog.text
+
+
+def test_a_lock_held_for_ever_delays_a_start_only_so_long(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_wasmtime, "COMPILE_LOCK_WAIT_S", 0.2)
+    source, component_hash = _tiny(tmp_path)
+    engine = _wasmtime.new_engine()
+    compiled = _wasmtime.load_component(engine, source, component_hash).path
+    with compiled.with_suffix(".lock").open("w") as peer:
+        fcntl.flock(peer, fcntl.LOCK_EX)
+        loaded = _wasmtime.load_component(engine, source, component_hash)
+    assert loaded.cache is _wasmtime.CompiledCache.HIT
+    assert "stayed locked" in caplog.text
 
 
 async def test_a_failed_build_makes_the_executor_unavailable_not_a_crash(
@@ -231,9 +274,7 @@ def test_a_trap_is_judged_by_its_message_not_by_the_functions_in_its_backtrace(
 def test_a_compiled_cache_replaced_as_it_loads_is_compiled_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    source = tmp_path / "guest.wasm"
-    source.write_text(TINY_COMPONENT)
-    component_hash = hashlib.sha256(source.read_bytes()).hexdigest()
+    source, component_hash = _tiny(tmp_path)
     engine = _wasmtime.new_engine()
     _wasmtime.load_component(engine, source, component_hash)  # compiled and cached
     versions = iter([(1,), (2,)])  # checked, then found another file once mapped
@@ -245,13 +286,10 @@ def test_a_compiled_cache_replaced_as_it_loads_is_compiled_again(
 def test_compiling_gives_the_heap_back_and_loads_the_component_from_its_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    source = tmp_path / "guest.wasm"
-    source.write_text(TINY_COMPONENT)
+    source, component_hash = _tiny(tmp_path)
     released: list[bool] = []
     monkeypatch.setattr(_wasmtime, "release_free_memory", lambda: released.append(True))
-    loaded = _wasmtime.load_component(
-        _wasmtime.new_engine(), source, hashlib.sha256(source.read_bytes()).hexdigest()
-    )
+    loaded = _wasmtime.load_component(_wasmtime.new_engine(), source, component_hash)
     assert loaded.cache is _wasmtime.CompiledCache.MISS and released == [True]
     assert loaded.path.is_file()
 
