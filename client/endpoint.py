@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from conduit.daemon.addresses import default_socket_path, parse_tcp_address
+from conduit.core.addresses import default_socket_path, parse_tcp_address
 
 __all__ = [
     "CONNECT_TIMEOUT_S",

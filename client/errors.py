@@ -16,7 +16,7 @@ ConduitError
     └── SubscriptionDropped          the daemon (or this client) dropped a slow subscriber
 ```
 
-The `RpcError` classes are the daemon's (`conduit.daemon.errors`), re-exported here, so
+The `RpcError` classes are the daemon's (`conduit.core.errors`), re-exported here, so
 `except Unauthenticated` catches the same class whichever side raised it. A failing
 *program* is not an exception: it is an `ExecutionResult` with a non-ok status, which
 `raise_for_status()` turns into `ProgramFailed` for those who want one.
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from conduit.daemon.errors import (
+from conduit.core.errors import (
     ConduitError,
     ExecutorUnavailable,
     Forbidden,
@@ -48,7 +48,7 @@ from conduit.daemon.errors import (
     Unauthenticated,
     UpstreamError,
 )
-from conduit.daemon.terminal import quoted
+from conduit.core.terminal import quoted
 
 if TYPE_CHECKING:
     from conduit.client.results import ExecutionResult

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conduit.client.errors import ConnectionLost, RpcError
-from conduit.daemon.protocol import encode
+from conduit.core.protocol import encode
 
 __all__ = [
     "MAX_MESSAGE_BYTES",

@@ -1,11 +1,12 @@
 """The daemon: listeners, protocol, dispatcher, auth, limits, configuration and CLI.
 
 The public surface is small: start a daemon with `serve(config)` (or `Daemon`), read
-configuration with `load_config`, and catch errors from `conduit.daemon.errors`.
+configuration with `load_config`, and catch errors from `conduit.core.errors`.
 
-The names below are imported on first use (PEP 562), not with the package: importing
-a light submodule such as `conduit.daemon.errors` (as `conduit.client` and the CLI do)
-must not pull in the server, the gateway and pydantic, which take over a second.
+The names below are imported on first use (PEP 562), not with the package: the
+command line starts in `conduit.daemon.cli`, and a command that only talks to a
+running daemon must not pull in the server, the gateway and pydantic, which take over
+a second.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ import typing
 from typing import Any
 
 if typing.TYPE_CHECKING:
+    from conduit.core.errors import ConduitError, ConfigError, RpcError
+    from conduit.core.version import VERSION
     from conduit.daemon.config import Config, load_config
-    from conduit.daemon.errors import ConduitError, ConfigError, RpcError
     from conduit.daemon.server import Daemon, ServingInfo, serve
-    from conduit.daemon.version import VERSION
 
 __all__ = [
     "VERSION",
@@ -34,12 +35,12 @@ __all__ = [
 
 # Where each public name lives.
 _HOMES = {
-    "VERSION": "conduit.daemon.version",
-    "ConduitError": "conduit.daemon.errors",
+    "VERSION": "conduit.core.version",
+    "ConduitError": "conduit.core.errors",
     "Config": "conduit.daemon.config",
-    "ConfigError": "conduit.daemon.errors",
+    "ConfigError": "conduit.core.errors",
     "Daemon": "conduit.daemon.server",
-    "RpcError": "conduit.daemon.errors",
+    "RpcError": "conduit.core.errors",
     "ServingInfo": "conduit.daemon.server",
     "load_config": "conduit.daemon.config",
     "serve": "conduit.daemon.server",

@@ -42,10 +42,10 @@ from typing import Any, TypeVar
 
 import trio
 
+from conduit.core.errors import InvalidParams, StoreUnavailable
 from conduit.daemon import audit_db
 from conduit.daemon.audit_db import BadCursor, ExecutionQuery, Page
 from conduit.daemon.config import AuditConfig
-from conduit.daemon.errors import InvalidParams, StoreUnavailable
 from conduit.daemon.events import Event
 from conduit.daemon.records import ExecutionRecord
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conduit.daemon import jsontext
+from conduit.core import jsontext
 from conduit.daemon.records import ExecutionRecord, ToolCallRecord, head
 
 __all__ = [

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conduit.core.errors import ConfigError
+from conduit.core.redaction import redact
 from conduit.daemon.config import SCOPES, AuthConfig, ClientToken
-from conduit.daemon.errors import ConfigError
-from conduit.daemon.logs import redact
 
 __all__ = [
     "ALL_SCOPES",

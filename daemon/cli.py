@@ -26,10 +26,10 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from conduit.core.errors import ConduitError, ConfigError, RpcError
+from conduit.core.terminal import dumps, escape, escape_lines
+from conduit.core.version import VERSION
 from conduit.daemon.config import Config, load_config
-from conduit.daemon.errors import ConduitError, ConfigError, RpcError
-from conduit.daemon.terminal import dumps, escape, escape_lines
-from conduit.daemon.version import VERSION
 
 if TYPE_CHECKING:
     from conduit.daemon.progress import ProgressLine

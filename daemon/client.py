@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from conduit.core.errors import ConduitError, RpcError
 from conduit.daemon.auth import master_token_path
 from conduit.daemon.config import Config, parse_tcp_address
-from conduit.daemon.errors import ConduitError, RpcError
 
 __all__ = ["Client", "ConnectionFailed", "LoginToken", "log_in", "login_token"]
 

@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from conduit.daemon.addresses import default_socket_path, is_loopback, parse_tcp_address
-from conduit.daemon.errors import ConfigError
+from conduit.core.addresses import default_socket_path, is_loopback, parse_tcp_address
+from conduit.core.errors import ConfigError
 from conduit.gateway.fetch import FetchConfig
 from conduit.gateway.settings import UpstreamList
 

@@ -39,17 +39,15 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from conduit.daemon.auth import PeerCredentials, Principal
-from conduit.daemon.dispatcher import CallContext, dispatch
-from conduit.daemon.errors import (
+from conduit.core.errors import (
     InvalidRequest,
     Overloaded,
     ParseError,
     RpcError,
     Unauthenticated,
 )
-from conduit.daemon.framing import OVERSIZE, LineReader
-from conduit.daemon.protocol import (
+from conduit.core.framing import OVERSIZE, LineReader
+from conduit.core.protocol import (
     Request,
     decode,
     encode,
@@ -58,6 +56,8 @@ from conduit.daemon.protocol import (
     request_id,
     result_reply,
 )
+from conduit.daemon.auth import PeerCredentials, Principal
+from conduit.daemon.dispatcher import CallContext, dispatch
 
 if TYPE_CHECKING:
     from conduit.daemon.server import Daemon

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from conduit.daemon.errors import (
+from conduit.core.errors import (
     Forbidden,
     InternalError,
     InvalidParams,

@@ -22,9 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from conduit.daemon import jsontext
-from conduit.daemon.bridge import SessionBridge
-from conduit.daemon.errors import (
+from conduit.core import jsontext
+from conduit.core.errors import (
     Forbidden,
     InvalidParams,
     NotFound,
@@ -32,6 +31,7 @@ from conduit.daemon.errors import (
     ToolLimitReached,
     Unauthenticated,
 )
+from conduit.daemon.bridge import SessionBridge
 from conduit.daemon.events import Event, EventType
 from conduit.daemon.policy import Violation
 from conduit.daemon.records import (

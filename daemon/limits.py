@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import trio
 
-from conduit.daemon.errors import Overloaded, RateLimited
+from conduit.core.errors import Overloaded, RateLimited
 
 __all__ = [
     "Admission",

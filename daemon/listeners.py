@@ -19,7 +19,7 @@ from pathlib import Path
 
 import trio
 
-from conduit.daemon.errors import ConfigError
+from conduit.core.errors import ConfigError
 
 __all__ = [
     "BoundListener",

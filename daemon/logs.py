@@ -16,69 +16,31 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import sys
 import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-__all__ = ["REDACTED", "configure_logging", "redact", "scrub"]
+from conduit.core.redaction import scrub
 
-REDACTED = "[redacted]"
-# What `auth.new_token` makes (master, client and session tokens): recognised by shape,
-# so a token the daemon never registered (another daemon's, say) is still hidden.
-_TOKEN_SHAPE = r"cdt_[A-Za-z0-9_-]{16,}"
-# Shorter registered values would redact ordinary words along with the secret.
-MIN_SECRET_CHARS = 8
+__all__ = ["configure_logging"]
+
 _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 _TRACEBACK_INDENT = "  "
-
-
-class _Redactor:
-    """The secrets to hide, as one pattern: the longest first, so a secret that
-    contains another is hidden whole rather than leaving its remainder behind."""
-
-    def __init__(self) -> None:
-        self._secrets: set[str] = set()
-        self._pattern = re.compile(_TOKEN_SHAPE)
-
-    def add(self, secret: str) -> None:
-        if len(secret) < MIN_SECRET_CHARS or secret in self._secrets:
-            return
-        self._secrets.add(secret)
-        ordered = sorted(self._secrets, key=len, reverse=True)
-        self._pattern = re.compile("|".join([*map(re.escape, ordered), _TOKEN_SHAPE]))
-
-    def scrub(self, text: str) -> str:
-        return self._pattern.sub(REDACTED, text)
-
-
-# Process-wide, like logging itself: every daemon in the process writes to one stderr.
-_REDACTOR = _Redactor()
-
-
-def redact(secret: str) -> None:
-    """Never write `secret` to the log, whatever shape it has (if 8 characters or more)."""
-    _REDACTOR.add(secret)
-
-
-def scrub(text: str) -> str:
-    """`text` with every token and registered secret replaced by `[redacted]`."""
-    return _REDACTOR.scrub(text)
 
 
 def _scrubbed(value: Any) -> Any:
     """`value` as JSON-ready data with every string in it scrubbed; anything that is not
     JSON becomes its scrubbed `str`."""
     if isinstance(value, str):
-        return _REDACTOR.scrub(value)
+        return scrub(value)
     if value is None or isinstance(value, bool | int | float):
         return value
     if isinstance(value, Mapping):
-        return {_REDACTOR.scrub(str(k)): _scrubbed(v) for k, v in value.items()}
+        return {scrub(str(k)): _scrubbed(v) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):
         return [_scrubbed(item) for item in value]
-    return _REDACTOR.scrub(str(value))
+    return scrub(str(value))
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:

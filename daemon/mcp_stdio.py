@@ -43,13 +43,13 @@ from typing import Any
 
 import trio
 
+from conduit.core.errors import ConfigError, InternalError, InvalidRequest, RpcError
+from conduit.core.framing import OVERSIZE, LineReader
+from conduit.core.protocol import decode, encode, error_reply
 from conduit.daemon.auth import ALL_SCOPES, Principal
 from conduit.daemon.client import ConnectionFailed, LoginToken, login_token
 from conduit.daemon.config import Config, parse_tcp_address
-from conduit.daemon.errors import ConfigError, InternalError, InvalidRequest, RpcError
-from conduit.daemon.framing import OVERSIZE, LineReader
 from conduit.daemon.logs import configure_logging
-from conduit.daemon.protocol import decode, encode, error_reply
 from conduit.daemon.server import Daemon
 
 __all__ = [

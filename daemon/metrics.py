@@ -29,11 +29,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
+from conduit.core.errors import RpcError
+from conduit.core.version import VERSION
 from conduit.daemon.dispatcher import METHODS
-from conduit.daemon.errors import RpcError
 from conduit.daemon.events import Event, EventType
 from conduit.daemon.records import ExecutionRecord
-from conduit.daemon.version import VERSION
 from conduit.gateway.model import UpstreamState
 
 if TYPE_CHECKING:

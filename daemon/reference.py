@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from conduit.core.errors import RpcError
 from conduit.daemon import methods as _methods  # noqa: F401  (fills the method table)
 from conduit.daemon.dispatcher import METHODS, MethodSpec
-from conduit.daemon.errors import RpcError
 from conduit.daemon.methods.compat import ALIASES
 
 __all__ = ["render_protocol"]

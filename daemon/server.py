@@ -41,13 +41,15 @@ from pathlib import Path
 
 import trio
 
+from conduit.core.errors import ConfigError, Overloaded
+from conduit.core.protocol import encode, error_reply
+from conduit.core.redaction import redact
 from conduit.daemon import methods as _methods  # noqa: F401  (fills the method table)
 from conduit.daemon import systemd
 from conduit.daemon.audit import AuditStore
 from conduit.daemon.auth import Authenticator, Principal, peer_credentials, resolve_master_token
 from conduit.daemon.config import Config, parse_tcp_address
 from conduit.daemon.connection import Connection, Deadlines
-from conduit.daemon.errors import ConfigError, Overloaded
 from conduit.daemon.events import EventBus
 from conduit.daemon.executions import Executions
 from conduit.daemon.limits import Admission, ConnectionBudget, ConnectionSlot, RateLimiter
@@ -58,11 +60,9 @@ from conduit.daemon.listeners import (
     open_unix_listener,
     remove_socket_file,
 )
-from conduit.daemon.logs import redact
 from conduit.daemon.metrics import CONTENT_TYPE, Metrics
 from conduit.daemon.metrics_endpoint import MetricsEndpoint
 from conduit.daemon.policy import Policy
-from conduit.daemon.protocol import encode, error_reply
 from conduit.daemon.tool_access import ToolAccess
 from conduit.daemon.wiring import build_catalogue, build_registry, language_defaults
 from conduit.executors.base import CallbackAddress

@@ -33,7 +33,7 @@ from typing import NoReturn
 
 import trio
 
-from conduit.daemon.errors import ConfigError
+from conduit.core.errors import ConfigError
 
 __all__ = [
     "NOTIFY_SEND_TIMEOUT_S",

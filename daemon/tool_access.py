@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from conduit.daemon.errors import (
+from conduit.core.errors import (
     Forbidden,
     GatewayError,
     InvalidParams,

@@ -61,8 +61,8 @@ from typing import Any
 
 import trio
 
-from conduit.daemon import jsontext
-from conduit.daemon.errors import ExecutorError, RuntimeMissing, SandboxCrashed
+from conduit.core import jsontext
+from conduit.core.errors import ExecutorError, RuntimeMissing, SandboxCrashed
 from conduit.executors import outcomes
 from conduit.executors.base import (
     CallbackAddress,

@@ -11,8 +11,8 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from conduit.daemon import jsontext
-from conduit.daemon.jsontext import JsonTextError
+from conduit.core import jsontext
+from conduit.core.jsontext import JsonTextError
 from conduit.executors.base import ErrorInfo, Limits, Outcome, Status
 from conduit.executors.output import OutputCapture
 from conduit.executors.process import describe_returncode

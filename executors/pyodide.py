@@ -43,7 +43,7 @@ from typing import Any
 
 import trio
 
-from conduit.daemon.errors import ExecutorError, Overloaded, RuntimeMissing, SandboxCrashed
+from conduit.core.errors import ExecutorError, Overloaded, RuntimeMissing, SandboxCrashed
 from conduit.executors.base import (
     CallbackAddress,
     ErrorInfo,

@@ -42,8 +42,8 @@ from typing import Any
 
 import trio
 
-from conduit.daemon import jsontext
-from conduit.daemon.errors import SandboxCrashed
+from conduit.core import jsontext
+from conduit.core.errors import SandboxCrashed
 from conduit.executors import outcomes
 from conduit.executors.base import ErrorInfo, Job, Limits, Outcome, Status
 from conduit.executors.output import READ_CHUNK_BYTES, OutputCapture, StreamName

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 
 import trio
 
-from conduit.daemon.errors import ExecutorUnavailable, InvalidParams
+from conduit.core.errors import ExecutorUnavailable, InvalidParams
 from conduit.executors.base import Executor, ExecutorInfo
 
 __all__ = ["ExecutorRegistry"]

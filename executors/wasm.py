@@ -55,8 +55,8 @@ import trio
 import wasmtime
 import wasmtime.component
 
-from conduit.daemon import jsontext
-from conduit.daemon.errors import Overloaded, RpcError, RuntimeMissing
+from conduit.core import jsontext
+from conduit.core.errors import Overloaded, RpcError, RuntimeMissing
 from conduit.executors import _wasmtime, outcomes, thread_priority
 from conduit.executors.base import (
     ErrorInfo,

@@ -25,7 +25,7 @@ either, so that the registry can give it to an executor that has them.
 
 from __future__ import annotations
 
-from conduit.daemon import jsontext
+from conduit.core import jsontext
 from conduit.executors.base import ErrorInfo, Job
 from conduit.executors.js_source import Token, may_await, prepare_module, token_groups
 from conduit.executors.wasm import ProgramRejected, WasmExecutor

@@ -59,8 +59,8 @@ from typing import Any, Protocol
 
 import trio
 
-from conduit.daemon import jsontext
-from conduit.daemon.errors import GatewayError, SchemaInvalid, UpstreamUnreachable
+from conduit.core import jsontext
+from conduit.core.errors import GatewayError, SchemaInvalid, UpstreamUnreachable
 from conduit.gateway.allowlist import Allowlist, permits
 from conduit.gateway.model import Tool, UpstreamState, UpstreamStatus
 from conduit.gateway.naming import assign_names, namespace_for

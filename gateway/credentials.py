@@ -3,7 +3,7 @@
 Sandboxed programs never see these: the gateway adds them to its own requests to an
 upstream. Config values arrive as strings (`${VAR}` already substituted by the config
 loader) or as `*_file` paths read once when the credentials are loaded. Every secret
-is registered with `conduit.daemon.logs.redact` the moment it is loaded or received,
+is registered with `conduit.core.redaction.redact` the moment it is loaded or received,
 and is held as a pydantic `SecretStr`, so no repr, str or exception message shows it.
 
 OAuth2 tokens come from the token endpoint (client credentials or refresh token
@@ -42,8 +42,8 @@ from pydantic import (
     model_validator,
 )
 
-from conduit.daemon.errors import ConfigError, GatewayError
-from conduit.daemon.logs import redact
+from conduit.core.errors import ConfigError, GatewayError
+from conduit.core.redaction import redact
 from conduit.gateway.ssrf import SsrfGuard, read_capped
 
 __all__ = [

@@ -32,7 +32,7 @@ import httpx
 import trio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from conduit.daemon.errors import GatewayError
+from conduit.core.errors import GatewayError
 from conduit.gateway.ssrf import SsrfGuard, read_capped
 
 __all__ = [

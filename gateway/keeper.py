@@ -47,8 +47,8 @@ from mcp_types import methods as mcp_methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from conduit.daemon.errors import UpstreamUnreachable
-from conduit.daemon.version import VERSION
+from conduit.core.errors import UpstreamUnreachable
+from conduit.core.version import VERSION
 from conduit.gateway.direct_requests import ConnectionClosed, DirectRequests
 from conduit.gateway.model import UpstreamState, UpstreamStatus
 from conduit.gateway.settings import HttpUpstreamSettings, StdioUpstreamSettings

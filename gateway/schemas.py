@@ -37,7 +37,7 @@ from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
 from referencing.exceptions import Unresolvable
 
-from conduit.daemon.errors import GatewayError, SchemaInvalid
+from conduit.core.errors import GatewayError, SchemaInvalid
 from conduit.gateway.model import Tool
 
 __all__ = [

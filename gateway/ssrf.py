@@ -45,7 +45,7 @@ import httpx
 import httpx2
 import trio
 
-from conduit.daemon.errors import GatewayError
+from conduit.core.errors import GatewayError
 
 __all__ = [
     "DEFAULT_PORTS",

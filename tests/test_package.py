@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
         "conduit.daemon",
         "conduit.executors",
         "conduit.gateway",
-        "conduit.daemon.errors",
+        "conduit.core.errors",
     ],
 )
 def test_all_lists_exactly_the_public_names(name: str) -> None:
@@ -42,7 +42,7 @@ def test_all_lists_exactly_the_public_names(name: str) -> None:
 
 def test_the_client_imports_none_of_the_daemons_machinery() -> None:
     """`import conduit.client` stays light: scripts and agents import it on every start."""
-    heavy = ["conduit.daemon.server", "conduit.daemon.config", "pydantic", "wasmtime", "mcp"]
+    heavy = ["conduit.daemon", "pydantic", "wasmtime", "mcp"]
     probe = f"import sys, conduit.client; print([m for m in {heavy!r} if m in sys.modules])"
     loaded = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT

@@ -8,9 +8,9 @@ from typing import Any
 
 import trio
 
+from conduit.core.errors import ConfigError, InvalidRequest
+from conduit.core.version import VERSION
 from conduit.daemon.dispatcher import CallContext, NoParams, method
-from conduit.daemon.errors import ConfigError, InvalidRequest
-from conduit.daemon.version import VERSION
 
 
 @method("config/reload", params=NoParams, scope="admin")

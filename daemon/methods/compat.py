@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
+from conduit.core.errors import LimitMemory, LimitOutput, LimitTimeout, RpcError
 from conduit.daemon.dispatcher import METHODS, CallContext, Params, method
-from conduit.daemon.errors import LimitMemory, LimitOutput, LimitTimeout, RpcError
 from conduit.daemon.executions import ExecutionRequest
 
 __all__ = ["ALIASES", "Alias", "register_aliases"]

@@ -12,10 +12,10 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
+from conduit.core.errors import NotFound
+from conduit.core.version import VERSION
 from conduit.daemon.dispatcher import METHODS, CallContext, Params, method
-from conduit.daemon.errors import NotFound
 from conduit.daemon.methods.executions import origin_of
-from conduit.daemon.version import VERSION
 
 __all__ = ["PROTOCOL_VERSIONS"]
 

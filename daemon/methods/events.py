@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 from pydantic import Field
 
+from conduit.core.errors import Forbidden, InvalidParams, InvalidRequest, NotFound
 from conduit.daemon.dispatcher import CallContext, Params, method
-from conduit.daemon.errors import Forbidden, InvalidParams, InvalidRequest, NotFound
 from conduit.daemon.events import PRINCIPAL_EVENTS, EventType, Subscription
 
 if TYPE_CHECKING:

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from conduit.core.errors import Forbidden, NotFound
 from conduit.daemon.audit import AuditState, ExecutionQuery
 from conduit.daemon.dispatcher import CallContext, NoParams, Params, method
-from conduit.daemon.errors import Forbidden, NotFound
 from conduit.daemon.executions import ExecutionRequest
 from conduit.executors.base import Status
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from pydantic import Field
 
+from conduit.core.errors import InvalidRequest
 from conduit.daemon.dispatcher import CallContext, NoParams, Params, method
-from conduit.daemon.errors import InvalidRequest
 
 
 class LoginParams(Params):

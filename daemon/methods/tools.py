@@ -27,14 +27,14 @@ from typing import Any, Literal
 import trio
 from pydantic import ConfigDict, Field, ValidationError
 
-from conduit.daemon.dispatcher import CallContext, NoParams, Params, invalid_params, method
-from conduit.daemon.errors import (
+from conduit.core.errors import (
     ExecutorUnavailable,
     Forbidden,
     InvalidParams,
     Overloaded,
     RateLimited,
 )
+from conduit.daemon.dispatcher import CallContext, NoParams, Params, invalid_params, method
 from conduit.daemon.methods.executions import ExecuteParams
 from conduit.daemon.methods.sdk import render_declarations
 from conduit.daemon.tool_access import allowlists_for, hides_catalogue, shaped, unavailable

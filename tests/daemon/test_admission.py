@@ -16,10 +16,10 @@ import pytest
 import trio
 import trio.testing
 
+from conduit.core.errors import Overloaded, Unauthenticated
 from conduit.daemon import dispatcher
 from conduit.daemon.auth import Principal
 from conduit.daemon.connection import Connection, Deadlines
-from conduit.daemon.errors import Overloaded, Unauthenticated
 from conduit.daemon.limits import ConnectionBudget, ConnectionSlot
 from conduit.daemon.server import Daemon
 from tests.conftest import MASTER_TOKEN, WAIT_S

@@ -19,11 +19,11 @@ from typing import Any, BinaryIO
 import pytest
 import trio
 
+from conduit.core.errors import Forbidden, InvalidParams, NotFound, StoreUnavailable
 from conduit.daemon import audit, audit_db
 from conduit.daemon.audit import BUFFER_RECORDS, AuditState
 from conduit.daemon.audit_db import store_bytes
 from conduit.daemon.auth import hash_token, new_token
-from conduit.daemon.errors import Forbidden, InvalidParams, NotFound, StoreUnavailable
 from conduit.daemon.events import Event, EventType
 from conduit.daemon.records import ExecutionRecord, ToolCallRecord, code_digest
 from tests.conftest import MASTER_TOKEN, WAIT_S, RawClient

@@ -7,8 +7,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from conduit.core.errors import Forbidden, Unauthenticated
 from conduit.daemon.auth import hash_token, new_token
-from conduit.daemon.errors import Forbidden, Unauthenticated
 from tests.conftest import MASTER_TOKEN
 
 NO_DENO = {"executors": {"deno": {"enabled": False}}}

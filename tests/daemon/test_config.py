@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
+from conduit.core.errors import ConfigError
 from conduit.daemon.config import Config, load_config
-from conduit.daemon.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 
-from conduit.daemon.errors import ConfigError
+from conduit.core.errors import ConfigError
 from conduit.daemon.listeners import open_unix_listener, remove_socket_file
 from conduit.daemon.server import Daemon
 

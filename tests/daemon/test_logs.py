@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from conduit.core.redaction import REDACTED, redact
 from conduit.daemon.auth import hash_token
-from conduit.daemon.logs import REDACTED, configure_logging, redact
+from conduit.daemon.logs import configure_logging
 from conduit.daemon.server import Daemon
 
 log = logging.getLogger("conduit.test.logs")

@@ -12,8 +12,8 @@ import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
+from conduit.core.errors import ConfigError, MethodNotFound, ParseError, Unauthenticated
 from conduit.daemon.config import load_config
-from conduit.daemon.errors import ConfigError, MethodNotFound, ParseError, Unauthenticated
 from conduit.daemon.metrics_endpoint import (
     MAX_REQUEST_BYTES,
     MAX_SCRAPES,

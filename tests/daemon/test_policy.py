@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from conduit.core.errors import ConfigError
 from conduit.daemon.config import Config, PolicyConfig, load_config
-from conduit.daemon.errors import ConfigError
 from conduit.daemon.policy import Policy, Violation
 
 PYTHON_RULES = {

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import trio
 
-from conduit.daemon.errors import InvalidParams, InvalidRequest, MethodNotFound, ParseError
+from conduit.core.errors import InvalidParams, InvalidRequest, MethodNotFound, ParseError
 from tests.conftest import MASTER_TOKEN, RawClient
 
 NO_DENO = {"executors": {"deno": {"enabled": False}}}

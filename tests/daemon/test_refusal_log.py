@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from conduit.daemon.errors import Overloaded
+from conduit.core.errors import Overloaded
 from conduit.daemon.server import REFUSAL_LOG_EVERY_S, _ThrottledLog
 from tests.conftest import WAIT_S
 from tests.e2e.helpers import farewells

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import trio
 
-from conduit.daemon.errors import ConfigError
+from conduit.core.errors import ConfigError
 from conduit.daemon.systemd import (
     Notifier,
     listen_fds,
@@ -63,7 +63,7 @@ os.execv(sys.executable, [sys.executable, "-c", sys.argv[3]])
 # are still inheritable, and what its environment and its own child's look like.
 REPORTER = """
 import json, os, subprocess, sys
-from conduit.daemon.errors import ConduitError
+from conduit.core.errors import ConduitError
 from conduit.daemon.systemd import listen_fds
 
 VARS = ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES")

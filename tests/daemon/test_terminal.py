@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conduit.daemon.terminal import dumps, escape, escape_lines
+from conduit.core.terminal import dumps, escape, escape_lines
 
 # The bidi classes of the embeddings, overrides and isolates (Trojan Source); the marks
 # (LRM, RLM, ALM) have the classes of letters, so they are named.

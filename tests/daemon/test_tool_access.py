@@ -18,8 +18,8 @@ import pytest
 import trio
 import trio.testing
 
+from conduit.core.errors import Forbidden, NotFound
 from conduit.daemon.auth import hash_token
-from conduit.daemon.errors import Forbidden, NotFound
 from conduit.daemon.mcp_stdio import stdio_principal
 from tests.conftest import MASTER_TOKEN, WAIT_S, RawClient
 from tests.e2e.helpers import wait_upstreams

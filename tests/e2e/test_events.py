@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import trio
 
+from conduit.core.errors import Forbidden, InvalidParams, NotFound, UpstreamError
 from conduit.daemon.auth import hash_token, new_token
 from conduit.daemon.bridge import SessionBridge
-from conduit.daemon.errors import Forbidden, InvalidParams, NotFound, UpstreamError
 from conduit.daemon.events import PRINCIPAL_EVENTS, EventType
 from conduit.daemon.methods.events import DROPPED
 from tests.conftest import WAIT_S, RawClient

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import trio
 
-from conduit.daemon.errors import (
+from conduit.core.errors import (
     ExecutorUnavailable,
     InvalidParams,
     LimitTimeout,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from conduit.daemon.errors import Overloaded, Unauthenticated
+from conduit.core.errors import Overloaded, Unauthenticated
 from tests.conftest import RawClient
 from tests.e2e.helpers import CONDUIT, base_env, call, conduit_serve, execute, farewells
 from tests.fixtures.mcp_echo_server import command as echo_command

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import trio
 
+from conduit.core.errors import Forbidden, NotFound
 from conduit.daemon.auth import hash_token
-from conduit.daemon.errors import Forbidden, NotFound
 from tests.conftest import RawClient
 from tests.e2e.helpers import execute, wait_upstreams
 from tests.fixtures.mcp_echo_server import command as echo_command

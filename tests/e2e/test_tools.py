@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import trio
 
+from conduit.core.errors import Forbidden, InvalidParams, NotFound, Unauthenticated
 from conduit.daemon.auth import hash_token
-from conduit.daemon.errors import Forbidden, InvalidParams, NotFound, Unauthenticated
 from tests.conftest import MASTER_TOKEN, RawClient
 from tests.e2e.helpers import execute, wait_upstreams
 from tests.fixtures.mcp_echo_server import command as echo_command

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import trio
 
-from conduit.daemon.errors import Forbidden
+from conduit.core.errors import Forbidden
 from tests.e2e.test_tools import tooled  # noqa: F401 (a fixture)
 
 ON_BOTH = [

@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from conduit.daemon.errors import RuntimeMissing, SandboxCrashed
+from conduit.core.errors import RuntimeMissing, SandboxCrashed
 from conduit.executors.base import CallbackAddress, Job, Limits, Outcome, Status
 from conduit.executors.deno import DenoExecutor, permission_flags, read_version
 from conduit.executors.outcomes import answered

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 import trio
 
-from conduit.daemon.errors import ExecutorUnavailable, InvalidParams
+from conduit.core.errors import ExecutorUnavailable, InvalidParams
 from conduit.executors.base import ExecutorInfo
 from conduit.executors.registry import ExecutorRegistry
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import trio
 
-from conduit.daemon.errors import Overloaded
+from conduit.core.errors import Overloaded
 from conduit.executors import wasm_clock
 from conduit.executors.base import Job, Limits, Outcome, Status
 from conduit.executors.wasm_lingering import LingerBudget

@@ -23,8 +23,8 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conduit.core.errors import RpcError
 from conduit.daemon.dispatcher import METHODS
-from conduit.daemon.errors import RpcError
 from conduit.executors.base import ErrorInfo, ExecutorInfo, Job, Outcome, Status, ToolBridge
 from conduit.executors.registry import ExecutorRegistry
 from tests.conftest import MASTER_TOKEN

@@ -15,10 +15,10 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conduit.daemon import jsontext
-from conduit.daemon.errors import InvalidRequest, ParseError, RpcError
-from conduit.daemon.framing import OVERSIZE, LineReader
-from conduit.daemon.protocol import decode, encode, error_reply, parse_request, request_id
+from conduit.core import jsontext
+from conduit.core.errors import InvalidRequest, ParseError, RpcError
+from conduit.core.framing import OVERSIZE, LineReader
+from conduit.core.protocol import decode, encode, error_reply, parse_request, request_id
 from tests.fuzz.strategies import hostile_json, hostile_lines, run_counts
 
 QUIET = {

@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from conduit.daemon.errors import GatewayError, SchemaInvalid, UpstreamUnreachable
+from conduit.core.errors import GatewayError, SchemaInvalid, UpstreamUnreachable
 from conduit.gateway.allowlist import Allowlist
 from conduit.gateway.catalogue import (
     CALL_GRACE_S,

@@ -15,7 +15,7 @@ import pydantic
 import pytest
 import trio
 
-from conduit.daemon.errors import ConfigError
+from conduit.core.errors import ConfigError
 from conduit.daemon.logs import configure_logging
 from conduit.gateway.credentials import (
     ApiKeyConfig,

@@ -19,7 +19,7 @@ import trio
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
-from conduit.daemon.errors import UpstreamUnreachable
+from conduit.core.errors import UpstreamUnreachable
 from conduit.gateway.direct_requests import ID_PREFIX, ConnectionClosed, DirectRequests
 from conduit.gateway.settings import StdioUpstreamSettings
 from conduit.gateway.stdio_upstream import StdioUpstream

@@ -19,7 +19,7 @@ import pytest
 import trio
 from pydantic import BaseModel, ValidationError
 
-from conduit.daemon.errors import UpstreamUnreachable
+from conduit.core.errors import UpstreamUnreachable
 from conduit.gateway.http_upstream import HTTP_TIMEOUT, HttpUpstream
 from conduit.gateway.model import UpstreamState, UpstreamStatus
 from conduit.gateway.settings import HttpUpstreamSettings, UpstreamList

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import trio
 
-from conduit.daemon.errors import GatewayError
+from conduit.core.errors import GatewayError
 from conduit.gateway.keeper import _cancellation_alone
 
 

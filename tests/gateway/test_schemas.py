@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from conduit.daemon.errors import SchemaInvalid
+from conduit.core.errors import SchemaInvalid
 from conduit.gateway.model import Tool
 from conduit.gateway.schemas import (
     ArgumentsInvalid,

@@ -19,7 +19,7 @@ import pytest
 import trio
 from pydantic import BaseModel, ValidationError
 
-from conduit.daemon.errors import UpstreamUnreachable
+from conduit.core.errors import UpstreamUnreachable
 from conduit.gateway import stdio_upstream
 from conduit.gateway.keeper import Backoff, SessionKeeper
 from conduit.gateway.model import UpstreamState, UpstreamStatus

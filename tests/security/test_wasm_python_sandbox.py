@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 
-from conduit.daemon.errors import Forbidden, InvalidRequest, MethodNotFound
+from conduit.core.errors import Forbidden, InvalidRequest, MethodNotFound
 from conduit.executors.base import Job, Limits, Outcome, Status
 from conduit.executors.wasm import CONCURRENT_EXECUTIONS, RUNNERS
 from conduit.executors.wasm_python import WasmPythonExecutor

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from conduit.daemon import jsontext
-from conduit.daemon.errors import InvalidRequest, ParseError, RpcError
+from conduit.core import jsontext
+from conduit.core.errors import InvalidRequest, ParseError, RpcError
 
 __all__ = [
     "Request",

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from conduit.daemon.terminal import quoted
+from conduit.core.terminal import quoted
 
 __all__ = [
     "ConduitError",
