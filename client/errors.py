@@ -30,9 +30,8 @@ and lone surrogates escaped (`\\x1b`, `\\n`). The exact text stays on the except
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from conduit.core.errors import (
+    ClientError,
     ConduitError,
     ExecutorUnavailable,
     Forbidden,
@@ -48,10 +47,8 @@ from conduit.core.errors import (
     Unauthenticated,
     UpstreamError,
 )
+from conduit.core.results import ProgramFailed
 from conduit.core.terminal import quoted
-
-if TYPE_CHECKING:
-    from conduit.client.results import ExecutionResult
 
 __all__ = [
     "ClientError",
@@ -76,10 +73,6 @@ __all__ = [
     "Unauthenticated",
     "UpstreamError",
 ]
-
-
-class ClientError(ConduitError):
-    """Raised by the client itself; the daemon never sends these."""
 
 
 class TransportError(ClientError):
@@ -118,20 +111,6 @@ class Timeout(ClientError, TimeoutError):
             f"{method}: no answer {within}; the connection is still usable. "
             "Pass a larger timeout_s (None waits as long as it takes)"
         )
-
-
-class ProgramFailed(ClientError):
-    """The program ended with a non-ok status; `result` is its whole `ExecutionResult`.
-
-    The message quotes the program's error type and message escaped and bounded
-    (`terminal.quoted`); `result.error` holds them as the program wrote them.
-    """
-
-    def __init__(self, result: ExecutionResult) -> None:
-        error = result.error
-        detail = f": {quoted(error.type)}: {quoted(error.message)}" if error is not None else ""
-        super().__init__(f"the program ended with status {quoted(result.status)}{detail}")
-        self.result = result
 
 
 class SubscriptionDropped(ClientError):

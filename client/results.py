@@ -1,6 +1,7 @@
 """Typed views of what the daemon answers: execution results, output, events, tools.
 
-Each is a frozen dataclass built by `from_wire(...)` from the JSON the daemon sends;
+Each is a frozen dataclass built by `from_wire(...)` from the JSON the daemon sends
+(`ExecutionResult` and `ProgramError` are the daemon's own, from `conduit.core.results`);
 `raw` keeps that JSON whole, so a field a newer daemon adds is never lost. Fields follow
 the wire names in snake_case. This module does no I/O.
 """
@@ -12,9 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from conduit.client.errors import ProgramFailed
+from conduit.core.results import STATUSES, ExecutionResult, ProgramError
 
 __all__ = [
+    "STATUSES",
     "Event",
     "ExecutionResult",
     "OutputChunk",
@@ -23,92 +25,6 @@ __all__ = [
     "ToolResult",
     "ToolSchema",
 ]
-
-# The statuses an execution ends with (the daemon's `Status`): only "ok" is success;
-# every limit has its own status, and partial output is kept in all of them.
-STATUSES = (
-    "ok",
-    "error",
-    "timeout",
-    "memory_limit",
-    "output_limit",
-    "tool_limit",
-    "cancelled",
-    "crashed",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class ProgramError:
-    """Why a program failed: the exception it raised, or the limit it hit."""
-
-    type: str
-    message: str
-    traceback: str | None = None
-
-    @classmethod
-    def from_wire(cls, error: Mapping[str, Any] | None) -> ProgramError | None:
-        if not error:
-            return None
-        return cls(
-            str(error.get("type", "")), str(error.get("message", "")), error.get("traceback")
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutionResult:
-    """How one execution ended. `status` is one of `STATUSES`; `ok` means "ok".
-
-    A non-ok result is still a result (the request itself succeeded): output, the error
-    and timings are all here. `raise_for_status()` raises `ProgramFailed` for it.
-    """
-
-    execution_id: str
-    status: str
-    result: Any = None
-    stdout: str = ""
-    stderr: str = ""
-    exit_code: int | None = None
-    error: ProgramError | None = None
-    truncated_stdout: bool = False
-    truncated_stderr: bool = False
-    tool_calls: int = 0
-    duration_ms: float = 0.0
-    queue_ms: float = 0.0
-    executor: str = ""
-    memory_peak_bytes: int | None = None
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    def raise_for_status(self) -> ExecutionResult:
-        """Return this result if it is ok; else raise `ProgramFailed` carrying it."""
-        if not self.ok:
-            raise ProgramFailed(self)
-        return self
-
-    @classmethod
-    def from_wire(cls, wire: Mapping[str, Any]) -> ExecutionResult:
-        truncated = wire.get("truncated") or {}
-        return cls(
-            execution_id=str(wire.get("execution_id", "")),
-            status=str(wire.get("status", "")),
-            result=wire.get("result"),
-            stdout=wire.get("stdout") or "",
-            stderr=wire.get("stderr") or "",
-            exit_code=wire.get("exit_code"),
-            error=ProgramError.from_wire(wire.get("error")),
-            truncated_stdout=bool(truncated.get("stdout", False)),
-            truncated_stderr=bool(truncated.get("stderr", False)),
-            tool_calls=int(wire.get("tool_calls") or 0),
-            duration_ms=float(wire.get("duration_ms") or 0.0),
-            queue_ms=float(wire.get("queue_ms") or 0.0),
-            executor=str(wire.get("executor", "")),
-            memory_peak_bytes=wire.get("memory_peak_bytes"),
-            raw=dict(wire),
-        )
 
 
 @dataclass(frozen=True, slots=True)

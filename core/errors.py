@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 from conduit.core.terminal import quoted
 
 __all__ = [
+    "ClientError",
     "ConduitError",
     "ConfigError",
     "ExecutorError",
@@ -62,6 +63,10 @@ __all__ = [
 
 class ConduitError(Exception):
     """Base of every error Conduit raises on purpose."""
+
+
+class ClientError(ConduitError):
+    """Raised by a client itself (`conduit.client`); the daemon never sends these."""
 
 
 class RpcError(ConduitError):

@@ -31,6 +31,7 @@ from conduit.core.errors import (
     ToolLimitReached,
     Unauthenticated,
 )
+from conduit.core.results import ExecutionResult, ProgramError, Truncated
 from conduit.daemon.bridge import SessionBridge
 from conduit.daemon.events import Event, EventType
 from conduit.daemon.policy import Violation
@@ -176,8 +177,8 @@ class Executions:
     def __len__(self) -> int:
         return len(self._running)
 
-    async def execute(self, request: ExecutionRequest, principal: Principal) -> dict[str, Any]:
-        """Run one program for `principal` and return the wire result.
+    async def execute(self, request: ExecutionRequest, principal: Principal) -> ExecutionResult:
+        """Run one program for `principal` and return its result.
 
         A failing program is a result with a non-ok status; a program the policy
         refuses is a `refused` result, and never takes a slot. Raises `Overloaded` while
@@ -252,8 +253,8 @@ class Executions:
             started = trio.current_time()
             tool_log: list[ToolCallRecord] = []
 
-            def end(outcome: Outcome) -> dict[str, Any]:
-                """Log and publish how the execution ended; returns the wire result."""
+            def end(outcome: Outcome) -> ExecutionResult:
+                """Log and publish how the execution ended; returns the result."""
                 # What the executor spent waiting for a CPU slot or a sandbox is queueing.
                 duration_s = trio.current_time() - started - outcome.queue_s
                 # Debug, not info: the audit store and the events already record every
@@ -270,12 +271,12 @@ class Executions:
                     },
                 )
                 waited_s = ready_wait_s + queue_wait_s + outcome.queue_s
-                wire = _wire_result(execution_id, executor.name, outcome, duration_s, waited_s)
+                result = _result(execution_id, executor.name, outcome, duration_s, waited_s)
                 record = _record(
-                    wire, job, principal.name, requested, digest, started_at, tuple(tool_log)
+                    result, job, principal.name, requested, digest, started_at, tuple(tool_log)
                 )
                 daemon.events.publish(_ended_event(record))
-                return wire
+                return result
 
             try:
                 outcome = await self._run(job, executor, allowed, principal, request, tool_log)
@@ -305,18 +306,20 @@ class Executions:
         requested: tuple[str, ...],
         violation: Violation,
         check_s: float,
-    ) -> dict[str, Any]:
+    ) -> ExecutionResult:
         """The result, events and record of a program the policy refused: it never ran.
 
         Publishes `policy.violation` (the rule and place) and then the execution's end
         event carrying its record, so the audit trail holds every refused request.
         """
         started_at = time.time()
-        outcome = Outcome(Status.REFUSED, error=ErrorInfo("PolicyViolation", violation.describe()))
-        wire = _wire_result(job.execution_id, executor, outcome, check_s, 0.0)
-        wire["error"].update(violation.to_wire())
+        refused = _result(job.execution_id, executor, Outcome(Status.REFUSED), check_s, 0.0)
+        error = _cleaned(ErrorInfo("PolicyViolation", violation.describe()))
+        result = dataclasses.replace(
+            refused, error=dataclasses.replace(error, **violation.to_wire())
+        )
         digest = code_digest(job.code)
-        record = _record(wire, job, principal.name, requested, digest, started_at, ())
+        record = _record(result, job, principal.name, requested, digest, started_at, ())
         log.info(
             "execution refused by policy",
             extra={
@@ -344,7 +347,7 @@ class Executions:
             )
         )
         self._daemon.events.publish(_ended_event(record))
-        return wire
+        return result
 
     async def _run(
         self,
@@ -570,7 +573,7 @@ _ENDED_AS = {
 
 
 def _record(
-    wire: dict[str, Any],
+    result: ExecutionResult,
     job: Job,
     principal: str,
     allowed: tuple[str, ...],
@@ -579,34 +582,34 @@ def _record(
     tool_log: tuple[ToolCallRecord, ...],
 ) -> ExecutionRecord:
     """What the audit store and events keep of an ended execution."""
-    error = wire["error"] or {}
-    result = "" if wire["result"] is None else jsontext.dumps(wire["result"])
-    status = Status(wire["status"])
+    error = result.error
+    value = "" if result.result is None else jsontext.dumps(result.result)
+    status = Status(result.status)
     return ExecutionRecord(
         execution_id=job.execution_id,
         principal=principal,
-        executor=wire["executor"],
+        executor=result.executor,
         language=job.language,
         code_sha256=digest,
         code_bytes=len(job.code.encode()),
         code_snippet=head(job.code, SNIPPET_CHARS),
         allowed_tools=allowed,
-        status=wire["status"],
+        status=result.status,
         started_at=started_at,
-        queue_ms=wire["queue_ms"],
-        duration_ms=wire["duration_ms"],
-        exit_code=wire["exit_code"],
-        error_type=error.get("type"),
-        error_message=error.get("message"),
+        queue_ms=result.queue_ms,
+        duration_ms=result.duration_ms,
+        exit_code=result.exit_code,
+        error_type=error.type if error else None,
+        error_message=error.message if error else None,
         limit_hit=_LIMIT_OF.get(status),
-        policy_rule=error.get("rule") if status is Status.REFUSED else None,
-        result_bytes=len(result.encode()),
-        result_head=head(result),
-        stdout_bytes=len(wire["stdout"].encode()),
-        stdout_head=head(wire["stdout"]),
-        stderr_bytes=len(wire["stderr"].encode()),
-        stderr_head=head(wire["stderr"]),
-        memory_peak_bytes=wire["memory_peak_bytes"],
+        policy_rule=error.rule if error and status is Status.REFUSED else None,
+        result_bytes=len(value.encode()),
+        result_head=head(value),
+        stdout_bytes=len(result.stdout.encode()),
+        stdout_head=head(result.stdout),
+        stderr_bytes=len(result.stderr.encode()),
+        stderr_head=head(result.stderr),
+        memory_peak_bytes=result.memory_peak_bytes,
         tool_calls=tool_log,
     )
 
@@ -631,34 +634,33 @@ def _ended_event(record: ExecutionRecord) -> Event:
     return Event(kind, data, record.principal, record=record)
 
 
-def _wire_result(
+def _result(
     execution_id: str, executor: str, outcome: Outcome, duration_s: float, queue_wait_s: float
-) -> dict[str, Any]:
+) -> ExecutionResult:
     """The execution's answer. Text a program chose is made storable and sendable here
     (lone surrogates replaced), once, for the reply, the record and the events alike;
     executors decode results with `jsontext`, which already did the same for them."""
-    error = _clean_error(outcome.error)
-    return {
-        "execution_id": execution_id,
-        "status": str(outcome.status),
-        "result": outcome.result,
-        "stdout": jsontext.clean_text(outcome.stdout),
-        "stderr": jsontext.clean_text(outcome.stderr),
-        "exit_code": outcome.exit_code,
-        "error": error,
-        "truncated": {"stdout": outcome.truncated_stdout, "stderr": outcome.truncated_stderr},
-        "tool_calls": outcome.tool_calls,
-        "duration_ms": round(duration_s * 1000, 3),
-        "queue_ms": round(queue_wait_s * 1000, 3),
-        "executor": executor,
-        "memory_peak_bytes": outcome.memory_peak_bytes,
-    }
+    return ExecutionResult(
+        execution_id=execution_id,
+        status=str(outcome.status),
+        result=outcome.result,
+        stdout=jsontext.clean_text(outcome.stdout),
+        stderr=jsontext.clean_text(outcome.stderr),
+        exit_code=outcome.exit_code,
+        error=_program_error(outcome.error),
+        truncated=Truncated(stdout=outcome.truncated_stdout, stderr=outcome.truncated_stderr),
+        tool_calls=outcome.tool_calls,
+        duration_ms=round(duration_s * 1000, 3),
+        queue_ms=round(queue_wait_s * 1000, 3),
+        executor=executor,
+        memory_peak_bytes=outcome.memory_peak_bytes,
+    )
 
 
-def _clean_error(error: ErrorInfo | None) -> dict[str, Any] | None:
-    if error is None:
-        return None
-    return {
-        key: jsontext.clean_text(value) if isinstance(value, str) else value
-        for key, value in dataclasses.asdict(error).items()
-    }
+def _program_error(error: ErrorInfo | None) -> ProgramError | None:
+    return None if error is None else _cleaned(error)
+
+
+def _cleaned(error: ErrorInfo) -> ProgramError:
+    clean = jsontext.clean_text
+    return ProgramError(clean(error.type), clean(error.message), clean(error.traceback))

@@ -12,13 +12,13 @@ Exceptions an executor may raise are the `ExecutorError` family (`RuntimeMissing
 from __future__ import annotations
 
 import contextlib
-import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import trio
 
+from conduit.core.results import Status
 from conduit.executors.output import OutputHook
 
 __all__ = [
@@ -33,21 +33,6 @@ __all__ = [
     "ToolBridge",
     "python_request",
 ]
-
-
-class Status(enum.StrEnum):
-    """How an execution ended. Every limit has its own status."""
-
-    OK = "ok"
-    ERROR = "error"
-    TIMEOUT = "timeout"
-    MEMORY_LIMIT = "memory_limit"
-    OUTPUT_LIMIT = "output_limit"
-    TOOL_LIMIT = "tool_limit"
-    CANCELLED = "cancelled"
-    CRASHED = "crashed"
-    # Never run: the daemon's pre-execution policy refused the program's text.
-    REFUSED = "refused"
 
 
 @dataclass(frozen=True, slots=True)

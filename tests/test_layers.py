@@ -26,12 +26,9 @@ LAYERS: dict[str, set[str]] = {
 }
 # Modules that import cycles still run through, counting imports made only for type
 # checking (a cycle of types is a cycle of design): `Daemon` is handed to nearly
-# everything in the daemon and reached into, and the client's errors and results name
-# each other. This set may only shrink.
+# everything in the daemon and reached into. This set may only shrink.
 KNOWN_CYCLE = frozenset(
     {
-        "conduit.client.errors",
-        "conduit.client.results",
         "conduit.daemon.bridge",
         "conduit.daemon.connection",
         "conduit.daemon.dispatcher",

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ConfigDict, Field
 
 from conduit.core.errors import LimitMemory, LimitOutput, LimitTimeout, RpcError
+from conduit.core.results import ExecutionResult
 from conduit.daemon.dispatcher import METHODS, CallContext, Params, method
 from conduit.daemon.executions import ExecutionRequest
 
@@ -91,15 +92,15 @@ _LIMIT_ERRORS: dict[str, type[RpcError]] = {
 _ERROR_ON_STDERR = frozenset(("error", "refused"))
 
 
-def _seed_shape(result: dict[str, Any]) -> dict[str, Any]:
-    stderr = result["stderr"]
-    if result["error"] and result["status"] in _ERROR_ON_STDERR:
-        error = result["error"]
-        stderr += error.get("traceback") or f"{error['type']}: {error['message']}\n"
-    exit_code = result["exit_code"]
+def _seed_shape(result: ExecutionResult) -> dict[str, Any]:
+    stderr = result.stderr
+    error = result.error
+    if error and result.status in _ERROR_ON_STDERR:
+        stderr += error.traceback or f"{error.type}: {error.message}\n"
+    exit_code = result.exit_code
     if exit_code is None:
-        exit_code = 0 if result["status"] == "ok" else 1
-    return {"stdout": result["stdout"], "stderr": stderr, "exitCode": exit_code}
+        exit_code = 0 if result.ok else 1
+    return {"stdout": result.stdout, "stderr": stderr, "exitCode": exit_code}
 
 
 async def _execute_alias(
@@ -113,10 +114,10 @@ async def _execute_alias(
     )
     result = await ctx.daemon.executions.execute(request, ctx.require_principal())
     shaped = _seed_shape(result)
-    error_class = _LIMIT_ERRORS.get(result["status"])
+    error_class = _LIMIT_ERRORS.get(result.status)
     if error_class is not None:
-        message = result["error"]["message"] if result["error"] else result["status"]
-        raise error_class(f"{name}: {message}", {**shaped, "status": result["status"]})
+        message = result.error.message if result.error else result.status
+        raise error_class(f"{name}: {message}", {**shaped, "status": result.status})
     return shaped
 
 

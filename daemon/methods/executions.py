@@ -112,7 +112,7 @@ async def _send_output(connection: Connection, request_id: Any, params: dict[str
 async def execute(params: ExecuteParams, ctx: CallContext) -> dict[str, Any]:
     """Run a program in a fresh sandbox and return its result, output and status."""
     request = params.to_request(ctx)
-    return await ctx.daemon.executions.execute(request, ctx.require_principal())
+    return (await ctx.daemon.executions.execute(request, ctx.require_principal())).to_wire()
 
 
 def origin_of(ctx: CallContext, request_id: Any) -> tuple[int, Any] | None:

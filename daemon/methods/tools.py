@@ -34,11 +34,11 @@ from conduit.core.errors import (
     Overloaded,
     RateLimited,
 )
+from conduit.core.results import ANY_JSON, ExecutionResult
 from conduit.daemon.dispatcher import CallContext, NoParams, Params, invalid_params, method
 from conduit.daemon.methods.executions import ExecuteParams
 from conduit.daemon.methods.sdk import render_declarations
 from conduit.daemon.tool_access import allowlists_for, hides_catalogue, shaped, unavailable
-from conduit.executors.base import Status
 from conduit.executors.caveats import cannot_use
 from conduit.gateway.catalogue import Catalogue
 from conduit.gateway.model import Tool
@@ -153,19 +153,8 @@ def _flat(schema: Any, defs: dict[str, Any]) -> Any:
     return flat
 
 
-# "Any JSON value" spelled out type by type: a schema with no keyword at all means the
-# same, but clients that map schemas onto a one-type dialect (Gemini's) cannot read it.
-_ANY_JSON = [{"type": kind} for kind in ("object", "array", "string", "number", "boolean")]
-_ANY_JSON.append({"type": "null"})
-
-
 def _any_json(description: str) -> dict[str, Any]:
-    return {"anyOf": _ANY_JSON, "description": description}
-
-
-def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    """`schema` or null, as `anyOf` branches of one type each (the portable spelling)."""
-    return {"anyOf": [schema, {"type": "null"}]}
+    return {"anyOf": list(ANY_JSON), "description": description}
 
 
 def _input_schema() -> dict[str, Any]:
@@ -179,42 +168,9 @@ def _input_schema() -> dict[str, Any]:
     return _flat(schema, schema.get("$defs", {}))
 
 
-def _output_schema() -> dict[str, Any]:
-    """The execution result (`execute`'s), as every execute tool's `structuredContent`.
-
-    Only what every result carries is required, and other members are allowed, so a
-    result that gains a member still validates.
-    """
-    text = {"type": "string"}
-    return {
-        "type": "object",
-        "properties": {
-            "execution_id": text,
-            "status": {"type": "string", "enum": [str(status) for status in Status]},
-            "result": _any_json("the program's result"),
-            "stdout": text,
-            "stderr": text,
-            "exit_code": _nullable({"type": "integer"}),
-            "error": _nullable(
-                {
-                    "type": "object",
-                    "properties": {"type": text, "message": text, "traceback": text},
-                }
-            ),
-            "truncated": {
-                "type": "object",
-                "properties": {"stdout": {"type": "boolean"}, "stderr": {"type": "boolean"}},
-            },
-            "tool_calls": {"type": "integer", "minimum": 0},
-            "duration_ms": {"type": "number", "minimum": 0},
-            "executor": text,
-        },
-        "required": ["execution_id", "status", "stdout", "stderr", "error", "executor"],
-    }
-
-
 INPUT_SCHEMA = _input_schema()
-OUTPUT_SCHEMA = _output_schema()
+# The result (`execute`'s), as every execute tool's `structuredContent`.
+OUTPUT_SCHEMA = ExecutionResult.json_schema()
 
 
 def _forget_sections(catalogue: weakref.ref[Catalogue]) -> None:
@@ -308,13 +264,13 @@ class CallParams(_McpParams):
     )
 
 
-def _execution_result(result: dict[str, Any]) -> dict[str, Any]:
-    failed = result["status"] != "ok"
-    summary = {k: result[k] for k in ("status", "result", "stdout", "stderr", "error")}
+def _execution_result(result: ExecutionResult) -> dict[str, Any]:
+    wire = result.to_wire()
+    summary = {k: wire[k] for k in ("status", "result", "stdout", "stderr", "error")}
     return {
         "content": [{"type": "text", "text": json.dumps(summary, ensure_ascii=False)}],
-        "structuredContent": result,
-        "isError": failed,
+        "structuredContent": wire,
+        "isError": not result.ok,
     }
 
 
