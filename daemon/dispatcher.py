@@ -1,7 +1,9 @@
 """The method table and the one place exceptions become wire errors.
 
-`@method(name, params=Model, scope=...)` registers a handler; registering a name twice
-fails at import. `dispatch` validates params (a failure is -32602 naming the field),
+Each API module declares its handlers on a `Router` (`@router.method(name,
+params=Model, scope=...)`); a daemon builds its own `MethodTable` from the routers, so
+two daemons in one process have two tables, and a name registered twice fails when the
+table is built. `dispatch` validates params (a failure is -32602 naming the field),
 checks the caller's scope, runs the handler and maps anything unexpected to -32603 with
 an error id that is also logged. Every refusal (`Forbidden`) is also published as a
 `policy.violation` event. It is deliberately not about streams or framing.
@@ -38,13 +40,13 @@ if TYPE_CHECKING:
 __all__ = [
     "ANSWERED",
     "CANCELLED",
-    "METHODS",
     "CallContext",
     "MethodSpec",
+    "MethodTable",
     "NoParams",
     "Params",
+    "Router",
     "dispatch",
-    "method",
 ]
 
 log = logging.getLogger("conduit.dispatcher")
@@ -94,38 +96,74 @@ class MethodSpec:
     description: str
 
 
-METHODS: dict[str, MethodSpec] = {}
-
 _LOGIN_HINT = (
     'unauthenticated: call auth/login with {"token": "..."} first, or add '
     '"auth": {"bearerToken": "..."} to the request'
 )
 
 
-def method(
-    name: str,
-    *,
-    params: type[Params] = NoParams,
-    scope: str | None,
-    session: bool = False,
-    description: str | None = None,
-) -> Callable[[Handler], Handler]:
-    """Register `handler` under the wire name `name`. A duplicate name is an error."""
+class Router:
+    """Handlers one module declares, for a `MethodTable` to include."""
 
-    def register(handler: Handler) -> Handler:
-        if name in METHODS:
-            raise RuntimeError(f"method {name!r} is registered twice")
-        doc = description or (handler.__doc__ or "").strip().partition("\n")[0]
-        if not doc:
-            raise RuntimeError(f"method {name!r} needs a docstring: rpc/discover shows it")
-        METHODS[name] = MethodSpec(name, handler, params, scope, session, doc)
-        return handler
+    def __init__(self) -> None:
+        self.specs: list[MethodSpec] = []
 
-    return register
+    def method(
+        self,
+        name: str,
+        *,
+        params: type[Params] = NoParams,
+        scope: str | None,
+        session: bool = False,
+        description: str | None = None,
+    ) -> Callable[[Handler], Handler]:
+        """Declare `handler` under the wire name `name`; its docstring's first line is
+        its description unless `description` is given."""
+
+        def declare(handler: Handler) -> Handler:
+            doc = description or (handler.__doc__ or "").strip().partition("\n")[0]
+            if not doc:
+                raise RuntimeError(f"method {name!r} needs a docstring: rpc/discover shows it")
+            self.specs.append(MethodSpec(name, handler, params, scope, session, doc))
+            return handler
+
+        return declare
 
 
-def _unknown_method(name: str) -> MethodNotFound:
-    close = difflib.get_close_matches(name, list(METHODS), n=3, cutoff=0.6)
+class MethodTable:
+    """A daemon's methods by wire name."""
+
+    def __init__(self, *routers: Router) -> None:
+        self._specs: dict[str, MethodSpec] = {}
+        for router in routers:
+            self.add(*router.specs)
+
+    def add(self, *specs: MethodSpec) -> None:
+        """Add each of `specs`; a name that is already there is an error."""
+        for spec in specs:
+            if spec.name in self._specs:
+                raise RuntimeError(f"method {spec.name!r} is registered twice")
+            self._specs[spec.name] = spec
+
+    def get(self, name: str) -> MethodSpec | None:
+        return self._specs.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def __getitem__(self, name: str) -> MethodSpec:
+        return self._specs[name]
+
+    def specs(self) -> list[MethodSpec]:
+        """Every method, by name."""
+        return sorted(self._specs.values(), key=lambda spec: spec.name)
+
+    def names(self) -> list[str]:
+        return sorted(self._specs)
+
+
+def _unknown_method(name: str, table: MethodTable) -> MethodNotFound:
+    close = difflib.get_close_matches(name, table.names(), n=3, cutoff=0.6)
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     return MethodNotFound(
         f"method not found: {name!r}{hint} (rpc/discover lists every method)",
@@ -218,9 +256,9 @@ async def dispatch(name: str, raw_params: dict[str, Any], ctx: CallContext) -> A
 
 async def _call(name: str, raw_params: dict[str, Any], ctx: CallContext) -> Any:
     try:
-        spec = METHODS.get(name)
+        spec = ctx.daemon.methods.get(name)
         if spec is None:
-            raise _unknown_method(name)
+            raise _unknown_method(name, ctx.daemon.methods)
         _authorise(spec, ctx.principal)
         try:
             params = spec.params.model_validate(raw_params)

@@ -31,7 +31,6 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_late
 
 from conduit.core.errors import RpcError
 from conduit.core.version import VERSION
-from conduit.daemon.dispatcher import METHODS
 from conduit.daemon.events import Event, EventType
 from conduit.daemon.records import ExecutionRecord
 from conduit.gateway.model import UpstreamState
@@ -107,6 +106,8 @@ class Metrics:
     """One daemon's metrics. `observe` is its event sink; `exposition()` is a scrape."""
 
     def __init__(self, daemon: Daemon) -> None:
+        # Methods it knows by name; any other name is counted as `unknown`.
+        self._methods = daemon.methods
         self.registry = CollectorRegistry()
         registry = self.registry
         self._executions: _Children[Counter] = _Children(
@@ -188,7 +189,7 @@ class Metrics:
         `outcome`, an `RpcError` code or the dispatcher's `ANSWERED` or `CANCELLED`."""
         if method is None:
             method = NO_METHOD
-        elif method not in METHODS:
+        elif method not in self._methods:
             method = UNKNOWN_METHOD
         code = outcome if isinstance(outcome, str) else _CODE_LABELS.get(outcome, OTHER_CODE)
         self._requests(method, code).inc()

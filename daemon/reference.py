@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from conduit.core.errors import RpcError
-from conduit.daemon import methods as _methods  # noqa: F401  (fills the method table)
-from conduit.daemon.dispatcher import METHODS, MethodSpec
+from conduit.daemon.dispatcher import MethodSpec
+from conduit.daemon.methods import method_table
 from conduit.daemon.methods.compat import ALIASES
 
 __all__ = ["render_protocol"]
@@ -134,7 +134,7 @@ def render_protocol() -> str:
         name = RpcError.from_wire({"code": code, "message": ""}).__class__.__name__
         lines.append(f"| {code} | {name} | {meaning} |")
     lines += ["", "## Methods", ""]
-    for spec in sorted(METHODS.values(), key=lambda s: s.name):
+    for spec in method_table().specs():
         if spec.name not in ALIASES:
             lines += _method_section(spec)
     lines += [

@@ -44,7 +44,6 @@ import trio
 from conduit.core.errors import ConfigError, Overloaded
 from conduit.core.protocol import encode, error_reply
 from conduit.core.redaction import redact
-from conduit.daemon import methods as _methods  # noqa: F401  (fills the method table)
 from conduit.daemon import systemd
 from conduit.daemon.audit import AuditStore
 from conduit.daemon.auth import Authenticator, Principal, peer_credentials, resolve_master_token
@@ -60,6 +59,7 @@ from conduit.daemon.listeners import (
     open_unix_listener,
     remove_socket_file,
 )
+from conduit.daemon.methods import method_table
 from conduit.daemon.metrics import CONTENT_TYPE, Metrics
 from conduit.daemon.metrics_endpoint import MetricsEndpoint
 from conduit.daemon.policy import Policy
@@ -112,6 +112,7 @@ class Daemon:
         )
         self.rate_limiter = RateLimiter(limits.executions_per_minute, limits.burst)
         self.events = EventBus(buffer=config.events.subscriber_buffer)
+        self.methods = method_table()
         self.metrics = Metrics(self)
         self.events.add_sink(self.metrics.observe)
         # Where the metrics are served, or why they are not (set by `serve`).

@@ -1,5 +1,6 @@
-"""The API, one module per namespace. Importing this package fills the method table."""
+"""The API, one module per namespace, each declaring its handlers on a `Router`."""
 
+from conduit.daemon.dispatcher import MethodTable
 from conduit.daemon.methods import (
     admin,
     compat,
@@ -13,18 +14,22 @@ from conduit.daemon.methods import (
     upstreams,
 )
 
-# Aliases copy their targets' entries, so they are added once every target exists.
-compat.register_aliases()
+__all__ = ["method_table"]
 
-__all__ = [
-    "admin",
-    "compat",
-    "core",
-    "events",
-    "executions",
-    "executors",
-    "login",
-    "sdk",
-    "tools",
-    "upstreams",
-]
+
+def method_table() -> MethodTable:
+    """A new table of every method, aliases included."""
+    table = MethodTable(
+        admin.router,
+        core.router,
+        events.router,
+        executions.router,
+        executors.router,
+        login.router,
+        sdk.router,
+        tools.router,
+        upstreams.router,
+    )
+    # Aliases copy their targets' entries, so they are added once every target is in.
+    compat.add_aliases(table)
+    return table

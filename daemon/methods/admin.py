@@ -10,10 +10,12 @@ import trio
 
 from conduit.core.errors import ConfigError, InvalidRequest
 from conduit.core.version import VERSION
-from conduit.daemon.dispatcher import CallContext, NoParams, method
+from conduit.daemon.dispatcher import CallContext, NoParams, Router
+
+router = Router()
 
 
-@method("config/reload", params=NoParams, scope="admin")
+@router.method("config/reload", params=NoParams, scope="admin")
 async def reload(params: NoParams, ctx: CallContext) -> dict[str, Any]:
     """Reload the config file (as SIGHUP does); a bad file is refused, the old one kept."""
     try:
@@ -23,7 +25,7 @@ async def reload(params: NoParams, ctx: CallContext) -> dict[str, Any]:
     return {"reloaded": True, "source": config.source}
 
 
-@method("daemon/status", params=NoParams, scope="admin")
+@router.method("daemon/status", params=NoParams, scope="admin")
 async def status(params: NoParams, ctx: CallContext) -> dict[str, Any]:
     """Uptime, connections, executions, admission queue, audit store, metrics, config."""
     daemon = ctx.daemon

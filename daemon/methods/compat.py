@@ -17,10 +17,10 @@ from pydantic import ConfigDict, Field
 
 from conduit.core.errors import LimitMemory, LimitOutput, LimitTimeout, RpcError
 from conduit.core.results import ExecutionResult
-from conduit.daemon.dispatcher import METHODS, CallContext, Params, method
+from conduit.daemon.dispatcher import CallContext, MethodSpec, MethodTable, Params
 from conduit.daemon.executions import ExecutionRequest
 
-__all__ = ["ALIASES", "Alias", "register_aliases"]
+__all__ = ["ALIASES", "Alias", "add_aliases"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,18 +121,24 @@ async def _execute_alias(
     return shaped
 
 
-def register_aliases() -> None:
-    """Add every alias to the method table; call once all target methods exist."""
+def add_aliases(table: MethodTable) -> None:
+    """Add every alias to `table`; call once all target methods are in it."""
     for name, alias in ALIASES.items():
         if alias.language is None:
-            target = METHODS[alias.target]
-            METHODS[name] = dataclasses.replace(
-                target, name=name, description=f"Seed alias of {alias.target}."
+            target = table[alias.target]
+            table.add(
+                dataclasses.replace(target, name=name, description=f"Seed alias of {alias.target}.")
             )
             continue
-        method(
-            name,
-            params=SeedExecuteParams,
-            scope="execute",
-            description=f"Seed alias: run {alias.language}, answer {{stdout, stderr, exitCode}}",
-        )(partial(_execute_alias, alias.language, name))
+        table.add(
+            MethodSpec(
+                name,
+                partial(_execute_alias, alias.language, name),
+                SeedExecuteParams,
+                scope="execute",
+                session=False,
+                description=(
+                    f"Seed alias: run {alias.language}, answer {{stdout, stderr, exitCode}}"
+                ),
+            )
+        )

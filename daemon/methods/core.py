@@ -14,8 +14,10 @@ from pydantic import ConfigDict, Field
 
 from conduit.core.errors import NotFound
 from conduit.core.version import VERSION
-from conduit.daemon.dispatcher import METHODS, CallContext, Params, method
+from conduit.daemon.dispatcher import CallContext, Params, Router
 from conduit.daemon.methods.executions import origin_of
+
+router = Router()
 
 __all__ = ["PROTOCOL_VERSIONS"]
 
@@ -36,7 +38,7 @@ class InitializeParams(Params):
     clientInfo: dict[str, Any] = Field(default_factory=dict)
 
 
-@method("initialize", params=InitializeParams, scope=None)
+@router.method("initialize", params=InitializeParams, scope=None)
 async def initialize(params: InitializeParams, ctx: CallContext) -> dict[str, Any]:
     """Start an MCP session: negotiate the protocol version and state capabilities."""
     version = params.protocolVersion
@@ -56,7 +58,7 @@ class AnyParams(Params):
     model_config = ConfigDict(extra="allow", frozen=True)
 
 
-@method("notifications/initialized", params=AnyParams, scope=None)
+@router.method("notifications/initialized", params=AnyParams, scope=None)
 async def initialized(params: AnyParams, ctx: CallContext) -> None:
     """The client's acknowledgement of `initialize`; nothing to answer."""
 
@@ -67,7 +69,7 @@ class CancelledParams(Params):
     reason: str | None = None
 
 
-@method("notifications/cancelled", params=CancelledParams, scope=None)
+@router.method("notifications/cancelled", params=CancelledParams, scope=None)
 async def cancelled(params: CancelledParams, ctx: CallContext) -> None:
     """MCP's cancellation of an earlier request on this connection: stops its program."""
     if ctx.principal is None or ctx.connection is None:
@@ -77,13 +79,13 @@ async def cancelled(params: CancelledParams, ctx: CallContext) -> None:
         ctx.daemon.executions.cancel(ctx.principal, origin=origin_of(ctx, params.requestId))
 
 
-@method("ping", params=AnyParams, scope=None, session=True)
+@router.method("ping", params=AnyParams, scope=None, session=True)
 async def ping(params: AnyParams, ctx: CallContext) -> dict[str, Any]:
     """Check the daemon is alive; answers an empty object."""
     return {}
 
 
-@method("rpc/discover", scope=None)
+@router.method("rpc/discover", scope=None)
 async def discover(params: Params, ctx: CallContext) -> dict[str, Any]:
     """Every method with its description, required scope and params schema."""
     from conduit.daemon.methods.compat import ALIASES
@@ -98,7 +100,7 @@ async def discover(params: Params, ctx: CallContext) -> dict[str, Any]:
                 "session": spec.session,
                 "params": spec.params.model_json_schema(),
             }
-            for spec in sorted(METHODS.values(), key=lambda s: s.name)
+            for spec in ctx.daemon.methods.specs()
             if spec.name not in ALIASES
         ],
         "aliases": {name: alias.describe() for name, alias in sorted(ALIASES.items())},

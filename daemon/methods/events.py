@@ -28,8 +28,10 @@ import trio
 from pydantic import Field
 
 from conduit.core.errors import Forbidden, InvalidParams, InvalidRequest, NotFound
-from conduit.daemon.dispatcher import CallContext, Params, method
+from conduit.daemon.dispatcher import CallContext, Params, Router
 from conduit.daemon.events import PRINCIPAL_EVENTS, EventType, Subscription
+
+router = Router()
 
 if TYPE_CHECKING:
     from conduit.daemon.connection import Connection
@@ -79,7 +81,7 @@ def _chosen_types(requested: list[str] | None, *, admin: bool) -> frozenset[Even
     return chosen
 
 
-@method("events/subscribe", params=SubscribeParams, scope="executions")
+@router.method("events/subscribe", params=SubscribeParams, scope="executions")
 async def subscribe(params: SubscribeParams, ctx: CallContext) -> dict[str, Any]:
     """Receive events as `event` notifications on this connection until unsubscribed."""
     principal = ctx.require_principal()
@@ -122,7 +124,7 @@ async def _forward(
         connection.subscriptions.pop(ident, None)
 
 
-@method("events/unsubscribe", params=UnsubscribeParams, scope="executions")
+@router.method("events/unsubscribe", params=UnsubscribeParams, scope="executions")
 async def unsubscribe(params: UnsubscribeParams, ctx: CallContext) -> dict[str, Any]:
     """End a subscription of this connection's; no event of it follows the answer."""
     subscriptions = ctx.connection.subscriptions if ctx.connection is not None else {}

@@ -14,9 +14,11 @@ from pydantic import Field, field_validator, model_validator
 
 from conduit.core.errors import Forbidden, NotFound
 from conduit.daemon.audit import AuditState, ExecutionQuery
-from conduit.daemon.dispatcher import CallContext, NoParams, Params, method
+from conduit.daemon.dispatcher import CallContext, NoParams, Params, Router
 from conduit.daemon.executions import ExecutionRequest
 from conduit.executors.base import Status
+
+router = Router()
 
 if TYPE_CHECKING:
     from conduit.daemon.connection import Connection
@@ -108,7 +110,7 @@ async def _send_output(connection: Connection, request_id: Any, params: dict[str
     await connection.notify("execution/output", {**params, "request_id": request_id})
 
 
-@method("execute", params=ExecuteParams, scope="execute")
+@router.method("execute", params=ExecuteParams, scope="execute")
 async def execute(params: ExecuteParams, ctx: CallContext) -> dict[str, Any]:
     """Run a program in a fresh sandbox and return its result, output and status."""
     request = params.to_request(ctx)
@@ -133,7 +135,7 @@ class CancelParams(Params):
         return self
 
 
-@method("executions/cancel", params=CancelParams, scope="executions")
+@router.method("executions/cancel", params=CancelParams, scope="executions")
 async def cancel(params: CancelParams, ctx: CallContext) -> dict[str, Any]:
     """Stop a running execution; its execute call answers with status cancelled."""
     execution_id = ctx.daemon.executions.cancel(
@@ -144,7 +146,7 @@ async def cancel(params: CancelParams, ctx: CallContext) -> dict[str, Any]:
     return {"cancelled": True, "execution_id": execution_id}
 
 
-@method("executions/running", params=NoParams, scope="executions")
+@router.method("executions/running", params=NoParams, scope="executions")
 async def running(params: NoParams, ctx: CallContext) -> dict[str, Any]:
     """The executions running now (yours, or all for the master)."""
     principal = ctx.require_principal()
@@ -208,7 +210,7 @@ class ListParams(Params):
         return value
 
 
-@method("executions/list", params=ListParams, scope="executions")
+@router.method("executions/list", params=ListParams, scope="executions")
 async def list_executions(params: ListParams, ctx: CallContext) -> dict[str, Any]:
     """Ended executions from the audit store, newest first, a page at a time."""
     query = ExecutionQuery(
@@ -229,7 +231,7 @@ class GetParams(Params):
     execution_id: str = Field(description="as execute answered it, or executions/list lists it")
 
 
-@method("executions/get", params=GetParams, scope="executions")
+@router.method("executions/get", params=GetParams, scope="executions")
 async def get(params: GetParams, ctx: CallContext) -> dict[str, Any]:
     """One execution's audit record (code snippet, output heads, tool calls), or its age.
 
@@ -272,7 +274,7 @@ class StatsParams(Params):
         return self
 
 
-@method("executions/stats", params=StatsParams, scope="executions")
+@router.method("executions/stats", params=StatsParams, scope="executions")
 async def stats(params: StatsParams, ctx: CallContext) -> dict[str, Any]:
     """Counts, success rate, timeouts, p50/p95 durations over a window, by executor/language."""
     owner = _visible_owner(ctx, params.principal)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from conduit.daemon.dispatcher import CallContext, NoParams, method
+from conduit.daemon.dispatcher import CallContext, NoParams, Router
+
+router = Router()
 
 
-@method("executors/list", params=NoParams, scope="execute")
+@router.method("executors/list", params=NoParams, scope="execute")
 async def list_executors(params: NoParams, ctx: CallContext) -> dict[str, Any]:
     """Each executor: languages, version, available or why not, pool, start-up progress.
 

@@ -7,14 +7,16 @@ from typing import Any
 from pydantic import Field
 
 from conduit.core.errors import InvalidRequest
-from conduit.daemon.dispatcher import CallContext, NoParams, Params, method
+from conduit.daemon.dispatcher import CallContext, NoParams, Params, Router
+
+router = Router()
 
 
 class LoginParams(Params):
     token: str = Field(min_length=1, description="the master token or a client token")
 
 
-@method("auth/login", params=LoginParams, scope=None)
+@router.method("auth/login", params=LoginParams, scope=None)
 async def login(params: LoginParams, ctx: CallContext) -> dict[str, Any]:
     """Authenticate this connection; later requests need no token."""
     if ctx.connection is None:
@@ -23,7 +25,7 @@ async def login(params: LoginParams, ctx: CallContext) -> dict[str, Any]:
     return {"principal": principal.describe()}
 
 
-@method("auth/whoami", params=NoParams, scope=None, session=True)
+@router.method("auth/whoami", params=NoParams, scope=None, session=True)
 async def whoami(params: NoParams, ctx: CallContext) -> dict[str, Any]:
     """Who this connection (or this request's bearer token) is authenticated as."""
     if ctx.principal is None:

@@ -12,12 +12,14 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from conduit.daemon.dispatcher import CallContext, Params, method
+from conduit.daemon.dispatcher import CallContext, Params, Router
 from conduit.daemon.tool_access import allowlists_for, requested_allowlist
 from conduit.executors.caveats import cannot_use
 from conduit.gateway.catalogue import Catalogue
 from conduit.gateway.model import Tool
 from conduit.gateway.sdk import python_stubs, typescript_declarations
+
+router = Router()
 
 __all__ = ["render_declarations"]
 
@@ -72,13 +74,13 @@ def _render(params: SdkParams, ctx: CallContext) -> dict[str, Any]:
     }
 
 
-@method("sdk/get", params=SdkParams, scope="tools")
+@router.method("sdk/get", params=SdkParams, scope="tools")
 async def get_sdk(params: SdkParams, ctx: CallContext) -> dict[str, Any]:
     """The `tools.*` SDK's declarations for a language, for the tools this caller may use."""
     return _render(params, ctx)
 
 
-@method("tools/stubs", params=SdkParams, scope="tools")
+@router.method("tools/stubs", params=SdkParams, scope="tools")
 async def stubs(params: SdkParams, ctx: CallContext) -> dict[str, Any]:
     """Typed stubs for the tools (by namespace if given); the same text as sdk/get."""
     return _render(params, ctx)

@@ -35,13 +35,15 @@ from conduit.core.errors import (
     RateLimited,
 )
 from conduit.core.results import ANY_JSON, ExecutionResult
-from conduit.daemon.dispatcher import CallContext, NoParams, Params, invalid_params, method
+from conduit.daemon.dispatcher import CallContext, NoParams, Params, Router, invalid_params
 from conduit.daemon.methods.executions import ExecuteParams
 from conduit.daemon.methods.sdk import render_declarations
 from conduit.daemon.tool_access import allowlists_for, hides_catalogue, shaped, unavailable
 from conduit.executors.caveats import cannot_use
 from conduit.gateway.catalogue import Catalogue
 from conduit.gateway.model import Tool
+
+router = Router()
 
 __all__ = ["BUILTIN_TOOLS", "MAX_DECLARATIONS_CHARS"]
 
@@ -243,7 +245,7 @@ class ListParams(_McpParams):
     cursor: str | None = Field(None, description="ignored: the whole list comes at once")
 
 
-@method("tools/list", params=ListParams, scope="tools", session=True)
+@router.method("tools/list", params=ListParams, scope="tools", session=True)
 async def list_tools(params: ListParams, ctx: CallContext) -> dict[str, Any]:
     """The tools this caller may call (a sandbox sees only its execution's allowlist)."""
     principal = ctx.require_principal()
@@ -308,7 +310,7 @@ async def _call_builtin(language: str, params: CallParams, ctx: CallContext) -> 
     return _execution_result(result)
 
 
-@method("tools/call", params=CallParams, scope="tools", session=True)
+@router.method("tools/call", params=CallParams, scope="tools", session=True)
 async def call_tool(params: CallParams, ctx: CallContext) -> dict[str, Any]:
     """Call a tool by id or SDK path with its arguments; answers an MCP tool result.
 
@@ -336,7 +338,7 @@ class ToolParams(Params):
     name: str = Field(min_length=1, description="a tool id (ns__tool) or SDK path (ns.tool)")
 
 
-@method("tools/schema", params=ToolParams, scope="tools")
+@router.method("tools/schema", params=ToolParams, scope="tools")
 async def tool_schema(params: ToolParams, ctx: CallContext) -> dict[str, Any]:
     """A tool's names, description, input and output schemas, and any schema problems."""
     tools = ctx.daemon.tools
@@ -357,7 +359,7 @@ class ValidateParams(ToolParams):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
-@method("tools/validate", params=ValidateParams, scope="tools")
+@router.method("tools/validate", params=ValidateParams, scope="tools")
 async def validate_tool(params: ValidateParams, ctx: CallContext) -> dict[str, Any]:
     """Check arguments against a tool's input schema without calling it."""
     tools = ctx.daemon.tools
@@ -366,7 +368,7 @@ async def validate_tool(params: ValidateParams, ctx: CallContext) -> dict[str, A
     return {"valid": not errors, "errors": errors, "tool": tool.id}
 
 
-@method("tools/packages", params=NoParams, scope="tools")
+@router.method("tools/packages", params=NoParams, scope="tools")
 async def packages(params: NoParams, ctx: CallContext) -> dict[str, Any]:
     """The tools this caller may call, grouped by namespace, with one-line summaries."""
     principal = ctx.require_principal()

@@ -8,15 +8,17 @@ from typing import Any
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from conduit.daemon.dispatcher import CallContext, NoParams, Params, invalid_params, method
+from conduit.daemon.dispatcher import CallContext, NoParams, Params, Router, invalid_params
 from conduit.daemon.tool_access import gateway_errors, hides_catalogue
 from conduit.daemon.wiring import build_upstream
 from conduit.gateway.settings import UpstreamSettings
 
+router = Router()
+
 _SETTINGS = TypeAdapter(UpstreamSettings)
 
 
-@method("upstreams/list", params=NoParams, scope="tools")
+@router.method("upstreams/list", params=NoParams, scope="tools")
 async def list_upstreams(params: NoParams, ctx: CallContext) -> dict[str, Any]:
     """Each upstream: transport, state (ready, backing off, ...), tools, last error.
 
@@ -41,7 +43,7 @@ class RegisterParams(Params):
     )
 
 
-@method("upstreams/register", params=RegisterParams, scope="admin")
+@router.method("upstreams/register", params=RegisterParams, scope="admin")
 async def register(params: RegisterParams, ctx: CallContext) -> dict[str, Any]:
     """Add an upstream while the daemon runs (lost on restart: put it in conduit.toml)."""
     try:

@@ -17,9 +17,9 @@ import trio
 import trio.testing
 
 from conduit.core.errors import Overloaded, Unauthenticated
-from conduit.daemon import dispatcher
 from conduit.daemon.auth import Principal
 from conduit.daemon.connection import Connection, Deadlines
+from conduit.daemon.dispatcher import Router
 from conduit.daemon.limits import ConnectionBudget, ConnectionSlot
 from conduit.daemon.server import Daemon
 from tests.conftest import MASTER_TOKEN, WAIT_S
@@ -88,8 +88,10 @@ async def serve_memory(
     daemon = Daemon(make_config(**NO_DENO))
 
     async def start(
-        deadlines: Deadlines, principal: Principal | None = None
+        deadlines: Deadlines, principal: Principal | None = None, routes: Router | None = None
     ) -> tuple[trio.abc.Stream, Connection]:
+        if routes is not None:
+            daemon.methods.add(*routes.specs)
         ours, theirs = trio.testing.memory_stream_pair()
         connection = Connection(
             theirs, daemon, transport="tcp", principal=principal, deadlines=deadlines
@@ -171,22 +173,20 @@ async def test_bytes_arriving_and_work_in_flight_are_not_idle(
         ctx.connection.start_stream(release.wait)
         return {}
 
-    dispatcher.method("test/hold", scope=None, description="test")(hold)
-    dispatcher.method("test/subscribe", scope=None, description="test")(subscribe)
-    try:
-        client, _ = await serve_memory(Deadlines(idle_s=30), principal=OWNER)
-        for _ in range(5):  # a line trickling in, slower than a request but within 30 s
-            await client.send_all(b" ")
-            await trio.sleep(25)
-        await client.send_all(b'{"id":1,"method":"test/hold"}\n')
-        await client.send_all(b'{"id":2,"method":"test/subscribe"}\n')
-        assert json.loads(await client.receive_some())["id"] == 2
-        await trio.sleep(300)  # a long execution, then a subscription, in flight
-        release.set()
-        freed = trio.current_time()
-        lines = await _lines_until_closed(client)
-    finally:
-        del dispatcher.METHODS["test/hold"], dispatcher.METHODS["test/subscribe"]
+    routes = Router()  # methods of this test's daemon alone
+    routes.method("test/hold", scope=None, description="test")(hold)
+    routes.method("test/subscribe", scope=None, description="test")(subscribe)
+    client, _ = await serve_memory(Deadlines(idle_s=30), principal=OWNER, routes=routes)
+    for _ in range(5):  # a line trickling in, slower than a request but within 30 s
+        await client.send_all(b" ")
+        await trio.sleep(25)
+    await client.send_all(b'{"id":1,"method":"test/hold"}\n')
+    await client.send_all(b'{"id":2,"method":"test/subscribe"}\n')
+    assert json.loads(await client.receive_some())["id"] == 2
+    await trio.sleep(300)  # a long execution, then a subscription, in flight
+    release.set()
+    freed = trio.current_time()
+    lines = await _lines_until_closed(client)
     assert [line["id"] for line in lines] == [1, None]
     assert 30 <= trio.current_time() - freed < 31
 

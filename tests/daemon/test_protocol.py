@@ -9,6 +9,7 @@ import pytest
 import trio
 
 from conduit.core.errors import InvalidParams, InvalidRequest, MethodNotFound, ParseError
+from conduit.daemon.dispatcher import Router
 from tests.conftest import MASTER_TOKEN, RawClient
 
 NO_DENO = {"executors": {"deno": {"enabled": False}}}
@@ -137,8 +138,6 @@ async def test_pipelined_requests_run_concurrently_and_answer_by_id(
     gate = trio.Event()
     order: list[str] = []
 
-    from conduit.daemon import dispatcher
-
     async def slow(params: Any, ctx: Any) -> Any:
         order.append("slow-start")
         await gate.wait()
@@ -149,15 +148,14 @@ async def test_pipelined_requests_run_concurrently_and_answer_by_id(
         gate.set()
         return {"fast": True}
 
-    # Private methods for this test only: registered and removed around it.
-    dispatcher.method("test/slow", scope=None, description="test")(slow)
-    dispatcher.method("test/fast", scope=None, description="test")(fast)
-    try:
-        await client.send({"jsonrpc": "2.0", "id": "s", "method": "test/slow"})
-        await client.send({"jsonrpc": "2.0", "id": "f", "method": "test/fast"})
-        first, second = await client.recv(), await client.recv()
-    finally:
-        del dispatcher.METHODS["test/slow"], dispatcher.METHODS["test/fast"]
+    # Methods of this test's daemon alone.
+    routes = Router()
+    routes.method("test/slow", scope=None, description="test")(slow)
+    routes.method("test/fast", scope=None, description="test")(fast)
+    daemon.methods.add(*routes.specs)
+    await client.send({"jsonrpc": "2.0", "id": "s", "method": "test/slow"})
+    await client.send({"jsonrpc": "2.0", "id": "f", "method": "test/fast"})
+    first, second = await client.recv(), await client.recv()
     assert first == {"jsonrpc": "2.0", "id": "f", "result": {"fast": True}}
     assert second == {"jsonrpc": "2.0", "id": "s", "result": {"slow": True}}
     assert order == ["slow-start", "fast"]
@@ -180,12 +178,10 @@ async def test_requests_read_together_start_in_order_and_let_other_tasks_run(
 ) -> None:
     """Many requests arriving in one write: each task starts in the order its request
     came, and a task beside the connection runs while they are being read."""
-    _, info = await start_daemon(server={"max_in_flight_per_connection": 10_000}, **NO_DENO)
+    daemon, info = await start_daemon(server={"max_in_flight_per_connection": 10_000}, **NO_DENO)
     client = await connect(info)
     ticks = 0
     started: list[tuple[int, int]] = []
-
-    from conduit.daemon import dispatcher
 
     async def tick() -> None:
         nonlocal ticks
@@ -197,19 +193,18 @@ async def test_requests_read_together_start_in_order_and_let_other_tasks_run(
         started.append((ctx.request_id, ticks))
         return {}
 
-    dispatcher.method("test/burst", scope=None, description="test")(burst)
+    routes = Router()
+    routes.method("test/burst", scope=None, description="test")(burst)
+    daemon.methods.add(*routes.specs)
     count = 320
     lines = "\n".join(
         json.dumps({"jsonrpc": "2.0", "id": i, "method": "test/burst"}) for i in range(count)
     )
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(tick)
-            await client.send_line(lines)
-            replies = [await client.recv() for _ in range(count)]
-            nursery.cancel_scope.cancel()
-    finally:
-        del dispatcher.METHODS["test/burst"]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(tick)
+        await client.send_line(lines)
+        replies = [await client.recv() for _ in range(count)]
+        nursery.cancel_scope.cancel()
     assert sorted(r["id"] for r in replies) == list(range(count))
     assert [n for n, _ in started] == list(range(count))
     # Spawned in one pass, the burst's tasks would all see the same tick.
