@@ -16,12 +16,19 @@ from conduit.core.errors import ConfigError
 from conduit.daemon.listeners import open_unix_listener, remove_socket_file
 from conduit.daemon.server import Daemon
 
-NO_DENO = {"executors": {"deno": {"enabled": False}}}
+# Framing and listeners need no sandbox: no executor is started.
+NO_EXECUTORS = {
+    "executors": {
+        "deno": {"enabled": False},
+        "wasm_python": {"enabled": False},
+        "wasm_js": {"enabled": False},
+    }
+}
 
 
 async def test_socket_is_0600_in_a_0700_directory(start_daemon: Any, short_dir: Path) -> None:
     path = short_dir / "fresh" / "conduit.sock"
-    _, info = await start_daemon(server={"socket": str(path)}, **NO_DENO)
+    _, info = await start_daemon(server={"socket": str(path)}, **NO_EXECUTORS)
     assert info.unix_path == str(path)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
@@ -34,7 +41,7 @@ async def test_stale_socket_file_is_replaced(
     dead = socket.socket(socket.AF_UNIX)
     dead.bind(str(path))
     dead.close()  # the file stays, nobody listens: a daemon killed with -9
-    _, info = await start_daemon(server={"socket": str(path)}, **NO_DENO)
+    _, info = await start_daemon(server={"socket": str(path)}, **NO_EXECUTORS)
     client = await connect(info)
     assert (await client.request("ping"))["result"] == {}
 
@@ -55,7 +62,7 @@ async def test_a_non_socket_file_is_not_clobbered(short_dir: Path) -> None:
 
 async def test_socket_file_is_removed_on_shutdown(start_daemon: Any, short_dir: Path) -> None:
     path = short_dir / "conduit.sock"
-    server, _ = await start_daemon(server={"socket": str(path)}, **NO_DENO)
+    server, _ = await start_daemon(server={"socket": str(path)}, **NO_EXECUTORS)
     assert path.exists()
     server.shutdown()
     with trio.fail_after(10):
@@ -92,10 +99,10 @@ async def test_an_existing_state_dir_is_made_0700(
 ) -> None:
     state = tmp_path / "state"  # made by the fixtures with the umask's mode
     state.chmod(0o755)
-    Daemon(make_config(**NO_DENO))
+    Daemon(make_config(**NO_EXECUTORS))
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
     fresh = tmp_path / "new" / "state"
-    Daemon(make_config(server={"state_dir": str(fresh)}, **NO_DENO))
+    Daemon(make_config(server={"state_dir": str(fresh)}, **NO_EXECUTORS))
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o700
 
 
@@ -115,7 +122,7 @@ async def test_a_state_dir_of_another_uid_or_behind_a_symlink_is_refused(
     foreign = _foreign_directory(tmp_path)
     mode = stat.S_IMODE(foreign.stat().st_mode)
     with pytest.raises(ConfigError, match=r"belongs to uid \d+, not to this daemon's uid"):
-        Daemon(make_config(server={"state_dir": str(foreign)}, **NO_DENO))
+        Daemon(make_config(server={"state_dir": str(foreign)}, **NO_EXECUTORS))
     assert stat.S_IMODE(foreign.stat().st_mode) == mode
 
     target = tmp_path / "elsewhere"
@@ -123,6 +130,6 @@ async def test_a_state_dir_of_another_uid_or_behind_a_symlink_is_refused(
     link = tmp_path / "linked-state"
     link.symlink_to(target, target_is_directory=True)
     with pytest.raises(ConfigError, match=r"is a symlink"):
-        Daemon(make_config(server={"state_dir": str(link)}, auth={"token": ""}, **NO_DENO))
+        Daemon(make_config(server={"state_dir": str(link)}, auth={"token": ""}, **NO_EXECUTORS))
     assert stat.S_IMODE(target.stat().st_mode) == 0o755
     assert list(target.iterdir()) == []  # no master token written through the link

@@ -12,12 +12,19 @@ from conduit.core.errors import InvalidParams, InvalidRequest, MethodNotFound, P
 from conduit.daemon.dispatcher import Router
 from tests.conftest import MASTER_TOKEN, RawClient
 
-NO_DENO = {"executors": {"deno": {"enabled": False}}}
+# Framing and listeners need no sandbox: no executor is started.
+NO_EXECUTORS = {
+    "executors": {
+        "deno": {"enabled": False},
+        "wasm_python": {"enabled": False},
+        "wasm_js": {"enabled": False},
+    }
+}
 
 
 @pytest.fixture
 async def info(start_daemon: Any) -> Any:
-    _, info = await start_daemon(**NO_DENO)
+    _, info = await start_daemon(**NO_EXECUTORS)
     return info
 
 
@@ -28,7 +35,7 @@ async def raw(info: Any, connect: Any) -> Any:
 
 @pytest.mark.parametrize("transport", ["unix", "tcp"])
 async def test_ping_over_each_transport(start_daemon: Any, connect: Any, transport: str) -> None:
-    _, info = await start_daemon(server={"tcp": "127.0.0.1:0"}, **NO_DENO)
+    _, info = await start_daemon(server={"tcp": "127.0.0.1:0"}, **NO_EXECUTORS)
     client = await connect(info, transport)
     if transport == "tcp":
         await client.call("auth/login", {"token": MASTER_TOKEN})
@@ -48,7 +55,7 @@ async def test_bad_json_answers_parse_error_and_keeps_the_connection(raw: Any) -
 async def test_oversize_line_is_refused_and_the_connection_stays_usable(
     start_daemon: Any, connect: Any
 ) -> None:
-    _, info = await start_daemon(server={"max_message_bytes": 4096}, **NO_DENO)
+    _, info = await start_daemon(server={"max_message_bytes": 4096}, **NO_EXECUTORS)
     client = await connect(info)
     huge = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "ping", "params": {"x": "a" * 100_000}})
     await client.send_line(huge)
@@ -133,7 +140,7 @@ async def test_unknown_param_is_named(raw: Any) -> None:
 async def test_pipelined_requests_run_concurrently_and_answer_by_id(
     start_daemon: Any, connect: Any
 ) -> None:
-    daemon, info = await start_daemon(**NO_DENO)
+    daemon, info = await start_daemon(**NO_EXECUTORS)
     client = await connect(info)
     gate = trio.Event()
     order: list[str] = []
@@ -164,7 +171,7 @@ async def test_pipelined_requests_run_concurrently_and_answer_by_id(
 async def test_in_flight_cap_applies_back_pressure_not_errors(
     start_daemon: Any, connect: Any
 ) -> None:
-    _, info = await start_daemon(server={"max_in_flight_per_connection": 2}, **NO_DENO)
+    _, info = await start_daemon(server={"max_in_flight_per_connection": 2}, **NO_EXECUTORS)
     client = await connect(info)
     for ident in range(50):
         await client.send({"jsonrpc": "2.0", "id": ident, "method": "ping"})
@@ -178,7 +185,9 @@ async def test_requests_read_together_start_in_order_and_let_other_tasks_run(
 ) -> None:
     """Many requests arriving in one write: each task starts in the order its request
     came, and a task beside the connection runs while they are being read."""
-    daemon, info = await start_daemon(server={"max_in_flight_per_connection": 10_000}, **NO_DENO)
+    daemon, info = await start_daemon(
+        server={"max_in_flight_per_connection": 10_000}, **NO_EXECUTORS
+    )
     client = await connect(info)
     ticks = 0
     started: list[tuple[int, int]] = []
@@ -302,7 +311,7 @@ async def test_an_exception_in_one_connection_closes_only_that_connection(
         return real_encode(message)
 
     monkeypatch.setattr(connection_module, "encode", encode)
-    server, info = await start_daemon(**NO_DENO)
+    server, info = await start_daemon(**NO_EXECUTORS)
     bystander = await connect(info)
     path = info.unix_path if transport == "unix" else server.callback_address.unix_path
     doomed = RawClient(await trio.open_unix_socket(path))
