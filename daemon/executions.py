@@ -258,8 +258,8 @@ class Executions:
                 # What the executor spent waiting for a CPU slot or a sandbox is queueing.
                 duration_s = trio.current_time() - started - outcome.queue_s
                 # Debug, not info: the audit store and the events already record every
-                # execution, and one formatted line each cost as much as the rest of the
-                # bookkeeping together (~0.1 ms of the event loop per execution).
+                # execution, and one formatted line each cost the event loop as much as
+                # the rest of the bookkeeping together.
                 log.debug(
                     "execution finished",
                     extra={

@@ -113,10 +113,9 @@ class WasmJsExecutor(WasmExecutor):
     languages = frozenset({"javascript"})
     recipe = JS_GUEST
     runtime = "SpiderMonkey"
-    # Kept resident, a trivial program's run took 0.40 ms of CPU instead of 0.87, for
-    # a reset of 0.52 ms instead of 0.10, off the request path: the same CPU in all
-    # (measured in-process), and p50 2.6 against 3.1 ms through a daemon (alternated
-    # blocks on a 2-core VM; 32 MiB measured the same as 16).
+    # Kept resident, the pages a trivial program touches need no faults: its run halves,
+    # and the cost moves to the reset after the answer is sent (more would not help:
+    # a trivial program touches less than this).
     keep_resident_bytes = 16 * 1024 * 1024
     # A JavaScript program reaches no WASI call: every wait it can make is a timer,
     # which the guest bounds by the execution's deadline on a clock it captured before

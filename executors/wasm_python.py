@@ -28,10 +28,10 @@ class WasmPythonExecutor(WasmExecutor):
     recipe = PYTHON_GUEST
     runtime = "CPython 3.14"
     files = True
-    # Kept resident, a trivial program's pages need no faults: its run took 0.55 ms
-    # of CPU instead of 2.1 ms, for a reset of 1.4 ms instead of 0.4 (made off the
-    # request path since instances are made ahead), and less CPU in all (2.85 against
-    # 3.5 ms per execution; 32 MiB measured the same as 16).
+    # Kept resident, the pages a trivial program touches need no faults: its run is a
+    # quarter as long, the reset longer but off the request path (instances are made
+    # ahead), and less CPU is spent in all (more would not help: a trivial program
+    # touches less than this).
     keep_resident_bytes = 16 * 1024 * 1024
 
     def read_only_dirs(self, component_dir: Path) -> tuple[tuple[Path, str], ...]:
