@@ -25,11 +25,9 @@ from contextlib import asynccontextmanager
 from typing import Protocol
 
 import httpx2
-from mcp.client._transport import TransportStreams
 from mcp.client.streamable_http import MCP_SESSION_ID, streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 
-from conduit.gateway.keeper import SessionKeeper
+from conduit.gateway.keeper import SessionKeeper, TransportStreams
 from conduit.gateway.settings import HttpUpstreamSettings
 
 __all__ = ["HttpClientFactory", "HttpUpstream"]
@@ -81,7 +79,7 @@ class HttpUpstream(SessionKeeper):
             )
         super().__init__(settings)
         self._http = settings
-        self._client_factory: HttpClientFactory = http_client_factory or create_mcp_http_client
+        self._client_factory: HttpClientFactory = http_client_factory or _plain_client
 
     @asynccontextmanager
     async def _open_transport(
@@ -102,6 +100,15 @@ class HttpUpstream(SessionKeeper):
             ) as streams,
         ):
             yield streams
+
+
+def _plain_client(
+    headers: dict[str, str] | None = None,
+    timeout: httpx2.Timeout | None = None,
+    auth: httpx2.Auth | None = None,
+) -> httpx2.AsyncClient:
+    """The client of a `trusted` upstream: httpx2's own, as the SDK would build it."""
+    return httpx2.AsyncClient(headers=headers, timeout=timeout or HTTP_TIMEOUT, auth=auth)
 
 
 def _session_watch(ended: Callable[[str], None]) -> Callable[[httpx2.Response], Awaitable[None]]:

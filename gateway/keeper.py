@@ -27,25 +27,25 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, ClassVar, NoReturn, Self
+from types import TracebackType, UnionType
+from typing import Any, ClassVar, NoReturn, Protocol, Self, TypeVar, get_args
 
 import anyio
 import mcp_types as types
 import trio
-from mcp.client import Client, IncomingMessage
-from mcp.client._transport import ReadStream, TransportStreams
-from mcp.client.session import ClientSession, _clamp_inbound_ttl, _later_revision_fields
+from mcp.client import Client, ClientSession, IncomingMessage
 from mcp.client.subscriptions import SubscriptionLost, ToolsListChanged
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
 from mcp_types import methods as mcp_methods
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import ValidationError
+from mcp_types.version import KNOWN_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel, ValidationError
 
 from conduit.core.errors import UpstreamUnreachable
 from conduit.core.version import VERSION
@@ -54,7 +54,15 @@ from conduit.gateway.model import UpstreamState, UpstreamStatus
 from conduit.gateway.settings import HttpUpstreamSettings, StdioUpstreamSettings
 from conduit.gateway.upstream import RawTool, StateListener
 
-__all__ = ["Backoff", "Misconfigured", "RateLimit", "SessionKeeper"]
+__all__ = [
+    "Backoff",
+    "Misconfigured",
+    "RateLimit",
+    "ReadStream",
+    "SessionKeeper",
+    "TransportStreams",
+    "WriteStream",
+]
 
 log = logging.getLogger("conduit.gateway.upstream")
 
@@ -75,6 +83,40 @@ MAX_TOOL_PAGES = 1000
 CLOSE_TIMEOUT_S = 5.0
 # Error texts end up in `upstreams/list` and logs; an upstream controls part of them.
 MAX_ERROR_CHARS = 500
+
+
+_T_co = TypeVar("_T_co", covariant=True)
+_T_contra = TypeVar("_T_contra", contravariant=True)
+
+
+class ReadStream(Protocol[_T_co]):
+    """What a transport's read stream offers: anyio's memory streams, and the SDK's own
+    transports' streams, have this shape (the SDK declares it, but not publicly)."""
+
+    async def receive(self) -> _T_co: ...
+    async def aclose(self) -> None: ...
+    def __aiter__(self) -> ReadStream[_T_co]: ...
+    async def __anext__(self) -> _T_co: ...
+    async def __aenter__(self) -> Self: ...
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None: ...
+
+
+class WriteStream(Protocol[_T_contra]):
+    """What a transport's write stream offers (as `ReadStream`)."""
+
+    async def send(self, item: _T_contra, /) -> None: ...
+    async def aclose(self) -> None: ...
+    async def __aenter__(self) -> Self: ...
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None: ...
+
+
+# The streams of one connection, as the SDK's `Client` takes them from a transport: on
+# the read side an `Exception` stands for a line that was not JSON-RPC.
+TransportStreams = tuple[ReadStream[SessionMessage | Exception], WriteStream[SessionMessage]]
 
 
 class Misconfigured(Exception):
@@ -183,6 +225,50 @@ class _WatchedStream:
         await self.aclose()
 
 
+# The `_meta` keys the session puts on every request it sends once the version is
+# negotiated (2026-07-28; none before); others, a trace context say, are per request.
+STAMP_KEYS = frozenset(
+    {
+        types.PROTOCOL_VERSION_META_KEY,
+        types.CLIENT_INFO_META_KEY,
+        types.CLIENT_CAPABILITIES_META_KEY,
+        types.LOG_LEVEL_META_KEY,
+    }
+)
+
+
+class _StampedWrites:
+    """The transport's write stream, unchanged, except that it keeps the session's stamp
+    from each `tools/list` request the session writes (`connection.call_meta`).
+
+    `DirectRequests` put that stamp on their tool calls, taken from what the session
+    itself wrote, so the two cannot differ.
+    """
+
+    def __init__(self, inner: WriteStream[SessionMessage], connection: _Connection) -> None:
+        self._inner = inner
+        self._connection = connection
+
+    async def send(self, item: SessionMessage, /) -> None:
+        message = item.message
+        if isinstance(message, types.JSONRPCRequest) and message.method == "tools/list":
+            meta = (message.params or {}).get("_meta") or {}
+            stamp = {key: value for key, value in meta.items() if key in STAMP_KEYS}
+            self._connection.call_meta = stamp or None
+        await self._inner.send(item)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
 @dataclass
 class _Connection:
     """One connection: what `call_tool` talks to, and how `serve` learns it ended.
@@ -194,9 +280,11 @@ class _Connection:
     lost: trio.Event = field(default_factory=trio.Event)
     lost_reason: str = ""
     relist: trio.Event = field(default_factory=trio.Event)
-    # Set once ready, for transports that carry tool calls themselves: the requests,
-    # the `_meta` the session stamps on each request, and the negotiated version.
+    # Set once ready, for transports that carry tool calls themselves: the requests
+    # and the negotiated version.
     direct: DirectRequests | None = None
+    # The `_meta` the session stamps on each request, as its last `tools/list` carried
+    # it (see `_StampedWrites`).
     call_meta: dict[str, Any] | None = None
     version: str = ""
 
@@ -444,7 +532,7 @@ class SessionKeeper(abc.ABC):
     async def _connect(self, connection: _Connection) -> AsyncIterator[None]:
         """Open the transport and the SDK client over it, negotiating the version."""
         client = Client(
-            self._watched(connection.mark_lost),
+            self._watched(connection),
             mode="legacy" if self._settings.handshake == "initialize" else "auto",
             cache=None,  # every listing must come from the server, not a TTL cache
             message_handler=self._on_message(connection),
@@ -455,9 +543,10 @@ class SessionKeeper(abc.ABC):
             yield
 
     @asynccontextmanager
-    async def _watched(self, ended: Callable[[str], None]) -> AsyncIterator[TransportStreams]:
+    async def _watched(self, connection: _Connection) -> AsyncIterator[TransportStreams]:
+        ended = connection.mark_lost
         async with self._open_transport(ended) as (read_stream, write_stream):
-            yield _WatchedStream(read_stream, ended), write_stream
+            yield _WatchedStream(read_stream, ended), _StampedWrites(write_stream, connection)
 
     def _become_ready(
         self,
@@ -471,7 +560,6 @@ class SessionKeeper(abc.ABC):
         connection.direct = self._direct_requests()
         if connection.direct is not None:
             connection.version = client.protocol_version
-            connection.call_meta = _stamped_meta(client.session)
         info = client.server_info
         self._server_info = info.model_dump(mode="json", exclude_none=True) if info else None
         self._tools = tools
@@ -632,14 +720,6 @@ class SessionKeeper(abc.ABC):
         )
 
 
-def _stamped_meta(session: ClientSession) -> dict[str, Any] | None:
-    """The `_meta` the session puts on every request it sends (2026-07-28: protocol
-    version, client info and capabilities; earlier versions: none)."""
-    data: dict[str, Any] = {"method": "tools/call", "params": {}}
-    session._stamp(data, {})  # the session's own stamp, so the two cannot differ
-    return data["params"].get("_meta")
-
-
 async def _call_direct(
     connection: _Connection, name: str, arguments: dict[str, Any]
 ) -> types.CallToolResult:
@@ -659,13 +739,52 @@ async def _call_direct(
         # from its read stream, and calls after this one must not wait for that.
         connection.mark_lost("the connection closed")
         raise
-    _clamp_inbound_ttl(raw)
+    _floor_ttl(raw)
     version = connection.version
     with contextlib.suppress(KeyError):  # no row for this version: nothing to check
         mcp_methods.validate_server_result("tools/call", version, raw)
     if not (foreign := _later_revision_fields("tools/call", version)).isdisjoint(raw):
         raw = {key: value for key, value in raw.items() if key not in foreign}
     return types.CallToolResult.model_validate(raw, by_name=False)
+
+
+def _floor_ttl(raw: dict[str, Any]) -> None:
+    """A negative `ttlMs` becomes 0 (2026-07-28: a client should treat it so), rather
+    than fail the result's validation; as the session does."""
+    ttl = raw.get("ttlMs")
+    if isinstance(ttl, int | float) and not isinstance(ttl, bool) and ttl < 0:
+        raw["ttlMs"] = 0
+
+
+@functools.cache
+def _later_revision_fields(method: str, version: str) -> frozenset[str]:
+    """The result fields of `method` that a revision after `version` declares and
+    `version` does not (none at the newest revision, or for an unknown one).
+
+    The result types carry every revision's fields, so such a field in an answer on
+    an older session is outside the negotiated contract yet would be held to the later
+    revision's constraints: the session drops them before parsing, and so do we.
+    """
+    current = mcp_methods.SERVER_RESULTS.get((method, version))
+    if current is None or version not in KNOWN_PROTOCOL_VERSIONS:
+        return frozenset()
+    later: set[str] = set()
+    for revision in KNOWN_PROTOCOL_VERSIONS[KNOWN_PROTOCOL_VERSIONS.index(version) + 1 :]:
+        row = mcp_methods.SERVER_RESULTS.get((method, revision))
+        if row is not None:
+            later |= _wire_fields(row)
+    return frozenset(later) - _wire_fields(current)
+
+
+def _wire_fields(result: type[BaseModel] | UnionType) -> frozenset[str]:
+    """The top-level wire names a result type declares (its members', for a union)."""
+    members = get_args(result) if isinstance(result, UnionType) else (result,)
+    return frozenset(
+        field.alias or name
+        for model in members
+        if isinstance(model, type) and issubclass(model, BaseModel)
+        for name, field in model.model_fields.items()
+    )
 
 
 @dataclass

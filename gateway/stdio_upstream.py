@@ -38,12 +38,11 @@ import anyio
 import mcp_types as types
 import trio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from mcp.client._transport import TransportStreams
 from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
 
 from conduit.gateway.direct_requests import DirectRequests
-from conduit.gateway.keeper import Misconfigured, RateLimit, SessionKeeper
+from conduit.gateway.keeper import Misconfigured, RateLimit, SessionKeeper, TransportStreams
 from conduit.gateway.settings import StdioUpstreamSettings
 
 __all__ = ["StdioUpstream", "child_environment", "open_stdio_transport"]
