@@ -4,17 +4,34 @@ Sixteen programs that each wait a second all finish within their own timeout, on
 executor where a program can wait; held to a bound that only overlapping waits can
 meet (sixteen one-second waits two at a time take eight seconds). Programs that only
 compute still queue for the slots, and their wait shows as `queue_ms`.
+
+The tests only run programs, so they share one daemon (with the echo upstream), started
+once for the module in a thread of its own; each test talks to it on connections of
+its own.
 """
 
 from __future__ import annotations
 
+import json
+import queue
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
+from conduit.daemon.config import Config, load_config
+from conduit.daemon.server import Daemon, ServingInfo
 from conduit.executors.wasm import CONCURRENT_EXECUTIONS
-from tests.e2e.test_tools import tooled  # noqa: F401 (a fixture)
+from tests.conftest import MASTER_TOKEN, link_wasm_cache
+from tests.e2e.helpers import START_TIMEOUT_S, UPSTREAM_WAIT_S, wait_upstreams
+from tests.e2e.mcp_helpers import ECHO
 
 PROGRAMS = 16
 WAIT_S = 1
@@ -23,23 +40,123 @@ TIMEOUT_MS = 2000
 # Sixteen one-second waits, at most two at a time, as before: 8 s.
 OVERLAPPED_WITHIN_S = PROGRAMS * WAIT_S / 2
 
+# Each program waits `{s}` seconds (`{ms}` milliseconds): one to be measured, none to
+# warm the executor and the upstream up first.
 WAITING = [
-    pytest.param("wasm-python", "python", 'tools.echo.slow(seconds=1)\n"done"', 1, id="py-tool"),
-    pytest.param("wasm-python", "python", 'import time\ntime.sleep(1)\n"done"', 0, id="py-sleep"),
+    pytest.param("wasm-python", "python", 'tools.echo.slow(seconds={s})\n"done"', 1, id="py-tool"),
+    pytest.param("wasm-python", "python", 'import time\ntime.sleep({s})\n"done"', 0, id="py-sleep"),
     pytest.param(
-        "wasm-js", "javascript", 'await tools.echo.slow({ seconds: 1 });\n"done"', 1, id="js-tool"
+        "wasm-js",
+        "javascript",
+        'await tools.echo.slow({{ seconds: {s} }});\n"done"',
+        1,
+        id="js-tool",
     ),
     pytest.param(
         "wasm-js",
         "javascript",
-        'await new Promise((resolve) => setTimeout(resolve, 1000));\n"done"',
+        'await new Promise((resolve) => setTimeout(resolve, {ms}));\n"done"',
         0,
         id="js-timer",
     ),
     pytest.param(
-        "deno", "typescript", 'await tools.echo.slow({ seconds: 1 });\n"done"', 1, id="deno-tool"
+        "deno",
+        "typescript",
+        'await tools.echo.slow({{ seconds: {s} }});\n"done"',
+        1,
+        id="deno-tool",
     ),
 ]
+
+
+@dataclass
+class SharedDaemon:
+    """A daemon serving in a thread of its own, with its own Trio run."""
+
+    daemon: Daemon
+    info: ServingInfo
+    token: trio.lowlevel.TrioToken
+
+    def run_sync(self, function: Callable[[], Any]) -> Any:
+        """`function()`, called in the daemon's thread (its state is not for others)."""
+        return trio.from_thread.run_sync(function, trio_token=self.token)
+
+    async def call(self, function: Callable[[], Any]) -> Any:
+        """`run_sync`, from a test's own Trio run (which must not block on it)."""
+        return await trio.to_thread.run_sync(self.run_sync, function)
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key} = {_toml(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(item) for item in value) + "]"
+    return json.dumps(value)
+
+
+def _config(root: Path, socket_dir: Path) -> Config:
+    """What the `start_daemon` fixture's daemons get, with the echo upstream and room
+    for all sixteen programs at once."""
+    tables = {
+        "server": {"socket": str(socket_dir / "conduit.sock"), "state_dir": str(root / "state")},
+        "auth": {"token": MASTER_TOKEN},
+        "executors.deno": {"pool_size": 1},
+        "limits": {"max_concurrent_executions": PROGRAMS},
+        "metrics": {"listen": "127.0.0.1:0"},
+    }
+    lines = [f"upstreams = {_toml([ECHO])}"]
+    for table, values in tables.items():
+        lines += [f"[{table}]", *(f"{key} = {_toml(value)}" for key, value in values.items())]
+    path = root / "conduit.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return load_config(path, environ={})
+
+
+@contextmanager
+def serving_in_a_thread(config: Config) -> Iterator[SharedDaemon]:
+    """Run a daemon until the block ends; whatever it raised is raised here."""
+    handoff: queue.Queue[SharedDaemon | BaseException] = queue.Queue()
+
+    async def serve() -> None:
+        daemon = Daemon(config)
+        async with trio.open_nursery() as nursery:
+            with trio.fail_after(START_TIMEOUT_S):
+                info = await nursery.start(daemon.serve)
+                await daemon.registry.wait_ready()
+            await wait_upstreams(daemon, "echo")
+            handoff.put(SharedDaemon(daemon, info, trio.lowlevel.current_trio_token()))
+
+    def run() -> None:
+        try:
+            trio.run(serve)
+        except BaseException as exc:  # handed to the test process, not lost in the thread
+            handoff.put(exc)
+
+    thread = threading.Thread(target=run, name="waiting-programs-daemon", daemon=True)
+    thread.start()
+    shared = handoff.get(timeout=START_TIMEOUT_S + UPSTREAM_WAIT_S)
+    if isinstance(shared, BaseException):
+        raise shared
+    try:
+        yield shared
+    finally:
+        shared.run_sync(shared.daemon.shutdown)
+        thread.join(START_TIMEOUT_S)
+    assert not thread.is_alive(), "the daemon did not stop"
+    if not handoff.empty():
+        raise handoff.get()
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, wasm_cache: Path) -> Iterator[SharedDaemon]:
+    root = tmp_path_factory.mktemp("waiting-programs")
+    link_wasm_cache(root / "state", wasm_cache)
+    socket_dir = Path(tempfile.mkdtemp(prefix="cd-", dir="/tmp"))  # socket paths are short
+    try:
+        with serving_in_a_thread(_config(root, socket_dir)) as daemon:
+            yield daemon
+    finally:
+        shutil.rmtree(socket_dir, ignore_errors=True)
 
 
 async def run_at_once(
@@ -60,24 +177,25 @@ async def run_at_once(
 
 @pytest.mark.parametrize(("executor", "language", "code", "tool_calls"), WAITING)
 async def test_sixteen_waiting_programs_all_finish_within_their_timeout(
-    tooled: Any,  # noqa: F811
+    shared: SharedDaemon,
     connect: Any,
     executor: str,
     language: str,
     code: str,
     tool_calls: int,
 ) -> None:
-    _, info, client = await tooled(limits={"max_concurrent_executions": PROGRAMS})
+    client = await connect(shared.info)
     request = {
         "language": language,
         "executor": executor,
-        "code": code,
+        "code": code.format(s=WAIT_S, ms=WAIT_S * 1000),
         "limits": {"timeout_ms": TIMEOUT_MS},
     }
-    warm = await client.call("execute", request)  # the upstream, and the executor, warm
-    assert warm["status"] == "ok", warm
+    # The upstream, and the executor, warm: the same program, waiting no time at all.
+    warm = await client.call("execute", {**request, "code": code.format(s=0, ms=0)})
+    assert (warm["status"], warm["result"], warm["tool_calls"]) == ("ok", "done", tool_calls), warm
     began = trio.current_time()
-    results = await run_at_once(connect, info, PROGRAMS, request)
+    results = await run_at_once(connect, shared.info, PROGRAMS, request)
     took_s = trio.current_time() - began
     assert [r["status"] for r in results] == ["ok"] * PROGRAMS, [
         (r["status"], r["error"], r["queue_ms"]) for r in results if r["status"] != "ok"
@@ -94,11 +212,8 @@ async def test_sixteen_waiting_programs_all_finish_within_their_timeout(
 
 @pytest.mark.parametrize("executor", ["wasm-python", "wasm-js"])
 async def test_programs_that_compute_still_queue_for_the_cpu_slots(
-    tooled: Any,  # noqa: F811
-    connect: Any,
-    executor: str,
+    shared: SharedDaemon, connect: Any, executor: str
 ) -> None:
-    _, info, _ = await tooled(limits={"max_concurrent_executions": PROGRAMS})
     # Half a second of computing by the program's own clock (which stands still while
     # it queues), whatever else the machine is doing.
     code = {
@@ -109,16 +224,16 @@ async def test_programs_that_compute_still_queue_for_the_cpu_slots(
     }[executor]
     language = "python" if executor == "wasm-python" else "javascript"
     request = {"language": language, "executor": executor, "code": code}
-    results = await run_at_once(connect, info, CONCURRENT_EXECUTIONS + 1, request)
+    results = await run_at_once(connect, shared.info, CONCURRENT_EXECUTIONS + 1, request)
     assert {(r["status"], r["result"]) for r in results} == {("ok", "spun")}, results
     # One more than there are slots: somebody waited for one.
     assert max(r["queue_ms"] for r in results) > 0
 
 
 async def test_a_tool_call_past_the_timeout_is_stopped_and_leaves_nothing_behind(
-    tooled: Any,  # noqa: F811
+    shared: SharedDaemon, connect: Any
 ) -> None:
-    server, _, client = await tooled()
+    client = await connect(shared.info)
     code = "print('asked')\ntools.echo.slow(seconds=30)\n'never'"
     request = {"language": "python", "executor": "wasm-python", "code": code}
     result = await client.call("execute", {**request, "limits": {"timeout_ms": 500}})
@@ -127,7 +242,8 @@ async def test_a_tool_call_past_the_timeout_is_stopped_and_leaves_nothing_behind
     assert result["duration_ms"] < 30_000
     # The call in flight was cancelled: the guest came back at once, and its runner
     # with it, rather than lingering until the tool answered.
-    pool = next(i for i in server.registry.infos() if i.name == "wasm-python").pool
+    infos = await shared.call(shared.daemon.registry.infos)
+    pool = next(i for i in infos if i.name == "wasm-python").pool
     assert pool["lingering_threads"] == 0
     done = await client.call("execute", {**request, "code": "6 * 7"})
     assert (done["status"], done["result"]) == ("ok", 42)
