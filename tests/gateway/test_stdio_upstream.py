@@ -97,6 +97,15 @@ def with_a_child(tag: str) -> StdioUpstream:
     return StdioUpstream(StdioUpstreamSettings(name="tree", command="sh", args=("-c", script)))
 
 
+# The echo fixture's `--garbage`: nothing but non-JSON on stdout until stdin closes.
+GARBAGE = """
+import sys
+print("this is not JSON-RPC\\n{broken", flush=True)
+for line in sys.stdin:
+    print(f"garbage for {len(line)} bytes", flush=True)
+"""
+
+
 def text_of(result: dict[str, Any]) -> str:
     return result["content"][0]["text"]
 
@@ -245,7 +254,13 @@ async def test_garbage_on_stdout_backs_off_and_other_upstreams_are_unaffected(
     serve: Any, tag: str
 ) -> None:
     healthy = await serve(echo(tag, name="healthy"))
-    garbage = await serve(echo(tag, "--garbage", name="garbage", list_timeout_s=5))
+    # The handshake never completes, so the attempt lasts `list_timeout_s`: a server
+    # that writes its garbage at once (the echo fixture imports the SDK first) lets
+    # that be short.
+    settings = StdioUpstreamSettings(
+        name="garbage", command=sys.executable, args=("-c", GARBAGE, tag), list_timeout_s=1
+    )
+    garbage = await serve(StdioUpstream(settings))
     status = garbage.upstream.status()
     assert status.state is UpstreamState.BACKING_OFF
     assert "not JSON-RPC" in (status.last_error or "")
@@ -260,7 +275,10 @@ async def test_an_oversized_message_ends_the_connection(
     monkeypatch.setattr(stdio_upstream, "MAX_MESSAGE_BYTES", 100_000)
     served = await serve(echo(tag))
     with pytest.raises(UpstreamUnreachable, match="closed the connection"):
-        await served.call("big", n=200_000)
+        # Past the cap by less than a pipe holds (64 KiB): the server can finish
+        # writing it and exit when its stdin closes, instead of waiting out the grace
+        # period blocked on a pipe nobody reads.
+        await served.call("big", n=150_000)
     status = await served.wait(is_state(UpstreamState.BACKING_OFF))
     assert "a message exceeds 100000 bytes" in (status.last_error or "")
     await served.wait(lambda s: s.state is UpstreamState.READY and s.restarts == 1)
