@@ -2,15 +2,20 @@
 
 Real processes, the real protocol, no mocks. The settings say `trusted = true`
 because the SSRF guard would rightly refuse 127.0.0.1. Every wait is bounded.
+
+Tests that only read from the server (list, call) share one for the module; a test
+that changes its tools, or kills it, starts its own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import select
+import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from functools import partial
 from typing import Any
 
@@ -23,7 +28,7 @@ from conduit.core.errors import UpstreamUnreachable
 from conduit.gateway.http_upstream import HTTP_TIMEOUT, HttpUpstream
 from conduit.gateway.model import UpstreamState, UpstreamStatus
 from conduit.gateway.settings import HttpUpstreamSettings, UpstreamList
-from tests.fixtures.mcp_echo_server import HttpServer, running_http
+from tests.fixtures.mcp_echo_server import START_TIMEOUT_S, HttpServer, command, running_http
 from tests.gateway.test_stdio_upstream import (
     HANDSHAKES,
     NEGOTIATED,
@@ -43,17 +48,41 @@ pytestmark = [
 ]
 
 
+# On the command line of every server this module starts, to find them in /proc.
+MODULE_TAG = f"conduit-test-{uuid.uuid4().hex}"
+# The tools the echo fixture serves besides its own nine.
+EXTRA_TOOLS = "150"
+
+
 @pytest.fixture
 def tag() -> str:
-    return f"conduit-test-{uuid.uuid4().hex}"
+    return f"{MODULE_TAG}-{uuid.uuid4().hex}"
 
 
 @pytest.fixture
 async def echo_http(tag: str) -> AsyncIterator[HttpServer]:
-    """The echo fixture over HTTP with 150 extra tools; killed after the test."""
-    async with running_http("--tag", tag, "--many", "150") as server:
+    """The echo fixture over HTTP with 150 extra tools, for one test; killed after it."""
+    async with running_http("--tag", tag, "--many", EXTRA_TOOLS) as server:
         yield server
     assert await leftovers(tag) == []
+
+
+@pytest.fixture(scope="module")
+def reading_url() -> Iterator[str]:
+    """The URL of one such server for the module's tests that only list and call."""
+    tag = f"{MODULE_TAG}-reading"
+    argv = command("--http", "0", "--tag", tag, "--many", EXTRA_TOOLS)
+    with subprocess.Popen(argv, stdout=subprocess.PIPE) as process:
+        try:
+            assert process.stdout is not None
+            ready, _, _ = select.select([process.stdout], [], [], START_TIMEOUT_S)
+            assert ready, "the echo server did not announce its port"
+            port = process.stdout.readline()
+            assert port, "the echo server exited before announcing its port"
+            yield f"http://127.0.0.1:{int(port)}/mcp"
+        finally:
+            process.kill()
+    assert processes_with(tag) == []
 
 
 @pytest.fixture
@@ -69,9 +98,9 @@ def http(url: str, **settings: Any) -> HttpUpstream:
 
 @pytest.mark.parametrize("handshake", HANDSHAKES)
 async def test_handshake_and_every_page_over_http(
-    serve: Any, echo_http: HttpServer, handshake: str
+    serve: Any, reading_url: str, handshake: str
 ) -> None:
-    served = await serve(http(echo_http.url, handshake=handshake))
+    served = await serve(http(reading_url, handshake=handshake))
     assert served.upstream.status() == UpstreamStatus(
         name="web",
         transport="http",
@@ -87,9 +116,9 @@ async def test_handshake_and_every_page_over_http(
 
 @pytest.mark.parametrize("handshake", HANDSHAKES)
 async def test_calls_and_configured_headers_over_http(
-    serve: Any, echo_http: HttpServer, handshake: str
+    serve: Any, reading_url: str, handshake: str
 ) -> None:
-    upstream = http(echo_http.url, handshake=handshake, headers={"X-Conduit-Team": "infra"})
+    upstream = http(reading_url, handshake=handshake, headers={"X-Conduit-Team": "infra"})
     served = await serve(upstream)
     assert text_of(await served.call("header", name="x-conduit-team")) == "infra"
     assert text_of(await served.call("echo", text="héllo")) == "héllo"
@@ -99,8 +128,8 @@ async def test_calls_and_configured_headers_over_http(
     assert len(text_of(await served.call("big", n=3_000_000))) == 3_000_000
 
 
-async def test_a_call_times_out_over_http(serve: Any, echo_http: HttpServer) -> None:
-    served = await serve(http(echo_http.url))
+async def test_a_call_times_out_over_http(serve: Any, reading_url: str) -> None:
+    served = await serve(http(reading_url))
     started = time.monotonic()
     with pytest.raises(UpstreamUnreachable, match=r"'web' did not answer .*'slow' within 0.3 s"):
         await served.call("slow", timeout_s=0.3, seconds=30)
@@ -188,7 +217,7 @@ async def test_redirects_are_not_followed(serve: Any) -> None:
 
 
 async def test_the_client_factory_builds_each_connections_client(
-    serve: Any, echo_http: HttpServer
+    serve: Any, reading_url: str
 ) -> None:
     calls: list[dict[str, Any]] = []
     clients: list[httpx2.AsyncClient] = []
@@ -203,7 +232,7 @@ async def test_the_client_factory_builds_each_connections_client(
         return clients[-1]
 
     # Not trusted: a factory (in the daemon, the SSRF guard's) is what makes that allowed.
-    settings = HttpUpstreamSettings(name="web", url=echo_http.url, headers={"X-A": "1"})
+    settings = HttpUpstreamSettings(name="web", url=reading_url, headers={"X-A": "1"})
     served = await serve(HttpUpstream(settings, http_client_factory=factory))
     assert served.upstream.status().state is UpstreamState.READY
     assert calls == [{"headers": {"X-A": "1"}, "timeout": HTTP_TIMEOUT, "auth": None}]
@@ -217,7 +246,10 @@ def test_an_untrusted_upstream_needs_the_guarded_client() -> None:
 
 
 async def test_no_fixture_processes_outlive_the_module() -> None:
-    assert processes_with("mcp_echo_server.py --http") == []
+    # Every server this module starts carries its tag. The reading tests' one serves
+    # until the module ends, and is checked as it stops.
+    reading = processes_with(f"{MODULE_TAG}-reading")
+    assert [pid for pid in processes_with(MODULE_TAG) if pid not in reading] == []
 
 
 class _Config(BaseModel):
