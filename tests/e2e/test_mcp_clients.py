@@ -29,7 +29,7 @@ from conduit.executors.deno import find_deno
 from conduit.executors.npm import install_lock_dir
 from tests.conftest import MASTER_TOKEN
 from tests.e2e.helpers import CONDUIT, wait_upstreams
-from tests.e2e.mcp_helpers import ECHO, NO_SANDBOXES
+from tests.e2e.mcp_helpers import DENO_ONLY, ECHO, NO_SANDBOXES
 from tests.fixtures.mcp_http_bridge import running_bridge
 
 CLIENTS_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "mcp_clients"
@@ -39,6 +39,8 @@ CONFORMANCE = "node_modules/@modelcontextprotocol/conformance/dist/index.js"
 CLIENT_TIMEOUT_S = 120
 # The Inspector's exit status when the called tool answered `isError: true`.
 INSPECTOR_TOOL_IS_ERROR = 5
+# For the Inspector's Python call: no Deno process to start.
+WASM_PYTHON_ONLY = {"deno": {"enabled": False}, "wasm_js": {"enabled": False}}
 
 # The conformance suite's server scenarios that check what Conduit implements.
 APPLICABLE = ("server-initialize", "ping", "tools-list")
@@ -104,20 +106,32 @@ def _client_env(home: Path) -> dict[str, str]:
 # ---- the MCP Inspector CLI ------------------------------------------------------------
 
 
+def _mcp_server(make_config: Callable[..., Config], name: str, **sections: Any) -> list[str]:
+    """`conduit mcp` on a configuration of its own: `make_config` writes each to the
+    same file, so it moves to `<name>.toml`."""
+    source = Path(make_config(**sections).source)
+    config = source.rename(source.with_name(f"{name}.toml"))
+    # After `--`: the Inspector would take `--config` for its own option.
+    return ["--", CONDUIT, "mcp", "--config", str(config)]
+
+
 @pytest.mark.slow
 async def test_inspector_cli_lists_and_calls_the_tools(
     mcp_clients: Path, make_config: Callable[..., Config], tmp_path: Path
 ) -> None:
-    # Each Inspector call starts its own `conduit mcp`: only the executors it uses.
-    config = make_config(upstreams=[ECHO], executors={"wasm_js": {"enabled": False}})
-    # After `--`: the Inspector would take `--config` for its own option.
-    server = ["--", CONDUIT, "mcp", "--config", config.source]
+    # Each Inspector call starts its own `conduit mcp`: only the executors, and the
+    # upstream, that it uses.
+    lister = _mcp_server(
+        make_config, "list", upstreams=[ECHO], executors={"wasm_js": {"enabled": False}}
+    )
+    python = _mcp_server(make_config, "python", upstreams=[ECHO], executors=WASM_PYTHON_ONLY)
+    typescript = _mcp_server(make_config, "typescript", executors=DENO_ONLY)
     inspector = ["node", str(mcp_clients / INSPECTOR), "--cli"]
     env = _client_env(tmp_path / "home")
 
     # --strict reports every tool-schema portability problem; there must be none.
     listed = await _run(
-        [*inspector, "--method", "tools/list", "--strict", *server], cwd=tmp_path, env=env
+        [*inspector, "--method", "tools/list", "--strict", *lister], cwd=tmp_path, env=env
     )
     assert listed.returncode == 0, listed.stderr.decode()[-3000:]
     assert b"Issue:" not in listed.stderr and b"warning" not in listed.stderr.lower()
@@ -136,7 +150,7 @@ async def test_inspector_cli_lists_and_calls_the_tools(
             "execute_python",
             "--tool-args-json",
             json.dumps({"code": program}),
-            *server,
+            *python,
         ],
         cwd=tmp_path,
         env=env,
@@ -148,7 +162,7 @@ async def test_inspector_cli_lists_and_calls_the_tools(
 
     failing = json.dumps({"code": "throw new RangeError('out of range')"})
     failed = await _run(
-        [*call, "--tool-name", "execute_typescript", "--tool-args-json", failing, *server],
+        [*call, "--tool-name", "execute_typescript", "--tool-args-json", failing, *typescript],
         cwd=tmp_path,
         env=env,
     )
