@@ -1,6 +1,6 @@
 """The method table and the one place exceptions become wire errors.
 
-Each API module declares its handlers on a `Router` (`@router.method(name,
+Each API module declares its handlers on a `MethodRouter` (`@router.method(name,
 params=Model, scope=...)`); a daemon builds its own `MethodTable` from the routers, so
 two daemons in one process have two tables, and a name registered twice fails when the
 table is built. `dispatch` validates params (a failure is -32602 naming the field),
@@ -41,11 +41,11 @@ __all__ = [
     "ANSWERED",
     "CANCELLED",
     "CallContext",
+    "MethodRouter",
     "MethodSpec",
     "MethodTable",
     "NoParams",
     "Params",
-    "Router",
     "dispatch",
 ]
 
@@ -102,7 +102,7 @@ _LOGIN_HINT = (
 )
 
 
-class Router:
+class MethodRouter:
     """Handlers one module declares, for a `MethodTable` to include."""
 
     def __init__(self) -> None:
@@ -133,7 +133,7 @@ class Router:
 class MethodTable:
     """A daemon's methods by wire name."""
 
-    def __init__(self, *routers: Router) -> None:
+    def __init__(self, *routers: MethodRouter) -> None:
         self._specs: dict[str, MethodSpec] = {}
         for router in routers:
             self.add(*router.specs)

@@ -55,10 +55,10 @@ from conduit.gateway.settings import HttpUpstreamSettings, StdioUpstreamSettings
 from conduit.gateway.upstream import RawTool, StateListener
 
 __all__ = [
-    "Backoff",
     "Misconfigured",
     "RateLimit",
     "ReadStream",
+    "ReconnectBackoff",
     "SessionKeeper",
     "TransportStreams",
     "WriteStream",
@@ -128,7 +128,7 @@ class _SessionLost(Exception):
 
 
 @dataclass
-class Backoff:
+class ReconnectBackoff:
     """Delays between connection attempts: doubling from `initial_s` up to `max_s`.
 
     A session that was up for at least `healthy_after_s` resets the sequence.
@@ -468,7 +468,7 @@ class SessionKeeper(abc.ABC):
     async def _keep_connected(
         self, on_tools: Callable[[list[RawTool]], None], started: Callable[[], None]
     ) -> NoReturn:
-        backoff = Backoff()
+        backoff = ReconnectBackoff()
         while True:
             self._ready_since = None
             self._garbage = None

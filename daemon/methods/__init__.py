@@ -1,4 +1,4 @@
-"""The API, one module per namespace, each declaring its handlers on a `Router`."""
+"""The API, one module per namespace, each declaring its handlers on a `MethodRouter`."""
 
 from conduit.daemon.dispatcher import MethodTable
 from conduit.daemon.methods import (

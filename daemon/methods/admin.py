@@ -10,9 +10,9 @@ import trio
 
 from conduit.core.errors import ConfigError, InvalidRequest
 from conduit.core.version import VERSION
-from conduit.daemon.dispatcher import CallContext, NoParams, Router
+from conduit.daemon.dispatcher import CallContext, MethodRouter, NoParams
 
-router = Router()
+router = MethodRouter()
 
 
 @router.method("config/reload", params=NoParams, scope="admin")

@@ -14,10 +14,10 @@ from pydantic import ConfigDict, Field
 
 from conduit.core.errors import NotFound
 from conduit.core.version import VERSION
-from conduit.daemon.dispatcher import CallContext, Params, Router
+from conduit.daemon.dispatcher import CallContext, MethodRouter, Params
 from conduit.daemon.methods.executions import origin_of
 
-router = Router()
+router = MethodRouter()
 
 __all__ = ["PROTOCOL_VERSIONS"]
 

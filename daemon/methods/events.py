@@ -28,10 +28,10 @@ import trio
 from pydantic import Field
 
 from conduit.core.errors import Forbidden, InvalidParams, InvalidRequest, NotFound
-from conduit.daemon.dispatcher import CallContext, Params, Router
+from conduit.daemon.dispatcher import CallContext, MethodRouter, Params
 from conduit.daemon.events import PRINCIPAL_EVENTS, EventType, Subscription
 
-router = Router()
+router = MethodRouter()
 
 if TYPE_CHECKING:
     from conduit.daemon.connection import Connection

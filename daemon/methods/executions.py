@@ -14,16 +14,23 @@ from pydantic import Field, field_validator, model_validator
 
 from conduit.core.errors import Forbidden, NotFound
 from conduit.daemon.audit import AuditState, ExecutionQuery
-from conduit.daemon.dispatcher import CallContext, NoParams, Params, Router
+from conduit.daemon.dispatcher import CallContext, MethodRouter, NoParams, Params
 from conduit.daemon.executions import ExecutionRequest
 from conduit.executors.base import Status
 
-router = Router()
+router = MethodRouter()
 
 if TYPE_CHECKING:
     from conduit.daemon.connection import Connection
 
-__all__ = ["ExecuteParams", "GetParams", "LimitParams", "ListParams", "StatsParams", "origin_of"]
+__all__ = [
+    "ExecuteParams",
+    "ExecutionListParams",
+    "GetParams",
+    "LimitParams",
+    "StatsParams",
+    "origin_of",
+]
 
 # A day: enough executions for percentiles to mean something, recent enough to act on.
 DEFAULT_STATS_WINDOW_S = 86_400.0
@@ -182,7 +189,7 @@ def _store_warning(ctx: CallContext) -> dict[str, Any]:
     return {}
 
 
-class ListParams(Params):
+class ExecutionListParams(Params):
     principal: str | None = Field(
         None, description="only this principal's executions (others' need the admin scope)"
     )
@@ -210,8 +217,8 @@ class ListParams(Params):
         return value
 
 
-@router.method("executions/list", params=ListParams, scope="executions")
-async def list_executions(params: ListParams, ctx: CallContext) -> dict[str, Any]:
+@router.method("executions/list", params=ExecutionListParams, scope="executions")
+async def list_executions(params: ExecutionListParams, ctx: CallContext) -> dict[str, Any]:
     """Ended executions from the audit store, newest first, a page at a time."""
     query = ExecutionQuery(
         principal=_visible_owner(ctx, params.principal),

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from conduit.daemon.dispatcher import CallContext, NoParams, Router
+from conduit.daemon.dispatcher import CallContext, MethodRouter, NoParams
 
-router = Router()
+router = MethodRouter()
 
 
 @router.method("executors/list", params=NoParams, scope="execute")

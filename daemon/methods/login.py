@@ -7,9 +7,9 @@ from typing import Any
 from pydantic import Field
 
 from conduit.core.errors import InvalidRequest
-from conduit.daemon.dispatcher import CallContext, NoParams, Params, Router
+from conduit.daemon.dispatcher import CallContext, MethodRouter, NoParams, Params
 
-router = Router()
+router = MethodRouter()
 
 
 class LoginParams(Params):

@@ -12,14 +12,14 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from conduit.daemon.dispatcher import CallContext, Params, Router
+from conduit.daemon.dispatcher import CallContext, MethodRouter, Params
 from conduit.daemon.tool_access import allowlists_for, requested_allowlist
 from conduit.executors.caveats import cannot_use
 from conduit.gateway.catalogue import Catalogue
 from conduit.gateway.model import Tool
 from conduit.gateway.sdk import python_stubs, typescript_declarations
 
-router = Router()
+router = MethodRouter()
 
 __all__ = ["render_declarations"]
 

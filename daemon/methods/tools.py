@@ -35,7 +35,7 @@ from conduit.core.errors import (
     RateLimited,
 )
 from conduit.core.results import ANY_JSON, ExecutionResult
-from conduit.daemon.dispatcher import CallContext, NoParams, Params, Router, invalid_params
+from conduit.daemon.dispatcher import CallContext, MethodRouter, NoParams, Params, invalid_params
 from conduit.daemon.methods.executions import ExecuteParams
 from conduit.daemon.methods.sdk import render_declarations
 from conduit.daemon.tool_access import allowlists_for, hides_catalogue, shaped, unavailable
@@ -43,7 +43,7 @@ from conduit.executors.caveats import cannot_use
 from conduit.gateway.catalogue import Catalogue
 from conduit.gateway.model import Tool
 
-router = Router()
+router = MethodRouter()
 
 __all__ = ["BUILTIN_TOOLS", "MAX_DECLARATIONS_CHARS"]
 
@@ -241,12 +241,12 @@ class _McpParams(Params):
     )
 
 
-class ListParams(_McpParams):
+class ToolListParams(_McpParams):
     cursor: str | None = Field(None, description="ignored: the whole list comes at once")
 
 
-@router.method("tools/list", params=ListParams, scope="tools", session=True)
-async def list_tools(params: ListParams, ctx: CallContext) -> dict[str, Any]:
+@router.method("tools/list", params=ToolListParams, scope="tools", session=True)
+async def list_tools(params: ToolListParams, ctx: CallContext) -> dict[str, Any]:
     """The tools this caller may call (a sandbox sees only its execution's allowlist)."""
     principal = ctx.require_principal()
     visible = ctx.daemon.tools.visible(principal)

@@ -8,12 +8,12 @@ from typing import Any
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from conduit.daemon.dispatcher import CallContext, NoParams, Params, Router, invalid_params
+from conduit.daemon.dispatcher import CallContext, MethodRouter, NoParams, Params, invalid_params
 from conduit.daemon.tool_access import gateway_errors, hides_catalogue
 from conduit.daemon.wiring import build_upstream
 from conduit.gateway.settings import UpstreamSettings
 
-router = Router()
+router = MethodRouter()
 
 _SETTINGS = TypeAdapter(UpstreamSettings)
 

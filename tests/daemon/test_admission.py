@@ -19,7 +19,7 @@ import trio.testing
 from conduit.core.errors import Overloaded, Unauthenticated
 from conduit.daemon.auth import Principal
 from conduit.daemon.connection import Connection, Deadlines
-from conduit.daemon.dispatcher import Router
+from conduit.daemon.dispatcher import MethodRouter
 from conduit.daemon.limits import ConnectionBudget, ConnectionSlot
 from conduit.daemon.server import Daemon
 from tests.conftest import MASTER_TOKEN, WAIT_S
@@ -88,7 +88,7 @@ async def serve_memory(
     daemon = Daemon(make_config(**NO_DENO))
 
     async def start(
-        deadlines: Deadlines, principal: Principal | None = None, routes: Router | None = None
+        deadlines: Deadlines, principal: Principal | None = None, routes: MethodRouter | None = None
     ) -> tuple[trio.abc.Stream, Connection]:
         if routes is not None:
             daemon.methods.add(*routes.specs)
@@ -173,7 +173,7 @@ async def test_bytes_arriving_and_work_in_flight_are_not_idle(
         ctx.connection.start_stream(release.wait)
         return {}
 
-    routes = Router()  # methods of this test's daemon alone
+    routes = MethodRouter()  # methods of this test's daemon alone
     routes.method("test/hold", scope=None, description="test")(hold)
     routes.method("test/subscribe", scope=None, description="test")(subscribe)
     client, _ = await serve_memory(Deadlines(idle_s=30), principal=OWNER, routes=routes)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from conduit.daemon.dispatcher import MethodTable, Router
+from conduit.daemon.dispatcher import MethodRouter, MethodTable
 from conduit.daemon.methods import method_table
 from conduit.daemon.methods.compat import ALIASES
 
@@ -18,7 +18,7 @@ async def _handler(params: Any, ctx: Any) -> Any:
 
 def test_two_tables_do_not_share_what_is_added_to_one() -> None:
     first, second = method_table(), method_table()
-    routes = Router()
+    routes = MethodRouter()
     routes.method("test/only-here", scope=None)(_handler)
     first.add(*routes.specs)
     assert "test/only-here" in first
@@ -27,11 +27,11 @@ def test_two_tables_do_not_share_what_is_added_to_one() -> None:
 
 
 def test_a_name_registered_twice_is_refused() -> None:
-    routes = Router()
+    routes = MethodRouter()
     routes.method("ping", scope=None)(_handler)
     with pytest.raises(RuntimeError, match="'ping' is registered twice"):
         method_table().add(*routes.specs)
-    twice = Router()
+    twice = MethodRouter()
     twice.method("test/x", scope=None)(_handler)
     twice.method("test/x", scope=None)(_handler)
     with pytest.raises(RuntimeError, match="registered twice"):
@@ -43,7 +43,7 @@ def test_a_method_without_a_description_is_refused() -> None:
         return {}
 
     with pytest.raises(RuntimeError, match="needs a docstring"):
-        Router().method("test/undocumented", scope=None)(undocumented)
+        MethodRouter().method("test/undocumented", scope=None)(undocumented)
 
 
 def test_the_table_holds_the_api_and_its_aliases() -> None:

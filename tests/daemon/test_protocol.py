@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from conduit.core.errors import InvalidParams, InvalidRequest, MethodNotFound, ParseError
-from conduit.daemon.dispatcher import Router
+from conduit.daemon.dispatcher import MethodRouter
 from tests.conftest import MASTER_TOKEN, RawClient
 
 # Framing and listeners need no sandbox: no executor is started.
@@ -156,7 +156,7 @@ async def test_pipelined_requests_run_concurrently_and_answer_by_id(
         return {"fast": True}
 
     # Methods of this test's daemon alone.
-    routes = Router()
+    routes = MethodRouter()
     routes.method("test/slow", scope=None, description="test")(slow)
     routes.method("test/fast", scope=None, description="test")(fast)
     daemon.methods.add(*routes.specs)
@@ -202,7 +202,7 @@ async def test_requests_read_together_start_in_order_and_let_other_tasks_run(
         started.append((ctx.request_id, ticks))
         return {}
 
-    routes = Router()
+    routes = MethodRouter()
     routes.method("test/burst", scope=None, description="test")(burst)
     daemon.methods.add(*routes.specs)
     count = 320

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from conduit.core.errors import UpstreamUnreachable
 from conduit.gateway import stdio_upstream
-from conduit.gateway.keeper import Backoff, SessionKeeper
+from conduit.gateway.keeper import ReconnectBackoff, SessionKeeper
 from conduit.gateway.model import UpstreamState, UpstreamStatus
 from conduit.gateway.settings import StdioUpstreamSettings, UpstreamList
 from conduit.gateway.stdio_upstream import StdioUpstream, child_environment
@@ -423,7 +423,7 @@ async def test_the_published_time_server(serve: Any) -> None:
 
 
 def test_backoff_doubles_to_the_cap_and_resets_after_a_healthy_session() -> None:
-    backoff = Backoff()
+    backoff = ReconnectBackoff()
     delays = [backoff.next_delay(up_for_s=0) for _ in range(11)]
     assert delays == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0]
     assert backoff.next_delay(up_for_s=59) == 30.0
