@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +18,7 @@ import pytest
 import trio
 
 from conduit.daemon.auth import hash_token
+from tests.conftest import link_wasm_cache
 from tests.daemon.test_terminal import raw_controls
 from tests.e2e.helpers import CONDUIT, base_env, call, conduit_serve, wait_available
 
@@ -32,11 +37,55 @@ async def conduit(
         )
 
 
-@pytest.fixture
-async def running(tmp_path: Path, short_dir: Path) -> Any:
-    sock = str(short_dir / "c.sock")
-    async with conduit_serve(tmp_path, sock) as daemon:
-        yield daemon
+# The executors a daemon on its defaults starts (pyodide is off by default).
+DEFAULT_EXECUTORS = {"deno", "wasm-python", "wasm-js"}
+
+
+@dataclass
+class Served:
+    socket_path: str
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory: pytest.TempPathFactory, wasm_cache: Path) -> Iterator[Served]:
+    """One `conduit serve` on its defaults, shared by the tests that only talk to it.
+
+    A start is Python's imports, two components loaded and Deno workers, none of which
+    a test here needs to itself. No test changes the daemon: each runs its own
+    executions and reads back only those.
+    """
+    state = tmp_path_factory.mktemp("cli-daemon") / "state"
+    link_wasm_cache(state, wasm_cache)
+    where = Path(tempfile.mkdtemp(prefix="cd-", dir="/tmp"))  # a short socket path
+    sock = str(where / "c.sock")
+    with (state.parent / "daemon.log").open("wb") as log:
+        process = subprocess.Popen(
+            [CONDUIT, "serve", "--socket", sock],
+            env=base_env(state),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    try:
+        trio.run(_wait_loaded, sock, process)
+        yield Served(sock)
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+        shutil.rmtree(where, ignore_errors=True)
+
+
+async def _wait_loaded(sock: str, process: subprocess.Popen[bytes]) -> None:
+    """Return once the daemon accepts and every default executor can run (the Wasmtime
+    ones load their components after the daemon accepts)."""
+    with trio.fail_after(120):
+        while process.poll() is None:
+            with contextlib.suppress(OSError):
+                executors = (await call(sock, "executors/list"))["result"]["executors"]
+                if {e["name"] for e in executors if e["available"]} >= DEFAULT_EXECUTORS:
+                    return
+            await trio.sleep(0.05)  # nothing announces readiness to a client
+    raise RuntimeError(f"conduit serve exited with {process.returncode}")
 
 
 async def test_version() -> None:
@@ -45,7 +94,7 @@ async def test_version() -> None:
     assert done.stdout.decode().startswith("conduit ")
 
 
-async def test_exec_prints_output_and_result_and_exits_with_the_status(running: Any) -> None:
+async def test_exec_prints_output_and_result_and_exits_with_the_status(running: Served) -> None:
     sock = running.socket_path
     ok = await conduit(
         "exec", "--socket", sock, "--lang", "ts", "-", stdin=b"console.log('hi'); 40 + 2"
@@ -58,17 +107,17 @@ async def test_exec_prints_output_and_result_and_exits_with_the_status(running: 
     assert "[error]" in failed.stderr.decode()
     assert "nope" in failed.stderr.decode()
 
-    slow = await conduit("exec", "--socket", sock, "--timeout-ms", "300", "-", stdin=b"for(;;){}")
+    slow = await conduit("exec", "--socket", sock, "--timeout-ms", "100", "-", stdin=b"for(;;){}")
     assert slow.returncode == 124
     assert "[timeout]" in slow.stderr.decode()
 
 
-async def test_exec_shows_the_output_while_the_program_runs(running: Any) -> None:
-    # "second" comes 2 s after "first": seeing "first" without it, while the command is
+async def test_exec_shows_the_output_while_the_program_runs(running: Served) -> None:
+    # "second" comes 1 s after "first": seeing "first" without it, while the command is
     # still running, shows the output is written as it comes, not with the result.
     code = (
         b"console.log('first'); console.error('note');\n"
-        b"await new Promise((r) => setTimeout(r, 2000));\n"
+        b"await new Promise((r) => setTimeout(r, 1000));\n"
         b"console.log('second'); Deno.exit(3);"
     )
     command = [CONDUIT, "exec", "--socket", running.socket_path, "--lang", "ts", "-"]
@@ -102,11 +151,12 @@ async def test_exec_shows_the_output_while_the_program_runs(running: Any) -> Non
     assert b"running" not in errors and b"\r" not in errors
 
 
-async def test_exec_on_a_terminal_shows_progress_on_a_long_run(running: Any) -> None:
+async def test_exec_on_a_terminal_shows_progress_on_a_long_run(running: Served) -> None:
     primary, secondary = os.openpty()  # stderr is a terminal, stdout a pipe
     try:
         command = [CONDUIT, "exec", "--socket", running.socket_path, "--lang", "ts", "-"]
-        code = b"await new Promise((r) => setTimeout(r, 3000)); 'done'"
+        # Twice the second after which the line is shown: it is drawn at least once.
+        code = b"await new Promise((r) => setTimeout(r, 2000)); 'done'"
         with trio.fail_after(60):
             done = await trio.run_process(
                 command, stdin=code, capture_stdout=True, stderr=secondary, check=False
@@ -137,7 +187,7 @@ def _read_all(fd: int) -> bytes:
         data += chunk
 
 
-async def test_exec_of_a_file_with_json_and_inputs(running: Any, tmp_path: Path) -> None:
+async def test_exec_of_a_file_with_json_and_inputs(running: Served, tmp_path: Path) -> None:
     program = tmp_path / "double.js"
     program.write_text("inputs.n * 2")
     await wait_available(running.socket_path, "wasm-js")
@@ -151,7 +201,7 @@ async def test_exec_of_a_file_with_json_and_inputs(running: Any, tmp_path: Path)
     assert result["executor"] == "wasm-js"  # the .js extension, on JavaScript's default
 
 
-async def test_call_prints_results_and_errors(running: Any) -> None:
+async def test_call_prints_results_and_errors(running: Served) -> None:
     sock = running.socket_path
     done = await conduit("call", "--socket", sock, "ping")
     assert done.returncode == 0
@@ -165,7 +215,7 @@ async def test_call_prints_results_and_errors(running: Any) -> None:
 
 
 async def test_another_daemons_token_file_is_left_to_peer_credentials(
-    running: Any, tmp_path: Path
+    running: Served, tmp_path: Path
 ) -> None:
     # The state dir the command reads holds some other daemon's master token (one on the
     # defaults, beside this one): on the Unix socket, peer credentials let the command
@@ -187,7 +237,7 @@ async def test_another_daemons_token_file_is_left_to_peer_credentials(
     assert "the token is not valid" in chosen.stderr.decode()
 
 
-async def test_config_is_taken_before_or_after_the_command(running: Any, tmp_path: Path) -> None:
+async def test_config_is_taken_before_or_after_the_command(running: Served, tmp_path: Path) -> None:
     # The systemd unit writes `conduit serve --config FILE`: that must reach the
     # configuration, not stop at a usage error.
     unit = (Path(__file__).parents[2] / "deploy" / "conduit.service").read_text()
@@ -219,6 +269,18 @@ async def test_no_daemon_is_a_clear_error(short_dir: Path) -> None:
     assert "is `conduit serve` running?" in done.stderr.decode()
 
 
+# For a daemon that runs no program: started without the executors' processes and
+# components.
+NO_EXECUTORS = """\
+[executors.deno]
+enabled = false
+[executors.wasm_python]
+enabled = false
+[executors.wasm_js]
+enabled = false
+"""
+
+
 async def test_token_new_prints_a_token_and_its_config_entry(
     tmp_path: Path, short_dir: Path
 ) -> None:
@@ -230,7 +292,7 @@ async def test_token_new_prints_a_token_and_its_config_entry(
     assert token not in entry
     # The printed entry, pasted into a config, admits that token with those scopes.
     config = tmp_path / "conduit.toml"
-    config.write_text("[auth]\npeer_credentials = false\n" + entry.split("\n", 2)[2])
+    config.write_text(NO_EXECUTORS + "[auth]\npeer_credentials = false\n" + entry.split("\n", 2)[2])
     sock = str(short_dir / "c.sock")
     async with conduit_serve(tmp_path, sock, "--config", str(config)):
         env = {**base_env(tmp_path / "state"), "CONDUIT_TOKEN": token}
@@ -276,7 +338,10 @@ async def test_doctor_reports_a_corrupt_compiled_cache_as_rebuilt(
     tmp_path: Path, wasm_cache: Path
 ) -> None:
     state = tmp_path / "own-state"  # a copy: the session's cache stays intact
-    shutil.copytree(wasm_cache, state / "wasm")
+    for built in wasm_cache.glob("wasm-python-*"):
+        shutil.copytree(built, state / "wasm" / built.name)
+    for built in wasm_cache.glob("wasm-js-*"):  # loaded as it is
+        (state / "wasm" / built.name).symlink_to(built, target_is_directory=True)
     compiled = list((state / "wasm").glob("wasm-python-*/compiled-*.cwasm"))
     assert compiled, "the session's cache holds no compiled component"
     for path in compiled:
@@ -298,7 +363,7 @@ async def test_doctor_reports_a_corrupt_compiled_cache_as_rebuilt(
     assert details["compiled cache"] == ["valid: loaded without compiling"]
 
 
-async def test_executors_list_says_what_each_start_built(running: Any) -> None:
+async def test_executors_list_says_what_each_start_built(running: Served) -> None:
     done = await conduit("call", "--socket", running.socket_path, "executors/list")
     assert done.returncode == 0, done.stderr
     executors = {e["name"]: e for e in json.loads(done.stdout)["executors"]}
@@ -350,7 +415,7 @@ def _assert_safe(done: subprocess.CompletedProcess[bytes]) -> str:
     return done.stdout.decode() + done.stderr.decode()
 
 
-async def test_exec_shows_what_a_program_wrote_without_obeying_it(running: Any) -> None:
+async def test_exec_shows_what_a_program_wrote_without_obeying_it(running: Served) -> None:
     at = ("--socket", running.socket_path)
     shown = await conduit("exec", *at, "--lang", "ts", "-", stdin=_PRINTS)
     assert shown.returncode == 0, shown.stderr
@@ -369,7 +434,7 @@ async def test_exec_shows_what_a_program_wrote_without_obeying_it(running: Any) 
     assert f"ping{SHOWN}" in _assert_safe(unknown)
 
 
-async def test_executions_show_what_a_program_wrote_without_obeying_it(running: Any) -> None:
+async def test_executions_show_what_a_program_wrote_without_obeying_it(running: Served) -> None:
     at = ("--socket", running.socket_path)
     ids = []
     for program in (_PRINTS, _THROWS):
@@ -392,7 +457,7 @@ async def test_executions_show_what_a_program_wrote_without_obeying_it(running: 
         assert json.loads(got.stdout)["error_type"] == f"Type{NASTY}"
 
 
-async def test_exec_raw_writes_the_programs_output_as_it_is(running: Any) -> None:
+async def test_exec_raw_writes_the_programs_output_as_it_is(running: Served) -> None:
     program = f"console.log({json.dumps(NASTY)}); 1".encode()
     done = await conduit("exec", "--socket", running.socket_path, "--raw", "-", stdin=program)
     assert done.returncode == 0, done.stderr
