@@ -26,8 +26,9 @@ enabled = false
 """
 # Clients running executions back to back while the daemon is killed.
 CLIENTS = 6
-# Rows to see committed before the kill: enough that the writer is busy when it lands.
-ROWS_BEFORE_KILL = 150
+# Rows to see committed before the kill: several of the writer's transactions, so that
+# it is busy when the kill lands.
+ROWS_BEFORE_KILL = 60
 # Each client stops after this many, so the test ends even if the kill never comes.
 MOST_PER_CLIENT = 400
 
@@ -120,8 +121,12 @@ async def test_conduit_executions_prints_tables(tmp_path: Path, short_dir: Path)
     config.write_text(CONFIG)
     async with conduit_serve(tmp_path, sock, "--config", str(config)):
         await wait_available(sock, "wasm-python")
-        for program in (b"print('hi')\n1 + 1", b"raise KeyError('k')", b"2"):
-            await conduit("exec", "--socket", sock, "--lang", "py", "-", stdin=program)
+        # One through `conduit exec`, as a person runs it; the others as a client does.
+        hi = b"print('hi')\n1 + 1"
+        ran = await conduit("exec", "--socket", sock, "--lang", "py", "-", stdin=hi)
+        assert (ran.returncode, ran.stdout) == (0, b"hi\n2\n"), ran.stderr
+        for program in ("raise KeyError('k')", "2"):
+            await call(sock, "execute", {"language": "python", "code": program})
         at = ("--socket", sock)
         listing = await conduit("executions", "list", *at)
         as_json = await conduit("executions", "list", *at, "--json")
