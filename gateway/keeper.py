@@ -180,7 +180,24 @@ class RateLimit:
         return count
 
 
-class _WatchedStream:
+class _Wrapping:
+    """A stream around `_inner`: closing it closes the inner one, as a block or not."""
+
+    _inner: Any
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+class _WatchedStream(_Wrapping):
     """The transport's read stream, unchanged, except that its end sets `ended`.
 
     The end of the read stream is the one signal every transport gives when the
@@ -213,17 +230,6 @@ class _WatchedStream:
         except anyio.EndOfStream:
             raise StopAsyncIteration from None
 
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
 
 # The `_meta` keys the session puts on every request it sends once the version is
 # negotiated (2026-07-28; none before); others, a trace context say, are per request.
@@ -237,7 +243,7 @@ STAMP_KEYS = frozenset(
 )
 
 
-class _StampedWrites:
+class _StampedWrites(_Wrapping):
     """The transport's write stream, unchanged, except that it keeps the session's stamp
     from each `tools/list` request the session writes (`connection.call_meta`).
 
@@ -256,17 +262,6 @@ class _StampedWrites:
             stamp = {key: value for key, value in meta.items() if key in STAMP_KEYS}
             self._connection.call_meta = stamp or None
         await self._inner.send(item)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
 
 @dataclass
