@@ -2,40 +2,152 @@
 containment tried from inside Python, and a fresh interpreter for every program in a
 worker process that runs many.
 
-Slow (each worker process compiles and loads Pyodide, seconds of CPU), so each test
-batches its checks.
+Slow (each worker process compiles and loads Pyodide, seconds of CPU), so the module's
+tests share one executor, as a daemon's programs do, and each test batches its checks.
+pytest-trio gives each test a Trio run of its own, so the shared executor is served by
+a run in a thread of its own (`shared_pyodide`, which the other Pyodide tests use too).
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import signal
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import pytest
 import trio
 
-from conduit.executors.base import Job, Limits, Outcome, Status
+from conduit.executors import pyodide_host
+from conduit.executors.base import ExecutorInfo, Job, Limits, Outcome, Status, ToolBridge
 from conduit.executors.pyodide import PyodideExecutor
-from tests.sandboxes import LOAD_WAIT_S, NoBridge, start_pyodide
+from tests.sandboxes import LOAD_WAIT_S, NoBridge
 
 pytestmark = pytest.mark.slow
 
-
-@pytest.fixture
-async def pyodide(nursery: trio.Nursery, tmp_path: Path, pyodide_install: Path) -> PyodideExecutor:
-    return await start_pyodide(nursery, tmp_path, pyodide_install)
+T = TypeVar("T")
+R = TypeVar("R")
 
 
-async def run(executor: PyodideExecutor, code: str, inputs: Any = None, **limits: Any) -> Outcome:
+# -- one executor for a module's tests -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Served(Generic[T]):
+    """`value`, served by a Trio run in a thread of its own until `scope` is cancelled."""
+
+    value: T
+    token: trio.lowlevel.TrioToken
+    scope: trio.CancelScope
+
+    async def call(self, function: Callable[..., Awaitable[R]], *args: Any) -> R:
+        """`await function(*args)` in the serving run, from a test's own run. If the test
+        is cancelled meanwhile, the call is left to end with the serving run."""
+        call = partial(trio.from_thread.run, function, *args, trio_token=self.token)
+        return await trio.to_thread.run_sync(call, abandon_on_cancel=True)
+
+    async def call_sync(self, function: Callable[..., R], *args: Any) -> R:
+        """`function(*args)` in the serving run (its state is not for other threads)."""
+        call = partial(trio.from_thread.run_sync, function, *args, trio_token=self.token)
+        return await trio.to_thread.run_sync(call, abandon_on_cancel=True)
+
+
+@contextmanager
+def serving_in_a_thread(start: Callable[[trio.Nursery], Awaitable[T]]) -> Iterator[Served[T]]:
+    """Serve what `start` starts in the nursery it is given, in a Trio run in a thread of
+    its own, until the block ends; what that run raised is raised here."""
+    handoff: queue.Queue[Served[T] | BaseException] = queue.Queue()
+
+    async def serve() -> None:
+        async with trio.open_nursery() as nursery:
+            value = await start(nursery)
+            handoff.put(Served(value, trio.lowlevel.current_trio_token(), nursery.cancel_scope))
+
+    def run() -> None:
+        try:
+            trio.run(serve)
+        except BaseException as exc:  # handed to the test process, not lost in the thread
+            handoff.put(exc)
+
+    thread = threading.Thread(target=run, name="served-for-tests", daemon=True)
+    thread.start()
+    served = handoff.get(timeout=LOAD_WAIT_S)
+    if isinstance(served, BaseException):
+        raise served
+    try:
+        yield served
+    finally:
+        with suppress(trio.RunFinishedError):  # it ended already, raising
+            trio.from_thread.run_sync(served.scope.cancel, trio_token=served.token)
+        thread.join(LOAD_WAIT_S)
+    assert not thread.is_alive(), "what the thread served did not stop"
+    if not handoff.empty():
+        raise handoff.get()
+
+
+class SharedPyodide:
+    """A Pyodide executor with one worker process, shared by a module's tests: each runs
+    its programs from its own Trio run, every one in a fresh interpreter, as the
+    daemon's programs do."""
+
+    def __init__(self, served: Served[PyodideExecutor]) -> None:
+        self._served = served
+
+    async def run(self, job: Job, bridge: ToolBridge) -> Outcome:
+        return await self._served.call(self._served.value.run, job, bridge)
+
+    async def info(self) -> ExecutorInfo:
+        return await self._served.call_sync(self._served.value.info)
+
+    async def settled(self) -> dict[str, Any]:
+        """The pool's statistics once it has its one process, ready, and nothing else:
+        what an earlier test's programs cost it has been made good."""
+        with trio.fail_after(LOAD_WAIT_S):
+            while True:
+                pool = (await self.info()).pool or {}
+                busy = any(pool.get(count) for count in ("starting", "in_use", "waiting"))
+                if pool.get("processes") == pool.get("idle") == 1 and not busy:
+                    return pool
+                await trio.sleep(0.02)  # the pool announces nothing to its owner
+
+
+@contextmanager
+def shared_pyodide(cache_dir: Path, install_dir: Path) -> Iterator[SharedPyodide]:
+    """`tests.sandboxes.start_pyodide`'s executor, served in a thread of its own."""
+
+    async def start(nursery: trio.Nursery) -> PyodideExecutor:
+        executor = PyodideExecutor(cache_dir=cache_dir, install_dir=install_dir, pool_size=1)
+        await nursery.start(executor.serve)
+        with trio.fail_after(LOAD_WAIT_S):
+            assert await executor.wait_ready(), executor.info().reason
+        return executor
+
+    with serving_in_a_thread(start) as served:
+        yield SharedPyodide(served)
+
+
+@pytest.fixture(scope="module")
+def pyodide(
+    tmp_path_factory: pytest.TempPathFactory, pyodide_install: Path
+) -> Iterator[SharedPyodide]:
+    with shared_pyodide(tmp_path_factory.mktemp("pyodide"), pyodide_install) as executor:
+        yield executor
+
+
+async def run(executor: SharedPyodide, code: str, inputs: Any = None, **limits: Any) -> Outcome:
     with trio.fail_after(LOAD_WAIT_S):
         job = Job("ex_pyodide", "python", code, Limits(**limits), inputs=inputs)
         return await executor.run(job, NoBridge())
 
 
-async def test_the_python_contract_holds(pyodide: PyodideExecutor) -> None:
-    info = pyodide.info()
+async def test_the_python_contract_holds(pyodide: SharedPyodide) -> None:
+    info = await pyodide.info()
     assert info.version is not None and info.version.startswith("Pyodide 314")
     assert info.pool is not None and info.pool["snapshot"], info  # workers restore, not load
     code = "import sys\nprint('hi', inputs['n'])\nprint('e', file=sys.stderr)\ninputs['n'] * 2"
@@ -50,7 +162,7 @@ async def test_the_python_contract_holds(pyodide: PyodideExecutor) -> None:
     assert "pyodide" not in failed.error.traceback.lower()
 
 
-async def test_the_whole_standard_library_is_there(pyodide: PyodideExecutor) -> None:
+async def test_the_whole_standard_library_is_there(pyodide: SharedPyodide) -> None:
     code = (
         "import sqlite3, decimal, asyncio, zoneinfo, lzma\n"
         "sqlite3.connect(':memory:').execute('select 6*7').fetchone()[0]"
@@ -58,7 +170,7 @@ async def test_the_whole_standard_library_is_there(pyodide: PyodideExecutor) -> 
     assert (await run(pyodide, code)).result == 42
 
 
-async def test_time_zones_have_their_data(pyodide: PyodideExecutor) -> None:
+async def test_time_zones_have_their_data(pyodide: SharedPyodide) -> None:
     code = """
 import datetime, zoneinfo
 def offset(zone, month):
@@ -122,7 +234,8 @@ JS = "[typeof LEFT, typeof ({}).LEFT_PROTO, typeof globalThis.TIMER, [1].map(x =
 """
 
 
-async def test_nothing_of_a_program_is_left_for_the_next(pyodide: PyodideExecutor) -> None:
+async def test_nothing_of_a_program_is_left_for_the_next(pyodide: SharedPyodide) -> None:
+    before = await pyodide.settled()
     planted = await run(pyodide, PLANT)
     assert planted.status is Status.OK, planted.error
     first = await run(pyodide, LOOK)
@@ -138,9 +251,10 @@ async def test_nothing_of_a_program_is_left_for_the_next(pyodide: PyodideExecuto
     # Each interpreter draws its own random numbers, though all start from one snapshot.
     assert first.result["random"] != second.result["random"]
     # All three ran in the one worker process: it was reused, not replaced.
-    pool = pyodide.info().pool
+    pool = (await pyodide.info()).pool
     assert pool is not None
-    assert (pool["processes"], pool["handed_out"], pool["discarded"]) == (1, 3, 0), pool
+    counts = (pool["handed_out"] - before["handed_out"], pool["discarded"] - before["discarded"])
+    assert (pool["processes"], *counts) == (1, 3, 0), (before, pool)
 
 
 # Forges its own answer, then runs JavaScript that a terminated Deno worker does not
@@ -162,9 +276,17 @@ await run_js("import('data:text/javascript,export default 1')")
 """
 
 
+# How long an ended interpreter's thread may stay here before its process is killed:
+# one that ends is gone well within a second even on a loaded machine, and the loop that
+# outlives its program burns a core for as long as the executor's own, wider bound.
+OUTLIVED_AFTER_S = 1.5
+
+
 async def test_code_that_outlives_its_program_costs_its_process(
-    pyodide: PyodideExecutor,
+    pyodide: SharedPyodide, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(pyodide_host, "THREAD_EXIT_TIMEOUT_S", OUTLIVED_AFTER_S)
+    before = await pyodide.settled()
     outlived = await run(pyodide, OUTLIVE)
     assert (outlived.status, outlived.result) == (Status.OK, "forged")  # its own doing
     after = await run(pyodide, "print('mine')\n6 * 7")
@@ -172,14 +294,15 @@ async def test_code_that_outlives_its_program_costs_its_process(
     cached = await run(pyodide, CACHE)
     assert (cached.status, cached.result) == (Status.OK, "cached")
     assert (await run(pyodide, "6 * 7")).result == 42
-    pool = pyodide.info().pool
+    pool = (await pyodide.info()).pool
     assert pool is not None
-    assert pool["discarded"] == 2, pool  # each time, the process it ran in was killed
+    # Each time, the process it ran in was killed.
+    assert pool["discarded"] - before["discarded"] == 2, (before, pool)
     assert len(pyodide_workers()) == 1
 
 
 async def test_waiting_for_an_interpreter_is_not_the_programs_time(
-    pyodide: PyodideExecutor,
+    pyodide: SharedPyodide,
 ) -> None:
     """One process, two programs at once: the second waits (for the first's process to
     make its next interpreter, or for a new process), and that wait is queueing, not
@@ -189,10 +312,11 @@ async def test_waiting_for_an_interpreter_is_not_the_programs_time(
     async def one(name: str, code: str, timeout_ms: int) -> None:
         outcomes[name] = await run(pyodide, code, timeout_ms=timeout_ms)
 
+    await pyodide.settled()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(one, "first", "import time\ntime.sleep(1.5)\n'slept'", 30_000)
         with trio.fail_after(LOAD_WAIT_S):
-            while not (pyodide.info().pool or {}).get("in_use"):
+            while not ((await pyodide.info()).pool or {}).get("in_use"):
                 await trio.sleep(0.01)
         nursery.start_soon(one, "second", "'quick'", 1000)
     assert (outcomes["first"].status, outcomes["first"].result) == (Status.OK, "slept")
@@ -205,7 +329,7 @@ async def test_waiting_for_an_interpreter_is_not_the_programs_time(
 
 
 async def test_python_reaches_nothing_of_the_host(
-    pyodide: PyodideExecutor, pyodide_install: Path
+    pyodide: SharedPyodide, pyodide_install: Path
 ) -> None:
     code = """
 import js, os
@@ -249,7 +373,7 @@ refused
     assert (await run(pyodide, "'still serving'")).result == "still serving"
 
 
-async def test_limits_stop_the_program_and_keep_its_output(pyodide: PyodideExecutor) -> None:
+async def test_limits_stop_the_program_and_keep_its_output(pyodide: SharedPyodide) -> None:
     spin = await run(pyodide, "print('spin', flush=True)\nwhile True: pass", timeout_ms=1000)
     assert (spin.status, spin.stdout) == (Status.TIMEOUT, "spin\n")
     bomb = await run(pyodide, "x = []\nwhile True: x.append(bytearray(1 << 20))", memory_mb=128)
@@ -277,22 +401,27 @@ def pyodide_workers() -> list[int]:
 
 
 async def test_a_killed_worker_is_a_crash_and_the_executor_keeps_serving(
-    pyodide: PyodideExecutor,
+    pyodide: SharedPyodide,
 ) -> None:
-    async def kill_workers_soon() -> None:
-        with trio.fail_after(LOAD_WAIT_S):
-            while not (pyodide.info().pool or {}).get("in_use"):
-                await trio.sleep(0.02)  # until a worker has taken the program
-        await trio.sleep(1.0)  # it is spinning by then
-        # The oldest worker runs the program; the pool's refill started after it.
+    printed = threading.Event()
+
+    async def on_output(stream: str, text: str) -> None:
+        printed.set()  # in the executor's thread
+
+    async def kill_the_worker_once_it_spins() -> None:
+        wait = partial(printed.wait, LOAD_WAIT_S)
+        assert await trio.to_thread.run_sync(wait, abandon_on_cancel=True)
+        # The one worker runs the program, which spins once it has printed.
         os.kill(pyodide_workers()[0], signal.SIGKILL)
 
+    await pyodide.settled()  # a warm worker, so the program starts at once
+    code = "print('up', flush=True)\nwhile True: pass"
+    job = Job("ex_pyodide", "python", code, Limits(timeout_ms=30_000), on_output=on_output)
     with trio.fail_after(LOAD_WAIT_S):
-        while not (pyodide.info().pool or {}).get("idle"):
-            await trio.sleep(0.02)  # a warm worker, so the program starts at once
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(kill_workers_soon)
-        killed = await run(pyodide, "print('up', flush=True)\nwhile True: pass", timeout_ms=30_000)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(kill_the_worker_once_it_spins)
+            killed = await pyodide.run(job, NoBridge())
+            nursery.cancel_scope.cancel()  # it ended, printed or not: no more to kill
     assert killed.status is Status.CRASHED, killed
     assert killed.stdout == "up\n"
     assert (await run(pyodide, "6 * 7")).result == 42

@@ -7,6 +7,7 @@ their work, not just import.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ import trio
 
 from conduit.executors.base import Job, Limits, Outcome, Status
 from conduit.executors.python_stdlib import missing_modules
-from tests.sandboxes import LOAD_WAIT_S, NoBridge, start_pyodide
+from tests.executors.test_pyodide import SharedPyodide, shared_pyodide
+from tests.sandboxes import LOAD_WAIT_S, NoBridge
 
 # Imports every module and answers those that failed, with why.
 IMPORT_EVERY_MODULE = """
@@ -118,18 +120,22 @@ async def test_wasm_python_library_is_read_only(wasm: Any) -> None:
     ]
 
 
-@pytest.fixture
-async def pyodide(nursery: trio.Nursery, tmp_path: Path, pyodide_install: Path) -> Any:
-    return await start_pyodide(nursery, tmp_path, pyodide_install)
+@pytest.fixture(scope="module")
+def pyodide(
+    tmp_path_factory: pytest.TempPathFactory, pyodide_install: Path
+) -> Iterator[SharedPyodide]:
+    """One executor for both tests, as a daemon's: each program in a fresh interpreter."""
+    with shared_pyodide(tmp_path_factory.mktemp("pyodide"), pyodide_install) as executor:
+        yield executor
 
 
 @pytest.mark.slow
-async def test_pyodide_imports_the_whole_standard_library(pyodide: Any) -> None:
+async def test_pyodide_imports_the_whole_standard_library(pyodide: SharedPyodide) -> None:
     assert_only_the_listed_gaps("pyodide", await run(pyodide, IMPORT_EVERY_MODULE))
 
 
 @pytest.mark.slow
-async def test_pyodide_modules_do_their_work(pyodide: Any) -> None:
+async def test_pyodide_modules_do_their_work(pyodide: SharedPyodide) -> None:
     assert_real_use_works(await run(pyodide, REAL_USE))
 
 

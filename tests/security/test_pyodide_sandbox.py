@@ -6,11 +6,13 @@ so every row here is tried from Python, and the JavaScript ones through Deno's o
 APIs. Each asserts that the attempt is refused, and that the next execution still works
 (an attack must not break the executor for everyone else).
 
-Slow: each worker restores Pyodide from its snapshot.
+Slow: each interpreter restores Pyodide from its snapshot. The attempts share one
+executor, as a daemon's programs do: each still runs in a fresh interpreter.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +20,11 @@ import pytest
 import trio
 
 from conduit.executors.base import Status
-from conduit.executors.pyodide import PyodideExecutor
 from tests.e2e.helpers import wait_upstreams
 from tests.e2e.test_pyodide_tools import share_install
 from tests.e2e.test_tools import ECHO
-from tests.sandboxes import LOAD_WAIT_S, Attacks, each_attack, start_pyodide
+from tests.executors.test_pyodide import SharedPyodide, shared_pyodide
+from tests.sandboxes import LOAD_WAIT_S, TIMES_OUT, Attacks, each_attack
 from tests.security.test_deno_sandbox import attack_the_callback_channel
 
 pytestmark = pytest.mark.slow
@@ -30,15 +32,24 @@ pytestmark = pytest.mark.slow
 SECRET = "env-s3cret"
 
 
-@pytest.fixture(autouse=True)
-def _secret_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A secret in the daemon's environment, which no program may read."""
-    monkeypatch.setenv("CONDUIT_TEST_SECRET", SECRET)
+@pytest.fixture(scope="module", autouse=True)
+def _secret_in_the_environment() -> Iterator[None]:
+    """A secret in the daemon's environment, which no program may read, from before
+    the module's executor starts."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CONDUIT_TEST_SECRET", SECRET)
+        yield
 
 
-@pytest.fixture
-async def pyodide(nursery: trio.Nursery, tmp_path: Path, pyodide_install: Path) -> PyodideExecutor:
-    return await start_pyodide(nursery, tmp_path, pyodide_install)
+@pytest.fixture(scope="module")
+def pyodide(
+    _secret_in_the_environment: None,
+    tmp_path_factory: pytest.TempPathFactory,
+    pyodide_install: Path,
+) -> Iterator[SharedPyodide]:
+    """One executor for every attack, as a daemon's: each runs in a fresh interpreter."""
+    with shared_pyodide(tmp_path_factory.mktemp("pyodide"), pyodide_install) as executor:
+        yield executor
 
 
 _attacks = Attacks("python", "1 + 1", wait_s=LOAD_WAIT_S)
@@ -211,7 +222,7 @@ ATTACKS = [
 
 
 @each_attack(ATTACKS)
-async def test_attack_is_refused(pyodide: PyodideExecutor, code: str, refusal: str) -> None:
+async def test_attack_is_refused(pyodide: SharedPyodide, code: str, refusal: str) -> None:
     outcome = await _attacks.refused_with(pyodide, code, refusal)
     seen = f"{outcome.result} {outcome.stdout} {outcome.stderr} {outcome.error}"
     assert SECRET not in seen
@@ -221,12 +232,13 @@ async def test_attack_is_refused(pyodide: PyodideExecutor, code: str, refusal: s
 # -- resources ----------------------------------------------------------------------------
 
 
-async def test_an_infinite_loop_times_out(pyodide: PyodideExecutor) -> None:
-    outcome = await refused(pyodide, "while True:\n    pass", timeout_ms=1000)
-    assert outcome.status is Status.TIMEOUT
+async def test_an_infinite_loop_times_out(pyodide: SharedPyodide) -> None:
+    limits, status = TIMES_OUT
+    outcome = await refused(pyodide, "while True:\n    pass", **limits)
+    assert outcome.status is status
 
 
-async def test_output_flood_is_stopped(pyodide: PyodideExecutor) -> None:
+async def test_output_flood_is_stopped(pyodide: SharedPyodide) -> None:
     code = "while True:\n    print('x' * 1000)"
     outcome = await refused(pyodide, code, output_bytes=100_000, timeout_ms=60_000)
     assert outcome.status is Status.OUTPUT_LIMIT
@@ -307,14 +319,34 @@ return {"total": total, "calls": calls}
 LATER = "return tools.echo.add(a=40, b=2)"
 
 
+# The daemon's executors: Pyodide alone, as the others would only add to its start,
+# with a process each for the victim and the attacker. Had the attacker to wait for a
+# process of its own, the victim, calling tools all the while, would run past its
+# tool-call limit on a loaded machine.
+ONLY_PYODIDE = {
+    "python": "pyodide",
+    "pyodide": {"enabled": True, "pool_size": 2},
+    **{name: {"enabled": False} for name in ("deno", "wasm_python", "wasm_js")},
+}
+
+
+async def wait_pyodide_ready(server: Any, processes: int) -> None:
+    """Until the daemon's Pyodide pool has `processes` interpreters ready."""
+    with trio.fail_after(LOAD_WAIT_S):
+        while True:
+            pool = next(i.pool for i in server.registry.infos() if i.name == "pyodide")
+            if pool is not None and pool["idle"] >= processes:
+                return
+            await trio.sleep(0.02)  # nothing announces it to the daemon's owner
+
+
 async def test_the_callback_socket_is_out_of_reach(
     start_daemon: Any, connect: Any, tmp_path: Path, pyodide_install: Path
 ) -> None:
     share_install(tmp_path / "state", pyodide_install)
-    server, info = await start_daemon(
-        upstreams=[ECHO], executors={"pyodide": {"enabled": True, "pool_size": 1}}
-    )
+    server, info = await start_daemon(upstreams=[ECHO], executors=ONLY_PYODIDE)
     await wait_upstreams(server, "echo")
+    await wait_pyodide_ready(server, ONLY_PYODIDE["pyodide"]["pool_size"])
     attacked = await attack_the_callback_channel(
         server,
         connect,
