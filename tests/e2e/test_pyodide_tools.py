@@ -1,19 +1,27 @@
 """Python on Pyodide through a real daemon: the same source as on wasm-python calling
 real MCP upstreams, and how its time is counted.
 
-Slow: the daemon's Pyodide workers load Pyodide (seconds each).
+Slow: the daemon's Pyodide workers load Pyodide (seconds each), so the tests share one
+daemon, served in a thread of its own; each talks to it on connections of its own.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
+from conduit.daemon.config import load_config
+from conduit.daemon.server import Daemon, ServingInfo
+from tests.conftest import MASTER_TOKEN, WAIT_S, link_wasm_cache
 from tests.e2e.helpers import wait_upstreams
 from tests.e2e.test_tools import ECHO, PYTHON_TOOLS_PROGRAM, TIME
+from tests.executors.test_pyodide import Served, serving_in_a_thread
 
 pytestmark = pytest.mark.slow
 
@@ -28,15 +36,46 @@ def share_install(state_dir: Path, install: Path) -> None:
         (target / snapshot.name).symlink_to(snapshot)
 
 
+@pytest.fixture(scope="module")
+def shared(
+    tmp_path_factory: pytest.TempPathFactory, wasm_cache: Path, pyodide_install: Path
+) -> Iterator[Served[ServingInfo]]:
+    """A daemon with the echo and time upstreams and one Pyodide worker process, as the
+    `start_daemon` fixture makes them; what it serves is where it listens."""
+    root = tmp_path_factory.mktemp("pyodide-tools")
+    link_wasm_cache(root / "state", wasm_cache)
+    share_install(root / "state", pyodide_install)
+    socket_dir = Path(tempfile.mkdtemp(prefix="cd-", dir="/tmp"))  # socket paths are short
+    settings = {
+        "server.socket": str(socket_dir / "conduit.sock"),
+        "server.state_dir": str(root / "state"),
+        "auth.token": MASTER_TOKEN,
+        "executors.deno.pool_size": 1,
+        "executors.pyodide": {"enabled": True, "pool_size": 1},
+        "metrics.listen": "127.0.0.1:0",
+        "upstreams": [ECHO, TIME],
+    }
+    config = load_config(environ={}, overrides=settings)
+
+    async def start(nursery: trio.Nursery) -> ServingInfo:
+        daemon = Daemon(config)
+        with trio.fail_after(WAIT_S):
+            info: ServingInfo = await nursery.start(daemon.serve)
+            await daemon.registry.wait_ready()
+        await wait_upstreams(daemon, "echo", "time")
+        return info
+
+    try:
+        with serving_in_a_thread(start) as served:
+            yield served
+    finally:
+        shutil.rmtree(socket_dir, ignore_errors=True)
+
+
 async def test_the_same_python_source_runs_unchanged_on_pyodide(
-    start_daemon: Any, connect: Any, tmp_path: Path, pyodide_install: Path
+    shared: Served[ServingInfo], connect: Any
 ) -> None:
-    share_install(tmp_path / "state", pyodide_install)
-    server, info = await start_daemon(
-        upstreams=[ECHO, TIME], executors={"pyodide": {"enabled": True, "pool_size": 1}}
-    )
-    await wait_upstreams(server, "echo", "time")
-    client = await connect(info)
+    client = await connect(shared.value)
     on_wasm = await client.call("execute", {"language": "python", "code": PYTHON_TOOLS_PROGRAM})
     on_pyodide = await client.call(
         "execute", {"language": "python", "executor": "pyodide", "code": PYTHON_TOOLS_PROGRAM}
@@ -59,14 +98,18 @@ async def test_the_same_python_source_runs_unchanged_on_pyodide(
     assert limited["result"] == -32003, limited
 
 
+async def pyodide_in_use(client: Any) -> int:
+    """How many of the daemon's Pyodide processes run a program now."""
+    listed = await client.call("executors/list")
+    return next(e for e in listed["executors"] if e["name"] == "pyodide")["pool"]["in_use"]
+
+
 async def test_timeout_counts_the_programs_own_run(
-    start_daemon: Any, connect: Any, tmp_path: Path, pyodide_install: Path
+    shared: Served[ServingInfo], connect: Any
 ) -> None:
     """Waiting for an interpreter is `queue_ms`; `timeout_ms` bounds the program's own
     run, and no result is ok past it."""
-    share_install(tmp_path / "state", pyodide_install)
-    _, info = await start_daemon(executors={"pyodide": {"enabled": True, "pool_size": 1}})
-    client, other = await connect(info), await connect(info)
+    client, other = await connect(shared.value), await connect(shared.value)
     sleeper = {"language": "python", "executor": "pyodide", "limits": {"timeout_ms": 30_000}}
     quick = {"language": "python", "executor": "pyodide", "limits": {"timeout_ms": 1000}}
     results: dict[str, Any] = {}
@@ -78,7 +121,9 @@ async def test_timeout_counts_the_programs_own_run(
     async with trio.open_nursery() as nursery:
         code = "import time\ntime.sleep(1.5)"
         nursery.start_soon(execute, "sleeper", client, {**sleeper, "code": code})
-        await trio.sleep(0.3)  # the sleeper holds the one interpreter
+        with trio.fail_after(WAIT_S):
+            while not await pyodide_in_use(other):
+                await trio.sleep(0.01)  # until the sleeper holds the one interpreter
         nursery.start_soon(execute, "quick", other, {**quick, "code": "'quick'"})
     late = await client.call("execute", {**quick, "code": "import time\ntime.sleep(3)"})
     assert (results["quick"]["status"], results["quick"]["result"]) == ("ok", "quick")
