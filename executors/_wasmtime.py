@@ -30,6 +30,10 @@ the reset, which pays because the reset happens when the store is closed, after 
 answer is on its way (see `wasm.py`): both guests halve a trivial program's run.
 Compiled code is the same with or without the pool, so the compiled-code cache is
 unaffected.
+
+wasmtime-py has no public way to the pool or to a store's epoch callback: both go
+through `_wasmtime_private`, and where that is off (another wasmtime version, say) an
+engine has no pool and an `Interrupt` only traps its guest once its time is up.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import functools
 import hashlib
 import importlib.metadata
 import logging
+import math
 import os
 import platform
 import threading
@@ -53,8 +58,8 @@ from pathlib import Path
 import trio
 import wasmtime
 import wasmtime.component
-from wasmtime import _ffi as ffi
 
+from conduit.executors import _wasmtime_private as private
 from conduit.executors.file_digest import file_version, sha256_hex
 
 __all__ = [
@@ -129,46 +134,28 @@ def new_engine(
 
 
 def _use_pool(config: wasmtime.Config, instances: int, keep_resident_bytes: int) -> None:
-    pool = ffi.wasmtime_pooling_allocation_config_new()
-    try:
-        ffi.wasmtime_pooling_allocation_config_total_component_instances_set(
-            pool, instances * COMPONENTS_PER_STORE
-        )
+    if not private.AVAILABLE:
+        return  # wasmtime-py has no public way to it: every instance maps fresh memory
+    private.use_pooling_allocator(
+        config,
+        total_component_instances=instances * COMPONENTS_PER_STORE,
         # Totals follow from the per-component bounds, so they cannot run out first.
-        ffi.wasmtime_pooling_allocation_config_max_core_instances_per_component_set(
-            pool, POOL_CORE_INSTANCES_PER_COMPONENT
-        )
-        ffi.wasmtime_pooling_allocation_config_total_core_instances_set(
-            pool, instances * POOL_CORE_INSTANCES_PER_COMPONENT
-        )
-        ffi.wasmtime_pooling_allocation_config_max_memories_per_component_set(
-            pool, POOL_MEMORIES_PER_COMPONENT
-        )
-        ffi.wasmtime_pooling_allocation_config_total_memories_set(
-            pool, instances * POOL_MEMORIES_PER_COMPONENT
-        )
-        ffi.wasmtime_pooling_allocation_config_max_tables_per_component_set(
-            pool, POOL_TABLES_PER_COMPONENT
-        )
-        ffi.wasmtime_pooling_allocation_config_total_tables_set(
-            pool, instances * POOL_TABLES_PER_COMPONENT
-        )
-        ffi.wasmtime_pooling_allocation_config_max_memory_size_set(pool, POOL_MEMORY_BYTES)
+        max_core_instances_per_component=POOL_CORE_INSTANCES_PER_COMPONENT,
+        total_core_instances=instances * POOL_CORE_INSTANCES_PER_COMPONENT,
+        max_memories_per_component=POOL_MEMORIES_PER_COMPONENT,
+        total_memories=instances * POOL_MEMORIES_PER_COMPONENT,
+        max_tables_per_component=POOL_TABLES_PER_COMPONENT,
+        total_tables=instances * POOL_TABLES_PER_COMPONENT,
+        max_memory_size=POOL_MEMORY_BYTES,
         # Stacks are for async calls, which these engines never make; each would cost
         # two memory mappings (the default 1000 exhaust a process's map count).
-        ffi.wasmtime_pooling_allocation_config_total_stacks_set(pool, 0)
-        ffi.wasmtime_pooling_allocation_config_linear_memory_keep_resident_set(
-            pool, keep_resident_bytes
-        )
-        ffi.wasmtime_pooling_allocation_config_table_keep_resident_set(
-            pool, TABLE_KEEP_RESIDENT_BYTES
-        )
+        total_stacks=0,
+        linear_memory_keep_resident=keep_resident_bytes,
+        table_keep_resident=TABLE_KEEP_RESIDENT_BYTES,
         # Resident memory is held by idle slots: one per core is what a busy daemon
         # reuses; slots idle beyond that give their memory back.
-        ffi.wasmtime_pooling_allocation_config_max_unused_warm_slots_set(pool, os.cpu_count() or 1)
-        ffi.wasmtime_pooling_allocation_strategy_set(config.ptr(), pool)
-    finally:
-        ffi.wasmtime_pooling_allocation_config_delete(pool)
+        max_unused_warm_slots=os.cpu_count() or 1,
+    )
 
 
 class EpochTicker:
@@ -336,34 +323,19 @@ class StopReason(enum.Enum):
 WATCH_EVERY_S = 0.05
 
 
-_DeadlineCallback = ctypes.CFUNCTYPE(
-    ctypes.c_size_t,
-    ctypes.POINTER(ffi.wasmtime_context_t),
-    ctypes.c_void_p,
-    ctypes.POINTER(ctypes.c_uint64),
-    ctypes.POINTER(ffi.wasmtime_update_deadline_kind_t),
-)
-_Finalizer = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-# The deadline callback's answer that lets the guest run on (wasmtime.h).
-UPDATE_DEADLINE_CONTINUE = 0
-
-
-@_Finalizer
-def _no_finalizer(_data: int | None) -> None:
-    return None
-
-
 class Interrupt:
     """When one store's guest must stop: its wall deadline, or a reason set from outside.
 
     `stop` may be called from any thread; the store's epoch callback, which runs in the
-    thread running the guest, turns it into a trap within one tick.
+    thread running the guest, turns it into a trap within one tick (where there is one:
+    see `install`).
     """
 
     def __init__(self, timeout_s: float) -> None:
         self.deadline = time.monotonic() + timeout_s
         self.reason: StopReason | None = None
-        self._callback = _DeadlineCallback(self._on_deadline)  # kept alive with self
+        # Kept alive with self; None without `_wasmtime_private`.
+        self._callback = private.deadline_callback(self._on_deadline) if private.AVAILABLE else None
         self._watch: Callable[[], StopReason | None] | None = None
         self._next_watch = 0.0
 
@@ -381,9 +353,17 @@ class Interrupt:
         """Check this interrupt every tick while `store` runs guest code.
 
         The store keeps only a pointer to this object's callback: keep the object alive
-        for as long as it is installed (until the store is closed or another is)."""
+        for as long as it is installed (until the store is closed or another is).
+
+        Without `_wasmtime_private`, there is no callback: the store traps once the
+        ticks to `deadline` have passed, and nothing else stops it.
+        """
+        if self._callback is None:
+            ticks = math.ceil(max(self.deadline - time.monotonic(), 0) / EPOCH_TICK_S)
+            store.set_epoch_deadline(ticks + 1)
+            return
         store.set_epoch_deadline(1)
-        ffi.wasmtime_store_epoch_deadline_callback(store.ptr(), self._callback, None, _no_finalizer)
+        private.set_deadline_callback(store, self._callback)
 
     def _on_deadline(self, _context, _data, delta, kind) -> int:  # type: ignore[no-untyped-def]
         now = time.monotonic()
@@ -393,12 +373,9 @@ class Interrupt:
             self._next_watch = now + WATCH_EVERY_S
             self.reason = self._watch()
         if self.reason is not None:
-            error = ffi.wasmtime_error_new(
-                f"conduit: execution stopped ({self.reason.value})".encode()
-            )
-            return ctypes.cast(error, ctypes.c_void_p).value or 0
+            return private.new_error(f"conduit: execution stopped ({self.reason.value})")
         delta[0] = 1
-        kind[0] = UPDATE_DEADLINE_CONTINUE
+        kind[0] = private.CONTINUE
         return 0
 
 
