@@ -114,14 +114,19 @@ class Runner:
             self._priority.hurry()
 
     def stop(self) -> None:
-        """End the loop once the runner is done with its current work (any thread)."""
+        """End the loop once the runner is done with its current work (any thread);
+        that work leaves the idle scheduling class, so a busy machine cannot hold the
+        stop up."""
         self._stopping = True
         self._mailbox.put(None)
+        self.hurry()
 
     def loop(self) -> None:
         """The runner's thread: make an instance, report ready, run the work handed over."""
         self.started = True
         self._priority = thread_priority.manage()
+        work: Work | None = None
+        instance = None
         try:
             while not self._stopping:
                 instance = self._instances.standby()
@@ -141,6 +146,10 @@ class Runner:
                     return
         finally:
             thread_priority.release()  # the thread goes back to Trio's cache
+            # Nothing of the executor stays reachable from this thread once it says it
+            # is finished: it may take a while yet to unwind on a busy machine.
+            work = instance = None
+            self._instances = self._owner = None  # type: ignore[assignment]
             self.finished.set()
 
     def _wait_for_work(self) -> Work | None:
