@@ -21,7 +21,7 @@ from conduit.daemon.server import Daemon, ServingInfo
 from tests.conftest import MASTER_TOKEN, WAIT_S, link_wasm_cache
 from tests.e2e.helpers import wait_upstreams
 from tests.e2e.test_tools import ECHO, PYTHON_TOOLS_PROGRAM, TIME
-from tests.executors.test_pyodide import Served, serving_in_a_thread
+from tests.served import Served, serving_in_a_thread
 
 pytestmark = pytest.mark.slow
 

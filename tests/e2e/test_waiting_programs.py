@@ -13,13 +13,11 @@ its own.
 from __future__ import annotations
 
 import json
-import queue
 import shutil
 import tempfile
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +28,9 @@ from conduit.daemon.config import Config, load_config
 from conduit.daemon.server import Daemon, ServingInfo
 from conduit.executors.wasm import CONCURRENT_EXECUTIONS
 from tests.conftest import MASTER_TOKEN, link_wasm_cache
-from tests.e2e.helpers import START_TIMEOUT_S, UPSTREAM_WAIT_S, wait_upstreams
+from tests.e2e.helpers import START_TIMEOUT_S, wait_upstreams
 from tests.e2e.mcp_helpers import ECHO
+from tests.served import Served, serving_in_a_thread
 
 PROGRAMS = 16
 WAIT_S = 1
@@ -69,21 +68,12 @@ WAITING = [
 ]
 
 
-@dataclass
-class SharedDaemon:
-    """A daemon serving in a thread of its own, with its own Trio run."""
+@dataclass(frozen=True)
+class Serving:
+    """The shared daemon and where it listens."""
 
     daemon: Daemon
     info: ServingInfo
-    token: trio.lowlevel.TrioToken
-
-    def run_sync(self, function: Callable[[], Any]) -> Any:
-        """`function()`, called in the daemon's thread (its state is not for others)."""
-        return trio.from_thread.run_sync(function, trio_token=self.token)
-
-    async def call(self, function: Callable[[], Any]) -> Any:
-        """`run_sync`, from a test's own Trio run (which must not block on it)."""
-        return await trio.to_thread.run_sync(self.run_sync, function)
 
 
 def _toml(value: Any) -> str:
@@ -112,48 +102,22 @@ def _config(root: Path, socket_dir: Path) -> Config:
     return load_config(path, environ={})
 
 
-@contextmanager
-def serving_in_a_thread(config: Config) -> Iterator[SharedDaemon]:
-    """Run a daemon until the block ends; whatever it raised is raised here."""
-    handoff: queue.Queue[SharedDaemon | BaseException] = queue.Queue()
-
-    async def serve() -> None:
-        daemon = Daemon(config)
-        async with trio.open_nursery() as nursery:
-            with trio.fail_after(START_TIMEOUT_S):
-                info = await nursery.start(daemon.serve)
-                await daemon.registry.wait_ready()
-            await wait_upstreams(daemon, "echo")
-            handoff.put(SharedDaemon(daemon, info, trio.lowlevel.current_trio_token()))
-
-    def run() -> None:
-        try:
-            trio.run(serve)
-        except BaseException as exc:  # handed to the test process, not lost in the thread
-            handoff.put(exc)
-
-    thread = threading.Thread(target=run, name="waiting-programs-daemon", daemon=True)
-    thread.start()
-    shared = handoff.get(timeout=START_TIMEOUT_S + UPSTREAM_WAIT_S)
-    if isinstance(shared, BaseException):
-        raise shared
-    try:
-        yield shared
-    finally:
-        shared.run_sync(shared.daemon.shutdown)
-        thread.join(START_TIMEOUT_S)
-    assert not thread.is_alive(), "the daemon did not stop"
-    if not handoff.empty():
-        raise handoff.get()
+async def _serve(config: Config, nursery: trio.Nursery) -> Serving:
+    daemon = Daemon(config)
+    with trio.fail_after(START_TIMEOUT_S):
+        info = await nursery.start(daemon.serve)
+        await daemon.registry.wait_ready()
+    await wait_upstreams(daemon, "echo")
+    return Serving(daemon, info)
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory, wasm_cache: Path) -> Iterator[SharedDaemon]:
+def shared(tmp_path_factory: pytest.TempPathFactory, wasm_cache: Path) -> Iterator[Served[Serving]]:
     root = tmp_path_factory.mktemp("waiting-programs")
     link_wasm_cache(root / "state", wasm_cache)
     socket_dir = Path(tempfile.mkdtemp(prefix="cd-", dir="/tmp"))  # socket paths are short
     try:
-        with serving_in_a_thread(_config(root, socket_dir)) as daemon:
+        with serving_in_a_thread(partial(_serve, _config(root, socket_dir))) as daemon:
             yield daemon
     finally:
         shutil.rmtree(socket_dir, ignore_errors=True)
@@ -177,14 +141,14 @@ async def run_at_once(
 
 @pytest.mark.parametrize(("executor", "language", "code", "tool_calls"), WAITING)
 async def test_sixteen_waiting_programs_all_finish_within_their_timeout(
-    shared: SharedDaemon,
+    shared: Served[Serving],
     connect: Any,
     executor: str,
     language: str,
     code: str,
     tool_calls: int,
 ) -> None:
-    client = await connect(shared.info)
+    client = await connect(shared.value.info)
     request = {
         "language": language,
         "executor": executor,
@@ -195,7 +159,7 @@ async def test_sixteen_waiting_programs_all_finish_within_their_timeout(
     warm = await client.call("execute", {**request, "code": code.format(s=0, ms=0)})
     assert (warm["status"], warm["result"], warm["tool_calls"]) == ("ok", "done", tool_calls), warm
     began = trio.current_time()
-    results = await run_at_once(connect, shared.info, PROGRAMS, request)
+    results = await run_at_once(connect, shared.value.info, PROGRAMS, request)
     took_s = trio.current_time() - began
     assert [r["status"] for r in results] == ["ok"] * PROGRAMS, [
         (r["status"], r["error"], r["queue_ms"]) for r in results if r["status"] != "ok"
@@ -212,7 +176,7 @@ async def test_sixteen_waiting_programs_all_finish_within_their_timeout(
 
 @pytest.mark.parametrize("executor", ["wasm-python", "wasm-js"])
 async def test_programs_that_compute_still_queue_for_the_cpu_slots(
-    shared: SharedDaemon, connect: Any, executor: str
+    shared: Served[Serving], connect: Any, executor: str
 ) -> None:
     # Half a second of computing by the program's own clock (which stands still while
     # it queues), whatever else the machine is doing.
@@ -224,16 +188,16 @@ async def test_programs_that_compute_still_queue_for_the_cpu_slots(
     }[executor]
     language = "python" if executor == "wasm-python" else "javascript"
     request = {"language": language, "executor": executor, "code": code}
-    results = await run_at_once(connect, shared.info, CONCURRENT_EXECUTIONS + 1, request)
+    results = await run_at_once(connect, shared.value.info, CONCURRENT_EXECUTIONS + 1, request)
     assert {(r["status"], r["result"]) for r in results} == {("ok", "spun")}, results
     # One more than there are slots: somebody waited for one.
     assert max(r["queue_ms"] for r in results) > 0
 
 
 async def test_a_tool_call_past_the_timeout_is_stopped_and_leaves_nothing_behind(
-    shared: SharedDaemon, connect: Any
+    shared: Served[Serving], connect: Any
 ) -> None:
-    client = await connect(shared.info)
+    client = await connect(shared.value.info)
     code = "print('asked')\ntools.echo.slow(seconds=30)\n'never'"
     request = {"language": "python", "executor": "wasm-python", "code": code}
     result = await client.call("execute", {**request, "limits": {"timeout_ms": 500}})
@@ -242,7 +206,7 @@ async def test_a_tool_call_past_the_timeout_is_stopped_and_leaves_nothing_behind
     assert result["duration_ms"] < 30_000
     # The call in flight was cancelled: the guest came back at once, and its runner
     # with it, rather than lingering until the tool answered.
-    infos = await shared.call(shared.daemon.registry.infos)
+    infos = await shared.call_sync(shared.value.daemon.registry.infos)
     pool = next(i for i in infos if i.name == "wasm-python").pool
     assert pool["lingering_threads"] == 0
     done = await client.call("execute", {**request, "code": "6 * 7"})

@@ -11,15 +11,13 @@ a run in a thread of its own (`shared_pyodide`, which the other Pyodide tests us
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import threading
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import pytest
 import trio
@@ -28,6 +26,7 @@ from conduit.executors import pyodide_host
 from conduit.executors.base import ExecutorInfo, Job, Limits, Outcome, Status, ToolBridge
 from conduit.executors.pyodide import PyodideExecutor
 from tests.sandboxes import LOAD_WAIT_S, NoBridge
+from tests.served import Served, serving_in_a_thread
 
 pytestmark = pytest.mark.slow
 
@@ -36,59 +35,6 @@ R = TypeVar("R")
 
 
 # -- one executor for a module's tests -------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Served(Generic[T]):
-    """`value`, served by a Trio run in a thread of its own until `scope` is cancelled."""
-
-    value: T
-    token: trio.lowlevel.TrioToken
-    scope: trio.CancelScope
-
-    async def call(self, function: Callable[..., Awaitable[R]], *args: Any) -> R:
-        """`await function(*args)` in the serving run, from a test's own run. If the test
-        is cancelled meanwhile, the call is left to end with the serving run."""
-        call = partial(trio.from_thread.run, function, *args, trio_token=self.token)
-        return await trio.to_thread.run_sync(call, abandon_on_cancel=True)
-
-    async def call_sync(self, function: Callable[..., R], *args: Any) -> R:
-        """`function(*args)` in the serving run (its state is not for other threads)."""
-        call = partial(trio.from_thread.run_sync, function, *args, trio_token=self.token)
-        return await trio.to_thread.run_sync(call, abandon_on_cancel=True)
-
-
-@contextmanager
-def serving_in_a_thread(start: Callable[[trio.Nursery], Awaitable[T]]) -> Iterator[Served[T]]:
-    """Serve what `start` starts in the nursery it is given, in a Trio run in a thread of
-    its own, until the block ends; what that run raised is raised here."""
-    handoff: queue.Queue[Served[T] | BaseException] = queue.Queue()
-
-    async def serve() -> None:
-        async with trio.open_nursery() as nursery:
-            value = await start(nursery)
-            handoff.put(Served(value, trio.lowlevel.current_trio_token(), nursery.cancel_scope))
-
-    def run() -> None:
-        try:
-            trio.run(serve)
-        except BaseException as exc:  # handed to the test process, not lost in the thread
-            handoff.put(exc)
-
-    thread = threading.Thread(target=run, name="served-for-tests", daemon=True)
-    thread.start()
-    served = handoff.get(timeout=LOAD_WAIT_S)
-    if isinstance(served, BaseException):
-        raise served
-    try:
-        yield served
-    finally:
-        with suppress(trio.RunFinishedError):  # it ended already, raising
-            trio.from_thread.run_sync(served.scope.cancel, trio_token=served.token)
-        thread.join(LOAD_WAIT_S)
-    assert not thread.is_alive(), "what the thread served did not stop"
-    if not handoff.empty():
-        raise handoff.get()
 
 
 class SharedPyodide:
