@@ -93,10 +93,42 @@ function giveUp() {
   }
   delete globalThis.close;
   delete globalThis.Worker;
+  trackTimers();
   // An error outside the awaited program (a timer, an unawaited promise) must not end
   // the worker before it answers.
   globalThis.addEventListener("error", (event) => event.preventDefault());
   globalThis.addEventListener("unhandledrejection", (event) => event.preventDefault());
+}
+
+// Every timer a program sets is cleared when it ends, before its answer goes out: a
+// timer left behind would otherwise fire between the answer and the worker's end,
+// writing into the next program's output, and cost the host its worker process.
+const timers = new Set();
+const clearTimer = globalThis.clearTimeout;
+
+function trackTimers() {
+  for (const [set, clear] of [["setTimeout", "clearTimeout"], ["setInterval", "clearInterval"]]) {
+    const realSet = globalThis[set];
+    const realClear = globalThis[clear];
+    globalThis[set] = {
+      [set](...args) {
+        const id = realSet(...args);
+        timers.add(id);
+        return id;
+      },
+    }[set];
+    globalThis[clear] = {
+      [clear](id) {
+        timers.delete(id);
+        realClear(id);
+      },
+    }[clear];
+  }
+}
+
+function clearTimers() {
+  for (const id of timers) clearTimer(id);
+  timers.clear();
 }
 
 // One JSON-RPC call to the daemon through the host, for python_program's `host_call`:
@@ -130,5 +162,6 @@ async function answer(request) {
   } catch {
     // Output already written stays written; the answer still goes out.
   }
+  clearTimers();
   return String(json);
 }

@@ -156,7 +156,7 @@ for path in ("/tmp/left.txt", "/home/pyodide/left.txt", "/lib/left.txt"):
 js.globalThis.LEFT = 1
 run_js("Object.prototype.LEFT_PROTO = 1; Array.prototype.map = () => 'patched'")
 run_js("setTimeout(() => { globalThis.TIMER = 1; console.log('LEFT TIMER') }, 200)")
-run_js("setInterval(() => console.error('LEFT INTERVAL'), 50)")
+run_js("setInterval(() => console.error('LEFT INTERVAL'), 200)")
 run_js("new Promise((ok) => setTimeout(ok, 200)).then(() => console.log('LEFT PROMISE'))")
 run_js("new FinalizationRegistry(() => console.log('LEFT FINALIZER')).register({}, 0)")
 import random
@@ -201,6 +201,31 @@ async def test_nothing_of_a_program_is_left_for_the_next(pyodide: SharedPyodide)
     assert pool is not None
     counts = (pool["handed_out"] - before["handed_out"], pool["discarded"] - before["discarded"])
     assert (pool["processes"], *counts) == (1, 3, 0), (before, pool)
+
+
+# Timers that fire as often as they can, from Python and from JavaScript.
+TICKING = """
+import js
+from pyodide.code import run_js
+from pyodide.ffi import create_proxy
+js.setInterval(create_proxy(lambda: print("TICK")), 0)
+run_js("setInterval(() => console.error('TICK'), 0); setTimeout(() => console.log('TICK'), 0)")
+"""
+
+
+async def test_a_programs_timers_end_with_it_and_its_process_is_reused(
+    pyodide: SharedPyodide,
+) -> None:
+    before = await pyodide.settled()
+    for _ in range(3):
+        ticking = await run(pyodide, TICKING)
+        assert ticking.status is Status.OK, ticking.error
+        after = await run(pyodide, "await __import__('asyncio').sleep(0.05)\n6 * 7")
+        assert (after.result, after.stdout, after.stderr) == (42, "", "")
+    pool = (await pyodide.info()).pool
+    assert pool is not None
+    # Nothing wrote after its program's end, so no worker process had to be replaced.
+    assert pool["discarded"] - before["discarded"] == 0, (before, pool)
 
 
 # Forges its own answer, then runs JavaScript that a terminated Deno worker does not
