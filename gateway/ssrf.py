@@ -68,7 +68,7 @@ Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
 # The ports web services listen on; anything else is usually an internal service.
 DEFAULT_PORTS = frozenset({80, 443})
 
-# The MCP SDK's own defaults (mcp.shared._httpx_utils): a server may hold an SSE
+# The same defaults as the MCP SDK's own HTTP client: a server may hold an SSE
 # response open for minutes, so reads wait longer than everything else.
 MCP_TIMEOUT_S = 30.0
 MCP_SSE_READ_TIMEOUT_S = 300.0
