@@ -11,7 +11,7 @@ the messages of one task reach the peer in the order it sent them.
 ```
 Connection.run
 ├── writer (outbox → stream)
-├── watcher: closes the connection at its deadlines (`Deadlines`), if it has any
+├── watcher: closes the connection at its deadlines (`ConnectionLimits`), if it has any
 └── streams: tasks that outlive their request (event subscriptions), `start_stream`
     └── requests: reader + one task per request
 ```
