@@ -144,10 +144,24 @@ class Authenticator:
     master_token: str
     config: AuthConfig
     daemon_uid: int = field(default_factory=os.getuid)
+    # Tokens presented that stood for nobody (or for no session, where only sessions count).
+    failures: int = 0
     _sessions: dict[str, Principal] = field(default_factory=dict)
 
-    def authenticate_token(self, token: str) -> Principal | None:
-        """The principal a token stands for, or None. Constant-time per candidate."""
+    def authenticate_token(self, token: str, *, sessions_only: bool = False) -> Principal | None:
+        """The principal a token stands for, or None (counted in `failures`).
+
+        Constant-time per candidate. With `sessions_only` (the sandboxes' socket, where
+        nothing but a sandbox should call) any other token stands for nobody.
+        """
+        principal = self._principal_of(token)
+        if principal is not None and sessions_only and principal.kind != "session":
+            principal = None
+        if principal is None:
+            self.failures += 1
+        return principal
+
+    def _principal_of(self, token: str) -> Principal | None:
         presented = token.encode()
         if hmac.compare_digest(presented, self.master_token.encode()):
             return Principal("master", "master", ALL_SCOPES)

@@ -12,33 +12,57 @@ only the principal this bridge holds until it closes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, Protocol
 
-from conduit.daemon.dispatcher import CallContext, dispatch
 from conduit.executors.base import CallbackAddress
 
 if TYPE_CHECKING:
     from conduit.daemon.auth import Principal
-    from conduit.daemon.server import Daemon
 
-__all__ = ["SessionBridge"]
+__all__ = ["SessionBridge", "SessionDispatch", "Sessions"]
+
+ToolPatterns = tuple[tuple[str, ...], ...]
+
+
+class Sessions(Protocol):
+    """Where session tokens are minted and revoked (the daemon's `Authenticator`)."""
+
+    def session_principal(self, execution_id: str, tool_patterns: ToolPatterns) -> Principal: ...
+
+    def mint_session(self, execution_id: str, tool_patterns: ToolPatterns) -> str: ...
+
+    def revoke_session(self, token: str) -> None: ...
+
+
+class SessionDispatch(Protocol):
+    """Runs one method as `principal` (the daemon's `Dispatcher.dispatch`)."""
+
+    def __call__(
+        self, name: str, params: dict[str, Any], *, principal: Principal | None
+    ) -> Awaitable[Any]: ...
 
 
 class SessionBridge:
     """One execution's way back in. Use as a context manager: it ends the session on exit."""
 
     def __init__(
-        self, daemon: Daemon, execution_id: str, tool_patterns: tuple[tuple[str, ...], ...]
+        self,
+        sessions: Sessions,
+        dispatch: SessionDispatch,
+        execution_id: str,
+        tool_patterns: ToolPatterns,
+        *,
+        callback: CallbackAddress | None = None,
     ) -> None:
-        self._daemon = daemon
+        self._sessions = sessions
+        self._dispatch = dispatch
         self._execution_id = execution_id
         self._tool_patterns = tool_patterns
         # None once the execution has ended: requests are then unauthenticated.
-        self._principal: Principal | None = daemon.auth.session_principal(
-            execution_id, tool_patterns
-        )
+        self._principal: Principal | None = sessions.session_principal(execution_id, tool_patterns)
         self._token: str | None = None
-        self.callback: CallbackAddress | None = daemon.callback_address
+        self.callback = callback
 
     @property
     def session_token(self) -> str:
@@ -46,7 +70,7 @@ class SessionBridge:
         if self._token is None:
             if self._principal is None:
                 raise RuntimeError("this execution has ended; its session cannot be used")
-            self._token = self._daemon.auth.mint_session(self._execution_id, self._tool_patterns)
+            self._token = self._sessions.mint_session(self._execution_id, self._tool_patterns)
         return self._token
 
     def __enter__(self) -> SessionBridge:
@@ -55,8 +79,8 @@ class SessionBridge:
     def __exit__(self, *exc_info: object) -> None:
         self._principal = None
         if self._token is not None:
-            self._daemon.auth.revoke_session(self._token)
+            self._sessions.revoke_session(self._token)
 
     async def request(self, method: str, params: dict[str, Any]) -> Any:
         """Dispatch `method` as the sandbox; raises `RpcError` exactly as a client sees."""
-        return await dispatch(method, params, CallContext(self._daemon, self._principal))
+        return await self._dispatch(method, params, principal=self._principal)

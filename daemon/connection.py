@@ -11,14 +11,18 @@ the messages of one task reach the peer in the order it sent them.
 ```
 Connection.run
 ├── writer (outbox → stream)
-├── watcher: closes the connection at its deadlines (`Deadlines`), if it has any
+├── watcher: closes the connection at its deadlines (`ConnectionLimits`), if it has any
 └── streams: tasks that outlive their request (event subscriptions), `start_stream`
     └── requests: reader + one task per request
 ```
 
+A connection knows its stream, where its requests go (`RequestDispatch`: the daemon's
+dispatcher), how tokens are checked, and its `ConnectionLimits`; nothing else of the
+daemon. It parses and frames messages, and writes every reply; it runs no method.
+
 Deadlines: a connection accepted from a listener must authenticate within
-`Deadlines.auth_s` of connecting, and may be closed once idle (nothing in flight,
-nothing received) for `Deadlines.idle_s`. Requests only note the time and count
+`ConnectionLimits.auth_s` of connecting, and may be closed once idle (nothing in flight,
+nothing received) for `ConnectionLimits.idle_s`. Requests only note the time and count
 themselves; the one watcher task per connection sleeps until the next deadline and
 looks again, so no request pays for a timer. A connection closed for either reason is
 told why first, in one error line with a null id, if that can be written at once.
@@ -35,7 +39,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -56,13 +60,11 @@ from conduit.core.protocol import (
     request_id,
     result_reply,
 )
-from conduit.daemon.auth import PeerCredentials, Principal
-from conduit.daemon.dispatcher import CallContext, dispatch
 
 if TYPE_CHECKING:
-    from conduit.daemon.server import Daemon
+    from conduit.daemon.auth import PeerCredentials, Principal
 
-__all__ = ["Connection", "Deadlines"]
+__all__ = ["Connection", "ConnectionLimits", "RequestDispatch"]
 
 log = logging.getLogger("conduit.connection")
 
@@ -77,14 +79,42 @@ _FAREWELL_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
-class Deadlines:
-    """When a connection is closed for doing nothing; None: never."""
+class ConnectionLimits:
+    """What one connection may hold, and when it is closed for doing nothing."""
 
-    auth_s: float | None = None  # from connecting to a valid token
-    idle_s: float | None = None  # nothing in flight and nothing received
+    # The longest line read; a longer one is refused and discarded.
+    max_message_bytes: int
+    # Requests running at once; past this the connection stops reading.
+    max_in_flight: int
+    # Invalid tokens in a row before the connection is closed.
+    max_auth_failures: int
+    auth_s: float | None = None  # from connecting to a valid token; None: never
+    idle_s: float | None = None  # nothing in flight and nothing received; None: never
 
 
-_NO_DEADLINES = Deadlines()
+class RequestDispatch(Protocol):
+    """Where a connection's requests go: the daemon's `Dispatcher`."""
+
+    async def dispatch(
+        self,
+        name: str,
+        raw_params: dict[str, Any],
+        *,
+        principal: Principal | None,
+        peer: Connection,
+        request_id: Any,
+    ) -> Any:
+        """Run one method; the result is JSON-ready. Raises only `RpcError`."""
+        ...
+
+    def refused(self, name: str | None, error: RpcError) -> None:
+        """Note a message answered with `error` before it was dispatched."""
+        ...
+
+
+def _expires(limits: ConnectionLimits) -> bool:
+    """Whether a connection under `limits` can be closed for doing nothing."""
+    return limits.auth_s is not None or limits.idle_s is not None
 
 
 class _Watched(trio.abc.ReceiveStream):
@@ -109,40 +139,39 @@ class Connection:
     def __init__(
         self,
         stream: trio.abc.Stream,
-        daemon: Daemon,
+        dispatcher: RequestDispatch,
+        limits: ConnectionLimits,
         *,
         transport: str,
-        peer: PeerCredentials | None = None,
-        sessions_only: bool = False,
+        authenticate: Callable[[str], Principal | None],
         principal: Principal | None = None,
-        deadlines: Deadlines | None = None,
+        peer: PeerCredentials | None = None,
         on_authenticated: Callable[[], None] | None = None,
     ) -> None:
+        """`authenticate` says who a token stands for here (None: nobody); `principal`
+        is who the peer already is, if known without a token (its Unix uid, or
+        `conduit mcp`'s stdio, the user who started it). `on_authenticated` is called
+        once, when a connection that started without a principal first presents a
+        valid token."""
         self._stream = stream
-        self._daemon = daemon
+        self._dispatcher = dispatcher
+        self._limits = limits
+        self._authenticate = authenticate
         self.transport = transport
         self.peer = peer
-        # On the sandboxes' socket only session tokens count: peer credentials there
-        # would be the daemon's own uid, and nothing else should reach it.
-        self._sessions_only = sessions_only
-        # `principal` is for streams whose peer is known without asking (`conduit mcp`'s
-        # stdio is the user who started it); otherwise peer credentials may decide.
-        self.principal: Principal | None = principal or (
-            None if sessions_only else daemon.auth.authenticate_peer(peer)
-        )
+        self.principal: Principal | None = principal
         # Set by `initialize`: this peer is an MCP client, and hears MCP notifications.
         self.mcp_session = False
         # Whether any valid token (or the peer's uid) has been seen on this connection:
         # a sandbox's presents its session token with every request, never logging in.
         self.authenticated = self.principal is not None
         self._on_authenticated = on_authenticated
-        self._deadlines = deadlines or _NO_DEADLINES
         self._opened_at = self._last_seen = trio.current_time()
         # Requests and streams running now: while any is, the connection is not idle.
         self._busy = 0
         self._watch_scope = trio.CancelScope()
         self._failures = 0
-        self._slots = trio.Semaphore(daemon.config.server.max_in_flight_per_connection)
+        self._slots = trio.Semaphore(limits.max_in_flight)
         self._outbox_send, self._outbox = trio.open_memory_channel[bytes](_OUTBOX_SIZE)
         # Held by whoever is writing to the stream: the writer task, or a task
         # writing its own reply directly (see `_send`).
@@ -165,7 +194,7 @@ class Connection:
             with self._scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._write_loop)
-                    if self._deadlines != _NO_DEADLINES:
+                    if _expires(self._limits):
                         nursery.start_soon(self._watch)
                     async with trio.open_nursery() as streams:
                         self._streams = streams
@@ -229,14 +258,12 @@ class Connection:
     def login(self, token: str) -> Principal:
         """Authenticate the connection with `token`; raises `Unauthenticated`."""
         principal = self.authenticate(token)
-        self.principal = principal
+        self.principal: Principal | None = principal
         return principal
 
     def authenticate(self, token: str) -> Principal:
         """The principal for `token`, counting failures; too many close the connection."""
-        principal = self._daemon.auth.authenticate_token(token)
-        if principal is not None and self._sessions_only and principal.kind != "session":
-            principal = None
+        principal = self._authenticate(token)
         if principal is not None:
             self._failures = 0
             if not self.authenticated:
@@ -245,8 +272,7 @@ class Connection:
                     self._on_authenticated()
             return principal
         self._failures += 1
-        limit = self._daemon.config.auth.max_failures_per_connection
-        self._daemon.note_auth_failure()
+        limit = self._limits.max_auth_failures
         if self._failures >= limit:
             self._reader_scope.cancel()
             raise Unauthenticated(
@@ -266,7 +292,7 @@ class Connection:
             self._scope.cancel()
 
     async def _read_requests(self, requests: trio.Nursery) -> None:
-        max_bytes = self._daemon.config.server.max_message_bytes
+        max_bytes = self._limits.max_message_bytes
         # Closed on the way out: cancelled at one of this loop's own checkpoints, the
         # reader's generator would be left for the garbage collector to finalise.
         reader = LineReader(_Watched(self, self._stream), max_bytes)
@@ -297,9 +323,8 @@ class Connection:
         self._busy += 1
         requests.start_soon(self._serve_message, message)
         # After the spawn rather than before it: the request's task starts in the next
-        # scheduler pass instead of the one after (~4% of a trivial wasm-js execution's
-        # latency, measured with alternated daemons), and requests read in one chunk
-        # still start in the order they came, one pass apart.
+        # scheduler pass instead of the one after, and requests read in one chunk still
+        # start in the order they came, one pass apart.
         await trio.lowlevel.checkpoint()
 
     async def _serve_message(self, message: Any) -> None:
@@ -339,25 +364,33 @@ class Connection:
         except InvalidRequest as exc:
             return self._refusal(request_id(message), exc)
         try:
-            result = await dispatch(request.method, request.params, self._context(request))
+            principal = self._principal_for(request)
+            result = await self._dispatcher.dispatch(
+                request.method,
+                request.params,
+                principal=principal,
+                peer=self,
+                request_id=request.id,
+            )
         except RpcError as exc:
             return None if request.is_notification else error_reply(request.id, exc)
         return None if request.is_notification else result_reply(request.id, result)
 
-    def _context(self, request: Request) -> CallContext:
-        principal = self.principal
-        if request.bearer_token is not None:
-            try:
-                principal = self.authenticate(request.bearer_token)
-            except Unauthenticated as exc:
-                # Refused before dispatch, which counts every other request.
-                self._daemon.metrics.count_request(request.method, exc.code)
-                raise
-        return CallContext(self._daemon, principal, self, request.id)
+    def _principal_for(self, request: Request) -> Principal | None:
+        """Who makes `request`: its bearer token's principal, if it has one, else the
+        connection's. A token that stands for nobody is refused here, before dispatch,
+        and counted as such."""
+        if request.bearer_token is None:
+            return self.principal
+        try:
+            return self.authenticate(request.bearer_token)
+        except Unauthenticated as exc:
+            self._dispatcher.refused(request.method, exc)
+            raise
 
     def _refusal(self, ident: Any, error: RpcError) -> dict[str, Any]:
         """The reply to a message refused before it named a method, counted as such."""
-        self._daemon.metrics.count_request(None, error.code)
+        self._dispatcher.refused(None, error)
         return error_reply(ident, error)
 
     async def _refuse(self, ident: Any, error: RpcError) -> None:
@@ -403,7 +436,7 @@ class Connection:
 
     async def _watch(self) -> None:
         """Close the connection at its first deadline that passes; returns if none can."""
-        auth_s, idle_s = self._deadlines.auth_s, self._deadlines.idle_s
+        auth_s, idle_s = self._limits.auth_s, self._limits.idle_s
         with self._watch_scope:
             if auth_s is not None and not self.authenticated:
                 await trio.sleep_until(self._opened_at + auth_s)

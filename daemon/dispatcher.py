@@ -7,6 +7,11 @@ table is built. `dispatch` validates params (a failure is -32602 naming the fiel
 checks the caller's scope, runs the handler and maps anything unexpected to -32603 with
 an error id that is also logged. Every refusal (`Forbidden`) is also published as a
 `policy.violation` event. It is deliberately not about streams or framing.
+
+A handler gets a `CallContext`: who calls, the caller's connection as a `Peer` (the
+little of it a handler may touch), and the daemon's parts it may use, each by name.
+Nothing here imports the server or the connection; they fit these shapes, so imports
+point down.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -33,20 +38,26 @@ from conduit.core.errors import (
 from conduit.daemon.events import Event, EventType
 
 if TYPE_CHECKING:
+    from conduit.daemon.audit import AuditStore
     from conduit.daemon.auth import Principal
-    from conduit.daemon.connection import Connection
-    from conduit.daemon.server import Daemon
+    from conduit.daemon.control import Control
+    from conduit.daemon.events import EventBus
+    from conduit.daemon.executions import Executions
+    from conduit.daemon.limits import Admission
+    from conduit.daemon.tool_access import ToolAccess
 
 __all__ = [
     "ANSWERED",
     "CANCELLED",
     "CallContext",
+    "Dispatcher",
     "MethodRouter",
     "MethodSpec",
     "MethodTable",
     "NoParams",
     "Params",
-    "dispatch",
+    "Peer",
+    "invalid_params",
 ]
 
 log = logging.getLogger("conduit.dispatcher")
@@ -66,13 +77,35 @@ class NoParams(Params):
     pass
 
 
+class Peer(Protocol):
+    """What a handler may use of the caller's connection (a `Connection`)."""
+
+    # Set by `initialize`: the peer is an MCP client, and hears MCP notifications.
+    mcp_session: bool
+    # Its event subscriptions, by id (`events/subscribe`).
+    subscriptions: dict[str, trio.CancelScope]
+
+    def login(self, token: str) -> Principal: ...
+
+    async def notify(self, method: str, params: dict[str, Any]) -> None: ...
+
+    def start_stream(self, stream: Callable[[], Awaitable[object]]) -> None: ...
+
+
 @dataclass(slots=True)
 class CallContext:
-    """What a handler may know about its call."""
+    """What a handler may know about its call and use of the daemon."""
 
-    daemon: Daemon
     principal: Principal | None
-    connection: Connection | None = None
+    methods: MethodTable
+    executions: Executions
+    tools: ToolAccess
+    events: EventBus
+    audit: AuditStore
+    admission: Admission
+    control: Control
+    # None for calls from inside the process (a sandbox's, through its bridge).
+    peer: Peer | None = None
     request_id: Any = None
 
     def require_principal(self) -> Principal:
@@ -230,35 +263,85 @@ def _violation(name: str, refusal: Forbidden, ctx: CallContext) -> Event:
     owner = data["principal"]
     if principal is not None and principal.execution_id is not None:
         data["execution_id"] = principal.execution_id
-        owner = ctx.daemon.executions.owner(principal.execution_id) or owner
+        owner = ctx.executions.owner(principal.execution_id) or owner
     if isinstance(refusal.data, dict) and refusal.data.get("tool"):
         data["tool"] = refusal.data["tool"]
     return Event(EventType.POLICY_VIOLATION, data, owner)
 
 
-async def dispatch(name: str, raw_params: dict[str, Any], ctx: CallContext) -> Any:
-    """Run one method and return its JSON-ready result; raise only `RpcError`.
+class Dispatcher:
+    """One daemon's dispatch: its method table, and what its handlers may use.
 
-    Every call is counted in the daemon's metrics by method and outcome.
+    `dispatch` runs one call and raises only `RpcError`; every call, and every message
+    refused before it named a method (`refused`), is counted by `count_request`.
     """
-    outcome: int | str = ANSWERED
-    try:
-        return await _call(name, raw_params, ctx)
-    except RpcError as exc:
-        outcome = exc.code
-        raise
-    except BaseException:
-        outcome = CANCELLED
-        raise
-    finally:
-        ctx.daemon.metrics.count_request(name, outcome)
+
+    def __init__(
+        self,
+        methods: MethodTable,
+        *,
+        executions: Executions,
+        tools: ToolAccess,
+        events: EventBus,
+        audit: AuditStore,
+        admission: Admission,
+        control: Control,
+        count_request: Callable[[str | None, int | str], None],
+    ) -> None:
+        self.methods = methods
+        self._executions = executions
+        self._tools = tools
+        self._events = events
+        self._audit = audit
+        self._admission = admission
+        self._control = control
+        self._count_request = count_request
+
+    async def dispatch(
+        self,
+        name: str,
+        raw_params: dict[str, Any],
+        *,
+        principal: Principal | None,
+        peer: Peer | None = None,
+        request_id: Any = None,
+    ) -> Any:
+        """Run method `name` for `principal` and return its JSON-ready result; raise
+        only `RpcError` (or `Cancelled`)."""
+        ctx = CallContext(
+            principal,
+            self.methods,
+            self._executions,
+            self._tools,
+            self._events,
+            self._audit,
+            self._admission,
+            self._control,
+            peer,
+            request_id,
+        )
+        outcome: int | str = ANSWERED
+        try:
+            return await _call(name, raw_params, ctx)
+        except RpcError as exc:
+            outcome = exc.code
+            raise
+        except BaseException:
+            outcome = CANCELLED
+            raise
+        finally:
+            self._count_request(name, outcome)
+
+    def refused(self, name: str | None, error: RpcError) -> None:
+        """Count a message refused before dispatch (`name`: None if it named none)."""
+        self._count_request(name, error.code)
 
 
 async def _call(name: str, raw_params: dict[str, Any], ctx: CallContext) -> Any:
     try:
-        spec = ctx.daemon.methods.get(name)
+        spec = ctx.methods.get(name)
         if spec is None:
-            raise _unknown_method(name, ctx.daemon.methods)
+            raise _unknown_method(name, ctx.methods)
         _authorise(spec, ctx.principal)
         try:
             params = spec.params.model_validate(raw_params)
@@ -268,7 +351,7 @@ async def _call(name: str, raw_params: dict[str, Any], ctx: CallContext) -> Any:
         return result.model_dump(mode="json") if isinstance(result, BaseModel) else result
     except Forbidden as exc:
         if not isinstance(exc, ToolLimitReached):
-            ctx.daemon.events.publish(_violation(name, exc, ctx))
+            ctx.events.publish(_violation(name, exc, ctx))
         raise
     except (RpcError, trio.Cancelled):
         raise

@@ -32,9 +32,7 @@ from conduit.core.errors import (
     Unauthenticated,
 )
 from conduit.core.results import ExecutionResult, ProgramError, Truncated
-from conduit.daemon.bridge import SessionBridge
 from conduit.daemon.events import Event, EventType
-from conduit.daemon.policy import Violation
 from conduit.daemon.records import (
     SNIPPET_CHARS,
     ExecutionRecord,
@@ -43,20 +41,29 @@ from conduit.daemon.records import (
     head,
 )
 from conduit.daemon.tool_access import requested_allowlist
-from conduit.executors.base import ErrorInfo, Executor, Job, Limits, Outcome, Status
+from conduit.executors.base import ErrorInfo, Executor, Job, Limits, Outcome, Status, ToolBridge
 from conduit.executors.output import StreamName
 from conduit.executors.source import unwrap_fence
 
 if TYPE_CHECKING:
-    from conduit.daemon.auth import Principal
-    from conduit.daemon.server import Daemon
+    from contextlib import AbstractContextManager
 
-__all__ = ["ExecutionRequest", "Executions", "LiveOutput", "OutputSink"]
+    from conduit.daemon.auth import Principal
+    from conduit.daemon.config import LimitsConfig
+    from conduit.daemon.events import EventBus
+    from conduit.daemon.limits import Admission, RateLimiter
+    from conduit.daemon.policy import Policy, Violation
+    from conduit.executors.registry import ExecutorRegistry
+
+__all__ = ["ExecutionRequest", "Executions", "LiveOutput", "OpenSession", "OutputSink"]
 
 log = logging.getLogger("conduit.executions")
 
 # Receives the params of each `execution/output` notification of a streamed execution.
 OutputSink = Callable[[dict[str, Any]], Awaitable[None]]
+# Opens an execution's session (its way back in for tool calls), given its id and the
+# tool patterns that must all allow a tool; the session ends when the block exits.
+OpenSession = Callable[[str, tuple[tuple[str, ...], ...]], "AbstractContextManager[ToolBridge]"]
 
 # How long one piece of live output may wait for the client to take it. A client that
 # takes nothing for this long is not reading: streaming stops for that execution (its
@@ -164,10 +171,31 @@ class LiveOutput:
 
 
 class Executions:
-    """Starts executions and keeps the table of running ones."""
+    """Starts executions and keeps the table of running ones.
 
-    def __init__(self, daemon: Daemon) -> None:
-        self._daemon = daemon
+    `registry` is the executors programs run on (the daemon builds its own once it
+    knows where sandboxes call back); `limits` and `policy` change on a reload
+    (`reconfigure`). Each execution's tool calls come back through `open_session`.
+    """
+
+    def __init__(
+        self,
+        limits: LimitsConfig,
+        policy: Policy,
+        *,
+        registry: ExecutorRegistry,
+        admission: Admission,
+        rate_limiter: RateLimiter,
+        events: EventBus,
+        open_session: OpenSession,
+    ) -> None:
+        self.limits = limits
+        self.policy = policy
+        self.registry = registry
+        self._admission = admission
+        self._rate_limiter = rate_limiter
+        self._events = events
+        self._open_session = open_session
         self._running: dict[str, _Running] = {}
         self._policy_limiter = trio.CapacityLimiter(_POLICY_THREADS)
         self._idle = trio.Event()
@@ -176,6 +204,11 @@ class Executions:
 
     def __len__(self) -> int:
         return len(self._running)
+
+    def reconfigure(self, limits: LimitsConfig, policy: Policy) -> None:
+        """Apply a reloaded configuration to the executions that start from now on."""
+        self.limits = limits
+        self.policy = policy
 
     async def execute(self, request: ExecutionRequest, principal: Principal) -> ExecutionResult:
         """Run one program for `principal` and return its result.
@@ -194,18 +227,17 @@ class Executions:
             raise Overloaded("the daemon is shutting down; retry on its next start")
         if principal.kind == "session":
             raise Forbidden("forbidden: a sandbox cannot start executions")
-        daemon = self._daemon
         code = self._checked_code(request.code)
         limits = self._limits(request.limits)
         requested = _checked_patterns(request.allowed_tools)
         getting_ready = trio.current_time()
         # A wait for an executor still starting is queueing: bounded like the queue's.
-        within_s = min(limits.timeout_ms / 1000, daemon.config.limits.queue_timeout_s)
-        executor = await daemon.registry.pick_ready(
+        within_s = min(limits.timeout_ms / 1000, self.limits.queue_timeout_s)
+        executor = await self.registry.pick_ready(
             request.language, request.executor, within_s=within_s, code=code
         )
         ready_wait_s = trio.current_time() - getting_ready
-        daemon.rate_limiter.check(principal.name)
+        self._rate_limiter.check(principal.name)
         checked = trio.current_time()
         violation = await self._violation(request.language, executor.name, code)
         if violation is not None:
@@ -219,7 +251,7 @@ class Executions:
             )
             check_s = trio.current_time() - checked
             return self._refuse(job, executor.name, principal, requested, violation, check_s)
-        async with daemon.admission.slot() as queue_wait_s:
+        async with self._admission.slot() as queue_wait_s:
             execution_id = _new_execution_id()
             live = LiveOutput(execution_id, request.on_output) if request.on_output else None
             job = Job(
@@ -231,12 +263,12 @@ class Executions:
                 on_output=live,
                 principal=principal.name,
                 # Whatever the queue has not used up bounds the executor's own queueing.
-                queue_timeout_s=max(0.0, daemon.config.limits.queue_timeout_s - queue_wait_s),
+                queue_timeout_s=max(0.0, self.limits.queue_timeout_s - queue_wait_s),
             )
             allowed = (requested, *principal.tool_patterns)
             started_at = time.time()
             digest = code_digest(code)
-            daemon.events.publish(
+            self._events.publish(
                 Event(
                     EventType.EXECUTION_STARTED,
                     {
@@ -275,7 +307,7 @@ class Executions:
                 record = _record(
                     result, job, principal.name, requested, digest, started_at, tuple(tool_log)
                 )
-                daemon.events.publish(_ended_event(record))
+                self._events.publish(_ended_event(record))
                 return result
 
             try:
@@ -291,7 +323,7 @@ class Executions:
     async def _violation(self, language: str, executor: str, code: str) -> Violation | None:
         """The policy's verdict on `code`: inline for small programs, in a worker
         thread for those whose parsing could hold the event loop up."""
-        policy = self._daemon.policy
+        policy = self.policy
         if len(code) <= _INLINE_CHECK_CHARS or not policy.reads(language, executor):
             return policy.check(language, executor, code)
         return await trio.to_thread.run_sync(
@@ -330,7 +362,7 @@ class Executions:
                 "line": violation.line,
             },
         )
-        self._daemon.events.publish(
+        self._events.publish(
             Event(
                 EventType.POLICY_VIOLATION,
                 {
@@ -346,7 +378,7 @@ class Executions:
                 started_at,
             )
         )
-        self._daemon.events.publish(_ended_event(record))
+        self._events.publish(_ended_event(record))
         return result
 
     async def _run(
@@ -372,7 +404,7 @@ class Executions:
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         outcome = Outcome(Status.CANCELLED, error=_stopped_error(Status.CANCELLED))
         try:
-            with SessionBridge(self._daemon, job.execution_id, allowed) as bridge, entry.scope:
+            with self._open_session(job.execution_id, allowed) as bridge, entry.scope:
                 outcome = await executor.run(job, bridge)
         finally:
             del self._running[job.execution_id]
@@ -473,7 +505,7 @@ class Executions:
                 {"field": "code", "reason": "is empty"},
             )
         size = len(code.encode())
-        limit = self._daemon.config.limits.max_code_bytes
+        limit = self.limits.max_code_bytes
         if size > limit:
             raise InvalidParams(
                 f"invalid params: code is {size} bytes; the limit is {limit} "
@@ -483,7 +515,7 @@ class Executions:
         return code
 
     def _limits(self, requested: dict[str, int]) -> Limits:
-        config = self._daemon.config.limits
+        config = self.limits
         values = config.defaults.model_dump()
         for name, value in requested.items():
             maximum = getattr(config.maxima, name)

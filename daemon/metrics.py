@@ -17,8 +17,8 @@ A client cannot mint a label value. This module knows nothing of HTTP
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from collections.abc import Callable, Collection, Container, Iterator
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import (
@@ -36,7 +36,11 @@ from conduit.daemon.records import ExecutionRecord
 from conduit.gateway.model import UpstreamState
 
 if TYPE_CHECKING:
-    from conduit.daemon.server import Daemon
+    from conduit.daemon.auth import Authenticator
+    from conduit.daemon.events import EventBus
+    from conduit.daemon.executions import Executions
+    from conduit.daemon.limits import Admission
+    from conduit.gateway.catalogue import Catalogue
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
@@ -102,12 +106,31 @@ class _Children(Generic[M]):
         return child
 
 
-class Metrics:
-    """One daemon's metrics. `observe` is its event sink; `exposition()` is a scrape."""
+class Transported(Protocol):
+    """An open connection, as the metrics count it."""
 
-    def __init__(self, daemon: Daemon) -> None:
-        # Methods it knows by name; any other name is counted as `unknown`.
-        self._methods = daemon.methods
+    transport: str
+
+
+class Metrics:
+    """One daemon's metrics. `observe` is its event sink; `exposition()` is a scrape.
+
+    `methods` are the method names it counts by name (any other is `unknown`); the
+    rest is what a scrape reads its gauges from.
+    """
+
+    def __init__(
+        self,
+        methods: Container[str],
+        *,
+        connections: Collection[Transported],
+        auth: Authenticator,
+        events: EventBus,
+        admission: Admission,
+        executions: Executions,
+        catalogue: Catalogue,
+    ) -> None:
+        self._methods = methods
         self.registry = CollectorRegistry()
         registry = self.registry
         self._executions: _Children[Counter] = _Children(
@@ -165,7 +188,7 @@ class Metrics:
                 registry=registry,
             )
         )
-        registry.register(_State(daemon))
+        registry.register(_State(connections, auth, events, admission, executions, catalogue))
         # CPU, memory, file descriptors and start time of the daemon's process.
         ProcessCollector(registry=registry)
 
@@ -202,20 +225,32 @@ class Metrics:
 class _State:
     """Gauges and totals the daemon already keeps, read from its snapshots when scraped."""
 
-    def __init__(self, daemon: Daemon) -> None:
-        self._daemon = daemon
+    def __init__(
+        self,
+        connections: Collection[Transported],
+        auth: Authenticator,
+        events: EventBus,
+        admission: Admission,
+        executions: Executions,
+        catalogue: Catalogue,
+    ) -> None:
+        self._connections = connections
+        self._auth = auth
+        self._events = events
+        self._admission = admission
+        self._executions = executions
+        self._catalogue = catalogue
 
     def collect(self) -> Iterator[Metric]:
-        daemon = self._daemon
         yield _gauge(
             "conduit_build_info", "Always 1; the version is in its label.", 1, version=VERSION
         )
-        yield from self._executions(daemon)
-        yield from self._clients(daemon)
-        yield from self._upstreams(daemon)
-        yield from self._executors(daemon)
+        yield from self._execution_gauges()
+        yield from self._client_gauges()
+        yield from self._upstream_gauges()
+        yield from self._executor_gauges()
 
-    def _clients(self, daemon: Daemon) -> Iterator[Metric]:
+    def _client_gauges(self) -> Iterator[Metric]:
         connections = _family(
             GaugeMetricFamily,
             "conduit_connections",
@@ -223,7 +258,7 @@ class _State:
             "transport",
         )
         by_transport = dict.fromkeys(("unix", "tcp", "sandbox"), 0)
-        for connection in daemon.connections:
+        for connection in self._connections:
             by_transport[connection.transport] = by_transport.get(connection.transport, 0) + 1
         for transport, count in sorted(by_transport.items()):
             connections.add_metric([transport], count)
@@ -231,19 +266,19 @@ class _State:
         yield _gauge(
             "conduit_session_tokens",
             "Session tokens valid now: one per running execution.",
-            daemon.auth.live_sessions(),
+            self._auth.live_sessions(),
         )
         yield _gauge(
-            "conduit_event_subscribers", "Event subscriptions open now.", daemon.events.subscribers
+            "conduit_event_subscribers", "Event subscriptions open now.", self._events.subscribers
         )
         yield CounterMetricFamily(
             "conduit_auth_failures",
             "Tokens presented that were not valid.",
-            value=daemon.auth_failures,
+            value=self._auth.failures,
         )
 
-    def _executions(self, daemon: Daemon) -> Iterator[Metric]:
-        admission = daemon.admission.statistics()
+    def _execution_gauges(self) -> Iterator[Metric]:
+        admission = self._admission.statistics()
         yield _gauge("conduit_executions_active", "Executions running now.", admission.running)
         yield _gauge(
             "conduit_executions_queued",
@@ -263,10 +298,10 @@ class _State:
         yield _gauge(
             "conduit_draining",
             "1 while the daemon is shutting down and refusing new executions.",
-            int(daemon.executions.draining),
+            int(self._executions.draining),
         )
 
-    def _upstreams(self, daemon: Daemon) -> Iterator[Metric]:
+    def _upstream_gauges(self) -> Iterator[Metric]:
         up = _family(
             GaugeMetricFamily,
             "conduit_upstream_up",
@@ -282,13 +317,13 @@ class _State:
             "Times the upstream was restarted or reconnected.",
             "upstream",
         )
-        for status in daemon.tools.catalogue.statuses():
+        for status in self._catalogue.statuses():
             up.add_metric([status.name], int(status.state is UpstreamState.READY))
             tools.add_metric([status.name], status.tools)
             restarts.add_metric([status.name], status.restarts)
         yield from (up, tools, restarts)
 
-    def _executors(self, daemon: Daemon) -> Iterator[Metric]:
+    def _executor_gauges(self) -> Iterator[Metric]:
         available = _family(
             GaugeMetricFamily,
             "conduit_executor_available",
@@ -322,7 +357,7 @@ class _State:
             key: _family(CounterMetricFamily, name, help_text, "executor")
             for key, (name, help_text) in _POOL_COUNTERS.items()
         }
-        for info in daemon.registry.infos(configured_only=True):
+        for info in self._executions.registry.infos(configured_only=True):
             available.add_metric([info.name], int(info.available))
             pool = info.pool or {}
             if "idle" not in pool:

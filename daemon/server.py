@@ -28,6 +28,7 @@ connecting in a loop must not flood the log.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -37,6 +38,7 @@ import signal
 import stat
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -46,9 +48,18 @@ from conduit.core.protocol import encode, error_reply
 from conduit.core.redaction import redact
 from conduit.daemon import systemd
 from conduit.daemon.audit import AuditStore
-from conduit.daemon.auth import Authenticator, Principal, peer_credentials, resolve_master_token
+from conduit.daemon.auth import (
+    Authenticator,
+    PeerCredentials,
+    Principal,
+    peer_credentials,
+    resolve_master_token,
+)
+from conduit.daemon.bridge import SessionBridge
 from conduit.daemon.config import Config, parse_tcp_address
-from conduit.daemon.connection import Connection, Deadlines
+from conduit.daemon.connection import Connection, ConnectionLimits
+from conduit.daemon.control import DaemonStatistics
+from conduit.daemon.dispatcher import Dispatcher
 from conduit.daemon.events import EventBus
 from conduit.daemon.executions import Executions
 from conduit.daemon.limits import Admission, ConnectionBudget, ConnectionSlot, RateLimiter
@@ -97,7 +108,12 @@ class ServingInfo:
 
 
 class Daemon:
-    """The daemon's shared state; `serve` runs it. Methods reach it as `ctx.daemon`."""
+    """The daemon: builds its parts from the configuration, and `serve` runs them.
+
+    Its parts are handed what they use of each other, not the daemon: methods reach
+    them through their `CallContext`, and `config/reload` and `daemon/status` reach
+    the daemon itself as its `Control`.
+    """
 
     def __init__(self, config: Config, *, reload: Callable[[], Config] | None = None) -> None:
         _prepare_state_dir(config.server.state_dir)
@@ -113,30 +129,92 @@ class Daemon:
         self.rate_limiter = RateLimiter(limits.executions_per_minute, limits.burst)
         self.events = EventBus(buffer=config.events.subscriber_buffer)
         self.methods = method_table()
-        self.metrics = Metrics(self)
+        self.connections: set[Connection] = set()
+        # The executors are built by `serve`, once it knows where sandboxes call back.
+        self.executions = Executions(
+            limits,
+            Policy(config.policy),
+            registry=ExecutorRegistry([], {}),
+            admission=self.admission,
+            rate_limiter=self.rate_limiter,
+            events=self.events,
+            open_session=self.open_session,
+        )
+        self.tools = ToolAccess(
+            build_catalogue(config),
+            events=self.events,
+            ledger=self.executions,
+            call_timeout_s=config.gateway.call_timeout_s,
+        )
+        self.tools.catalogue.watch(self._tools_changed)
+        self.metrics = Metrics(
+            self.methods,
+            connections=self.connections,
+            auth=self.auth,
+            events=self.events,
+            admission=self.admission,
+            executions=self.executions,
+            catalogue=self.tools.catalogue,
+        )
         self.events.add_sink(self.metrics.observe)
         # Where the metrics are served, or why they are not (set by `serve`).
         self.metrics_address: tuple[str, int] | None = None
         self.metrics_error: str | None = None
-        self.policy = Policy(config.policy)
         self.audit = AuditStore(config.audit, config.server.state_dir)
         if config.audit.enabled:
             self.events.add_sink(self.audit.record_nowait)
-        self.executions = Executions(self)
-        self.registry = ExecutorRegistry([], {})
-        self.tools = ToolAccess(self, build_catalogue(config))
-        self.tools.catalogue.watch(self._tools_changed)
+        self.dispatcher = Dispatcher(
+            self.methods,
+            executions=self.executions,
+            tools=self.tools,
+            events=self.events,
+            audit=self.audit,
+            admission=self.admission,
+            control=self,
+            count_request=self.metrics.count_request,
+        )
         self.callback_address: CallbackAddress | None = None
-        self.auth_failures = 0
-        self.connections: set[Connection] = set()
         self.budgets = _budgets(config)
         self.started_at = trio.current_time() if _in_trio() else 0.0
         self._notifier = systemd.Notifier(None)
         self._acceptors: trio.CancelScope | None = None
         self._refusal_log = _ThrottledLog(REFUSAL_LOG_EVERY_S)
 
-    def note_auth_failure(self) -> None:
-        self.auth_failures += 1
+    @property
+    def registry(self) -> ExecutorRegistry:
+        """The executors programs run on (empty until `serve` builds them)."""
+        return self.executions.registry
+
+    @property
+    def policy(self) -> Policy:
+        """What programs are checked against before they run."""
+        return self.executions.policy
+
+    def open_session(
+        self, execution_id: str, tool_patterns: tuple[tuple[str, ...], ...]
+    ) -> SessionBridge:
+        """A new session for one execution's tool calls; it ends when the bridge exits."""
+        return SessionBridge(
+            self.auth,
+            self.dispatcher.dispatch,
+            execution_id,
+            tool_patterns,
+            callback=self.callback_address,
+        )
+
+    def statistics(self) -> DaemonStatistics:
+        """A snapshot of the daemon's own state (`daemon/status`)."""
+        sandboxes = sum(c.transport == "sandbox" for c in self.connections)
+        return DaemonStatistics(
+            uptime_s=trio.current_time() - self.started_at,
+            config_source=self.config.source or None,
+            connections=len(self.connections) - sandboxes,
+            sandbox_connections=sandboxes,
+            auth_failures=self.auth.failures,
+            metrics_enabled=self.config.metrics.enabled,
+            metrics_url=self.metrics_url(),
+            metrics_error=self.metrics_error,
+        )
 
     def _tools_changed(self) -> None:
         """Tell every MCP client its tool list changed (the capability `initialize` states).
@@ -173,7 +251,7 @@ class Daemon:
             self.callback_address = CallbackAddress(unix_path=sandbox.address)
             async with trio.open_nursery() as root:
                 await root.start(self.audit.run)
-                self.registry = build_registry(self.config, self.callback_address)
+                self.executions.registry = build_registry(self.config, self.callback_address)
                 await root.start(self.registry.serve)
                 await root.start(self.tools.catalogue.serve)
                 await self._start_metrics(root)
@@ -286,30 +364,60 @@ class Daemon:
             await _refuse(stream, slot)
             return
         try:
-            connection = Connection(
+            connection = self._connection(
                 stream,
-                self,
-                transport=transport,
-                peer=peer,
-                sessions_only=transport == "sandbox",
+                transport,
+                self._limits(transport),
                 principal=principal,
-                deadlines=self._deadlines(transport),
+                peer=peer,
                 on_authenticated=slot.authenticated,
             )
             await self._run_connection(connection)
         finally:
             slot.release()
 
-    def _deadlines(self, transport: str) -> Deadlines:
+    def _connection(
+        self,
+        stream: trio.abc.Stream,
+        transport: str,
+        limits: ConnectionLimits,
+        *,
+        principal: Principal | None,
+        peer: PeerCredentials | None = None,
+        on_authenticated: Callable[[], None] | None = None,
+    ) -> Connection:
+        # On the sandboxes' socket only session tokens count: peer credentials there
+        # would be the daemon's own uid, and nothing else should reach it.
+        sessions_only = transport == "sandbox"
+        return Connection(
+            stream,
+            self.dispatcher,
+            limits,
+            transport=transport,
+            authenticate=partial(self.auth.authenticate_token, sessions_only=sessions_only),
+            principal=principal,
+            peer=peer,
+            on_authenticated=on_authenticated,
+        )
+
+    def _limits(self, transport: str | None) -> ConnectionLimits:
+        """The limits of a connection accepted on `transport`'s listener (None: a
+        stream handed to `serve_stream`, whose peer is known and never timed out)."""
         server = self.config.server
-        if transport == "sandbox":
-            # None: a warm worker connects before its job (and token) exists, then waits
-            # for it, and a program thinks between tool calls. The socket lives in the
-            # 0700 runtime directory, so only the daemon's own uid reaches it, and its
-            # budget is its own: holding its connections locks no client out.
-            return Deadlines()
+        limits = ConnectionLimits(
+            max_message_bytes=server.max_message_bytes,
+            max_in_flight=server.max_in_flight_per_connection,
+            max_auth_failures=self.config.auth.max_failures_per_connection,
+        )
+        if transport is None or transport == "sandbox":
+            # No deadlines for sandboxes: a warm worker connects before its job (and
+            # token) exists, then waits for it, and a program thinks between tool calls.
+            # The socket lives in the 0700 runtime directory, so only the daemon's own
+            # uid reaches it, and its budget is its own: holding its connections locks
+            # no client out.
+            return limits
         idle_s = server.idle_timeout_s or None
-        return Deadlines(auth_s=server.auth_timeout_s, idle_s=idle_s)
+        return dataclasses.replace(limits, auth_s=server.auth_timeout_s, idle_s=idle_s)
 
     async def serve_stream(
         self, stream: trio.abc.Stream, *, transport: str, principal: Principal | None = None
@@ -321,9 +429,8 @@ class Daemon:
         is known (`conduit mcp` on stdio); otherwise it logs in like any client. While
         the daemon drains, the connection stops reading and finishes what it has.
         """
-        await self._run_connection(
-            Connection(stream, self, transport=transport, principal=principal)
-        )
+        connection = self._connection(stream, transport, self._limits(None), principal=principal)
+        await self._run_connection(connection)
 
     async def _run_connection(self, connection: Connection) -> None:
         self.connections.add(connection)
@@ -367,6 +474,8 @@ class Daemon:
         redact(master_token)
         self.auth.reconfigure(master_token, new.auth)
         self.token_source = source
+        self.executions.reconfigure(new.limits, Policy(new.policy))
+        self.tools.call_timeout_s = new.gateway.call_timeout_s
         limits = new.limits
         self.admission.reconfigure(
             limits.max_concurrent_executions, limits.queue_size, limits.queue_timeout_s
@@ -377,7 +486,6 @@ class Daemon:
         self.events.buffer = new.events.subscriber_buffer  # for new subscriptions
         self.registry.set_defaults(language_defaults(new))
         self.audit.reconfigure(new.audit)
-        self.policy = Policy(new.policy)
         if (new.server.socket, new.server.tcp, new.metrics) != (
             self.config.server.socket,
             self.config.server.tcp,

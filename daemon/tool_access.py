@@ -21,7 +21,7 @@ import re
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from conduit.core.errors import (
     Forbidden,
@@ -47,10 +47,11 @@ from conduit.gateway.schemas import ArgumentsInvalid
 
 if TYPE_CHECKING:
     from conduit.daemon.auth import Principal
-    from conduit.daemon.server import Daemon
+    from conduit.daemon.events import EventBus
 
 __all__ = [
     "ToolAccess",
+    "ToolLedger",
     "allowlists_for",
     "gateway_errors",
     "hides_catalogue",
@@ -145,6 +146,18 @@ def shaped(tool: Tool, result: dict[str, Any]) -> dict[str, Any]:
     return {"value": value_of(result)}
 
 
+class ToolLedger(Protocol):
+    """Where a sandbox's tool calls are counted and kept (the daemon's `Executions`)."""
+
+    def count_tool_call(self, execution_id: str | None) -> None:
+        """Count one call; raises once the execution's limit is spent or it has ended."""
+        ...
+
+    def note_tool_call(self, execution_id: str | None, call: ToolCallRecord) -> str | None:
+        """Keep a call in its execution's record; returns who owns the execution."""
+        ...
+
+
 class ToolAccess:
     """The daemon's view of the catalogue, per principal.
 
@@ -154,9 +167,19 @@ class ToolAccess:
     down are not repeated; a daemon closing its upstreams reports nothing.
     """
 
-    def __init__(self, daemon: Daemon, catalogue: Catalogue) -> None:
-        self._daemon = daemon
+    def __init__(
+        self,
+        catalogue: Catalogue,
+        *,
+        events: EventBus,
+        ledger: ToolLedger,
+        call_timeout_s: float,
+    ) -> None:
         self.catalogue = catalogue
+        self._events = events
+        self._ledger = ledger
+        # How long one upstream call may take (`gateway.call_timeout_s`; reloadable).
+        self.call_timeout_s = call_timeout_s
         # Whether each upstream was last reported up (absent: not reported yet).
         self._reported_up: dict[str, bool] = {}
         catalogue.watch_state(self._on_upstream_state)
@@ -180,7 +203,7 @@ class ToolAccess:
             "error": status.last_error,
         }
         kind = EventType.UPSTREAM_UP if up else EventType.UPSTREAM_DOWN
-        self._daemon.events.publish(Event(kind, data))
+        self._events.publish(Event(kind, data))
 
     def visible(self, principal: Principal) -> list[Tool]:
         """The catalogue's tools this principal may call, by SDK path."""
@@ -217,10 +240,9 @@ class ToolAccess:
             tool = self.resolve(principal, name)
             called, upstream = tool.id, tool.upstream
             if principal.kind == "session":
-                self._daemon.executions.count_tool_call(principal.execution_id)
-            timeout_s = self._daemon.config.gateway.call_timeout_s
+                self._ledger.count_tool_call(principal.execution_id)
             try:
-                result = await self.catalogue.call(tool, arguments, timeout_s=timeout_s)
+                result = await self.catalogue.call(tool, arguments, timeout_s=self.call_timeout_s)
             except ToolNotFound as exc:  # it left since `resolve`: as if never there
                 raise _refusal(principal, exc, name) from exc
             except GatewayError as exc:
@@ -237,7 +259,7 @@ class ToolAccess:
     def _report(self, principal: Principal, call: ToolCallRecord, upstream: str | None) -> None:
         owner = principal.name
         if principal.kind == "session":
-            owner = self._daemon.executions.note_tool_call(principal.execution_id, call) or owner
+            owner = self._ledger.note_tool_call(principal.execution_id, call) or owner
         data = {
             "tool": call.tool,
             "upstream": upstream,
@@ -245,7 +267,7 @@ class ToolAccess:
             "outcome": call.outcome,
             "execution_id": principal.execution_id,
         }
-        self._daemon.events.publish(Event(EventType.TOOL_CALLED, data, owner))
+        self._events.publish(Event(EventType.TOOL_CALLED, data, owner))
 
 
 def _refusal(principal: Principal, exc: GatewayError, name: str) -> RpcError:

@@ -6,8 +6,6 @@ import dataclasses
 import os
 from typing import Any
 
-import trio
-
 from conduit.core.errors import ConfigError, InvalidRequest
 from conduit.core.version import VERSION
 from conduit.daemon.dispatcher import CallContext, MethodRouter, NoParams
@@ -19,7 +17,7 @@ router = MethodRouter()
 async def reload(params: NoParams, ctx: CallContext) -> dict[str, Any]:
     """Reload the config file (as SIGHUP does); a bad file is refused, the old one kept."""
     try:
-        config = await ctx.daemon.reload()
+        config = await ctx.control.reload()
     except ConfigError as exc:
         raise InvalidRequest(f"config not reloaded, the old one stays: {exc}") from None
     return {"reloaded": True, "source": config.source}
@@ -28,29 +26,27 @@ async def reload(params: NoParams, ctx: CallContext) -> dict[str, Any]:
 @router.method("daemon/status", params=NoParams, scope="admin")
 async def status(params: NoParams, ctx: CallContext) -> dict[str, Any]:
     """Uptime, connections, executions, admission queue, audit store, metrics, config."""
-    daemon = ctx.daemon
-    admission = daemon.admission.statistics()
+    daemon = ctx.control.statistics()
+    admission = ctx.admission.statistics()
     return {
         "version": VERSION,
         "pid": os.getpid(),
-        "uptime_s": round(trio.current_time() - daemon.started_at, 3),
-        "config": daemon.config.source or None,
-        # Clients' connections; the sandboxes' (one per warm or running Deno or Pyodide
-        # worker) apart, so a pool filling up does not look like clients arriving.
-        "connections": sum(c.transport != "sandbox" for c in daemon.connections),
-        "sandbox_connections": sum(c.transport == "sandbox" for c in daemon.connections),
+        "uptime_s": round(daemon.uptime_s, 3),
+        "config": daemon.config_source,
+        "connections": daemon.connections,
+        "sandbox_connections": daemon.sandbox_connections,
         "executions": {
             "running": admission.running,
             "queued": admission.waiting,
             "capacity": admission.capacity,
             "queue_size": admission.queue_size,
-            "draining": daemon.executions.draining,
+            "draining": ctx.executions.draining,
         },
         "auth_failures": daemon.auth_failures,
         "metrics": {
-            "enabled": daemon.config.metrics.enabled,
-            "url": daemon.metrics_url(),
+            "enabled": daemon.metrics_enabled,
+            "url": daemon.metrics_url,
             "error": daemon.metrics_error,
         },
-        "audit": dataclasses.asdict(daemon.audit.statistics()),
+        "audit": dataclasses.asdict(ctx.audit.statistics()),
     }

@@ -112,7 +112,7 @@ async def _execute_alias(
         limits=params.limits.overrides() if params.limits else {},
         allowed_tools=tuple(params.allowedTools) if params.allowedTools is not None else None,
     )
-    result = await ctx.daemon.executions.execute(request, ctx.require_principal())
+    result = await ctx.executions.execute(request, ctx.require_principal())
     shaped = _seed_shape(result)
     error_class = _LIMIT_ERRORS.get(result.status)
     if error_class is not None:

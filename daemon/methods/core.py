@@ -44,8 +44,8 @@ async def initialize(params: InitializeParams, ctx: CallContext) -> dict[str, An
     version = params.protocolVersion
     if version not in PROTOCOL_VERSIONS:
         version = PROTOCOL_VERSIONS[0]
-    if ctx.connection is not None:
-        ctx.connection.mcp_session = True
+    if ctx.peer is not None:
+        ctx.peer.mcp_session = True
     return {
         "protocolVersion": version,
         "capabilities": {"tools": {"listChanged": True}},
@@ -72,11 +72,11 @@ class CancelledParams(Params):
 @router.method("notifications/cancelled", params=CancelledParams, scope=None)
 async def cancelled(params: CancelledParams, ctx: CallContext) -> None:
     """MCP's cancellation of an earlier request on this connection: stops its program."""
-    if ctx.principal is None or ctx.connection is None:
+    if ctx.principal is None or ctx.peer is None:
         return
     # The request may have finished already, or started no program: nothing to stop.
     with contextlib.suppress(NotFound):
-        ctx.daemon.executions.cancel(ctx.principal, origin=origin_of(ctx, params.requestId))
+        ctx.executions.cancel(ctx.principal, origin=origin_of(ctx, params.requestId))
 
 
 @router.method("ping", params=AnyParams, scope=None, session=True)
@@ -100,7 +100,7 @@ async def discover(params: Params, ctx: CallContext) -> dict[str, Any]:
                 "session": spec.session,
                 "params": spec.params.model_json_schema(),
             }
-            for spec in ctx.daemon.methods.specs()
+            for spec in ctx.methods.specs()
             if spec.name not in ALIASES
         ],
         "aliases": {name: alias.describe() for name, alias in sorted(ALIASES.items())},

@@ -1,6 +1,6 @@
 """`events/subscribe` and `events/unsubscribe`: the event bus, as notifications on a connection.
 
-Each subscription is one task of the caller's connection (`Connection.start_stream`)
+Each subscription is one task of the caller's connection (`Peer.start_stream`)
 that takes events from a bounded `Subscription` and sends each one as
 
     {"jsonrpc": "2.0", "method": "event",
@@ -34,7 +34,7 @@ from conduit.daemon.events import PRINCIPAL_EVENTS, EventType, Subscription
 router = MethodRouter()
 
 if TYPE_CHECKING:
-    from conduit.daemon.connection import Connection
+    from conduit.daemon.dispatcher import Peer
 
 __all__ = ["DROPPED", "SubscribeParams", "UnsubscribeParams"]
 
@@ -85,7 +85,7 @@ def _chosen_types(requested: list[str] | None, *, admin: bool) -> frozenset[Even
 async def subscribe(params: SubscribeParams, ctx: CallContext) -> dict[str, Any]:
     """Receive events as `event` notifications on this connection until unsubscribed."""
     principal = ctx.require_principal()
-    connection = ctx.connection
+    connection = ctx.peer
     if connection is None:
         raise InvalidRequest("invalid request: events/subscribe needs a client connection")
     if len(connection.subscriptions) >= MAX_SUBSCRIPTIONS_PER_CONNECTION:
@@ -94,7 +94,7 @@ async def subscribe(params: SubscribeParams, ctx: CallContext) -> dict[str, Any]
             "subscriptions; call events/unsubscribe on one, or ask for more types in one"
         )
     types = _chosen_types(params.types, admin=principal.is_admin)
-    subscription = ctx.daemon.events.subscribe(
+    subscription = ctx.events.subscribe(
         types, principal=None if principal.is_admin else principal.name
     )
     ident = "sub_" + secrets.token_hex(6)
@@ -110,7 +110,7 @@ async def subscribe(params: SubscribeParams, ctx: CallContext) -> dict[str, Any]
 
 
 async def _forward(
-    connection: Connection, ident: str, subscription: Subscription, scope: trio.CancelScope
+    connection: Peer, ident: str, subscription: Subscription, scope: trio.CancelScope
 ) -> None:
     """Send the subscription's events until it ends; then, if dropped, say so once."""
     try:
@@ -127,7 +127,7 @@ async def _forward(
 @router.method("events/unsubscribe", params=UnsubscribeParams, scope="executions")
 async def unsubscribe(params: UnsubscribeParams, ctx: CallContext) -> dict[str, Any]:
     """End a subscription of this connection's; no event of it follows the answer."""
-    subscriptions = ctx.connection.subscriptions if ctx.connection is not None else {}
+    subscriptions = ctx.peer.subscriptions if ctx.peer is not None else {}
     scope = subscriptions.pop(params.subscription, None)
     if scope is None:
         raise NotFound(

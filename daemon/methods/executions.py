@@ -21,7 +21,7 @@ from conduit.executors.base import Status
 router = MethodRouter()
 
 if TYPE_CHECKING:
-    from conduit.daemon.connection import Connection
+    from conduit.daemon.dispatcher import Peer
 
 __all__ = [
     "ExecuteParams",
@@ -97,8 +97,8 @@ class ExecuteParams(Params):
         notifications; a caller with no connection (in-process) gets the result only.
         """
         on_output = None
-        if self.stream and ctx.connection is not None:
-            on_output = partial(_send_output, ctx.connection, ctx.request_id)
+        if self.stream and ctx.peer is not None:
+            on_output = partial(_send_output, ctx.peer, ctx.request_id)
         return ExecutionRequest(
             language=self.language,
             code=self.code,
@@ -111,7 +111,7 @@ class ExecuteParams(Params):
         )
 
 
-async def _send_output(connection: Connection, request_id: Any, params: dict[str, Any]) -> None:
+async def _send_output(connection: Peer, request_id: Any, params: dict[str, Any]) -> None:
     # The request id lets a client with several streams in flight route each piece
     # before it has learnt the execution id from the first piece or the result.
     await connection.notify("execution/output", {**params, "request_id": request_id})
@@ -121,12 +121,12 @@ async def _send_output(connection: Connection, request_id: Any, params: dict[str
 async def execute(params: ExecuteParams, ctx: CallContext) -> dict[str, Any]:
     """Run a program in a fresh sandbox and return its result, output and status."""
     request = params.to_request(ctx)
-    return (await ctx.daemon.executions.execute(request, ctx.require_principal())).to_wire()
+    return (await ctx.executions.execute(request, ctx.require_principal())).to_wire()
 
 
 def origin_of(ctx: CallContext, request_id: Any) -> tuple[int, Any] | None:
     """Who started an execution, as `executions/cancel` names it: (connection, request id)."""
-    return (id(ctx.connection), request_id) if ctx.connection is not None else None
+    return (id(ctx.peer), request_id) if ctx.peer is not None else None
 
 
 class CancelParams(Params):
@@ -145,7 +145,7 @@ class CancelParams(Params):
 @router.method("executions/cancel", params=CancelParams, scope="executions")
 async def cancel(params: CancelParams, ctx: CallContext) -> dict[str, Any]:
     """Stop a running execution; its execute call answers with status cancelled."""
-    execution_id = ctx.daemon.executions.cancel(
+    execution_id = ctx.executions.cancel(
         ctx.require_principal(),
         execution_id=params.execution_id,
         origin=origin_of(ctx, params.request_id) if params.request_id is not None else None,
@@ -157,7 +157,7 @@ async def cancel(params: CancelParams, ctx: CallContext) -> dict[str, Any]:
 async def running(params: NoParams, ctx: CallContext) -> dict[str, Any]:
     """The executions running now (yours, or all for the master)."""
     principal = ctx.require_principal()
-    rows = ctx.daemon.executions.running()
+    rows = ctx.executions.running()
     if not principal.is_admin:
         rows = [row for row in rows if row["principal"] == principal.name]
     return {"executions": rows}
@@ -183,7 +183,7 @@ def _visible_owner(ctx: CallContext, asked: str | None) -> str | None:
 
 def _store_warning(ctx: CallContext) -> dict[str, Any]:
     """A `warning` member while the store is open but failing to write."""
-    stats = ctx.daemon.audit.statistics()
+    stats = ctx.audit.statistics()
     if stats.state is AuditState.FAILING:
         return {"warning": f"recent executions may be missing: {stats.reason}"}
     return {}
@@ -230,7 +230,7 @@ async def list_executions(params: ExecutionListParams, ctx: CallContext) -> dict
         limit=params.limit,
         cursor=params.cursor,
     )
-    page = await ctx.daemon.audit.list_executions(query)
+    page = await ctx.audit.list_executions(query)
     return {"executions": page.executions, "next_cursor": page.next_cursor, **_store_warning(ctx)}
 
 
@@ -248,12 +248,12 @@ async def get(params: GetParams, ctx: CallContext) -> dict[str, Any]:
     owner = _visible_owner(ctx, None)
     running = [
         row
-        for row in ctx.daemon.executions.running()
+        for row in ctx.executions.running()
         if row["execution_id"] == params.execution_id and owner in (None, row["principal"])
     ]
     if running:
         return {**running[0], "status": "running"}
-    record = await ctx.daemon.audit.get_execution(params.execution_id)
+    record = await ctx.audit.get_execution(params.execution_id)
     if record is None or owner not in (None, record.principal):
         raise NotFound(
             f"not found: no execution {params.execution_id} of yours in the audit store; "
@@ -289,5 +289,5 @@ async def stats(params: StatsParams, ctx: CallContext) -> dict[str, Any]:
     since = params.since
     if since is None:
         since = until - (params.window_s or DEFAULT_STATS_WINDOW_S)
-    summary = await ctx.daemon.audit.stats(since, owner)
+    summary = await ctx.audit.stats(since, owner)
     return {"since": since, "until": until, "principal": owner, **summary, **_store_warning(ctx)}

@@ -17,7 +17,7 @@ async def list_executors(params: NoParams, ctx: CallContext) -> dict[str, Any]:
     `progress` is what the executor's start-up is building: the step under way and each
     step done, with its seconds (see `wasm_build.BuildProgress.snapshot`).
     """
-    registry = ctx.daemon.registry
+    registry = ctx.executions.registry
     return {
         "executors": [dataclasses.asdict(info) for info in registry.infos()],
         "defaults": registry.defaults(),

@@ -19,9 +19,9 @@ class LoginParams(Params):
 @router.method("auth/login", params=LoginParams, scope=None)
 async def login(params: LoginParams, ctx: CallContext) -> dict[str, Any]:
     """Authenticate this connection; later requests need no token."""
-    if ctx.connection is None:
+    if ctx.peer is None:
         raise InvalidRequest("auth/login authenticates a connection; there is none here")
-    principal = ctx.connection.login(params.token)
+    principal = ctx.peer.login(params.token)
     return {"principal": principal.describe()}
 
 

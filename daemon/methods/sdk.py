@@ -45,7 +45,7 @@ def _selected(params: SdkParams, ctx: CallContext) -> list[Tool]:
     allow = allowlists_for(ctx.require_principal())
     if params.allowed_tools is not None:
         allow.append(requested_allowlist(params.allowed_tools))
-    tools = ctx.daemon.tools.catalogue.tools(allow)
+    tools = ctx.tools.catalogue.tools(allow)
     if params.namespace is not None:
         tools = [tool for tool in tools if tool.namespace == params.namespace]
     return tools
@@ -62,8 +62,8 @@ def render_declarations(language: str, tools: list[Tool], catalogue: Catalogue) 
 
 def _render(params: SdkParams, ctx: CallContext) -> dict[str, Any]:
     tools = _selected(params, ctx)
-    text = render_declarations(params.language, tools, ctx.daemon.tools.catalogue)
-    caveat = cannot_use(ctx.daemon.registry.defaults().get(params.language))
+    text = render_declarations(params.language, tools, ctx.tools.catalogue)
+    caveat = cannot_use(ctx.executions.registry.defaults().get(params.language))
     if caveat:
         text = f"{_COMMENT[params.language]}{caveat}\n{text}"
     return {

@@ -249,12 +249,12 @@ class ToolListParams(_McpParams):
 async def list_tools(params: ToolListParams, ctx: CallContext) -> dict[str, Any]:
     """The tools this caller may call (a sandbox sees only its execution's allowlist)."""
     principal = ctx.require_principal()
-    visible = ctx.daemon.tools.visible(principal)
+    visible = ctx.tools.visible(principal)
     upstream_tools = [_mcp_tool(tool) for tool in visible]
     if principal.kind == "session" or "execute" not in principal.scopes:
         return {"tools": upstream_tools}
-    defaults = ctx.daemon.registry.defaults()
-    builtin = await builtin_tool_list(visible, ctx.daemon.tools.catalogue, defaults)
+    defaults = ctx.executions.registry.defaults()
+    builtin = await builtin_tool_list(visible, ctx.tools.catalogue, defaults)
     return {"tools": builtin + upstream_tools}
 
 
@@ -304,7 +304,7 @@ async def _call_builtin(language: str, params: CallParams, ctx: CallContext) -> 
         )
     request = arguments.to_request(ctx)
     try:
-        result = await ctx.daemon.executions.execute(request, principal)
+        result = await ctx.executions.execute(request, principal)
     except _TOOL_ERRORS as exc:
         return _refused(exc.message)
     return _execution_result(result)
@@ -324,9 +324,7 @@ async def call_tool(params: CallParams, ctx: CallContext) -> dict[str, Any]:
     if language is not None:
         return await _call_builtin(language, params, ctx)
     try:
-        tool, result = await ctx.daemon.tools.call(
-            ctx.require_principal(), params.name, params.arguments
-        )
+        tool, result = await ctx.tools.call(ctx.require_principal(), params.name, params.arguments)
     except InvalidParams as exc:
         if params.shape == "value":
             raise
@@ -341,7 +339,7 @@ class ToolParams(Params):
 @router.method("tools/schema", params=ToolParams, scope="tools")
 async def tool_schema(params: ToolParams, ctx: CallContext) -> dict[str, Any]:
     """A tool's names, description, input and output schemas, and any schema problems."""
-    tools = ctx.daemon.tools
+    tools = ctx.tools
     tool = tools.resolve(ctx.require_principal(), params.name)
     return {
         "id": tool.id,
@@ -362,7 +360,7 @@ class ValidateParams(ToolParams):
 @router.method("tools/validate", params=ValidateParams, scope="tools")
 async def validate_tool(params: ValidateParams, ctx: CallContext) -> dict[str, Any]:
     """Check arguments against a tool's input schema without calling it."""
-    tools = ctx.daemon.tools
+    tools = ctx.tools
     tool = tools.resolve(ctx.require_principal(), params.name)
     errors = tools.catalogue.validate(tool, params.arguments)
     return {"valid": not errors, "errors": errors, "tool": tool.id}
@@ -372,5 +370,5 @@ async def validate_tool(params: ValidateParams, ctx: CallContext) -> dict[str, A
 async def packages(params: NoParams, ctx: CallContext) -> dict[str, Any]:
     """The tools this caller may call, grouped by namespace, with one-line summaries."""
     principal = ctx.require_principal()
-    listed = ctx.daemon.tools.catalogue.packages(allowlists_for(principal))
+    listed = ctx.tools.catalogue.packages(allowlists_for(principal))
     return {"packages": [dataclasses.asdict(package) for package in listed]}

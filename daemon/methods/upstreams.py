@@ -25,10 +25,10 @@ async def list_upstreams(params: NoParams, ctx: CallContext) -> dict[str, Any]:
     A caller that may not learn which tools exist (`hides_catalogue`) sees only the
     upstreams with a tool it may call, and counts only those tools.
     """
-    statuses = ctx.daemon.tools.catalogue.statuses()
+    statuses = ctx.tools.catalogue.statuses()
     principal = ctx.require_principal()
     if hides_catalogue(principal):
-        callable_tools = Counter(tool.upstream for tool in ctx.daemon.tools.visible(principal))
+        callable_tools = Counter(tool.upstream for tool in ctx.tools.visible(principal))
         statuses = [
             dataclasses.replace(status, tools=callable_tools[status.name])
             for status in statuses
@@ -51,5 +51,5 @@ async def register(params: RegisterParams, ctx: CallContext) -> dict[str, Any]:
     except ValidationError as exc:
         raise invalid_params(exc, "upstreams/register") from None
     with gateway_errors(settings.name):
-        await ctx.daemon.tools.catalogue.register(build_upstream(settings))
+        await ctx.tools.catalogue.register(build_upstream(settings))
     return {"registered": settings.name}

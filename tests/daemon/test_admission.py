@@ -1,27 +1,21 @@
-"""Who gets a connection: budgets per listener kind, per-peer caps, auth and idle deadlines.
+"""Who gets a connection: budgets per listener kind and per-peer caps on unauthenticated ones.
 
-The deadlines are driven over `memory_stream_pair()` on the autojump clock; the budgets
-against a real daemon, flooded over loopback TCP while its owner and its sandboxes go on
-being served.
+The budgets are driven on their own, then against a real daemon, flooded over loopback
+TCP while its owner and its sandboxes go on being served. The deadlines are the
+connection's own (tests/daemon/test_connection.py).
 """
 
 from __future__ import annotations
 
-import json
 import resource
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 import trio
-import trio.testing
 
 from conduit.core.errors import Overloaded, Unauthenticated
-from conduit.daemon.auth import Principal
-from conduit.daemon.connection import Connection, Deadlines
-from conduit.daemon.dispatcher import MethodRouter
 from conduit.daemon.limits import ConnectionBudget, ConnectionSlot
-from conduit.daemon.server import Daemon
 from tests.conftest import MASTER_TOKEN, WAIT_S
 from tests.e2e.helpers import execute, farewells, wait_upstreams
 from tests.fixtures.mcp_echo_server import command as echo_command
@@ -35,7 +29,6 @@ ECHO = {
 }
 # The flood's connections are closed this long after they connect.
 AUTH_TIMEOUT_S = 6.0
-OWNER = Principal("owner", "master", frozenset({"execute", "executions", "tools", "admin"}))
 
 
 def raise_fd_limit() -> None:
@@ -74,121 +67,6 @@ def test_a_full_budget_keeps_a_reserve_for_the_owner_and_releases_once() -> None
         slot.release()
     assert budget.statistics().open == 1
     assert budget.statistics().unauthenticated == 0
-
-
-# ---- deadlines, on the autojump clock -------------------------------------------
-
-
-@pytest.fixture
-async def serve_memory(
-    nursery: trio.Nursery, make_config: Callable[..., Any]
-) -> Callable[..., Any]:
-    """Serve one in-memory connection of a daemon that is built but not started;
-    returns the client's end and the connection."""
-    daemon = Daemon(make_config(**NO_DENO))
-
-    async def start(
-        deadlines: Deadlines, principal: Principal | None = None, routes: MethodRouter | None = None
-    ) -> tuple[trio.abc.Stream, Connection]:
-        if routes is not None:
-            daemon.methods.add(*routes.specs)
-        ours, theirs = trio.testing.memory_stream_pair()
-        connection = Connection(
-            theirs, daemon, transport="tcp", principal=principal, deadlines=deadlines
-        )
-        nursery.start_soon(connection.run)
-        return ours, connection
-
-    return start
-
-
-async def _lines_until_closed(stream: trio.abc.Stream) -> list[Any]:
-    data = b""
-    with trio.fail_after(3600):  # virtual seconds
-        while chunk := await stream.receive_some():
-            data += chunk
-    return [json.loads(line) for line in data.splitlines()]
-
-
-async def _ping(stream: trio.abc.Stream, ident: int) -> Any:
-    await stream.send_all(json.dumps({"id": ident, "method": "ping"}).encode() + b"\n")
-    data = b""
-    while not data.endswith(b"\n"):
-        data += await stream.receive_some()
-    return json.loads(data)
-
-
-async def test_unauthenticated_connection_is_told_then_closed_at_its_deadline(
-    serve_memory: Any, autojump_clock: trio.testing.MockClock
-) -> None:
-    client, _ = await serve_memory(Deadlines(auth_s=5))
-    start = trio.current_time()
-    assert (await _ping(client, 1))["result"] == {}  # allowed, and not a login
-    [farewell] = await _lines_until_closed(client)
-    assert 5 <= trio.current_time() - start < 6
-    assert farewell["id"] is None
-    assert farewell["error"]["code"] == Unauthenticated.code
-    assert "no valid token within 5 s" in farewell["error"]["message"]
-
-
-async def test_a_login_or_a_bearer_token_lifts_the_auth_deadline(
-    serve_memory: Any, autojump_clock: trio.testing.MockClock
-) -> None:
-    for auth in (
-        {"method": "auth/login", "params": {"token": MASTER_TOKEN}},
-        {"method": "auth/whoami", "auth": {"bearerToken": MASTER_TOKEN}},
-    ):
-        client, connection = await serve_memory(Deadlines(auth_s=5))
-        await client.send_all(json.dumps({"id": 1, **auth}).encode() + b"\n")
-        await client.receive_some()
-        await trio.sleep(60)
-        assert connection.authenticated
-        assert (await _ping(client, 2))["result"] == {}
-        await client.aclose()
-
-
-async def test_a_connection_idle_past_its_timeout_is_closed(
-    serve_memory: Any, autojump_clock: trio.testing.MockClock
-) -> None:
-    client, _ = await serve_memory(Deadlines(auth_s=5, idle_s=30), principal=OWNER)
-    await trio.sleep(20)
-    assert (await _ping(client, 1))["result"] == {}
-    last = trio.current_time()
-    [farewell] = await _lines_until_closed(client)
-    assert 30 <= trio.current_time() - last < 31
-    assert farewell["error"]["code"] == Overloaded.code
-    assert "idle" in farewell["error"]["message"]
-
-
-async def test_bytes_arriving_and_work_in_flight_are_not_idle(
-    serve_memory: Any, autojump_clock: trio.testing.MockClock
-) -> None:
-    release = trio.Event()
-
-    async def hold(params: Any, ctx: Any) -> Any:
-        await release.wait()
-        return {}
-
-    async def subscribe(params: Any, ctx: Any) -> Any:
-        ctx.connection.start_stream(release.wait)
-        return {}
-
-    routes = MethodRouter()  # methods of this test's daemon alone
-    routes.method("test/hold", scope=None, description="test")(hold)
-    routes.method("test/subscribe", scope=None, description="test")(subscribe)
-    client, _ = await serve_memory(Deadlines(idle_s=30), principal=OWNER, routes=routes)
-    for _ in range(5):  # a line trickling in, slower than a request but within 30 s
-        await client.send_all(b" ")
-        await trio.sleep(25)
-    await client.send_all(b'{"id":1,"method":"test/hold"}\n')
-    await client.send_all(b'{"id":2,"method":"test/subscribe"}\n')
-    assert json.loads(await client.receive_some())["id"] == 2
-    await trio.sleep(300)  # a long execution, then a subscription, in flight
-    release.set()
-    freed = trio.current_time()
-    lines = await _lines_until_closed(client)
-    assert [line["id"] for line in lines] == [1, None]
-    assert 30 <= trio.current_time() - freed < 31
 
 
 # ---- a real daemon under a flood ---------------------------------------------------

@@ -1,5 +1,6 @@
 """Prometheus metrics: scraped over HTTP from a real daemon and read with the Prometheus
-client's own parser, the endpoint's HTTP behaviour, and its configuration."""
+client's own parser, the collector on its own, the endpoint's HTTP behaviour, and its
+configuration."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
 from conduit.core.errors import ConfigError, MethodNotFound, ParseError, Unauthenticated
-from conduit.daemon.config import load_config
+from conduit.daemon.auth import Authenticator
+from conduit.daemon.config import AuthConfig, load_config
+from conduit.daemon.events import EventBus
+from conduit.daemon.metrics import Metrics
 from conduit.daemon.metrics_endpoint import (
     MAX_REQUEST_BYTES,
     MAX_SCRAPES,
@@ -21,7 +25,9 @@ from conduit.daemon.metrics_endpoint import (
     REQUEST_TIMEOUT_S,
     MetricsEndpoint,
 )
+from conduit.gateway.catalogue import Catalogue
 from tests.conftest import WAIT_S
+from tests.daemon.fakes import ExecutionsFixture, FakeExecutor
 from tests.e2e.helpers import wait_upstreams
 from tests.fixtures.mcp_echo_server import command as echo_command
 
@@ -327,3 +333,40 @@ def _no_executors() -> dict[str, Any]:
             "wasm_js": {"enabled": False},
         }
     }
+
+
+# ---- the collector on its own, from the parts it reads --------------------------------
+
+
+class _Connection:
+    def __init__(self, transport: str) -> None:
+        self.transport = transport
+
+
+def test_metrics_read_the_parts_they_are_given() -> None:
+    fx = ExecutionsFixture(FakeExecutor(), capacity=3, queue_size=7)
+    auth = Authenticator("master-token-0123456789", AuthConfig())
+    assert auth.authenticate_token("wrong") is None
+    metrics = Metrics(
+        {"ping"},
+        connections=[_Connection("unix"), _Connection("sandbox"), _Connection("sandbox")],
+        auth=auth,
+        events=EventBus(),
+        admission=fx.admission,
+        executions=fx.executions,
+        catalogue=Catalogue(),
+    )
+    metrics.count_request("ping", "ok")
+    metrics.count_request("no/such", MethodNotFound.code)
+    metrics.count_request(None, ParseError.code)
+    text = metrics.exposition().decode()
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    assert value(families, "conduit_rpc_requests_total", method="ping", code="ok") == 1
+    assert value(families, "conduit_rpc_requests_total", method="unknown", code="-32601") == 1
+    assert value(families, "conduit_rpc_requests_total", method="invalid", code="-32700") == 1
+    assert value(families, "conduit_connections", transport="sandbox") == 2
+    assert value(families, "conduit_connections", transport="tcp") == 0
+    assert value(families, "conduit_auth_failures_total") == 1
+    assert value(families, "conduit_execution_slots") == 3
+    assert value(families, "conduit_execution_queue_size") == 7
+    assert value(families, "conduit_executor_available", executor="fake") == 1

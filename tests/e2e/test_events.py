@@ -10,7 +10,6 @@ import trio
 
 from conduit.core.errors import Forbidden, InvalidParams, NotFound, UpstreamError
 from conduit.daemon.auth import hash_token, new_token
-from conduit.daemon.bridge import SessionBridge
 from conduit.daemon.events import PRINCIPAL_EVENTS, EventType
 from conduit.daemon.methods.events import DROPPED
 from tests.conftest import WAIT_S, RawClient
@@ -134,7 +133,7 @@ async def test_sandboxes_may_not_subscribe_and_their_owner_hears_of_it(
     await watcher.call("events/subscribe", {"types": ["policy.violation"]})
     # Calls a sandbox makes come through a bridge like this one, under its session.
     refused = pytest.raises(Forbidden, match="session token cannot call events/subscribe")
-    with SessionBridge(server, "ex_0123456789abcdef", (("*",),)) as bridge, refused:
+    with server.open_session("ex_0123456789abcdef", (("*",),)) as bridge, refused:
         await bridge.request("events/subscribe", {})
     violation = await next_event(watcher)
     assert (violation["method"], violation["rule"]) == ("events/subscribe", "access.method")

@@ -1,0 +1,485 @@
+"""`Connection` on its own: framing, refusals, concurrency, back-pressure, closing, auth
+and deadlines, over in-memory streams with a fake dispatcher. No daemon is started."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from conduit.core.errors import (
+    InvalidRequest,
+    MethodNotFound,
+    Overloaded,
+    ParseError,
+    Unauthenticated,
+)
+from conduit.daemon.connection import ConnectionLimits
+from tests.daemon.fakes import LIMITS, TOKEN, WAIT_S, FakeDispatch, open_connection
+
+
+def reply(ident: Any, result: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": ident, "result": result}
+
+
+# ---- framing -----------------------------------------------------------------------
+
+
+async def test_a_request_is_answered_with_one_line(nursery: trio.Nursery) -> None:
+    peer, _, dispatch = open_connection(nursery)
+    await peer.send_line(b'{"jsonrpc":"2.0","id":1,"method":"ping"}')
+    assert await peer.raw() == b'{"jsonrpc":"2.0","id":1,"result":{}}'
+    assert dispatch.calls == [("ping", 1)]
+
+
+async def test_blank_lines_and_crlf_are_tolerated(nursery: trio.Nursery) -> None:
+    peer, _, dispatch = open_connection(nursery)
+    await peer.send_line(b"")
+    await peer.send_line(b'{"jsonrpc":"2.0","id":"a","method":"ping"}\r')
+    assert await peer.recv() == reply("a", {})
+    assert dispatch.refusals == []
+
+
+async def test_bad_json_answers_parse_error_and_keeps_the_connection(
+    nursery: trio.Nursery,
+) -> None:
+    peer, _, dispatch = open_connection(nursery)
+    await peer.send_line('{"jsonrpc": "2.0", "id": 1, "method": "ping"')
+    error = await peer.recv()
+    assert error["id"] is None
+    assert error["error"]["code"] == ParseError.code
+    assert "one JSON object per line" in error["error"]["message"]
+    assert await peer.request(2, "ping") == reply(2, {})
+    assert dispatch.refusals == [(None, ParseError.code)]
+    assert dispatch.calls == [("ping", 2)]
+
+
+async def test_an_oversize_line_is_refused_and_the_connection_stays_usable(
+    nursery: trio.Nursery,
+) -> None:
+    peer, _, dispatch = open_connection(nursery)
+    huge = {"jsonrpc": "2.0", "id": 7, "method": "ping", "params": {"x": "a" * 100_000}}
+    await peer.send(huge)
+    error = await peer.recv()
+    assert error == {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {
+            "code": InvalidRequest.code,
+            "message": "message too large: a line may hold at most 4096 bytes; "
+            "the line was discarded",
+        },
+    }
+    assert await peer.request(8, "ping") == reply(8, {})
+    assert dispatch.calls == [("ping", 8)]  # nothing of the long line reached a method
+    assert dispatch.refusals == [(None, InvalidRequest.code)]
+
+
+async def test_invalid_utf8_is_a_parse_error(nursery: trio.Nursery) -> None:
+    peer, _, _ = open_connection(nursery)
+    await peer.send_line(b'{"jsonrpc":"2.0","id":1,"method":"\xff\xfe"}')
+    error = await peer.recv()
+    assert (error["id"], error["error"]["code"]) == (None, ParseError.code)
+    assert "utf-8" in error["error"]["message"]
+    assert await peer.request(2, "ping") == reply(2, {})
+
+
+@pytest.mark.parametrize(
+    ("line", "ident", "code"),
+    [
+        (rb'{"jsonrpc":"2.0","id":1,"method":"\ud800"}', 1, MethodNotFound.code),
+        (rb'{"jsonrpc":"2.0","id":"\udfff","method":"nope"}', "\ufffd", MethodNotFound.code),
+        (rb'{"jsonrpc":"2.0","id":1e400,"method":"ping"}', None, ParseError.code),
+        (rb'{"jsonrpc":"2.0","id":NaN,"method":"ping"}', None, ParseError.code),
+        (
+            b'{"jsonrpc":"2.0","id":4,"method":"ping","params":{"n":' + b"7" * 5000 + b"}}",
+            None,
+            ParseError.code,
+        ),
+    ],
+    ids=["lone-surrogate-method", "lone-surrogate-id", "1e400-id", "nan-id", "5000-digits"],
+)
+async def test_unrepresentable_text_is_answered_with_valid_json(
+    nursery: trio.Nursery, line: bytes, ident: Any, code: int
+) -> None:
+    limits = ConnectionLimits(max_message_bytes=65536, max_in_flight=8, max_auth_failures=3)
+    peer, _, _ = open_connection(nursery, limits=limits)
+    await peer.send_line(line)
+    text = (await peer.raw()).decode("utf-8")  # strict: a lone surrogate would not survive
+    assert "\\ud8" not in text.lower() and "\\udf" not in text.lower()
+    error = json.loads(text)
+    assert (error["id"], error["error"]["code"]) == (ident, code)
+    assert await peer.request(2, "ping") == reply(2, {})
+
+
+@pytest.mark.parametrize(
+    ("message", "fragment"),
+    [
+        ({"jsonrpc": "1.0", "id": 1, "method": "ping"}, '"jsonrpc" must be "2.0"'),
+        ({"jsonrpc": "2.0", "id": 1}, '"method" must be'),
+        ({"jsonrpc": "2.0", "id": [1], "method": "ping"}, '"id" must be'),
+        ({"jsonrpc": "2.0", "id": 1, "method": "ping", "params": [1]}, '"params" must be'),
+        ({"jsonrpc": "2.0", "id": 1, "method": "ping", "auth": "x"}, '"auth" must be'),
+        ("just a string", "must be a JSON object"),
+    ],
+)
+async def test_invalid_requests_say_what_is_wrong(
+    nursery: trio.Nursery, message: Any, fragment: str
+) -> None:
+    peer, _, dispatch = open_connection(nursery)
+    await peer.send(message)
+    error = (await peer.recv())["error"]
+    assert error["code"] == InvalidRequest.code
+    assert fragment in error["message"]
+    assert dispatch.calls == []
+    assert [code for _, code in dispatch.refusals] == [InvalidRequest.code]
+
+
+async def test_a_missing_jsonrpc_member_is_accepted_for_people_typing(
+    nursery: trio.Nursery,
+) -> None:
+    peer, _, _ = open_connection(nursery)
+    await peer.send_line('{"id": 5, "method": "ping"}')
+    assert await peer.recv() == reply(5, {})
+
+
+async def test_notifications_are_dispatched_and_never_answered(nursery: trio.Nursery) -> None:
+    peer, _, dispatch = open_connection(nursery)
+    await peer.send({"jsonrpc": "2.0", "method": "ping"})
+    await peer.send({"jsonrpc": "2.0", "method": "no/such/method"})
+    # The next line on the wire must be this request's reply, not a null or an error.
+    assert await peer.request(1, "ping") == reply(1, {})
+    assert sorted(name for name, _ in dispatch.calls) == ["no/such/method", "ping", "ping"]
+
+
+async def test_a_batch_is_answered_as_an_array_without_notifications(
+    nursery: trio.Nursery,
+) -> None:
+    peer, _, _ = open_connection(nursery)
+    await peer.send(
+        [
+            {"jsonrpc": "2.0", "id": 1, "method": "ping"},
+            {"jsonrpc": "2.0", "method": "ping"},
+            {"jsonrpc": "2.0", "id": 2, "method": "pnig"},
+            {"foo": "bar"},
+        ]
+    )
+    answers = await peer.recv()
+    assert isinstance(answers, list) and len(answers) == 3
+    by_id = {item["id"]: item for item in answers if item["id"] is not None}
+    assert by_id[1] == reply(1, {})
+    assert by_id[2]["error"]["code"] == MethodNotFound.code
+    assert [a["error"]["code"] for a in answers if a["id"] is None] == [InvalidRequest.code]
+
+
+async def test_an_empty_batch_is_refused_and_a_batch_of_notifications_is_silent(
+    nursery: trio.Nursery,
+) -> None:
+    peer, _, _ = open_connection(nursery)
+    await peer.send([])
+    assert (await peer.recv())["error"]["code"] == InvalidRequest.code
+    await peer.send([{"jsonrpc": "2.0", "method": "ping"}])
+    assert await peer.request(1, "ping") == reply(1, {})
+
+
+# ---- concurrency and back-pressure --------------------------------------------------
+
+
+async def test_pipelined_requests_run_concurrently_and_answer_by_id(
+    nursery: trio.Nursery,
+) -> None:
+    gate = trio.Event()
+
+    async def slow(params: Any, peer: Any, principal: Any) -> Any:
+        await gate.wait()
+        return {"slow": True}
+
+    async def fast(params: Any, peer: Any, principal: Any) -> Any:
+        gate.set()
+        return {"fast": True}
+
+    peer, _, _ = open_connection(nursery, FakeDispatch(slow=slow, fast=fast))
+    await peer.send({"jsonrpc": "2.0", "id": "s", "method": "slow"})
+    await peer.send({"jsonrpc": "2.0", "id": "f", "method": "fast"})
+    assert await peer.recv() == reply("f", {"fast": True})
+    assert await peer.recv() == reply("s", {"slow": True})
+
+
+async def test_the_in_flight_cap_applies_back_pressure_not_errors(nursery: trio.Nursery) -> None:
+    release = trio.Event()
+    running = peak = 0
+
+    async def hold(params: Any, peer: Any, principal: Any) -> Any:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await release.wait()
+        running -= 1
+        return {}
+
+    limits = ConnectionLimits(max_message_bytes=4096, max_in_flight=2, max_auth_failures=3)
+    peer, _, dispatch = open_connection(nursery, FakeDispatch(hold=hold), limits)
+    for ident in range(20):
+        await peer.send({"jsonrpc": "2.0", "id": ident, "method": "hold"})
+    await trio.testing.wait_all_tasks_blocked()
+    assert (running, len(dispatch.calls)) == (2, 2)  # the rest wait unread
+    release.set()
+    answers = [await peer.recv() for _ in range(20)]
+    assert sorted(a["id"] for a in answers) == list(range(20))
+    assert all(a["result"] == {} for a in answers)
+    assert peak == 2
+
+
+async def test_requests_read_together_start_in_order_and_let_other_tasks_run(
+    nursery: trio.Nursery,
+) -> None:
+    """Many requests arriving in one write: each task starts in the order its request
+    came, and a task beside the connection runs while they are being read."""
+    ticks = 0
+    seen: list[int] = []
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.lowlevel.checkpoint()
+
+    async def burst(params: Any, peer: Any, principal: Any) -> Any:
+        seen.append(ticks)
+        return {}
+
+    count = 320
+    limits = ConnectionLimits(max_message_bytes=4096, max_in_flight=10_000, max_auth_failures=3)
+    peer, _, dispatch = open_connection(nursery, FakeDispatch(burst=burst), limits)
+    lines = "\n".join(
+        json.dumps({"jsonrpc": "2.0", "id": i, "method": "burst"}) for i in range(count)
+    )
+    async with trio.open_nursery() as ticking:
+        ticking.start_soon(tick)
+        await peer.send_line(lines)
+        answers = [await peer.recv() for _ in range(count)]
+        ticking.cancel_scope.cancel()
+    assert sorted(a["id"] for a in answers) == list(range(count))
+    assert [ident for _, ident in dispatch.calls] == list(range(count))
+    # Spawned in one pass, the burst's tasks would all see the same tick.
+    assert len(set(seen)) >= count // 2
+
+
+async def test_a_peer_that_stops_reading_is_not_buffered_without_bound(
+    nursery: trio.Nursery,
+) -> None:
+    count = 2000
+    peer, connection, dispatch = open_connection(nursery, lockstep=True)
+    lines = b"".join(
+        json.dumps({"jsonrpc": "2.0", "id": i, "method": "ping"}).encode() + b"\n"
+        for i in range(count)
+    )
+
+    async def flood() -> None:
+        # Lockstep: this write waits for the connection to read, which it stops doing.
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await peer.stream.send_all(lines)
+
+    nursery.start_soon(flood)
+    await trio.testing.wait_all_tasks_blocked()
+    answered = len(dispatch.calls)
+    # A reply being written, two outboxes' worth waiting (one taken by the writer, one
+    # queued behind it), and a request per slot: then reading stops.
+    assert 0 < answered <= 1 + 2 * 256 + LIMITS.max_in_flight
+    assert not connection.notify_nowait("note", {})  # the outbox is full: dropped
+    await trio.testing.wait_all_tasks_blocked()
+    assert len(dispatch.calls) == answered
+    await peer.stream.aclose()  # the peer goes: the connection ends, its tasks with it
+    with trio.fail_after(WAIT_S):
+        await peer.ended.wait()
+
+
+# ---- closing ------------------------------------------------------------------------
+
+
+async def test_a_half_closed_peer_still_gets_its_replies(nursery: trio.Nursery) -> None:
+    gate = trio.Event()
+
+    async def slow(params: Any, peer: Any, principal: Any) -> Any:
+        await gate.wait()
+        return {"slow": True}
+
+    peer, _, _ = open_connection(nursery, FakeDispatch(slow=slow))
+    await peer.send_line(b'{"id":1,"method":"slow"}\n{"id":2,"method":"ping"}')
+    await peer.stream.send_eof()
+    assert await peer.recv() == reply(2, {})
+    gate.set()
+    assert await peer.until_closed() == [reply(1, {"slow": True})]
+
+
+async def test_a_peer_gone_entirely_cancels_its_requests(nursery: trio.Nursery) -> None:
+    cancelled = trio.Event()
+    started = trio.Event()
+
+    async def hang(params: Any, peer: Any, principal: Any) -> Any:
+        try:
+            started.set()
+            await trio.sleep_forever()
+        finally:
+            cancelled.set()
+
+    peer, _, _ = open_connection(nursery, FakeDispatch(hang=hang))
+    await peer.send_line(b'{"id":1,"method":"hang"}')
+    with trio.fail_after(WAIT_S):
+        await started.wait()
+        await peer.reset()
+        await peer.ended.wait()
+    assert cancelled.is_set()
+
+
+async def test_stop_reading_answers_what_is_in_flight_then_closes(
+    nursery: trio.Nursery,
+) -> None:
+    gate = trio.Event()
+
+    async def slow(params: Any, peer: Any, principal: Any) -> Any:
+        await gate.wait()
+        return {"slow": True}
+
+    peer, connection, dispatch = open_connection(nursery, FakeDispatch(slow=slow))
+    await peer.send_line(b'{"id":1,"method":"slow"}')
+    await trio.testing.wait_all_tasks_blocked()
+    connection.stop_reading()
+    await peer.send_line(b'{"id":2,"method":"ping"}')  # not read any more
+    gate.set()
+    assert await peer.until_closed() == [reply(1, {"slow": True})]
+    assert dispatch.calls == [("slow", 1)]
+
+
+async def test_a_method_may_notify_before_it_answers(nursery: trio.Nursery) -> None:
+    async def chatty(params: Any, peer: Any, principal: Any) -> Any:
+        await peer.notify("note", {"n": 1})
+        return {"done": True}
+
+    peer, _, _ = open_connection(nursery, FakeDispatch(chatty=chatty))
+    await peer.send({"jsonrpc": "2.0", "id": 1, "method": "chatty"})
+    assert await peer.recv() == {"jsonrpc": "2.0", "method": "note", "params": {"n": 1}}
+    assert await peer.recv() == reply(1, {"done": True})
+
+
+# ---- authentication -------------------------------------------------------------------
+
+
+async def test_a_bearer_token_names_the_caller_of_one_request(nursery: trio.Nursery) -> None:
+    peer, _, _ = open_connection(nursery, principal=None)
+    anonymous = await peer.request(1, "auth/whoami")
+    bearer = await peer.request(2, "auth/whoami", auth={"bearerToken": TOKEN})
+    assert (anonymous["result"], bearer["result"]) == ({"principal": None}, {"principal": "owner"})
+
+
+async def test_a_bad_bearer_token_is_refused_before_dispatch(nursery: trio.Nursery) -> None:
+    peer, _, dispatch = open_connection(nursery, principal=None)
+    refused = await peer.request(1, "ping", auth={"bearerToken": "wrong"})
+    assert refused["id"] == 1
+    assert refused["error"]["code"] == Unauthenticated.code
+    assert dispatch.calls == []
+    assert dispatch.refusals == [("ping", Unauthenticated.code)]
+
+
+async def test_repeated_bad_tokens_close_the_connection(nursery: trio.Nursery) -> None:
+    peer, _, _ = open_connection(nursery, principal=None)
+    for ident in (1, 2):
+        answer = await peer.request(ident, "auth/login", {"token": "wrong"})
+        assert "check CONDUIT_TOKEN" in answer["error"]["message"]
+    await peer.send({"jsonrpc": "2.0", "id": 3, "method": "auth/login", "params": {"token": "x"}})
+    [last] = await peer.until_closed()
+    assert last["id"] == 3
+    assert "3 failures in a row" in last["error"]["message"]
+
+
+async def test_a_login_holds_for_later_requests(nursery: trio.Nursery) -> None:
+    peer, connection, _ = open_connection(nursery, principal=None)
+    assert not connection.authenticated
+    login = await peer.request(1, "auth/login", {"token": TOKEN})
+    assert login["result"]["principal"]["name"] == "owner"
+    assert (await peer.request(2, "auth/whoami"))["result"] == {"principal": "owner"}
+    assert connection.authenticated
+
+
+# ---- deadlines, on the autojump clock -------------------------------------------------
+
+
+def _deadlines(**seconds: float) -> ConnectionLimits:
+    return ConnectionLimits(max_message_bytes=4096, max_in_flight=8, max_auth_failures=3, **seconds)
+
+
+async def test_an_unauthenticated_connection_is_told_then_closed_at_its_deadline(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    peer, _, _ = open_connection(nursery, limits=_deadlines(auth_s=5), principal=None)
+    start = trio.current_time()
+    assert (await peer.request(1, "ping"))["result"] == {}  # allowed, and not a login
+    [farewell] = await peer.until_closed(3600)
+    assert 5 <= trio.current_time() - start < 6
+    assert farewell["id"] is None
+    assert farewell["error"]["code"] == Unauthenticated.code
+    assert "no valid token within 5 s" in farewell["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "auth",
+    [
+        {"method": "auth/login", "params": {"token": TOKEN}},
+        {"method": "auth/whoami", "auth": {"bearerToken": TOKEN}},
+    ],
+    ids=["login", "bearer"],
+)
+async def test_a_login_or_a_bearer_token_lifts_the_auth_deadline(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, auth: dict[str, Any]
+) -> None:
+    peer, connection, _ = open_connection(nursery, limits=_deadlines(auth_s=5), principal=None)
+    assert "result" in await peer.request(1, **auth)
+    await trio.sleep(60)
+    assert connection.authenticated
+    assert (await peer.request(2, "ping"))["result"] == {}
+
+
+async def test_a_connection_idle_past_its_timeout_is_closed(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    peer, _, _ = open_connection(nursery, limits=_deadlines(auth_s=5, idle_s=30))
+    await trio.sleep(20)
+    assert (await peer.request(1, "ping"))["result"] == {}
+    last = trio.current_time()
+    [farewell] = await peer.until_closed(3600)
+    assert 30 <= trio.current_time() - last < 31
+    assert farewell["error"]["code"] == Overloaded.code
+    assert "idle" in farewell["error"]["message"]
+
+
+async def test_bytes_arriving_and_work_in_flight_are_not_idle(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    release = trio.Event()
+
+    async def hold(params: Any, peer: Any, principal: Any) -> Any:
+        await release.wait()
+        return {}
+
+    async def subscribe(params: Any, peer: Any, principal: Any) -> Any:
+        peer.start_stream(release.wait)
+        return {}
+
+    dispatch = FakeDispatch(hold=hold, subscribe=subscribe)
+    peer, _, _ = open_connection(nursery, dispatch, _deadlines(idle_s=30))
+    for _ in range(5):  # a line trickling in, slower than a request but within 30 s
+        await peer.stream.send_all(b" ")
+        await trio.sleep(25)
+    await peer.stream.send_all(b'{"id":1,"method":"hold"}\n')
+    await peer.stream.send_all(b'{"id":2,"method":"subscribe"}\n')
+    assert (await peer.recv())["id"] == 2
+    await trio.sleep(300)  # a long execution, then a subscription, in flight
+    release.set()
+    freed = trio.current_time()
+    lines = await peer.until_closed(3600)
+    assert [line["id"] for line in lines] == [1, None]
+    assert 30 <= trio.current_time() - freed < 31
