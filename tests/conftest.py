@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import trio
+from hypothesis import settings
 
 from conduit.daemon.config import Config, load_config
 from conduit.daemon.server import Daemon, ServingInfo
@@ -24,6 +25,11 @@ from conduit.daemon.server import Daemon, ServingInfo
 MASTER_TOKEN = "cdt_test-master-token-0123456789abcdef"
 # Generous: real Deno under a loaded 2-core CI machine.
 WAIT_S = 30
+
+# No per-example deadline: a loaded CI machine makes any deadline flaky, and speed is
+# the benchmark's business, not the properties'.
+settings.register_profile("conduit", deadline=None)
+settings.load_profile("conduit")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -17,7 +17,7 @@ import trio
 
 from conduit.executors.base import Job, Limits, Outcome, Status
 from conduit.executors.wasm_python import WasmPythonExecutor
-from tests.sandboxes import WAIT_S, NoBridge
+from tests.sandboxes import LOAD_WAIT_S, WAIT_S, NoBridge
 
 # A trivial program uses ~1 M units and an endless loop burns this in ~10 ms: small
 # enough to stop the loop long before any wall timeout, generous for real work.
@@ -40,7 +40,8 @@ def fuel_cache(wasm_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 async def fueled(nursery: trio.Nursery, cache: Path, fuel: int) -> WasmPythonExecutor:
     executor = WasmPythonExecutor(cache_dir=cache, fuel=fuel)
     await nursery.start(executor.serve)
-    with trio.fail_after(WAIT_S):
+    # A fuel-counting engine compiles the component afresh: tens of seconds when busy.
+    with trio.fail_after(LOAD_WAIT_S):
         assert await executor.wait_ready(), executor.info().reason
     return executor
 
