@@ -65,6 +65,10 @@ Dialect = Literal["typescript", "javascript"]
 # defeat error recovery takes seconds per megabyte. Thread CPU time, so that a busy
 # machine does not turn a valid program into an unread one.
 PARSE_BUDGET_S = 1.0
+# Programs up to this size are parsed without a budget: the slowest text measured
+# (garbage made to defeat error recovery) takes ~10 us a byte, so 4 KB stays under
+# 50 ms, and the progress callback a budget needs costs a fifth of a small parse.
+_UNTIMED_PARSE_BYTES = 4 * 1024
 # Programs up to this size are parsed on the caller's thread. tree-sitter's stack use
 # grows with unclosed nesting, by up to ~64 bytes per source byte measured (`{a:`
 # repeated); 16 KB then needs at most ~1 MB of a thread's usual 8 MB.
@@ -107,6 +111,8 @@ def _parser(dialect: Dialect) -> tree_sitter.Parser:
 def _parse_here(data: bytes, dialect: Dialect) -> tree_sitter.Tree | None:
     """Parse on this thread within PARSE_BUDGET_S of its CPU time; None if it ran out."""
     parser = _parser(dialect)
+    if len(data) <= _UNTIMED_PARSE_BYTES:
+        return parser.parse(data)
     view = memoryview(data)
     deadline = time.thread_time() + PARSE_BUDGET_S
 
