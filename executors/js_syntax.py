@@ -24,8 +24,9 @@ runtime reports its own error at the user's line.
 Every input is hostile. Parsing runs in C without recursion in Python; tree-sitter's
 own stack use grows with unclosed nesting, so a large program is parsed on a thread
 whose stack is sized for it (`_STACK_BYTES_PER_SOURCE_BYTE`), and every parse stops
-after `PARSE_BUDGET_S` of CPU time. Trees are read through queries and child lists,
-never walked recursively.
+after `PARSE_BUDGET_S` of CPU time. Trees are walked with a TreeCursor in a loop, never
+recursively (tree-sitter's queries are no help here: they slow to minutes on a tree
+50,000 levels deep).
 
 It deliberately knows nothing about Deno, permissions, policies or how a module is
 loaded.
@@ -36,6 +37,7 @@ from __future__ import annotations
 import bisect
 import enum
 import functools
+import itertools
 import re
 import threading
 import time
@@ -142,6 +144,8 @@ def _parse_bytes(data: bytes, dialect: Dialect) -> tree_sitter.Tree | None:
         try:
             thread = threading.Thread(target=run, name="js-syntax-parse", daemon=True)
             thread.start()
+        except (RuntimeError, MemoryError):  # no thread to be had: the program runs unread
+            return None
         finally:
             threading.stack_size(previous)
     thread.join()
@@ -212,7 +216,7 @@ class Mention:
 
 
 # Objects whose properties are the globals themselves.
-GLOBAL_OBJECTS = frozenset(("globalThis", "window", "self", "global"))
+_GLOBAL_OBJECTS = frozenset(("globalThis", "window", "self", "global"))
 
 # Nodes that name something, by type (see `Syntax._mention`).
 _NAMES = frozenset(
@@ -223,6 +227,13 @@ _OPENERS = frozenset(("(", "[", "{", "${"))
 _CLOSERS = frozenset((")", "]", "}"))
 
 
+# Bytes that are not UTF-8 continuation bytes (0x80-0xBF): `translate` deletes them to
+# count the rest. Lone surrogates, encoded as three bytes, follow the same pattern.
+_NOT_CONTINUATION = bytes(value for value in range(256) if not 0x80 <= value < 0xC0)
+# How many bytes one count of continuation bytes covers: an offset costs at most one
+# block's `translate`, and the counts a list of len/4096 numbers.
+_OFFSET_BLOCK = 4096
+
 # Escapes in identifiers and strings: `\u0044eno` is `Deno`.
 _ESCAPE = re.compile(
     r"\\(?:u\{(?P<code>[0-9a-fA-F]+)\}|u(?P<u4>[0-9a-fA-F]{4})|x(?P<x2>[0-9a-fA-F]{2})"
@@ -231,7 +242,7 @@ _ESCAPE = re.compile(
 _SIMPLE_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "b": "\b", "f": "\f", "v": "\v", "0": "\0"}
 
 
-def unescape(text: str) -> str:
+def _unescape(text: str) -> str:
     """`text` with JavaScript's string and identifier escapes decoded."""
     if "\\" not in text:
         return text
@@ -264,13 +275,31 @@ class Syntax:
         self._tree = tree
         self._ascii = len(data) == len(code)
         self.complete = not tree.root_node.has_error
+        # For each block of the UTF-8 form, how many continuation bytes precede it.
+        self._continuations: list[int] | None = None
 
     def __repr__(self) -> str:
         return f"<Syntax {self.dialect}, {len(self.code)} characters>"
 
     def offset(self, byte: int) -> int:
-        """The character offset of a byte offset into the program's UTF-8 form."""
-        return byte if self._ascii else len(_decode(self._data[:byte]))
+        """The character offset of a byte offset into the program's UTF-8 form.
+
+        Every character but its first byte is a continuation byte, so the offset is the
+        bytes before it less their continuation bytes, counted per block once.
+        """
+        if self._ascii:
+            return byte
+        data = self._data
+        if self._continuations is None:
+            blocks = (
+                len(data[start : start + _OFFSET_BLOCK].translate(None, _NOT_CONTINUATION))
+                for start in range(0, len(data), _OFFSET_BLOCK)
+            )
+            self._continuations = list(itertools.accumulate(blocks, initial=0))
+        block = byte // _OFFSET_BLOCK
+        start = block * _OFFSET_BLOCK
+        within = len(data[start:byte].translate(None, _NOT_CONTINUATION))
+        return byte - self._continuations[block] - within
 
     def _text(self, node: tree_sitter.Node) -> str:
         return _decode(self._data[node.start_byte : node.end_byte])
@@ -343,7 +372,7 @@ class Syntax:
     def _mention(self, node: tree_sitter.Node) -> Mention | None:
         kind = node.type
         if kind in _NAMES:
-            return self._at(MentionKind.NAME, unescape(self._text(node)), node)
+            return self._at(MentionKind.NAME, _unescape(self._text(node)), node)
         if kind in _WITH_SOURCE:
             source = node.child_by_field_name("source")
             return None if source is None else self._literal(MentionKind.SPECIFIER, source)
@@ -358,13 +387,13 @@ class Syntax:
         target = node.child_by_field_name("object")
         if target is None or target.type != "identifier":
             return None
-        if unescape(self._text(target)) not in GLOBAL_OBJECTS:
+        if _unescape(self._text(target)) not in _GLOBAL_OBJECTS:
             return None
         if kind == "member_expression":
             name = node.child_by_field_name("property")
             if name is None or name.type != "property_identifier":
                 return None
-            return self._at(MentionKind.GLOBAL_PROPERTY, unescape(self._text(name)), name)
+            return self._at(MentionKind.GLOBAL_PROPERTY, _unescape(self._text(name)), name)
         key = node.child_by_field_name("index")
         return None if key is None else self._literal(MentionKind.GLOBAL_PROPERTY, key)
 
@@ -374,10 +403,10 @@ class Syntax:
             method = callee.child_by_field_name("property")
             if method is None or method.type != "property_identifier":
                 return None
-            value = unescape(self._text(method))
+            value = _unescape(self._text(method))
             return self._at(MentionKind.METHOD_CALL, value, method, bool(values))
         is_import = callee.type == "import"
-        is_require = callee.type == "identifier" and unescape(self._text(callee)) == "require"
+        is_require = callee.type == "identifier" and _unescape(self._text(callee)) == "require"
         if (is_import or is_require) and values:
             return self._literal(MentionKind.SPECIFIER, values[0])
         return None
@@ -388,7 +417,7 @@ class Syntax:
             node.type == "template_string"
             and not any(child.type == "template_substitution" for child in node.children)
         ):
-            return self._at(kind, unescape(self._text(node)[1:-1]), node)
+            return self._at(kind, _unescape(self._text(node)[1:-1]), node)
         return None
 
     def _at(
@@ -456,13 +485,16 @@ def prepare_module(code: str, dialect: Dialect = "typescript") -> PreparedModule
     `(<expression>)`, re-exports (`export { … }`, `export * from …`) are blanked, and a
     `#!` line is blanked. The header is always one line, so `line_offset` is 1.
 
-    Never raises: a program that does not parse (see `parse`) is wrapped unchanged, so
-    the syntax error the runtime reports points at the user's line.
+    Never raises. A program with a syntax error has only the statements before the
+    first one in error rewritten (their imports hoisted, their `export`s dropped), so
+    that the runtime reports that error, at the user's line, rather than an import
+    stranded in a function; its value is not returned. A program too large or too slow
+    to parse (see `parse`) is wrapped unchanged.
     """
     data = _encode(code)
     edits = _shebang_edits(data)
     imports: list[str] = []
-    tree = _parse_program(data, dialect)
+    tree = _parse_program(data, dialect, complete=False)
     if tree is not None:
         edits += _plan(data, tree.root_node, imports)
     header = "".join(f"{statement} " for statement in imports)
@@ -499,15 +531,24 @@ _IMPORT_NOISE = re.compile(
     r"|//[^\n\r\u2028\u2029]*|/\*[\s\S]*?\*/|[\n\r\u2028\u2029]+"
 )
 _NOT_LINE_BREAK = re.compile(r"[^\n\r\u2028\u2029]")
+# A backslash before a line break in a string: it adds nothing to the string's value,
+# and on the header's one line it has no place.
+_LINE_CONTINUATION = re.compile(r"\\(?:\r\n|[\n\r\u2028\u2029])")
 # The same line breaks in UTF-8.
 _LINE_BREAK_BYTES = re.compile(rb"[\n\r]|\xe2\x80[\xa8\xa9]")
 
 
 def _plan(data: bytes, root: tree_sitter.Node, imports: list[str]) -> list[_Edit]:
-    """The edits to the program's top-level statements; hoisted imports go to `imports`."""
+    """The edits to the program's top-level statements; hoisted imports go to `imports`.
+
+    Statements from the first one in error on are left alone: what the parser made of
+    them is a guess of its error recovery.
+    """
     edits: list[_Edit] = []
     last: tuple[tree_sitter.Node, str] | None = None
     for statement in root.children:
+        if statement.has_error:
+            return edits
         if statement.is_extra or statement.type == "hash_bang_line":
             continue
         shape = _plan_statement(data, statement, imports, edits)
@@ -600,7 +641,9 @@ def _returned(statement: tree_sitter.Node, shape: str) -> list[_Edit]:
 
 def _single_line(statement: str) -> str:
     """An import declaration on one line: comments dropped, line breaks made spaces."""
-    flat = _IMPORT_NOISE.sub(lambda found: found[1] or " ", statement).strip()
+    flat = _IMPORT_NOISE.sub(
+        lambda found: _LINE_CONTINUATION.sub("", found[1]) if found[1] else " ", statement
+    ).strip()
     return flat if flat.endswith(";") else f"{flat};"
 
 
