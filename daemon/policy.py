@@ -551,17 +551,18 @@ class _JavaScriptReader:
         if not (triggered or self._max_depth):
             return None
         syntax = parse(code, self._dialect)
-        if syntax is None or not (syntax.complete or self._max_depth):
+        if syntax is None:
             return self._unreadable(code)
         if self._max_depth:
+            # A program with syntax errors still has its brackets.
             deep = syntax.deepest(self._max_depth)
             if deep is not None:
                 depth, offset = deep
                 return _too_deep(code, depth, self._max_depth, offset, _JAVASCRIPT_LINE_BREAKS)
-        if not triggered:
-            return None
         if not syntax.complete:
             return self._unreadable(code)
+        if not triggered:
+            return None
         found: list[tuple[int, str, str]] = []
         for mention in syntax.mentions(self._words.words):
             if mention.kind is MentionKind.SPECIFIER:
