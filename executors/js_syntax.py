@@ -63,24 +63,23 @@ __all__ = [
 
 Dialect = Literal["typescript", "javascript"]
 
-# CPU time one parse may take. A 100 KB program parses in ~20 ms; garbage made to
-# defeat error recovery takes seconds per megabyte. Thread CPU time, so that a busy
-# machine does not turn a valid program into an unread one.
+# CPU time one parse may take: far above any real program's (100 KB takes tens of
+# milliseconds), far below what garbage crafted against error recovery can cost
+# (seconds a megabyte). Thread CPU time, so a busy machine does not cut a parse short.
 PARSE_BUDGET_S = 1.0
-# Programs up to this size are parsed without a budget: the slowest text measured
-# (garbage made to defeat error recovery) takes ~10 us a byte, so 4 KB stays under
-# 50 ms, and the progress callback a budget needs costs a fifth of a small parse.
+# Smaller programs are parsed without the budget's progress callback, which would cost
+# a fifth of their parse; at ~10 us a byte for the worst text, they end within 50 ms.
 _UNTIMED_PARSE_BYTES = 4 * 1024
-# Programs up to this size are parsed on the caller's thread. tree-sitter's stack use
-# grows with unclosed nesting, by up to ~64 bytes per source byte measured (`{a:`
-# repeated); 16 KB then needs at most ~1 MB of a thread's usual 8 MB.
+# tree-sitter's stack grows with unclosed nesting, up to ~32 bytes per source byte for
+# the worst shape found (`{a:` repeated overflows 8 MB at 270 KB). Programs up to this
+# size then fit in a fraction of an ordinary thread's stack and are parsed in place.
 _INLINE_PARSE_BYTES = 16 * 1024
-# The stack a larger program's parsing thread gets per source byte: twice the worst
-# measured, so nesting can never overflow it.
+# Larger ones get a thread with this much stack per byte, four times the worst shape's
+# need; only the pages touched cost memory.
 _STACK_BYTES_PER_SOURCE_BYTE = 128
 _MIN_STACK_BYTES = 8 * 1024 * 1024
-# Larger programs are not parsed (their stack alone would be half a gigabyte); they
-# run unchanged. The daemon's default code limit is 1 MB.
+# Larger programs are not parsed (their stack alone would be half a gigabyte): they run
+# unchanged. The daemon's default code limit is 1 MB.
 MAX_PARSE_BYTES = 4 * 1024 * 1024
 
 
@@ -573,7 +572,9 @@ def _plan_statement(
     if kind == "export_statement":
         return _plan_export(data, statement, edits)
     if kind == "expression_statement":
-        expression = statement.named_children[0]
+        expression = _expression(statement)
+        if expression is None:
+            return _KEPT
         if _is_export_alone(data, statement, expression):
             # `export` ending its line, read as a name: the declaration that follows
             # is what it exports.
@@ -585,6 +586,11 @@ def _plan_statement(
             return _KEPT  # a block to JavaScript (`{a: 1}`), whatever the grammar says
         return _EXPRESSION
     return _KEPT
+
+
+def _expression(statement: tree_sitter.Node) -> tree_sitter.Node | None:
+    """The expression of an expression statement (comments inside it are children too)."""
+    return next((child for child in statement.named_children if not child.is_extra), None)
 
 
 def _is_export_alone(
@@ -599,9 +605,11 @@ def _is_export_alone(
 
 def _plan_export(data: bytes, statement: tree_sitter.Node, edits: list[_Edit]) -> str:
     """Edit a top-level `export` statement; return what it became."""
-    export = next(child for child in statement.children if child.type == "export")
+    export = next((child for child in statement.children if child.type == "export"), None)
     default = next((child for child in statement.children if child.type == "default"), None)
     target = statement.child_by_field_name("declaration") or statement.child_by_field_name("value")
+    if export is None:
+        return _KEPT
     if target is None:
         # Re-exports, `export =` and `export as namespace` mean nothing in a function.
         edits.append(_blank(data, export.start_byte, statement.end_byte))
@@ -630,9 +638,9 @@ def _returned(statement: tree_sitter.Node, shape: str) -> list[_Edit]:
     """The edits that make the final statement return its value, if it has one."""
     if shape == _EXPORTED_EXPRESSION:  # already `(<expression>)`
         return [(statement.start_byte, statement.start_byte, b"return ")]
-    if shape != _EXPRESSION:
+    expression = _expression(statement)
+    if shape != _EXPRESSION or expression is None:
         return []
-    expression = statement.named_children[0]
     return [
         (expression.start_byte, expression.start_byte, b"return ("),
         (expression.end_byte, expression.end_byte, b")"),
