@@ -17,11 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from deno import find_deno_bin
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conduit.executors import js_syntax
+from conduit.executors.base import Job, Limits, Status
+from conduit.executors.deno import INLINE_PREPARE_CHARS, DenoExecutor
 from conduit.executors.js_syntax import (
     Dialect,
     PreparedModule,
@@ -29,6 +32,7 @@ from conduit.executors.js_syntax import (
     parse,
     prepare_module,
 )
+from tests.sandboxes import WAIT_S, NoBridge
 
 HEAD = "export default async function () {"
 
@@ -654,6 +658,25 @@ def test_programs_that_do_not_parse_get_denos_own_syntax_error(tmp_path: Path) -
             place = re.search(r"base64,[^:]*:(\d+):\d+", result["error"])
             assert place is not None, result["error"]
             assert int(place[1]) - module.line_offset == user_line, result["error"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("language", ["typescript", "javascript"])
+async def test_the_deno_executor_prepares_large_programs_too(
+    nursery: trio.Nursery, tmp_path: Path, language: str
+) -> None:
+    """Over INLINE_PREPARE_CHARS a program is prepared in a worker thread; it still
+    has its imports hoisted and its value returned, read in its own language."""
+    executor = DenoExecutor(cache_dir=tmp_path / "deno", pool_size=1)
+    with trio.fail_after(WAIT_S):
+        await nursery.start(executor.serve)
+    filler = "".join(f"const v{i} = {i} < 3 ? [{i}] : {{ k: `${{{i}}}` }};\n" for i in range(200))
+    code = f"{filler}import {{ sep }} from 'node:path'\nsep + v199.k"
+    assert len(code) > INLINE_PREPARE_CHARS
+    job = Job("ex_large", language, code, Limits())
+    with trio.fail_after(WAIT_S):
+        outcome = await executor.run(job, NoBridge())
+    assert (outcome.status, outcome.result) == (Status.OK, "/199"), outcome.error
 
 
 def test_programs_run_under_deno(tmp_path: Path) -> None:
