@@ -11,8 +11,8 @@ what stops that. docs/security.md says so to operators.
 Policy.check(language, executor, code) -> Violation | None
 ├── shape: lines, line length, bracket nesting      every language; string work
 ├── Python: modules, names, builtins                the host's `ast`, one walk
-└── JavaScript/TypeScript: imports, globals         js_source's tokens: never strings
-                                                    or comments
+└── JavaScript/TypeScript: imports, globals         js_syntax's parse: never strings,
+                                                    comments, properties or keys
 ```
 
 Rules are read only when a program could trip them: a rule set whose words appear
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from conduit.daemon.config import JavaScriptPolicy, PolicyConfig, PythonPolicy
-from conduit.executors.js_source import Token, TokenGroup, token_groups
+from conduit.executors.js_syntax import Dialect, MentionKind, parse
 
 __all__ = ["Policy", "Violation"]
 
@@ -241,7 +241,8 @@ def _build_reader(config: PolicyConfig, language: str, executor: str) -> _Reader
         js_rules = [("policy.javascript", config.javascript)]
         if isinstance(own, JavaScriptPolicy):
             js_rules.append((f"policy.executors.{section}", own))
-        reader = _JavaScriptReader(config, js_rules)
+        dialect: Dialect = "javascript" if language == "javascript" else "typescript"
+        reader = _JavaScriptReader(config, js_rules, dialect)
     else:
         return None
     return None if reader.empty else reader
@@ -251,16 +252,16 @@ class _Words:
     """A quick test of whether text mentions any of some identifiers as whole words."""
 
     def __init__(self, words: Iterable[str]) -> None:
-        self._words = tuple(sorted(set(words), key=lambda word: (-len(word), word)))
-        alternatives = "|".join(re.escape(word) for word in self._words)
+        self.words = tuple(sorted(set(words), key=lambda word: (-len(word), word)))
+        alternatives = "|".join(re.escape(word) for word in self.words)
         self.pattern = re.compile(rf"(?<![\w$])(?:{alternatives})(?![\w$])")
 
     def __bool__(self) -> bool:
-        return bool(self._words)
+        return bool(self.words)
 
     def mentioned(self, text: str) -> bool:
         # A substring search in C rules most programs out before the regex runs.
-        if not any(word in text for word in self._words):
+        if not any(word in text for word in self.words):
             return False
         return self.pattern.search(text) is not None
 
@@ -517,50 +518,16 @@ def _is_builtins(node: ast.AST) -> bool:
 
 # --- JavaScript and TypeScript ----------------------------------------------------------
 
-# Objects whose properties are the globals themselves.
-_GLOBAL_OBJECTS = frozenset(("globalThis", "window", "self", "global"))
-_MEMBER = frozenset((".", "?."))
-# How far after `import`/`export` a declaration's `from "…"` may come: past that the
-# statement is not a module declaration this reader understands.
-_DECLARATION_TOKENS = 64
-# Escapes in identifiers and strings: `\u0044eno` is `Deno`.
-_ESCAPE = re.compile(
-    r"\\(?:u\{(?P<code>[0-9a-fA-F]+)\}|u(?P<u4>[0-9a-fA-F]{4})|x(?P<x2>[0-9a-fA-F]{2})"
-    r"|(?P<newline>\r\n|[\n\r\u2028\u2029])|(?P<other>[\s\S]))"
-)
-_SIMPLE_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "b": "\b", "f": "\f", "v": "\v", "0": "\0"}
-
-
-def _unescape(text: str) -> str:
-    """`text` with JavaScript's string and identifier escapes decoded."""
-    if "\\" not in text:
-        return text
-
-    def decode(found: re.Match[str]) -> str:
-        number = found["code"] or found["u4"] or found["x2"]
-        if number is not None:
-            value = int(number, 16)
-            return chr(value) if value <= 0x10FFFF else ""
-        if found["newline"] is not None:
-            return ""
-        other = found["other"]
-        return _SIMPLE_ESCAPES.get(other, other)
-
-    return _ESCAPE.sub(decode, text)
-
-
-def _string_value(code: str, token: Token) -> str | None:
-    """The value of a string literal, or of a template literal without substitutions."""
-    text = code[token.start : token.end]
-    if token.kind == "str" or (token.kind == "template" and "${" not in text):
-        return _unescape(text[1:-1])
-    return None
-
 
 class _JavaScriptReader:
-    """Forbidden module specifiers and globals, found in the tokens."""
+    """Forbidden module specifiers and globals, found in the syntax tree."""
 
-    def __init__(self, config: PolicyConfig, sections: list[tuple[str, JavaScriptPolicy]]) -> None:
+    def __init__(
+        self,
+        config: PolicyConfig,
+        sections: list[tuple[str, JavaScriptPolicy]],
+        dialect: Dialect,
+    ) -> None:
         patterns = _origins((f"{k}.forbidden_imports", s.forbidden_imports) for k, s in sections)
         self._imports = [
             (re.compile(fnmatch.translate(pattern)), pattern, key)
@@ -569,6 +536,7 @@ class _JavaScriptReader:
         self._globals = _origins(
             (f"{k}.forbidden_globals", s.forbidden_globals) for k, s in sections
         )
+        self._dialect: Dialect = dialect
         self._max_depth = config.max_nesting_depth
         self._refuse_unparsable = config.refuse_unparsable
         words = set(self._globals)
@@ -579,102 +547,43 @@ class _JavaScriptReader:
 
     def find(self, code: str) -> Violation | None:
         # An identifier spelled with escapes (`\u0044eno`) is still the identifier.
-        escaped = "\\u" in code
-        triggered = bool(self._words) and (escaped or self._words.mentioned(code))
+        triggered = bool(self._words) and ("\\u" in code or self._words.mentioned(code))
         if not (triggered or self._max_depth):
             return None
+        syntax = parse(code, self._dialect)
+        if syntax is None:
+            return self._unreadable(code)
+        if self._max_depth:
+            # A program with syntax errors still has its brackets.
+            deep = syntax.deepest(self._max_depth)
+            if deep is not None:
+                depth, offset = deep
+                return _too_deep(code, depth, self._max_depth, offset, _JAVASCRIPT_LINE_BREAKS)
+        if not syntax.complete:
+            return self._unreadable(code)
+        if not triggered:
+            return None
         found: list[tuple[int, str, str]] = []
-        # Groups holding a call's argument list, or a computed member's key, whose first
-        # token says what the call imports or the member names: {content start: role}.
-        roles: dict[int, str] = {}
-        mentions = [found.start() for found in self._words.pattern.finditer(code)]
-
-        def enter(start: int, stop: int) -> bool:
-            # Only groups that mention a word (or hold an argument to read) can break
-            # a rule; depth needs every group. A lookup, not a search of the group's
-            # text, keeps deep nesting linear.
-            return start in roles or _spans(mentions, start, stop - 1)
-
-        walk_all = self._max_depth or escaped
-        try:
-            for group in token_groups(code, None if walk_all else enter):
-                if self._max_depth and group.depth > self._max_depth:
-                    return _too_deep(
-                        code,
-                        group.depth,
-                        self._max_depth,
-                        _opener_at(group),
-                        _JAVASCRIPT_LINE_BREAKS,
-                    )
-                if triggered:
-                    found.extend(self._scan(code, group, roles))
-        except ValueError:
-            # What was read before the text stopped making sense still counts.
-            if not found and self._refuse_unparsable:
-                return _unparsable(code, "javascript", "not lexically JavaScript", None)
+        for mention in syntax.mentions(self._words.words):
+            if mention.kind is MentionKind.SPECIFIER:
+                refused = self._specifier(mention.value)
+            elif mention.kind is not MentionKind.METHOD_CALL and mention.value in self._globals:
+                refused = self._global(mention.value)
+            else:
+                refused = None
+            if refused is not None:
+                found.append((mention.offset, *refused))
         if not found:
             return None
         offset, rule, message = min(found)
         return _at_offset(code, rule, message, offset, _JAVASCRIPT_LINE_BREAKS)
 
-    def _scan(
-        self, code: str, group: TokenGroup, roles: dict[int, str]
-    ) -> Iterator[tuple[int, str, str]]:
-        tokens = group.tokens
-        role = roles.pop(group.start, None)
-        if role is not None and tokens:
-            yield from self._role(code, role, tokens[0], len(tokens) == 1 or _is(tokens[1], ","))
-        for index, token in enumerate(tokens):
-            if token.kind != "name":
-                continue
-            name = _unescape(token.value)
-            after = tokens[index + 1] if index + 1 < len(tokens) else None
-            if _is_property(tokens, index):
-                if name in self._globals and _is_global_object(tokens, index - 2):
-                    yield token.start, *self._global(name)
-                continue
-            if self._imports and name in ("import", "require") and _opens(after, "("):
-                roles[after.start + 1] = "specifier"
-            elif self._imports and name in ("import", "export"):
-                yield from self._declaration(code, tokens, index)
-            if name in _GLOBAL_OBJECTS and _opens(after, "["):
-                roles[after.start + 1] = "member"
-            if name in self._globals and not _is_key(group, tokens, index):
-                yield token.start, *self._global(name)
-
-    def _role(
-        self, code: str, role: str, first: Token, alone: bool
-    ) -> Iterator[tuple[int, str, str]]:
-        value = _string_value(code, first)
-        if value is None:
-            return
-        if role == "specifier":
-            found = self._specifier(value)
-            if found is not None:
-                yield first.start, *found
-        elif role == "member" and alone and value in self._globals:
-            yield first.start, *self._global(value)
-
-    def _declaration(
-        self, code: str, tokens: list[Token], index: int
-    ) -> Iterator[tuple[int, str, str]]:
-        """`import … from "x"`, `import "x"`, `export … from "x"`."""
-        if index + 1 < len(tokens) and _is(tokens[index + 1], "."):  # import.meta
-            return
-        stop = min(len(tokens), index + _DECLARATION_TOKENS)
-        for at in range(index + 1, stop):
-            token = tokens[at]
-            if _is(token, ";"):
-                return
-            if token.kind != "str":
-                continue
-            before = tokens[at - 1]
-            bare_import = at == index + 1 and tokens[index].value == "import"
-            if bare_import or (before.kind == "name" and before.value == "from"):
-                found = self._specifier(_string_value(code, token) or "")
-                if found is not None:
-                    yield token.start, *found
-            return
+    def _unreadable(self, code: str) -> Violation | None:
+        """A program the parser could not read runs (its runtime reports the syntax
+        error), unless the policy refuses what it cannot read."""
+        if not self._refuse_unparsable:
+            return None
+        return _unparsable(code, "javascript", "not JavaScript the parser can read", None)
 
     def _specifier(self, specifier: str) -> tuple[str, str] | None:
         for compiled, pattern, key in self._imports:
@@ -689,35 +598,3 @@ class _JavaScriptReader:
         return "javascript.forbidden_global", (
             f"the global {name} is forbidden by the policy ({self._globals[name]}); do without it"
         )
-
-
-def _is(token: Token, punctuation: str) -> bool:
-    return token.kind == "punct" and token.value == punctuation
-
-
-def _opens(token: Token | None, bracket: str) -> bool:
-    return token is not None and token.kind == "group" and token.value == bracket
-
-
-def _opener_at(group: TokenGroup) -> int:
-    """The offset of the bracket (or `${`) that opens `group`."""
-    return group.start - len(group.opener)
-
-
-def _is_property(tokens: list[Token], index: int) -> bool:
-    """Whether the name at `index` follows `.` or `?.`."""
-    return index > 0 and tokens[index - 1].kind == "punct" and tokens[index - 1].value in _MEMBER
-
-
-def _is_global_object(tokens: list[Token], index: int) -> bool:
-    """Whether tokens[index] names the global object (`globalThis`, `window`, ...)."""
-    if index < 0 or tokens[index].kind != "name" or _is_property(tokens, index):
-        return False
-    return _unescape(tokens[index].value) in _GLOBAL_OBJECTS
-
-
-def _is_key(group: TokenGroup, tokens: list[Token], index: int) -> bool:
-    """Whether the name at `index` is an object literal's (or type's) key: `{Deno: 1}`."""
-    if group.opener != "{" or index + 1 >= len(tokens) or not _is(tokens[index + 1], ":"):
-        return False
-    return index == 0 or _is(tokens[index - 1], ",")

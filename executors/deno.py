@@ -75,7 +75,7 @@ from conduit.executors.base import (
     ToolBridge,
 )
 from conduit.executors.file_digest import file_version
-from conduit.executors.js_source import prepare_module
+from conduit.executors.js_syntax import prepare_module
 from conduit.executors.output import OutputCapture, ResultSplitter, read_buffered
 from conduit.executors.pool import WarmPool
 from conduit.executors.process import (
@@ -134,6 +134,11 @@ DENO_ENV = {
     "DENO_CACHE_DB_MODE": "memory",
     "DENO_KV_DB_MODE": "memory",
 }
+
+# Programs up to this size are prepared on the event loop (parsing 4 KiB of
+# TypeScript takes under a millisecond); larger ones in a worker thread, since a 1 MiB
+# program takes up to the parse budget (`js_syntax.PARSE_BUDGET_S`).
+INLINE_PREPARE_CHARS = 4096
 
 # A worker starts in ~20-50 ms; this is generous for a loaded machine, and a start
 # that takes longer means something is broken.
@@ -423,7 +428,9 @@ class DenoExecutor:
 
     def program_fields(self, job: Job) -> dict[str, Any]:
         """The job's program, as the worker script reads it."""
-        prepared = prepare_module(job.code)
+        # Loaded as the job's language (shims/deno_worker.js), so parsed as it.
+        dialect = "javascript" if job.language == "javascript" else "typescript"
+        prepared = prepare_module(job.code, dialect)
         return {"module": prepared.text, "line_offset": prepared.line_offset}
 
     def is_out_of_memory(self, error: ErrorInfo) -> bool:
@@ -540,7 +547,11 @@ class DenoExecutor:
         if job.language not in self.languages:
             raise ValueError(f"the deno executor does not run {job.language!r}")
         nonce = secrets.token_hex(NONCE_BYTES)
-        request = _encode_job(job, nonce, bridge, self.program_fields(job))
+        if len(job.code) <= INLINE_PREPARE_CHARS:
+            fields = self.program_fields(job)
+        else:
+            fields = await trio.to_thread.run_sync(self.program_fields, job)
+        request = _encode_job(job, nonce, bridge, fields)
         if job.limits.memory_mb == self._memory_mb:
             worker = self._pool.acquire_nowait()
             if worker is not None:

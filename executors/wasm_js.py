@@ -2,12 +2,12 @@
 
 The guest (`shims/wasm_js/guest.js`) is built into a component by componentize-js and
 pre-initialised (`wasm_guests.JS_GUEST`). The host wraps each program as an async
-function with `js_source.prepare_module`, the same rewrite the Deno executor uses, so
+function with `js_syntax.prepare_module`, the same rewrite the Deno executor uses, so
 top-level `await` and `return` and the completion value of a final expression mean the
 same on both; the guest evaluates it and awaits it. Everything about running it is
 shared with the other Wasmtime executors (`wasm.WasmExecutor`).
 
-A program that cannot `await` (`js_source.may_await`) is wrapped as a plain function
+A program that cannot `await` (`js_syntax.may_await`) is wrapped as a plain function
 instead, and the guest settles its value or error exactly as an async function's would
 be: the same result, output and error, microtask for microtask. (Only the wrapper
 itself differs, for a program that inspects it through `arguments.callee` or a
@@ -19,7 +19,7 @@ a message that names the executor that has one.
 
 SpiderMonkey comes without ICU in componentize-js's engine (built `--without-intl-api`;
 the package takes no option for it): there is no `Intl`, and the locale-taking methods
-ignore their locale. `uses_intl` tells from a program's tokens whether it relies on
+ignore their locale. `uses_intl` tells from a program's syntax whether it relies on
 either, so that the registry can give it to an executor that has them.
 """
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from conduit.core import jsontext
 from conduit.executors.base import ErrorInfo, Job
-from conduit.executors.js_source import Token, may_await, prepare_module, token_groups
+from conduit.executors.js_syntax import MentionKind, may_await, parse, prepare_module
 from conduit.executors.wasm import ProgramRejected, WasmExecutor
 from conduit.executors.wasm_guests import JS_GUEST
 
@@ -68,42 +68,25 @@ def uses_intl(code: str) -> bool:
     """Whether `code` names `Intl`, calls a method whose answer is the locale's, or
     names a locale for a case mapping.
 
-    Read from the program's tokens, so a word in a string or a comment does not count;
-    a name the program builds at run time (`globalThis["In" + "tl"]`) is not seen. Text
-    that does not tokenize counts as not using it (the executor reports its error).
+    Read from the program's syntax, so a word in a string or a comment does not count;
+    a name the program builds at run time (`globalThis["In" + "tl"]`) is not seen. A
+    program that does not parse counts as not using it (the executor reports its error).
     """
     if not any(word in code for word in _INTL_WORDS):
         return False
-    try:
-        for group in token_groups(code):
-            for index, token in enumerate(group.tokens):
-                if token.kind != "name":
-                    continue
-                if token.value == "Intl":
-                    return True
-                arguments = _method_arguments(code, group.tokens, index)
-                if arguments is None:
-                    continue
-                if token.value in LOCALE_METHODS:
-                    return True
-                if token.value in LOCALE_CASE_METHODS and arguments.strip():
-                    return True
-    except ValueError:
+    syntax = parse(code, "javascript")
+    if syntax is None or not syntax.complete:
         return False
+    for mention in syntax.mentions(_INTL_WORDS):
+        if mention.kind in (MentionKind.NAME, MentionKind.GLOBAL_PROPERTY):
+            if mention.value == "Intl":
+                return True
+        elif mention.kind is MentionKind.METHOD_CALL:
+            if mention.value in LOCALE_METHODS:
+                return True
+            if mention.value in LOCALE_CASE_METHODS and mention.has_arguments:
+                return True
     return False
-
-
-def _method_arguments(code: str, tokens: list[Token], index: int) -> str | None:
-    """The text between the parentheses of `.name(...)` when `tokens[index]` is such a
-    method name, else None."""
-    if index == 0 or index + 1 >= len(tokens):
-        return None
-    before, after = tokens[index - 1], tokens[index + 1]
-    if before.kind != "punct" or before.value not in (".", "?."):
-        return None
-    if after.kind != "group" or after.value != "(":
-        return None
-    return code[after.start + 1 : after.end - 1]
 
 
 class WasmJsExecutor(WasmExecutor):
@@ -130,7 +113,7 @@ class WasmJsExecutor(WasmExecutor):
         return "Intl" if uses_intl(code) else None
 
     def request_for(self, job: Job) -> str:
-        module = prepare_module(job.code)
+        module = prepare_module(job.code, "javascript")
         if module.imports:
             raise ProgramRejected(ErrorInfo("SyntaxError", NO_IMPORTS))
         asynchronous = may_await(job.code)

@@ -1,0 +1,689 @@
+"""JavaScript and TypeScript programs, read with a real parser (tree-sitter).
+
+Two readers rest on one parse:
+
+- `prepare_module` turns a program into an ES module whose default export runs it. A
+  program arrives as script-like text: top-level `await` and `return`, static imports
+  anywhere at top level, and a last expression whose value is the result (as in a REPL
+  or a notebook cell):
+
+      import … ; export default async function () {    <- line 1: the header
+      <the program, line for line>                           <- user line N is N + 1
+      }
+
+- `Syntax.mentions` lists what a program names (globals, module specifiers, method
+  calls): what the daemon's policy and wasm-js's `Intl` check match against. Strings,
+  comments, property names and object keys are never mentions.
+
+The dialect is the runtime's: `typescript` (Deno loading `application/typescript`) or
+`javascript` (Deno loading `application/javascript`, and SpiderMonkey). A program the
+grammar does not accept (a syntax error, or syntax newer than the grammar), one too
+large or too slow to parse, is never rewritten: it is wrapped unchanged, and the
+runtime reports its own error at the user's line.
+
+Every input is hostile. Parsing runs in C without recursion in Python; tree-sitter's
+own stack use grows with unclosed nesting, so a large program is parsed on a thread
+whose stack is sized for it (`_STACK_BYTES_PER_SOURCE_BYTE`), and every parse stops
+after `PARSE_BUDGET_S` of CPU time. Trees are walked with a TreeCursor in a loop, never
+recursively (tree-sitter's queries are no help here: they slow to minutes on a tree
+50,000 levels deep).
+
+It deliberately knows nothing about Deno, permissions, policies or how a module is
+loaded.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import functools
+import itertools
+import re
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import tree_sitter
+import tree_sitter_javascript
+import tree_sitter_typescript
+
+__all__ = [
+    "PARSE_BUDGET_S",
+    "Dialect",
+    "Mention",
+    "MentionKind",
+    "PreparedModule",
+    "Syntax",
+    "may_await",
+    "parse",
+    "prepare_module",
+]
+
+Dialect = Literal["typescript", "javascript"]
+
+# CPU time one parse may take: far above any real program's (100 KB takes tens of
+# milliseconds), far below what garbage crafted against error recovery can cost
+# (seconds a megabyte). Thread CPU time, so a busy machine does not cut a parse short.
+PARSE_BUDGET_S = 1.0
+# Smaller programs are parsed without the budget's progress callback, which would cost
+# a fifth of their parse; at ~10 us a byte for the worst text, they end within 50 ms.
+_UNTIMED_PARSE_BYTES = 4 * 1024
+# tree-sitter's stack grows with unclosed nesting, up to ~32 bytes per source byte for
+# the worst shape found (`{a:` repeated overflows 8 MB at 270 KB). Programs up to this
+# size then fit in a fraction of an ordinary thread's stack and are parsed in place.
+_INLINE_PARSE_BYTES = 16 * 1024
+# Larger ones get a thread with this much stack per byte, four times the worst shape's
+# need; only the pages touched cost memory.
+_STACK_BYTES_PER_SOURCE_BYTE = 128
+_MIN_STACK_BYTES = 8 * 1024 * 1024
+# Larger programs are not parsed (their stack alone would be half a gigabyte): they run
+# unchanged. The daemon's default code limit is 1 MB.
+MAX_PARSE_BYTES = 4 * 1024 * 1024
+
+
+# --- Parsing ----------------------------------------------------------------------------
+
+
+@functools.cache
+def _language(dialect: Dialect) -> tree_sitter.Language:
+    """The grammar, loaded once per process."""
+    if dialect == "javascript":
+        return tree_sitter.Language(tree_sitter_javascript.language())
+    return tree_sitter.Language(tree_sitter_typescript.language_typescript())
+
+
+# A Parser holds state between calls and is not thread-safe: one per thread and dialect.
+_parsers = threading.local()
+# `threading.stack_size` is process-wide: set it and start the thread under one lock.
+_stack_size_lock = threading.Lock()
+
+
+def _parser(dialect: Dialect) -> tree_sitter.Parser:
+    cached: dict[str, tree_sitter.Parser] | None = getattr(_parsers, "by_dialect", None)
+    if cached is None:
+        cached = _parsers.by_dialect = {}
+    if dialect not in cached:
+        cached[dialect] = tree_sitter.Parser(_language(dialect))
+    return cached[dialect]
+
+
+def _parse_here(data: bytes, dialect: Dialect) -> tree_sitter.Tree | None:
+    """Parse on this thread within PARSE_BUDGET_S of its CPU time; None if it ran out."""
+    parser = _parser(dialect)
+    if len(data) <= _UNTIMED_PARSE_BYTES:
+        return parser.parse(data)
+    view = memoryview(data)
+    deadline = time.thread_time() + PARSE_BUDGET_S
+
+    def out_of_time(_offset: int, _has_error: bool) -> bool:
+        return time.thread_time() > deadline
+
+    try:
+        return parser.parse(lambda offset, _point: view[offset:], progress_callback=out_of_time)
+    except ValueError:  # halted by `out_of_time`; the parser would resume otherwise
+        parser.reset()
+        return None
+
+
+def _parse_bytes(data: bytes, dialect: Dialect) -> tree_sitter.Tree | None:
+    if len(data) <= _INLINE_PARSE_BYTES:
+        return _parse_here(data, dialect)
+    if len(data) > MAX_PARSE_BYTES:
+        return None
+    result: list[tree_sitter.Tree | None] = [None]
+
+    def run() -> None:
+        result[0] = _parse_here(data, dialect)
+
+    stack = max(_MIN_STACK_BYTES, len(data) * _STACK_BYTES_PER_SOURCE_BYTE)
+    with _stack_size_lock:
+        previous = threading.stack_size(stack)
+        try:
+            thread = threading.Thread(target=run, name="js-syntax-parse", daemon=True)
+            thread.start()
+        except (RuntimeError, MemoryError):  # no thread to be had: the program runs unread
+            return None
+        finally:
+            threading.stack_size(previous)
+    thread.join()
+    return result[0]
+
+
+# JavaScript also ends lines at a lone CR, U+2028 and U+2029, which the grammars do not
+# know. A copy with those made `\n` (padded to the same length, so offsets hold) is
+# parsed first; U+2028 and U+2029 may also sit in a string literal, where a `\n` is an
+# error, so the program as written is parsed when the copy does not parse.
+_OTHER_LINE_BREAKS = re.compile(rb"\r(?!\n)|\xe2\x80[\xa8\xa9]")
+
+
+def _parse_program(
+    data: bytes, dialect: Dialect, *, complete: bool = True
+) -> tree_sitter.Tree | None:
+    """The program's tree; None if it was too large or too slow to parse, or if it has
+    syntax errors and `complete` is asked for."""
+    normalized = _OTHER_LINE_BREAKS.sub(lambda found: b"\n".ljust(len(found[0])), data)
+    tree = _parse_bytes(normalized, dialect)
+    if normalized != data and (tree is None or tree.root_node.has_error):
+        tree = _parse_bytes(data, dialect) or tree
+    if tree is None or (complete and tree.root_node.has_error):
+        return None
+    return tree
+
+
+def _encode(code: str) -> bytes:
+    # Lone surrogates (valid in a JSON string, and in a JavaScript one) pass through as
+    # the bytes they would be; the parser reads them as invalid UTF-8 inside the string
+    # literal, and decoding the rewritten text gives them back.
+    return code.encode("utf-8", "surrogatepass")
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", "surrogatepass")
+
+
+def parse(code: str, dialect: Dialect) -> Syntax | None:
+    """`code` parsed, or None if it was too large or too slow to parse. A program with
+    syntax errors parses too, with `Syntax.complete` False. Never raises."""
+    data = _encode(code)
+    tree = _parse_program(data, dialect, complete=False)
+    return None if tree is None else Syntax(code, data, dialect, tree)
+
+
+# --- Mentions ---------------------------------------------------------------------------
+
+
+class MentionKind(enum.Enum):
+    """What a program names, as the policy and wasm-js read it."""
+
+    NAME = "name"  # an identifier in code: a variable, a global, a binding
+    GLOBAL_PROPERTY = "global_property"  # `globalThis.X`, `window["X"]` (a literal key)
+    METHOD_CALL = "method_call"  # `x.name(...)`, `x?.name(...)`
+    SPECIFIER = "specifier"  # `import … "x"`, `export … from "x"`, `import("x")`, `require("x")`
+
+
+@dataclass(frozen=True, slots=True)
+class Mention:
+    """One thing a program names: its kind, its value (escapes decoded), the character
+    offset of its first character, and (for a method call) whether it has arguments."""
+
+    kind: MentionKind
+    value: str
+    offset: int
+    has_arguments: bool = False
+
+
+# Objects whose properties are the globals themselves.
+_GLOBAL_OBJECTS = frozenset(("globalThis", "window", "self", "global"))
+
+# Nodes that name something, by type (see `Syntax._mention`).
+_NAMES = frozenset(
+    ("identifier", "shorthand_property_identifier", "shorthand_property_identifier_pattern")
+)
+_WITH_SOURCE = frozenset(("import_statement", "export_statement", "import_require_clause"))
+_OPENERS = frozenset(("(", "[", "{", "${"))
+_CLOSERS = frozenset((")", "]", "}"))
+
+
+# Bytes that are not UTF-8 continuation bytes (0x80-0xBF): `translate` deletes them to
+# count the rest. Lone surrogates, encoded as three bytes, follow the same pattern.
+_NOT_CONTINUATION = bytes(value for value in range(256) if not 0x80 <= value < 0xC0)
+# How many bytes one count of continuation bytes covers: an offset costs at most one
+# block's `translate`, and the counts a list of len/4096 numbers.
+_OFFSET_BLOCK = 4096
+
+# Escapes in identifiers and strings: `\u0044eno` is `Deno`.
+_ESCAPE = re.compile(
+    r"\\(?:u\{(?P<code>[0-9a-fA-F]+)\}|u(?P<u4>[0-9a-fA-F]{4})|x(?P<x2>[0-9a-fA-F]{2})"
+    r"|(?P<newline>\r\n|[\n\r\u2028\u2029])|(?P<other>[\s\S]))"
+)
+_SIMPLE_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "b": "\b", "f": "\f", "v": "\v", "0": "\0"}
+
+
+def _unescape(text: str) -> str:
+    """`text` with JavaScript's string and identifier escapes decoded."""
+    if "\\" not in text:
+        return text
+
+    def decode(found: re.Match[str]) -> str:
+        number = found["code"] or found["u4"] or found["x2"]
+        if number is not None:
+            value = int(number, 16)
+            return chr(value) if value <= 0x10FFFF else ""
+        if found["newline"] is not None:
+            return ""
+        other = found["other"]
+        return _SIMPLE_ESCAPES.get(other, other)
+
+    return _ESCAPE.sub(decode, text)
+
+
+class Syntax:
+    """A parsed program, and what can be read from its tree.
+
+    `complete` is False when the program has syntax errors: its brackets are still
+    there to count (`deepest`), but what it names is a guess of the parser's error
+    recovery, and `mentions` finds nothing. Offsets count characters of the program.
+    """
+
+    def __init__(self, code: str, data: bytes, dialect: Dialect, tree: tree_sitter.Tree) -> None:
+        self.code = code
+        self.dialect: Dialect = dialect
+        self._data = data
+        self._tree = tree
+        self._ascii = len(data) == len(code)
+        self.complete = not tree.root_node.has_error
+        # For each block of the UTF-8 form, how many continuation bytes precede it.
+        self._continuations: list[int] | None = None
+
+    def __repr__(self) -> str:
+        return f"<Syntax {self.dialect}, {len(self.code)} characters>"
+
+    def offset(self, byte: int) -> int:
+        """The character offset of a byte offset into the program's UTF-8 form.
+
+        Every character but its first byte is a continuation byte, so the offset is the
+        bytes before it less their continuation bytes, counted per block once.
+        """
+        if self._ascii:
+            return byte
+        data = self._data
+        if self._continuations is None:
+            blocks = (
+                len(data[start : start + _OFFSET_BLOCK].translate(None, _NOT_CONTINUATION))
+                for start in range(0, len(data), _OFFSET_BLOCK)
+            )
+            self._continuations = list(itertools.accumulate(blocks, initial=0))
+        block = byte // _OFFSET_BLOCK
+        start = block * _OFFSET_BLOCK
+        within = len(data[start:byte].translate(None, _NOT_CONTINUATION))
+        return byte - self._continuations[block] - within
+
+    def _text(self, node: tree_sitter.Node) -> str:
+        return _decode(self._data[node.start_byte : node.end_byte])
+
+    def deepest(self, limit: int) -> tuple[int, int] | None:
+        """The first bracket (or template `${`) opening deeper than `limit`, as (depth,
+        character offset), or None. Brackets in strings, comments and regular
+        expression literals do not count; type arguments' angle brackets neither."""
+        depth = 0
+        for node in self._leaves():
+            kind = node.type
+            if kind in _OPENERS:
+                depth += 1
+                if depth > limit:
+                    return depth, self.offset(node.start_byte)
+            elif kind in _CLOSERS:
+                depth = max(depth - 1, 0)
+        return None
+
+    def mentions(self, words: Iterable[str] | None = None) -> Iterator[Mention]:
+        """What the program names, in source order of the nodes that name it (see
+        `MentionKind`); nothing for a program that is not `complete`.
+
+        With `words`, only the parts of the tree whose text holds one of them are read
+        (all of it when the program spells anything with a `\\u` escape), so a large
+        program that mentions a word once costs a walk down to it.
+        """
+        if not self.complete:
+            return
+        places = None if words is None else self._places(words)
+        for node in self._nodes(places):
+            found = self._mention(node)
+            if found is not None:
+                yield found
+
+    def _places(self, words: Iterable[str]) -> list[int] | None:
+        """The sorted byte offsets where `words` occur, or None if escapes may hide them."""
+        if b"\\u" in self._data:
+            return None
+        pattern = b"|".join(re.escape(_encode(word)) for word in words)
+        return [found.start() for found in re.finditer(pattern, self._data)] if pattern else []
+
+    def _nodes(self, places: list[int] | None) -> Iterator[tree_sitter.Node]:
+        """Every node in document order, depth first, without recursion; with `places`,
+        only those spanning one of them (and so only their subtrees)."""
+        cursor = self._tree.walk()
+        while True:
+            node = cursor.node
+            assert node is not None
+            if places is None or _spans(places, node.start_byte, node.end_byte):
+                yield node
+                if cursor.goto_first_child():
+                    continue
+            while not cursor.goto_next_sibling():
+                if not cursor.goto_parent():
+                    return
+
+    def _leaves(self) -> Iterator[tree_sitter.Node]:
+        cursor = self._tree.walk()
+        while True:
+            if cursor.goto_first_child():
+                continue
+            node = cursor.node
+            assert node is not None
+            yield node
+            while not cursor.goto_next_sibling():
+                if not cursor.goto_parent():
+                    return
+
+    def _mention(self, node: tree_sitter.Node) -> Mention | None:
+        kind = node.type
+        if kind in _NAMES:
+            return self._at(MentionKind.NAME, _unescape(self._text(node)), node)
+        if kind in _WITH_SOURCE:
+            source = node.child_by_field_name("source")
+            return None if source is None else self._literal(MentionKind.SPECIFIER, source)
+        if kind == "call_expression":
+            callee = node.child_by_field_name("function")
+            arguments = node.child_by_field_name("arguments")
+            if callee is None or arguments is None or arguments.type != "arguments":
+                return None
+            return self._call(callee, arguments)
+        if kind not in ("member_expression", "subscript_expression"):
+            return None
+        target = node.child_by_field_name("object")
+        if target is None or target.type != "identifier":
+            return None
+        if _unescape(self._text(target)) not in _GLOBAL_OBJECTS:
+            return None
+        if kind == "member_expression":
+            name = node.child_by_field_name("property")
+            if name is None or name.type != "property_identifier":
+                return None
+            return self._at(MentionKind.GLOBAL_PROPERTY, _unescape(self._text(name)), name)
+        key = node.child_by_field_name("index")
+        return None if key is None else self._literal(MentionKind.GLOBAL_PROPERTY, key)
+
+    def _call(self, callee: tree_sitter.Node, arguments: tree_sitter.Node) -> Mention | None:
+        values = [child for child in arguments.named_children if not child.is_extra]
+        if callee.type == "member_expression":
+            method = callee.child_by_field_name("property")
+            if method is None or method.type != "property_identifier":
+                return None
+            value = _unescape(self._text(method))
+            return self._at(MentionKind.METHOD_CALL, value, method, bool(values))
+        is_import = callee.type == "import"
+        is_require = callee.type == "identifier" and _unescape(self._text(callee)) == "require"
+        if (is_import or is_require) and values:
+            return self._literal(MentionKind.SPECIFIER, values[0])
+        return None
+
+    def _literal(self, kind: MentionKind, node: tree_sitter.Node) -> Mention | None:
+        """A mention of a string literal's value (or a template's without substitutions)."""
+        if node.type == "string" or (
+            node.type == "template_string"
+            and not any(child.type == "template_substitution" for child in node.children)
+        ):
+            return self._at(kind, _unescape(self._text(node)[1:-1]), node)
+        return None
+
+    def _at(
+        self, kind: MentionKind, value: str, node: tree_sitter.Node, has_arguments: bool = False
+    ) -> Mention:
+        return Mention(kind, value, self.offset(node.start_byte), has_arguments)
+
+
+def _spans(places: list[int], start: int, end: int) -> bool:
+    """Whether any of the sorted `places` falls within start..end (exclusive)."""
+    at = bisect.bisect_left(places, start)
+    return at < len(places) and places[at] < end
+
+
+# --- The module -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedModule:
+    """Module text, how many lines precede the user's first line in it, and the static
+    imports hoisted into its header."""
+
+    text: str
+    line_offset: int
+    imports: tuple[str, ...] = ()
+
+    def function_expression(self, *, asynchronous: bool = True) -> str:
+        """The program as `(async function () { ... })`, line for line as in `text`,
+        for a runtime with no module loader (so only for a program with no imports).
+
+        With `asynchronous=False` it is a plain `(function () { ... })`, whose body
+        runs as the async one would for a program that `may_await` says cannot await;
+        its caller must then settle the function's value as an async function's would
+        be.
+        """
+        if self.imports:
+            raise ValueError("a program with import declarations needs a module loader")
+        body = self.text.removeprefix(_FUNCTION_HEAD)
+        return f"({_ASYNC_HEAD if asynchronous else _PLAIN_HEAD}{body})"
+
+
+def may_await(code: str) -> bool:
+    """Whether `code` may use `await`; when not, its body means the same in a plain
+    function as in an async one.
+
+    The two bodies differ only in `await` being reserved in the async one, so text
+    that spells it neither plainly nor through a `\\u` escape (which could spell it
+    in an identifier) parses and runs alike in both; only the function around it
+    differs, for a program that inspects it (`arguments.callee`, a function's
+    `caller`). Conservative: `await` in a comment or a string also counts.
+    """
+    return "await" in code or "\\u" in code
+
+
+def prepare_module(code: str, dialect: Dialect = "typescript") -> PreparedModule:
+    """Wrap `code` as `export default async function () { ... }`.
+
+    Contract: top-level `return` and `await` work; the value of a final expression
+    statement is returned; top-level static `import` declarations are hoisted out of the
+    function (their lines blanked so line numbers stay); user line N is line
+    N + line_offset of `text`.
+
+    Also: a top-level `export` is dropped from the declaration it introduces (its
+    columns blanked), `export default <expression>` becomes the statement
+    `(<expression>)`, re-exports (`export { … }`, `export * from …`) are blanked, and a
+    `#!` line is blanked. The header is always one line, so `line_offset` is 1.
+
+    Never raises. A program with a syntax error has only the statements before the
+    first one in error rewritten (their imports hoisted, their `export`s dropped), so
+    that the runtime reports that error, at the user's line, rather than an import
+    stranded in a function; its value is not returned. A program too large or too slow
+    to parse (see `parse`) is wrapped unchanged.
+    """
+    data = _encode(code)
+    edits = _shebang_edits(data)
+    imports: list[str] = []
+    tree = _parse_program(data, dialect, complete=False)
+    if tree is not None:
+        edits += _plan(data, tree.root_node, imports)
+    header = "".join(f"{statement} " for statement in imports)
+    body = _decode(_apply(data, edits))
+    return PreparedModule(
+        text=f"{header}{_FUNCTION_HEAD}\n{body}\n}}\n",
+        line_offset=_LINE_OFFSET,
+        imports=tuple(imports),
+    )
+
+
+# `inputs` is a global the worker sets, not a parameter: a program may then declare its
+# own `inputs` without a redeclaration error.
+_EXPORT_DEFAULT = "export default "
+_ASYNC_HEAD = "async function () {"
+_PLAIN_HEAD = "function () {"
+_FUNCTION_HEAD = f"{_EXPORT_DEFAULT}{_ASYNC_HEAD}"
+# Hoisted imports share the header's line, so the program always starts on line 2.
+_LINE_OFFSET = 1
+
+# An edit of the program's UTF-8 bytes: replace data[start:end] with `text`.
+_Edit = tuple[int, int, bytes]
+
+# What a top-level statement becomes.
+_KEPT, _GONE, _EXPRESSION, _EXPORTED_EXPRESSION = "kept", "gone", "expression", "exported"
+# Expression statements that are declarations in disguise: TypeScript's `namespace N
+# {}`, which the grammar reads as an expression.
+_NOT_VALUES = frozenset(("internal_module",))
+# `using` declarations, newer than the grammar, which reads them as expressions.
+_USING = re.compile(rb"(?:await[ \t]+)?using[ \t]+[\w$\\\x80-\xff]")
+_LINE_BREAK = re.compile(r"[\n\r\u2028\u2029]")
+_IMPORT_NOISE = re.compile(
+    r"""('(?:[^'\\\n\r]|\\[\s\S])*'|"(?:[^"\\\n\r]|\\[\s\S])*")"""
+    r"|//[^\n\r\u2028\u2029]*|/\*[\s\S]*?\*/|[\n\r\u2028\u2029]+"
+)
+_NOT_LINE_BREAK = re.compile(r"[^\n\r\u2028\u2029]")
+# A backslash before a line break in a string: it adds nothing to the string's value,
+# and on the header's one line it has no place.
+_LINE_CONTINUATION = re.compile(r"\\(?:\r\n|[\n\r\u2028\u2029])")
+# The same line breaks in UTF-8.
+_LINE_BREAK_BYTES = re.compile(rb"[\n\r]|\xe2\x80[\xa8\xa9]")
+
+
+def _plan(data: bytes, root: tree_sitter.Node, imports: list[str]) -> list[_Edit]:
+    """The edits to the program's top-level statements; hoisted imports go to `imports`.
+
+    Statements from the first one in error on are left alone: what the parser made of
+    them is a guess of its error recovery.
+    """
+    edits: list[_Edit] = []
+    last: tuple[tree_sitter.Node, str] | None = None
+    for statement in root.children:
+        if statement.has_error:
+            return edits
+        if statement.is_extra or statement.type == "hash_bang_line":
+            continue
+        shape = _plan_statement(data, statement, imports, edits)
+        if shape != _GONE:
+            last = (statement, shape)
+    if last is not None:
+        edits += _returned(*last)
+    return edits
+
+
+def _plan_statement(
+    data: bytes, statement: tree_sitter.Node, imports: list[str], edits: list[_Edit]
+) -> str:
+    kind = statement.type
+    if kind == "empty_statement":
+        return _GONE  # an empty statement has no value to return
+    if kind == "import_statement":
+        text = _decode(data[statement.start_byte : statement.end_byte])
+        imports.append(_single_line(text))
+        edits.append(_blank(data, statement.start_byte, statement.end_byte))
+        return _GONE
+    if kind == "export_statement":
+        return _plan_export(data, statement, edits)
+    if kind == "expression_statement":
+        expression = _expression(statement)
+        if expression is None:
+            return _KEPT
+        if _is_export_alone(data, statement, expression):
+            # `export` ending its line, read as a name: the declaration that follows
+            # is what it exports.
+            edits.append((expression.start_byte, expression.end_byte, b"      "))
+            return _GONE
+        if expression.type in _NOT_VALUES or _USING.match(data, statement.start_byte):
+            return _KEPT
+        if data.startswith(b"{", statement.start_byte):
+            return _KEPT  # a block to JavaScript (`{a: 1}`), whatever the grammar says
+        return _EXPRESSION
+    return _KEPT
+
+
+def _expression(statement: tree_sitter.Node) -> tree_sitter.Node | None:
+    """The expression of an expression statement (comments inside it are children too)."""
+    return next((child for child in statement.named_children if not child.is_extra), None)
+
+
+def _is_export_alone(
+    data: bytes, statement: tree_sitter.Node, expression: tree_sitter.Node
+) -> bool:
+    return (
+        expression.type == "identifier"
+        and all(child == expression or child.is_extra for child in statement.children)
+        and data[expression.start_byte : expression.end_byte] == b"export"
+    )
+
+
+def _plan_export(data: bytes, statement: tree_sitter.Node, edits: list[_Edit]) -> str:
+    """Edit a top-level `export` statement; return what it became."""
+    export = next((child for child in statement.children if child.type == "export"), None)
+    default = next((child for child in statement.children if child.type == "default"), None)
+    target = statement.child_by_field_name("declaration") or statement.child_by_field_name("value")
+    if export is None:
+        return _KEPT
+    if target is None:
+        # Re-exports, `export =` and `export as namespace` mean nothing in a function.
+        edits.append(_blank(data, export.start_byte, statement.end_byte))
+        return _GONE
+    if default is None:
+        # Blank the keyword alone, so the declaration keeps its columns.
+        edits.append(
+            (export.start_byte, export.end_byte, b" " * (export.end_byte - export.start_byte))
+        )
+        return _KEPT
+    # The words go with the space after them, unless that holds a line break.
+    words_end = target.start_byte
+    if _LINE_BREAK.search(_decode(data[default.end_byte : target.start_byte])):
+        words_end = default.end_byte
+    if statement.child_by_field_name("declaration") is not None:
+        edits.append((export.start_byte, words_end, b""))
+        return _KEPT
+    # Anything else is an expression (an anonymous function or class included), and
+    # in parentheses it is an expression statement.
+    edits.append((export.start_byte, words_end, b"("))
+    edits.append((target.end_byte, target.end_byte, b")"))
+    return _EXPORTED_EXPRESSION
+
+
+def _returned(statement: tree_sitter.Node, shape: str) -> list[_Edit]:
+    """The edits that make the final statement return its value, if it has one."""
+    if shape == _EXPORTED_EXPRESSION:  # already `(<expression>)`
+        return [(statement.start_byte, statement.start_byte, b"return ")]
+    expression = _expression(statement)
+    if shape != _EXPRESSION or expression is None:
+        return []
+    return [
+        (expression.start_byte, expression.start_byte, b"return ("),
+        (expression.end_byte, expression.end_byte, b")"),
+    ]
+
+
+def _single_line(statement: str) -> str:
+    """An import declaration on one line: comments dropped, line breaks made spaces."""
+    flat = _IMPORT_NOISE.sub(
+        lambda found: _LINE_CONTINUATION.sub("", found[1]) if found[1] else " ", statement
+    ).strip()
+    return flat if flat.endswith(";") else f"{flat};"
+
+
+def _blank(data: bytes, start: int, end: int) -> _Edit:
+    """Blank data[start:end] but keep its line breaks, so later lines keep their numbers.
+
+    Spaces keep the columns of code that follows on the same line; when nothing does,
+    the line is left empty.
+    """
+    line_end = _LINE_BREAK_BYTES.search(data, end)
+    followed = _decode(data[end : line_end.start() if line_end else len(data)]).strip()
+    segment = _decode(data[start:end])
+    return start, end, _encode(_NOT_LINE_BREAK.sub(" " if followed else "", segment))
+
+
+def _shebang_edits(data: bytes) -> list[_Edit]:
+    """Blank a `#!` line: valid at the start of a module, a syntax error in a function."""
+    if not data.startswith(b"#!"):
+        return []
+    found = _LINE_BREAK_BYTES.search(data)
+    return [(0, found.start() if found else len(data), b"")]
+
+
+def _apply(data: bytes, edits: list[_Edit]) -> bytes:
+    """`data` with `edits` applied; an insertion sorts before a replacement at its offset."""
+    if not edits:
+        return data
+    pieces: list[bytes] = []
+    pos = 0
+    for start, end, replacement in sorted(edits, key=lambda edit: (edit[0], edit[1])):
+        pieces.append(data[pos:start])
+        pieces.append(replacement)
+        pos = max(pos, end)
+    pieces.append(data[pos:])
+    return b"".join(pieces)
