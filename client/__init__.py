@@ -15,7 +15,7 @@ package imports neither the daemon nor its runtimes: it is light to import.
 """
 
 from conduit.client.aio import AsyncClient, AsyncRun, AsyncSubscription, open_client
-from conduit.client.endpoint import Backoff
+from conduit.client.endpoint import Backoff, LoginToken
 from conduit.client.errors import (
     ClientError,
     ConduitError,
@@ -67,6 +67,7 @@ __all__ = [
     "InternalError",
     "InvalidParams",
     "InvalidRequest",
+    "LoginToken",
     "MethodNotFound",
     "NotFound",
     "OutputChunk",

@@ -44,6 +44,7 @@ from conduit.client.endpoint import (
     DEFAULT_TIMEOUT_S,
     Backoff,
     Endpoint,
+    LoginToken,
     resolve_token,
 )
 from conduit.client.errors import ConnectionFailed, ConnectionLost, Timeout, TransportError
@@ -260,7 +261,7 @@ class AsyncClient:
         *,
         unix_path: str | None = None,
         tcp: str | None = None,
-        token: str | None = None,
+        token: str | LoginToken | None = None,
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         backoff: Backoff = DEFAULT_BACKOFF,
@@ -268,7 +269,7 @@ class AsyncClient:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
         self.endpoint = Endpoint.resolve(unix_path=unix_path, tcp=tcp)
-        self._token = resolve_token(token)
+        self._login = resolve_token(token)
         self.timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._backoff = backoff
@@ -522,9 +523,8 @@ class AsyncClient:
             except TransportError as exc:
                 delay = next(delays, None)
                 if delay is None:
-                    raise ConnectionFailed.after(
-                        self.endpoint, self._backoff.attempts, exc
-                    ) from exc
+                    attempts = self._backoff.attempts
+                    raise ConnectionFailed.after(self.endpoint.address, attempts, exc) from exc
                 log.info("connecting failed; retrying", extra={"error": str(exc)})
                 await trio.sleep(delay)
 
@@ -538,10 +538,10 @@ class AsyncClient:
             raise ConnectionFailed(exc.strerror or str(exc)) from None
         connection = _Connection(stream, self._max_message_bytes)
         await nursery.start(connection.run)
-        if self._token is not None:
+        if self._login is not None:
             try:
                 with trio.fail_after(self._connect_timeout_s):
-                    reply_value(await self._exchange(connection, calls.login(self._token)))
+                    await self._log_in(connection, self._login)
             except trio.TooSlowError:
                 connection.close()
                 raise ConnectionFailed("the daemon did not answer auth/login") from None
@@ -549,6 +549,14 @@ class AsyncClient:
                 connection.close()
                 raise
         return connection
+
+    async def _log_in(self, connection: _Connection, login: LoginToken) -> None:
+        """Present `login` (a fallback only if not let in already); raises its `RpcError`."""
+        if login.fallback:
+            check = calls.authenticated()
+            if check.parse(reply_value(await self._exchange(connection, check))):
+                return
+        reply_value(await self._exchange(connection, calls.login(login.token)))
 
     async def _open_stream(self) -> trio.abc.Stream:
         if self._connector is not None:
