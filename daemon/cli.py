@@ -28,11 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 from conduit.core.errors import ConduitError, ConfigError, RpcError
 from conduit.core.terminal import dumps, escape, escape_lines
-from conduit.core.version import VERSION
-from conduit.daemon.config import Config, load_config
 
 if TYPE_CHECKING:
     from conduit.client import Client, OutputChunk
+    from conduit.daemon.config import Config
     from conduit.daemon.progress import ProgressLine
 
 __all__ = ["main"]
@@ -47,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="conduit", description="Run untrusted programs in sandboxes, with tools."
     )
-    parser.add_argument("--version", action="version", version=f"conduit {VERSION}")
+    parser.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     parser.add_argument("--config", help="config file (default: $CONDUIT_CONFIG)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -91,6 +90,17 @@ def _parser() -> argparse.ArgumentParser:
     _add_config_flag(doctor)
     _add_mcp_parser(commands)
     return parser
+
+
+class _Version(argparse.Action):
+    """`--version`, reading the installed version only when asked: `importlib.metadata`
+    costs every other command tens of milliseconds."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from conduit.core.version import VERSION
+
+        print(f"conduit {VERSION}")
+        parser.exit()
 
 
 def _add_executions_parser(commands: Any) -> None:
@@ -190,6 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _config(args: argparse.Namespace, **overrides: Any) -> Config:
+    from conduit.daemon.config import load_config
+
     return load_config(args.config, overrides=overrides)
 
 
@@ -224,15 +236,15 @@ def _connect(args: argparse.Namespace) -> Client:
     person is waiting), and waits as long as a call takes (the daemon bounds executions).
     """
     from conduit.client import Backoff, Client
-    from conduit.daemon.login_token import login_token
+    from conduit.daemon.client_settings import client_settings
 
-    config = _config(args, **{"server.socket": args.socket})
+    settings = client_settings(args.config, socket=args.socket)
     try:
         client = Client(
-            unix_path=config.server.socket,
+            unix_path=settings.socket,
             tcp=args.tcp,
             # "" presents none: the daemon lets its own user in by peer credentials.
-            token=login_token(config) or "",
+            token=settings.login or "",
             timeout_s=None,
             backoff=Backoff(attempts=1),
         )

@@ -48,8 +48,8 @@ from conduit.core.errors import ConfigError, InternalError, InvalidRequest, RpcE
 from conduit.core.framing import OVERSIZE, LineReader
 from conduit.core.protocol import decode, encode, error_reply
 from conduit.daemon.auth import ALL_SCOPES, Principal
+from conduit.daemon.client_settings import login_token
 from conduit.daemon.config import Config, parse_tcp_address
-from conduit.daemon.login_token import login_token
 from conduit.daemon.logs import configure_logging
 from conduit.daemon.server import Daemon
 
