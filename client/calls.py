@@ -108,7 +108,10 @@ def login(token: str) -> Call[dict[str, Any]]:
 
 def authenticated() -> Call[bool]:
     """Whether the connection is let in already (by peer credentials, or a login)."""
-    return Call("auth/whoami", parse=lambda result: bool(result.get("authenticated")))
+    return Call(
+        "auth/whoami",
+        parse=lambda result: isinstance(result, dict) and result.get("authenticated") is True,
+    )
 
 
 def whoami() -> Call[dict[str, Any] | None]:
