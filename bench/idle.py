@@ -32,7 +32,7 @@ import trio
 
 from bench.latency import check_result, wait_pool_full_blocking
 from bench.programs import JAVASCRIPT, PYTHON, TYPESCRIPT
-from conduit.daemon.client import Client as BlockingClient
+from conduit.client import Client as BlockingClient
 
 IDLE_GAPS_S = (2.0, 8.0)
 # Hot samples after each idle one: their median is the figure without the wake-up.
@@ -116,7 +116,7 @@ def _measure(
     }
     with (
         _echo_server(workdir / "echo.sock") as echo,
-        BlockingClient.connect(unix_path=path) as client,
+        BlockingClient(unix_path=path, timeout_s=None) as client,
     ):
         for target in chosen:
             for _ in range(WARMUP):

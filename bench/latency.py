@@ -25,7 +25,7 @@ from bench.client import Client
 from bench.conduit_daemon import BIN
 from bench.programs import RESULT, TYPESCRIPT
 from bench.stats import Figures, percentiles
-from conduit.daemon.client import Client as BlockingClient
+from conduit.client import Client as BlockingClient
 
 # No latency series may take longer than this, whatever its count.
 SERIES_BUDGET_S = 120
@@ -101,7 +101,7 @@ def _series(
 ) -> list[float]:
     deadline = time.monotonic() + SERIES_BUDGET_S
     samples: list[float] = []
-    with BlockingClient.connect(unix_path=path) as client:
+    with BlockingClient(unix_path=path, timeout_s=None) as client:
         for _ in range(warmup):
             check(client.call("execute", params))
         while len(samples) < runs and time.monotonic() < deadline:

@@ -1,4 +1,4 @@
-"""A client library for the daemon, for Trio code and for plain synchronous code.
+"""A client library for the daemon, for async code and for plain synchronous code.
 
 ```python
 from conduit.client import Client
@@ -8,14 +8,15 @@ with Client() as client:                     # CONDUIT_SOCKET / the default sock
     result.raise_for_status().result         # 42
 ```
 
-`AsyncClient` is the same API for Trio, with many calls at once on one connection.
+`AsyncClient` is the same API for async code, under asyncio or Trio (through anyio),
+with many calls at once on one connection.
 Both connect by Unix path or TCP, log in with a token, stream output, discover tools,
 reconnect after the daemon restarts, and raise the daemon's errors by class. This
 package imports neither the daemon nor its runtimes: it is light to import.
 """
 
 from conduit.client.aio import AsyncClient, AsyncRun, AsyncSubscription, open_client
-from conduit.client.endpoint import Backoff
+from conduit.client.endpoint import Backoff, LoginToken
 from conduit.client.errors import (
     ClientError,
     ConduitError,
@@ -67,6 +68,7 @@ __all__ = [
     "InternalError",
     "InvalidParams",
     "InvalidRequest",
+    "LoginToken",
     "MethodNotFound",
     "NotFound",
     "OutputChunk",

@@ -1,14 +1,17 @@
-"""`AsyncClient`: the daemon's API for Trio programs, many calls at once on one connection.
+"""`AsyncClient`: the daemon's API for async programs, many calls at once on one connection.
+
+It is written against anyio, so it runs under asyncio (`asyncio.run`) and under Trio
+(`trio.run`) alike; it imports neither itself.
 
 ```
-AsyncClient (async with)                 owns a nursery
+AsyncClient (async with)                 owns a task group
 └── _Connection.run                      one per connection; a new one after a drop
     ├── reader: lines → replies to waiting callers by id, notifications to the Router
     └── writer: one task sends every request, so a caller that gives up mid-send
                 never leaves half a line on the wire
 ```
 
-Resource handling: the nursery opens in `__aenter__` (which also connects, so a wrong
+Resource handling: the task group opens in `__aenter__` (which also connects, so a wrong
 address or token fails there) and is cancelled in `__aexit__`, closing the connection.
 Calls made after that raise `RuntimeError`.
 
@@ -30,11 +33,13 @@ import contextlib
 import itertools
 import logging
 import math
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from types import EllipsisType, TracebackType
 from typing import Any, Self, TypeVar
 
-import trio
+import anyio
+import anyio.abc
 
 from conduit.client import calls
 from conduit.client.calls import Call, effective_timeout_s
@@ -44,6 +49,7 @@ from conduit.client.endpoint import (
     DEFAULT_TIMEOUT_S,
     Backoff,
     Endpoint,
+    LoginToken,
     resolve_token,
 )
 from conduit.client.errors import ConnectionFailed, ConnectionLost, Timeout, TransportError
@@ -71,7 +77,9 @@ _READ_BYTES = 65_536
 # this the reader is too slow, and the subscription ends with SubscriptionDropped.
 SUBSCRIPTION_BUFFER = 1024
 
-Connector = Callable[[], Awaitable[trio.abc.Stream]]
+Connector = Callable[[], Awaitable[anyio.abc.ByteStream]]
+# What a closed connection's streams raise when written to or read from.
+_BROKEN = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 TimeoutArg = float | None | EllipsisType
 
 
@@ -81,7 +89,7 @@ class _Waiter:
     __slots__ = ("_error", "_event", "_reply")
 
     def __init__(self) -> None:
-        self._event = trio.Event()
+        self._event = anyio.Event()
         self._reply: Reply | None = None
         self._error: ConnectionLost | None = None
 
@@ -105,68 +113,80 @@ class _Waiter:
         return self._reply
 
 
-class _ChannelSink:
-    """A `routing.Sink` on a Trio memory channel; `get` raises the closing error."""
+class _Queue:
+    """A `routing.Sink` that one task reads with `get`; nothing here ever blocks a put.
+
+    A deque and an event rather than a memory stream: the reader may simply stop
+    reading (a caller gives up), and nothing then needs closing.
+    """
 
     def __init__(self, size: float) -> None:
-        self._send, self._receive = trio.open_memory_channel[Any](size)
+        self._items: deque[Any] = deque()
+        self._size = size
+        self._closed = False
         self._error: BaseException | None = None
+        self._ready = anyio.Event()
 
     def put(self, item: Any) -> bool:
-        try:
-            self._send.send_nowait(item)
-        except trio.WouldBlock:
+        if self._closed:
+            return True  # it was already ended: nothing to do
+        if len(self._items) >= self._size:
             return False
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # nobody reads any more, or it was already ended: nothing to do
+        self._items.append(item)
+        self._ready.set()
         return True
 
     def close(self, error: BaseException | None = None) -> None:
-        if error is not None and self._error is None:
+        if error is not None and self._error is None and not self._closed:
             self._error = error
-        self._send.close()
+        self._closed = True
+        self._ready.set()
 
     async def get(self) -> Any:
-        """The next item; `trio.EndOfChannel` after the last, or the closing error."""
-        try:
-            return await self._receive.receive()
-        except trio.EndOfChannel:
-            if self._error is not None:
-                raise type(self._error)(*self._error.args) from None
-            raise
+        """The next item; `anyio.EndOfStream` after the last, or the closing error."""
+        while not self._items:
+            if self._closed:
+                if self._error is not None:
+                    raise type(self._error)(*self._error.args)
+                raise anyio.EndOfStream
+            self._ready = anyio.Event()
+            await self._ready.wait()
+        return self._items.popleft()
 
 
 class _Connection:
     """One stream to the daemon: its reader, its writer, its waiting callers."""
 
-    def __init__(self, stream: trio.abc.Stream, max_message_bytes: int) -> None:
+    def __init__(self, stream: anyio.abc.ByteStream, max_message_bytes: int) -> None:
         self._stream = stream
         self._max_message_bytes = max_message_bytes
         self.router = Router()
         self._waiters: dict[int, _Waiter] = {}
         # Unbounded: callers never wait to enqueue; each holds at most one line here.
-        self._outbox_send, self._outbox = trio.open_memory_channel[bytes](math.inf)
-        self._scope = trio.CancelScope()
+        self._outbox = _Queue(math.inf)
+        self._scope = anyio.CancelScope()
         self.lost: ConnectionLost | None = None
         # Held by a streaming execute until its execution id is known (routing.py).
-        self.stream_gate = trio.Semaphore(1)
+        self.stream_gate = anyio.Semaphore(1)
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Read and write until the stream ends, breaks or `close()`; closes the stream.
 
-        Never raises but `trio.Cancelled`: a failure ends the connection and is what
-        every waiting caller then raises (`ConnectionLost`).
+        Never raises but cancellation: a failure ends the connection and is what every
+        waiting caller then raises (`ConnectionLost`).
         """
         try:
             with self._scope:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._write_loop)
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(self._write_loop)
                     task_status.started()
                     await self._read_loop()
-                    nursery.cancel_scope.cancel()
+                    tasks.cancel_scope.cancel()
         finally:
             self._lose(ConnectionLost("the connection was closed by the client"))
-            with trio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True):
                 await self._stream.aclose()
 
     def close(self) -> None:
@@ -189,7 +209,7 @@ class _Connection:
     def send_nowait(self, line: bytes) -> None:
         if self.lost is not None:
             raise ConnectionLost(*self.lost.args)
-        self._outbox_send.send_nowait(line)
+        self._outbox.put(line)
 
     def forget(self, ident: int) -> None:
         """Nobody waits for `ident` any more: drop its reply and notifications."""
@@ -200,22 +220,23 @@ class _Connection:
         buffer = LineBuffer(self._max_message_bytes)
         try:
             while True:
-                data = await self._stream.receive_some(_READ_BYTES)
-                if not data:
-                    self._lose(ConnectionLost("the daemon closed the connection"))
-                    return
+                data = await self._stream.receive(_READ_BYTES)
                 for line in buffer.feed(data):
                     self._dispatch(line)
+        except anyio.EndOfStream:
+            self._lose(ConnectionLost("the daemon closed the connection"))
         except ConnectionLost as exc:
             self._lose(exc)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+        except _BROKEN as exc:
             self._lose(ConnectionLost(f"the connection to the daemon broke: {exc}"))
 
     async def _write_loop(self) -> None:
         try:
-            async for line in self._outbox:
-                await self._stream.send_all(line)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            while True:
+                await self._stream.send(await self._outbox.get())
+        except anyio.EndOfStream:
+            pass  # the connection was lost; the reader says how
+        except _BROKEN as exc:
             self._lose(ConnectionLost(f"the connection to the daemon broke: {exc}"))
             self._scope.cancel()
 
@@ -242,11 +263,12 @@ class _Connection:
         for waiter in waiters.values():
             waiter.fail(error)
         self.router.close_all(error)
-        self._outbox_send.close()
+        self._outbox.close()
 
 
 class AsyncClient:
-    """The daemon's API for Trio code. Use `async with AsyncClient(...) as client:`.
+    """The daemon's API for async code, under asyncio or Trio. Use
+    `async with AsyncClient(...) as client:`.
 
     Connects to `tcp` (`HOST:PORT`) if given, else `unix_path`, else `CONDUIT_SOCKET`,
     else the daemon's default socket. With a `token` (default `CONDUIT_TOKEN`; `""` for
@@ -260,7 +282,7 @@ class AsyncClient:
         *,
         unix_path: str | None = None,
         tcp: str | None = None,
-        token: str | None = None,
+        token: str | LoginToken | None = None,
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         backoff: Backoff = DEFAULT_BACKOFF,
@@ -268,7 +290,7 @@ class AsyncClient:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
         self.endpoint = Endpoint.resolve(unix_path=unix_path, tcp=tcp)
-        self._token = resolve_token(token)
+        self._login = resolve_token(token)
         self.timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._backoff = backoff
@@ -276,8 +298,8 @@ class AsyncClient:
         self._max_message_bytes = max_message_bytes
         self._ids = itertools.count(1)
         self._connection: _Connection | None = None
-        self._connect_lock = trio.Lock()
-        self._nursery: trio.Nursery | None = None
+        self._connect_lock = anyio.Lock()
+        self._tasks: anyio.abc.TaskGroup | None = None
         self._stack: contextlib.AsyncExitStack | None = None
         self._closed = False
 
@@ -298,7 +320,7 @@ class AsyncClient:
         if self._stack is not None or self._closed:
             raise RuntimeError("an AsyncClient can be entered once; make a new one")
         self._stack = contextlib.AsyncExitStack()
-        self._nursery = await self._stack.enter_async_context(trio.open_nursery())
+        self._tasks = await self._stack.enter_async_context(anyio.create_task_group())
         try:
             await self._connected()
         except BaseException:
@@ -320,10 +342,10 @@ class AsyncClient:
         stack, self._stack = self._stack, None
         if stack is None:
             return
-        assert self._nursery is not None
-        self._nursery.cancel_scope.cancel()
-        # The body's own exception is not handed to the nursery: it would come back
-        # wrapped in an ExceptionGroup. Our tasks raise nothing but Cancelled.
+        assert self._tasks is not None
+        self._tasks.cancel_scope.cancel()
+        # The body's own exception is not handed to the task group: it would come back
+        # wrapped in an ExceptionGroup. Our tasks raise nothing but cancellation.
         await stack.aclose()
 
     # ---- the API -----------------------------------------------------------------------
@@ -471,7 +493,7 @@ class AsyncClient:
 
     async def _run(self, call: Call[T], timeout_s: TimeoutArg) -> T:
         timeout = self._timeout(call, timeout_s)
-        with trio.move_on_after(math.inf if timeout is None else timeout):
+        with anyio.move_on_after(timeout):
             return call.parse(reply_value(await self._send_with_retry(call)))
         raise Timeout.after(call.method, timeout)
 
@@ -502,7 +524,7 @@ class AsyncClient:
 
     async def _connected(self) -> _Connection:
         """The live connection, opening one (with back-off, and logging in) if needed."""
-        if self._closed or self._nursery is None:
+        if self._closed or self._tasks is None:
             raise RuntimeError("this AsyncClient is not open: use `async with AsyncClient(...)`")
         connection = self._connection
         if connection is not None and connection.lost is None:
@@ -514,48 +536,55 @@ class AsyncClient:
         return connection
 
     async def _open(self) -> _Connection:
-        assert self._nursery is not None
+        assert self._tasks is not None
         delays = self._backoff.delays()
         while True:
             try:
-                return await self._open_once(self._nursery)
+                return await self._open_once(self._tasks)
             except TransportError as exc:
                 delay = next(delays, None)
                 if delay is None:
-                    raise ConnectionFailed.after(
-                        self.endpoint, self._backoff.attempts, exc
-                    ) from exc
+                    attempts = self._backoff.attempts
+                    raise ConnectionFailed.after(self.endpoint.address, attempts, exc) from exc
                 log.info("connecting failed; retrying", extra={"error": str(exc)})
-                await trio.sleep(delay)
+                await anyio.sleep(delay)
 
-    async def _open_once(self, nursery: trio.Nursery) -> _Connection:
+    async def _open_once(self, tasks: anyio.abc.TaskGroup) -> _Connection:
         try:
-            with trio.fail_after(self._connect_timeout_s):
+            with anyio.fail_after(self._connect_timeout_s):
                 stream = await self._open_stream()
-        except trio.TooSlowError:
+        except TimeoutError:
             raise ConnectionFailed(f"no answer within {self._connect_timeout_s:g} s") from None
         except OSError as exc:
             raise ConnectionFailed(exc.strerror or str(exc)) from None
         connection = _Connection(stream, self._max_message_bytes)
-        await nursery.start(connection.run)
-        if self._token is not None:
+        await tasks.start(connection.run)
+        if self._login is not None:
             try:
-                with trio.fail_after(self._connect_timeout_s):
-                    reply_value(await self._exchange(connection, calls.login(self._token)))
-            except trio.TooSlowError:
-                connection.close()
-                raise ConnectionFailed("the daemon did not answer auth/login") from None
+                with anyio.move_on_after(self._connect_timeout_s):
+                    await self._log_in(connection, self._login)
+                    return connection
             except BaseException:
                 connection.close()
                 raise
+            connection.close()
+            raise ConnectionFailed("the daemon did not answer auth/login")
         return connection
 
-    async def _open_stream(self) -> trio.abc.Stream:
+    async def _log_in(self, connection: _Connection, login: LoginToken) -> None:
+        """Present `login` (a fallback only if not let in already); raises its `RpcError`."""
+        if login.fallback:
+            check = calls.authenticated()
+            if check.parse(reply_value(await self._exchange(connection, check))):
+                return
+        reply_value(await self._exchange(connection, calls.login(login.token)))
+
+    async def _open_stream(self) -> anyio.abc.ByteStream:
         if self._connector is not None:
             return await self._connector()
         if self.endpoint.tcp is not None:
-            return await trio.open_tcp_stream(*self.endpoint.tcp)
-        return await trio.open_unix_socket(self.endpoint.unix_path)
+            return await anyio.connect_tcp(*self.endpoint.tcp)
+        return await anyio.connect_unix(str(self.endpoint.unix_path))
 
 
 class AsyncRun:
@@ -569,10 +598,10 @@ class AsyncRun:
     ) -> None:
         self._client = client
         self._call = call
-        self._deadline = math.inf if timeout is None else trio.current_time() + timeout
+        self._deadline = math.inf if timeout is None else anyio.current_time() + timeout
         self._timeout = timeout
         self._connection: _Connection | None = None
-        self._sink = _ChannelSink(math.inf)
+        self._sink = _Queue(math.inf)
         self._waiter: _Waiter | None = None
         self._ident: int | None = None
         self._result: ExecutionResult | None = None
@@ -591,7 +620,7 @@ class AsyncRun:
         return self._result
 
     async def __aenter__(self) -> Self:
-        with trio.move_on_at(self._deadline):
+        with anyio.CancelScope(deadline=self._deadline):
             await self._start()
             return self
         self._abandon()
@@ -609,10 +638,10 @@ class AsyncRun:
             raise RuntimeError("use the run inside `async with client.stream(...) as run`")
         if self._result is not None:
             raise StopAsyncIteration
-        with trio.move_on_at(self._deadline):
+        with anyio.CancelScope(deadline=self._deadline):
             try:
                 chunk: OutputChunk = await self._sink.get()
-            except trio.EndOfChannel:
+            except anyio.EndOfStream:
                 reply = await self._waiter.wait()
                 self._result = self._call.parse(reply_value(reply))
                 self.execution_id = self._result.execution_id
@@ -667,7 +696,7 @@ class AsyncSubscription:
         self._call = call
         self._types = list(types) if types is not None else None
         self._timeout = timeout
-        self._sink = _ChannelSink(SUBSCRIPTION_BUFFER)
+        self._sink = _Queue(SUBSCRIPTION_BUFFER)
         self._connection: _Connection | None = None
         self.id: str | None = None
 
@@ -689,7 +718,7 @@ class AsyncSubscription:
             await self._open()
         try:
             return await self._sink.get()
-        except trio.EndOfChannel:
+        except anyio.EndOfStream:
             raise StopAsyncIteration from None
 
     def close(self) -> None:
@@ -700,7 +729,7 @@ class AsyncSubscription:
 
     async def _open(self) -> None:
         client = self._client
-        with trio.move_on_after(math.inf if self._timeout is None else self._timeout):
+        with anyio.move_on_after(self._timeout):
             connection = self._connection = await client._connected()
             ident = next(client._ids)
             connection.router.expect_events(ident, self._sink, self._types)

@@ -16,6 +16,7 @@ from conduit.client.results import ExecutionResult, Tool, ToolResult, ToolSchema
 __all__ = [
     "IDEMPOTENT_METHODS",
     "Call",
+    "authenticated",
     "call_tool",
     "cancel",
     "effective_timeout_s",
@@ -103,6 +104,14 @@ def ping() -> Call[None]:
 
 def login(token: str) -> Call[dict[str, Any]]:
     return Call("auth/login", {"token": token}, parse=lambda result: result["principal"])
+
+
+def authenticated() -> Call[bool]:
+    """Whether the connection is let in already (by peer credentials, or a login)."""
+    return Call(
+        "auth/whoami",
+        parse=lambda result: isinstance(result, dict) and result.get("authenticated") is True,
+    )
 
 
 def whoami() -> Call[dict[str, Any] | None]:

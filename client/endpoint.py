@@ -2,14 +2,15 @@
 
 No I/O here: the clients open the sockets. `Endpoint.resolve` applies the same defaults
 as the command line (`CONDUIT_SOCKET`, then the daemon's default socket path);
-`resolve_token` reads `CONDUIT_TOKEN` when no token is given.
+`resolve_token` reads `CONDUIT_TOKEN` when no token is given, and says whether the token
+is presented always or only when peer credentials have not let the connection in.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from conduit.core.addresses import default_socket_path, parse_tcp_address
 
@@ -19,6 +20,7 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "Backoff",
     "Endpoint",
+    "LoginToken",
     "resolve_token",
 ]
 
@@ -46,21 +48,42 @@ class Endpoint:
         path = unix_path or os.environ.get("CONDUIT_SOCKET") or default_socket_path()
         return cls(unix_path=path)
 
-    def __str__(self) -> str:
+    @property
+    def address(self) -> str:
+        """The socket path, or `HOST:PORT`, as a user would write it."""
         if self.tcp is not None:
             host, port = self.tcp
-            return f"tcp:[{host}]:{port}" if ":" in host else f"tcp:{host}:{port}"
-        return f"unix:{self.unix_path}"
+            return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return str(self.unix_path)
+
+    def __str__(self) -> str:
+        return f"tcp:{self.address}" if self.tcp is not None else f"unix:{self.address}"
 
 
-def resolve_token(token: str | None) -> str | None:
+@dataclass(frozen=True, slots=True)
+class LoginToken:
+    """A token to present with `auth/login` on each new connection.
+
+    A `fallback` token is presented only if the connection is not authenticated already:
+    on the Unix socket the daemon lets its own user in by peer credentials, and a token
+    found lying about (the master token file) may belong to another daemon than the one
+    at the socket. Presented, it would be refused, and counted as a failed login.
+    """
+
+    token: str = field(repr=False)  # a secret: never in a log line or traceback
+    fallback: bool = False
+
+
+def resolve_token(token: str | LoginToken | None) -> LoginToken | None:
     """`token` if given, else `CONDUIT_TOKEN`, else None (Unix peer credentials).
 
     An empty string means "present no token", even when `CONDUIT_TOKEN` is set.
     """
+    if isinstance(token, LoginToken):
+        return token
     if token is None:
-        return os.environ.get("CONDUIT_TOKEN") or None
-    return token or None
+        token = os.environ.get("CONDUIT_TOKEN")
+    return LoginToken(token) if token else None
 
 
 @dataclass(frozen=True, slots=True)

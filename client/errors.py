@@ -84,9 +84,9 @@ class ConnectionFailed(TransportError, ConnectionError):
 
     @classmethod
     def after(cls, where: object, attempts: int, last: BaseException) -> ConnectionFailed:
+        tries = "" if attempts == 1 else f" after {attempts} attempts"
         return cls(
-            f"cannot reach the daemon at {where} after {attempts} attempts: {last}; "
-            "is `conduit serve` running?"
+            f"cannot reach the daemon at {where}{tries}: {last}; is `conduit serve` running?"
         )
 
 

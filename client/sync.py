@@ -38,6 +38,7 @@ from conduit.client.endpoint import (
     DEFAULT_TIMEOUT_S,
     Backoff,
     Endpoint,
+    LoginToken,
     resolve_token,
 )
 from conduit.client.errors import ConnectionFailed, ConnectionLost, Timeout, TransportError
@@ -258,7 +259,7 @@ class Client:
         *,
         unix_path: str | None = None,
         tcp: str | None = None,
-        token: str | None = None,
+        token: str | LoginToken | None = None,
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         backoff: Backoff = DEFAULT_BACKOFF,
@@ -266,7 +267,7 @@ class Client:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
         self.endpoint = Endpoint.resolve(unix_path=unix_path, tcp=tcp)
-        self._token = resolve_token(token)
+        self._login = resolve_token(token)
         self.timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._backoff = backoff
@@ -496,7 +497,7 @@ class Client:
                 delay = next(delays, None)
                 if delay is None:
                     attempts = self._backoff.attempts
-                    raise ConnectionFailed.after(self.endpoint, attempts, exc) from exc
+                    raise ConnectionFailed.after(self.endpoint.address, attempts, exc) from exc
                 log.info("connecting failed; retrying", extra={"error": str(exc)})
                 time.sleep(delay)
 
@@ -508,10 +509,9 @@ class Client:
         except OSError as exc:
             raise ConnectionFailed(exc.strerror or str(exc)) from None
         connection = _SocketConnection(sock, self._max_message_bytes)
-        if self._token is not None:
+        if self._login is not None:
             try:
-                deadline = _Deadline.after(self._connect_timeout_s)
-                reply_value(self._exchange(connection, calls.login(self._token), deadline))
+                self._log_in(connection, self._login, _Deadline.after(self._connect_timeout_s))
             except Timeout:
                 connection.close()
                 raise ConnectionFailed("the daemon did not answer auth/login") from None
@@ -519,6 +519,16 @@ class Client:
                 connection.close()
                 raise
         return connection
+
+    def _log_in(
+        self, connection: _SocketConnection, login: LoginToken, deadline: _Deadline
+    ) -> None:
+        """Present `login` (a fallback only if not let in already); raises its `RpcError`."""
+        if login.fallback:
+            check = calls.authenticated()
+            if check.parse(reply_value(self._exchange(connection, check, deadline))):
+                return
+        reply_value(self._exchange(connection, calls.login(login.token), deadline))
 
     def _open_socket(self) -> socket.socket:
         if self._connector is not None:

@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 from conduit.core.errors import ConduitError, ConfigError, RpcError
 from conduit.core.terminal import dumps, escape, escape_lines
-from conduit.core.version import VERSION
-from conduit.daemon.config import Config, load_config
 
 if TYPE_CHECKING:
+    from conduit.client import Client, OutputChunk
+    from conduit.daemon.config import Config
     from conduit.daemon.progress import ProgressLine
 
 __all__ = ["main"]
@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="conduit", description="Run untrusted programs in sandboxes, with tools."
     )
-    parser.add_argument("--version", action="version", version=f"conduit {VERSION}")
+    parser.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     parser.add_argument("--config", help="config file (default: $CONDUIT_CONFIG)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -90,6 +90,17 @@ def _parser() -> argparse.ArgumentParser:
     _add_config_flag(doctor)
     _add_mcp_parser(commands)
     return parser
+
+
+class _Version(argparse.Action):
+    """`--version`, reading the installed version only when asked: `importlib.metadata`
+    costs every other command tens of milliseconds."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from conduit.core.version import VERSION
+
+        print(f"conduit {VERSION}")
+        parser.exit()
 
 
 def _add_executions_parser(commands: Any) -> None:
@@ -189,6 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _config(args: argparse.Namespace, **overrides: Any) -> Config:
+    from conduit.daemon.config import load_config
+
     return load_config(args.config, overrides=overrides)
 
 
@@ -216,17 +229,28 @@ def _serve(args: argparse.Namespace) -> int:
 # ---- clients -------------------------------------------------------------------
 
 
-def _connect(args: argparse.Namespace) -> Any:
-    from conduit.daemon.client import Client, log_in
+def _connect(args: argparse.Namespace) -> Client:
+    """A connected, logged-in client for the daemon the flags and config name.
 
-    config = _config(args, **{"server.socket": args.socket})
-    client = Client.connect(unix_path=config.server.socket, tcp=args.tcp)
+    It fails at once, naming where it looked, if no daemon is there (one attempt: a
+    person is waiting), and waits as long as a call takes (the daemon bounds executions).
+    """
+    from conduit.client import Backoff, Client
+    from conduit.daemon.client_settings import client_settings
+
+    settings = client_settings(args.config, socket=args.socket)
     try:
-        log_in(client, config)
-    except BaseException:
-        client.close()
-        raise
-    return client
+        client = Client(
+            unix_path=settings.socket,
+            tcp=args.tcp,
+            # "" presents none: the daemon lets its own user in by peer credentials.
+            token=settings.login or "",
+            timeout_s=None,
+            backoff=Backoff(attempts=1),
+        )
+    except ValueError as exc:
+        raise ConfigError(f"--tcp: {exc}") from None
+    return client.connect()
 
 
 def _call(args: argparse.Namespace) -> int:
@@ -258,8 +282,7 @@ def _exec(args: argparse.Namespace) -> int:
     from conduit.daemon.progress import ProgressLine
 
     code, language = _read_program(args)
-    # With --json the output is in the one JSON document; otherwise it comes live.
-    params: dict[str, Any] = {"language": language, "code": code, "stream": not args.json}
+    params: dict[str, Any] = {"language": language, "code": code}
     if args.executor:
         params["executor"] = args.executor
     if args.timeout_ms:
@@ -269,8 +292,8 @@ def _exec(args: argparse.Namespace) -> int:
     progress = ProgressLine(sys.stderr)
     shown = _LiveOutput(progress, raw=args.raw)
     with _connect(args) as client, progress.running():
-        client.on_notification = shown.take
-        result = client.call("execute", params)
+        # With --json, the output is in the result; else it is shown as it comes.
+        result = client.call("execute", params) if args.json else _stream(client, params, shown)
     if args.json:
         print(dumps(result, indent=2))
     else:
@@ -278,24 +301,31 @@ def _exec(args: argparse.Namespace) -> int:
     return _exit_status(result)
 
 
+def _stream(client: Client, params: dict[str, Any], shown: _LiveOutput) -> dict[str, Any]:
+    """Run the program, showing its output as it comes; the result as the daemon sent it."""
+    options = {key: params[key] for key in ("executor", "limits", "inputs") if key in params}
+    with client.stream(params["code"], language=params["language"], **options) as run:
+        for chunk in run:
+            shown.take(chunk)
+    return dict(run.result.raw)
+
+
 class _LiveOutput:
-    """Writes `execution/output` notifications to our own stdout and stderr as they
-    come, escaped unless `raw`, and counts what was written of each stream (as the
-    program wrote it)."""
+    """Writes a program's output chunks to our own stdout and stderr as they come,
+    escaped unless `raw`, and counts what was written of each stream (as the program
+    wrote it)."""
 
     def __init__(self, progress: ProgressLine, *, raw: bool = False) -> None:
         self._progress = progress
         self._shown = _as_is if raw else escape_lines
         self.written = {"stdout": 0, "stderr": 0}
 
-    def take(self, message: dict[str, Any]) -> None:
-        if message.get("method") != "execution/output":
+    def take(self, chunk: OutputChunk) -> None:
+        if chunk.stream not in self.written:
             return
-        params = message["params"]
-        stream, text = params["stream"], params["text"]
-        target = sys.stdout if stream == "stdout" else sys.stderr
-        self._progress.write(target, self._shown(text))
-        self.written[stream] += len(text)
+        target = sys.stdout if chunk.stream == "stdout" else sys.stderr
+        self._progress.write(target, self._shown(chunk.text))
+        self.written[chunk.stream] += len(chunk.text)
 
 
 def _as_is(text: str) -> str:
@@ -481,7 +511,7 @@ def _token(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     import trio
 
-    from conduit.daemon.client import Client, ConnectionFailed
+    from conduit.client import Backoff, Client, TransportError
     from conduit.daemon.wiring import build_registry
 
     config = _config(args)
@@ -489,10 +519,10 @@ def _doctor(args: argparse.Namespace) -> int:
     print(f"socket: {config.server.socket}")
     print(f"state:  {config.server.state_dir}")
     try:
-        with Client.connect(unix_path=config.server.socket) as client:
-            client.call("ping")
+        with Client(unix_path=config.server.socket, token="", backoff=Backoff(1)) as client:
+            client.ping()
         print("daemon: running")
-    except (ConnectionFailed, OSError):
+    except (TransportError, OSError):
         print("daemon: not running")
     registry = build_registry(config, callback=None)
     infos = trio.run(_probe_executors, registry)

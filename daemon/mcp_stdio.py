@@ -15,7 +15,7 @@ newline-delimited JSON-RPC on its stdin and stdout. Two ways to be that server:
 - **connect** (`relay_to_daemon`, `--connect [PATH]` or `--connect-tcp HOST:PORT`):
   lines are relayed both ways between stdio and a running daemon's socket, after an
   `auth/login` with `CONDUIT_TOKEN`, or with the master token file when a Unix socket's
-  peer credentials have not let the connection in already (`client.LoginToken`).
+  peer credentials have not let the connection in already (`conduit.client.LoginToken`).
   Lines are framed and bounded both ways, never parsed: requests, answers and
   notifications pass unchanged.
 
@@ -43,11 +43,12 @@ from typing import Any
 
 import trio
 
+from conduit.client import ConnectionFailed, LoginToken
 from conduit.core.errors import ConfigError, InternalError, InvalidRequest, RpcError
 from conduit.core.framing import OVERSIZE, LineReader
 from conduit.core.protocol import decode, encode, error_reply
 from conduit.daemon.auth import ALL_SCOPES, Principal
-from conduit.daemon.client import ConnectionFailed, LoginToken, login_token
+from conduit.daemon.client_settings import login_token
 from conduit.daemon.config import Config, parse_tcp_address
 from conduit.daemon.logs import configure_logging
 from conduit.daemon.server import Daemon
@@ -185,7 +186,7 @@ async def _open_daemon_stream(unix_path: str | None, tcp: str | None) -> trio.So
 async def _log_in(
     stream: trio.SocketStream, replies: AsyncIterator[object], login: LoginToken
 ) -> None:
-    """Authenticate the relayed connection as `client.log_in` does; raises the daemon's
+    """Authenticate the relayed connection as `conduit.client` does; raises the daemon's
     `RpcError` if the token is refused."""
     if login.fallback and (await _ask(stream, replies, "auth/whoami", {})).get("authenticated"):
         return

@@ -1,4 +1,4 @@
-"""A scripted stand-in for the daemon's side of the wire, over in-memory streams.
+"""A scripted stand-in for the daemon's side of the wire, over a socket pair.
 
 It speaks the contract of streaming executions and event subscriptions
 (`execution/output` and `event` notifications) so the clients' routing can be tested
@@ -9,50 +9,80 @@ before, and apart from, the daemon that implements them. Each connect gives a ne
 from __future__ import annotations
 
 import json
-import math
+import socket
+from collections import deque
 from typing import Any
 
-import trio
-import trio.testing
+import anyio
+import anyio.abc
 
 from tests.conftest import WAIT_S
+
+
+class _Inbox:
+    """Requests as they arrive; a deque and an event, so nothing needs closing."""
+
+    def __init__(self) -> None:
+        self.items: deque[Any] = deque()
+        self.closed = False
+        self.ready = anyio.Event()
+
+    def put(self, item: Any) -> None:
+        self.items.append(item)
+        self.ready.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self.ready.set()
+
+    async def get(self) -> Any:
+        while not self.items:
+            if self.closed:
+                raise anyio.EndOfStream
+            self.ready = anyio.Event()
+            await self.ready.wait()
+        return self.items.popleft()
 
 
 class FakeConnection:
     """The daemon's end of one connection: requests in, replies and notifications out."""
 
-    def __init__(self, stream: trio.abc.Stream) -> None:
+    def __init__(self, stream: anyio.abc.ByteStream) -> None:
         self.stream = stream
-        self._send, self._requests = trio.open_memory_channel[dict[str, Any]](math.inf)
+        self._requests = _Inbox()
 
-    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Read requests until the client closes its end."""
+    async def serve(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Read requests until the client closes its end (or the test ends); then close
+        this end too."""
         task_status.started()
         buffer = b""
         try:
-            while chunk := await self.stream.receive_some(65536):
-                buffer += chunk
+            while True:
+                buffer += await self.stream.receive(65536)
                 *lines, buffer = buffer.split(b"\n")
                 for line in lines:
-                    self._send.send_nowait(json.loads(line))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    self._requests.put(json.loads(line))
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
-        self._send.close()
+        finally:
+            self._requests.close()
+            await anyio.aclose_forcefully(self.stream)
 
     async def recv(self) -> dict[str, Any]:
         """The client's next request (fails the test after WAIT_S)."""
-        with trio.fail_after(WAIT_S):
-            return await self._requests.receive()
+        with anyio.fail_after(WAIT_S):
+            request: dict[str, Any] = await self._requests.get()
+            return request
 
     def recv_nowait(self) -> dict[str, Any] | None:
         """The client's next request if one has arrived, else None."""
-        try:
-            return self._requests.receive_nowait()
-        except trio.WouldBlock:
-            return None
+        items = self._requests.items
+        return items.popleft() if items else None
 
     async def send(self, message: Any) -> None:
-        await self.stream.send_all(json.dumps(message).encode() + b"\n")
+        await self.stream.send(json.dumps(message).encode() + b"\n")
 
     async def reply(self, ident: Any, result: Any) -> None:
         await self.send({"jsonrpc": "2.0", "id": ident, "result": result})
@@ -73,25 +103,32 @@ class FakeConnection:
 
 
 class FakeDaemon:
-    """Hands a client connected in-memory streams (`connect`) and the test their other
-    ends (`accept`), each read by a task in the test's nursery."""
+    """Hands a client connected sockets (`connect`) and the test their other ends
+    (`accept`), each read by a task in the test's task group (or Trio nursery).
 
-    def __init__(self, nursery: trio.Nursery) -> None:
-        self._nursery = nursery
-        self._send, self._accepted = trio.open_memory_channel[FakeConnection](math.inf)
+    A real socket pair, under asyncio and Trio alike: the client sees the same kind of
+    stream it opens to a daemon.
+    """
+
+    def __init__(self, tasks: Any) -> None:
+        self._tasks = tasks
+        self._accepted = _Inbox()
         self.connects = 0
 
-    async def connect(self) -> trio.abc.Stream:
-        client_end, daemon_end = trio.testing.memory_stream_pair()
+    async def connect(self) -> anyio.abc.ByteStream:
+        client_socket, daemon_socket = socket.socketpair()
+        client_end = await anyio.abc.UNIXSocketStream.from_socket(client_socket)
+        daemon_end = await anyio.abc.UNIXSocketStream.from_socket(daemon_socket)
         connection = FakeConnection(daemon_end)
-        await self._nursery.start(connection.serve)
+        await self._tasks.start(connection.serve)
         self.connects += 1
-        self._send.send_nowait(connection)
+        self._accepted.put(connection)
         return client_end
 
     async def accept(self) -> FakeConnection:
-        with trio.fail_after(WAIT_S):
-            return await self._accepted.receive()
+        with anyio.fail_after(WAIT_S):
+            connection: FakeConnection = await self._accepted.get()
+            return connection
 
 
 def wire_result(execution_id: str, **fields: Any) -> dict[str, Any]:

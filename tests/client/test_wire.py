@@ -8,7 +8,7 @@ import pytest
 
 from conduit.client import ConnectionLost, ExecutionResult, ProgramError
 from conduit.client.calls import effective_timeout_s, execute, list_tools
-from conduit.client.endpoint import Backoff, Endpoint, resolve_token
+from conduit.client.endpoint import Backoff, Endpoint, LoginToken, resolve_token
 from conduit.client.wire import LineBuffer, Notification, Reply, classify
 from tests.client.fake_daemon import wire_result
 
@@ -67,10 +67,13 @@ def test_endpoint_prefers_tcp_then_the_path_then_conduit_socket(monkeypatch: Any
 def test_token_comes_from_conduit_token_unless_given_or_refused(monkeypatch: Any) -> None:
     monkeypatch.setenv("CONDUIT_TOKEN", "cdt_env")
     assert (resolve_token(None), resolve_token("cdt_given"), resolve_token("")) == (
-        "cdt_env",
-        "cdt_given",
+        LoginToken("cdt_env"),
+        LoginToken("cdt_given"),
         None,
     )
+    fallback = LoginToken("cdt_file", fallback=True)
+    assert resolve_token(fallback) is fallback
+    assert "cdt_file" not in repr(fallback)
 
 
 def test_backoff_doubles_up_to_its_ceiling() -> None:
