@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from conduit.daemon.config import JavaScriptPolicy, PolicyConfig, PythonPolicy
-from conduit.executors.js_syntax import Dialect, MentionKind, parse
+from conduit.executors.js_syntax import Dialect, MentionKind, Syntax, parse
 
 __all__ = ["Policy", "Violation"]
 
@@ -559,10 +559,15 @@ class _JavaScriptReader:
             if deep is not None:
                 depth, offset = deep
                 return _too_deep(code, depth, self._max_depth, offset, _JAVASCRIPT_LINE_BREAKS)
-        if not syntax.complete:
+        # Text the grammar cannot read whole (a typo, or syntax newer than the grammar
+        # that the runtime may still accept) is still searched in what it could read:
+        # a forbidden word there is refused either way.
+        refused = self._forbidden(code, syntax) if triggered else None
+        if refused is None and not syntax.complete:
             return self._unreadable(code)
-        if not triggered:
-            return None
+        return refused
+
+    def _forbidden(self, code: str, syntax: Syntax) -> Violation | None:
         found: list[tuple[int, str, str]] = []
         for mention in syntax.mentions(self._words.words):
             if mention.kind is MentionKind.SPECIFIER:

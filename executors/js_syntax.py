@@ -320,14 +320,13 @@ class Syntax:
 
     def mentions(self, words: Iterable[str] | None = None) -> Iterator[Mention]:
         """What the program names, in source order of the nodes that name it (see
-        `MentionKind`); nothing for a program that is not `complete`.
+        `MentionKind`). For a program that is not `complete`, what the grammar read
+        around its errors: a deny list errs on the side of finding.
 
         With `words`, only the parts of the tree whose text holds one of them are read
         (all of it when the program spells anything with a `\\u` escape), so a large
         program that mentions a word once costs a walk down to it.
         """
-        if not self.complete:
-            return
         places = None if words is None else self._places(words)
         for node in self._nodes(places):
             found = self._mention(node)

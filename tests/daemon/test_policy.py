@@ -275,13 +275,21 @@ def test_js_rules_cover_javascript_and_each_executor_adds_its_own() -> None:
 
 
 def test_js_text_that_cannot_be_tokenized_runs_unless_refused() -> None:
-    code = "Deno.exit(1);\nconst s = 'unterminated"
+    code = "const ok = 1;\nconst s = 'unterminated"
     # Deno reports the program's own syntax error, at its line.
     assert check_ts(code) is None
+    assert check_ts("x.Deno;\n" + code) is None  # a rule's word, but no forbidden use
     strict = policy(javascript=JS_RULES, refuse_unparsable=True)
-    assert where(check_ts(code, rules=strict)) == ("javascript.syntax", None, None)
+    assert where(check_ts("x.Deno;\n" + code, rules=strict)) == ("javascript.syntax", None, None)
     # Text that mentions no rule's word is never read, so never refused.
-    assert check_ts("const s = 'unterminated", rules=strict) is None
+    assert check_ts(code, rules=strict) is None
+
+
+def test_js_text_the_grammar_cannot_read_is_still_searched() -> None:
+    # A typo, or syntax the runtime accepts and the grammar does not yet: what the
+    # grammar could read around it is still checked, with or without refuse_unparsable.
+    for code in ("Deno.exit(1);\nconst s = 'unterminated", "const x = #!;\nDeno.exit(1)"):
+        assert where(check_ts(code))[0] == "javascript.forbidden_global", code
 
 
 # --- Shape ------------------------------------------------------------------------------
