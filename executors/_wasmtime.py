@@ -428,10 +428,11 @@ class Interrupt:
 
     def check(self) -> None:
         """Stop if the deadline has passed or `watch` says so (the ticker's thread,
-        every tick, without the callback)."""
-        reason = self._due(time.monotonic())
-        if reason is not None:
-            self.stop(reason)
+        every tick, without the callback); once stopped, `stop` has moved the epoch."""
+        if self.reason is None:
+            reason = self._due(time.monotonic())
+            if reason is not None:
+                self.stop(reason)
 
     def _due(self, now: float) -> StopReason | None:
         """Why the guest must stop now, if it must (set as `reason`)."""
