@@ -420,10 +420,11 @@ class WasmExecutor:
         """Instances in an engine of their own, for one runner (blocking): without the
         epoch callback a guest is stopped by moving its engine's epoch, which must not
         stop any other runner's guest (see `_wasmtime.Interrupt`)."""
-        assert self._built is not None  # loaded
+        # Runners start once the component is loaded.
+        assert self._built is not None
+        assert self._loaded is not None
         assert self._instances is not None
         fuel = self._fuel is not None
-        assert self._loaded is not None
         engine = _wasmtime.new_engine(fuel=fuel)
         component = _wasmtime.map_again(engine, self._loaded)
         if component is None:  # the compiled file was replaced: check it again
@@ -710,8 +711,8 @@ class WasmExecutor:
     ) -> bool:
         """One execution in a runner's thread, in `instance` (or one made now with the
         runner's `instances` if it has none): hand `run` (the guest's answer, None) or
-        (None, the trap message), then close the store. Whether the runner may go on: not if the
-        execution was given up on before it finished (see `_abandon`)."""
+        (None, the trap message), then close the store. Whether the runner may go on:
+        not if the execution was given up on before it finished (see `_abandon`)."""
         try:
             if not execution.abandoned:  # given up on before the runner got to it
                 memory_bytes = job.limits.memory_mb * MIB
