@@ -32,8 +32,12 @@ Compiled code is the same with or without the pool, so the compiled-code cache i
 unaffected.
 
 wasmtime-py has no public way to the pool or to a store's epoch callback: both go
-through `_wasmtime_private`, and where that is off (another wasmtime version, say) an
-engine has no pool and an `Interrupt` only traps its guest once its time is up.
+through `_wasmtime_private`. Where that is off (another wasmtime version, say) an
+engine has no pool, and a store's epoch deadline can only trap: so an `Interrupt` is
+checked by the ticker's thread instead, and stops its guest by moving the epoch of an
+engine that store has to itself (`ticking` leaves such engines alone; `wasm.py` gives
+each runner one). A stop then takes effect as promptly, at the guest's next epoch
+check.
 """
 
 from __future__ import annotations
@@ -46,7 +50,6 @@ import functools
 import hashlib
 import importlib.metadata
 import logging
-import math
 import os
 import platform
 import threading
@@ -64,13 +67,18 @@ from conduit.executors.file_digest import file_version, sha256_hex
 
 __all__ = [
     "EPOCH_TICK_S",
+    "TICKER",
     "CompiledCache",
     "EpochTicker",
     "Interrupt",
+    "LoadedComponent",
     "StopReason",
     "cpu_key",
     "load_component",
+    "map_again",
     "new_engine",
+    "stops_by_callback",
+    "ticking",
     "wasmtime_version",
 ]
 
@@ -187,6 +195,9 @@ class EpochTicker:
         self._interval_s = interval_s
         # Replaced, never changed in place: the thread ticks whichever tuple it took.
         self._engines: tuple[wasmtime.Engine, ...] = ()
+        # Interrupts the thread checks at every tick (those without an epoch callback),
+        # replaced likewise.
+        self._watched: frozenset[Interrupt] = frozenset()
         self._changed = threading.Condition()  # guards the fields below
         self._stopping = False
         self._serving = False
@@ -221,6 +232,17 @@ class EpochTicker:
             with self._changed:
                 self._engines = tuple(e for e in self._engines if e is not engine)
             engine.increment_epoch()
+
+    def watch(self, interrupt: Interrupt) -> None:
+        """Check `interrupt` (`Interrupt.check`) at every tick, from the next one on,
+        until `unwatch`; the ticker holds it meanwhile."""
+        with self._changed:
+            self._watched = self._watched | {interrupt}
+            self._changed.notify_all()
+
+    def unwatch(self, interrupt: Interrupt) -> None:
+        with self._changed:
+            self._watched = self._watched - {interrupt}
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
@@ -278,27 +300,31 @@ class EpochTicker:
             with self._changed:
                 if self._running or self._began != began:
                     quiet_ticks = 0
-                if quiet_ticks >= IDLE_AFTER_TICKS or not self._engines:
+                if quiet_ticks >= IDLE_AFTER_TICKS or not (self._engines or self._watched):
                     self._wait_for_guests()
                     quiet_ticks = 0
                 began = self._began
                 if self._stopping:
                     return
-                engines = self._engines
+                engines, watched = self._engines, self._watched
             for engine in engines:
                 engine.increment_epoch()
-            del engines  # hold no engine while waiting
+            for interrupt in watched:
+                interrupt.check()
+            del engines, watched  # hold no engine while waiting
             quiet_ticks += 1
             with self._changed:
                 if self._changed.wait_for(lambda: self._stopping, self._interval_s):
                     return
 
     def _wait_for_guests(self) -> None:
-        """Until an engine is registered and a guest call is under way, or stopping
-        (with `_changed` held)."""
+        """Until an engine is registered or an interrupt watched and a guest call is
+        under way, or stopping (with `_changed` held)."""
         self._waiting_for_guests = True
         try:
-            self._changed.wait_for(lambda: self._stopping or (self._engines and self._running))
+            self._changed.wait_for(
+                lambda: self._stopping or ((self._engines or self._watched) and self._running)
+            )
         finally:
             self._waiting_for_guests = False
 
@@ -310,6 +336,19 @@ TICKER = EpochTicker()
 async def serve_ticker() -> None:
     """Run the shared ticker, now or once the task running it ends; until cancelled."""
     await TICKER.serve_shared()
+
+
+def stops_by_callback() -> bool:
+    """Whether interrupts made now stop their guests through the epoch callback
+    (`_wasmtime_private`), so stores may share an engine the ticker ticks; otherwise
+    each store that runs a program needs an engine of its own, never ticked."""
+    return private.AVAILABLE
+
+
+def ticking(engine: wasmtime.Engine) -> contextlib.AbstractContextManager[None]:
+    """`TICKER.registered(engine)` where stores stop through the epoch callback; a
+    no-op otherwise: there a tick would trap every store of `engine`."""
+    return TICKER.registered(engine) if stops_by_callback() else contextlib.nullcontext()
 
 
 class StopReason(enum.Enum):
@@ -326,9 +365,11 @@ WATCH_EVERY_S = 0.05
 class Interrupt:
     """When one store's guest must stop: its wall deadline, or a reason set from outside.
 
-    `stop` may be called from any thread; the store's epoch callback, which runs in the
-    thread running the guest, turns it into a trap within one tick (where there is one:
-    see `install`).
+    `stop` may be called from any thread. With `_wasmtime_private`, the store's epoch
+    callback, which runs in the thread running the guest, turns it into a trap within
+    one tick. Without it, the ticker's thread checks the deadline and `watch` at every
+    tick (`check`), and a stop moves the epoch of the store's engine, which the store
+    has to itself: the guest traps at its next epoch check (see `install`).
     """
 
     def __init__(self, timeout_s: float) -> None:
@@ -338,41 +379,72 @@ class Interrupt:
         self._callback = private.deadline_callback(self._on_deadline) if private.AVAILABLE else None
         self._watch: Callable[[], StopReason | None] | None = None
         self._next_watch = 0.0
+        # Without the callback: the engine whose epoch stops the guest, while installed
+        # (guarded by `_installed`, so that no stop reaches the store installed after).
+        self._engine: wasmtime.Engine | None = None
+        self._installed = threading.Lock()
 
     def stop(self, reason: StopReason) -> None:
         if self.reason is None:
             self.reason = reason
+        if self._engine is not None:
+            with self._installed:
+                if self._engine is not None:
+                    self._engine.increment_epoch()
 
     def watch(self, check: Callable[[], StopReason | None]) -> None:
         """Also stop for the reason `check` returns, if any: it runs on the guest's
-        thread, between its instructions, at most every WATCH_EVERY_S. It must not
-        raise."""
+        thread between its instructions (or on the ticker's), at most every
+        WATCH_EVERY_S. It must not raise."""
         self._watch = check
 
-    def install(self, store: wasmtime.Store) -> None:
-        """Check this interrupt every tick while `store` runs guest code.
+    def install(self, store: wasmtime.Store, engine: wasmtime.Engine) -> None:
+        """Check this interrupt every tick while `store` (of `engine`) runs guest code.
 
-        The store keeps only a pointer to this object's callback: keep the object alive
-        for as long as it is installed (until the store is closed or another is).
-
-        Without `_wasmtime_private`, there is no callback: the store traps once the
-        ticks to `deadline` have passed, and nothing else stops it.
+        With `_wasmtime_private`, the store keeps only a pointer to this object's
+        callback: keep the object alive for as long as it is installed (until the
+        store is closed or another is). Without it, `engine` must be the store's
+        alone and never ticked (see `ticking`): a stop moves its epoch, which traps the
+        store's guest; `uninstall` before closing the store or installing another.
         """
-        if self._callback is None:
-            ticks = math.ceil(max(self.deadline - time.monotonic(), 0) / EPOCH_TICK_S)
-            store.set_epoch_deadline(ticks + 1)
-            return
         store.set_epoch_deadline(1)
-        private.set_deadline_callback(store, self._callback)
+        if self._callback is not None:
+            private.set_deadline_callback(store, self._callback)
+            return
+        with self._installed:
+            self._engine = engine
+        TICKER.watch(self)
+        if self.reason is not None:
+            self.stop(self.reason)
 
-    def _on_deadline(self, _context, _data, delta, kind) -> int:  # type: ignore[no-untyped-def]
-        now = time.monotonic()
+    def uninstall(self) -> None:
+        """No longer stop the store `install` was given (without the callback; a no-op
+        with it, or if not installed)."""
+        if self._engine is None:
+            return
+        TICKER.unwatch(self)
+        with self._installed:
+            self._engine = None
+
+    def check(self) -> None:
+        """Stop if the deadline has passed or `watch` says so (the ticker's thread,
+        every tick, without the callback); once stopped, `stop` has moved the epoch."""
+        if self.reason is None:
+            reason = self._due(time.monotonic())
+            if reason is not None:
+                self.stop(reason)
+
+    def _due(self, now: float) -> StopReason | None:
+        """Why the guest must stop now, if it must (set as `reason`)."""
         if self.reason is None and now >= self.deadline:
             self.reason = StopReason.TIMEOUT
         if self.reason is None and self._watch is not None and now >= self._next_watch:
             self._next_watch = now + WATCH_EVERY_S
             self.reason = self._watch()
-        if self.reason is not None:
+        return self.reason
+
+    def _on_deadline(self, _context, _data, delta, kind) -> int:  # type: ignore[no-untyped-def]
+        if self._due(time.monotonic()) is not None:
             return private.new_error(f"conduit: execution stopped ({self.reason.value})")
         delta[0] = 1
         kind[0] = private.CONTINUE
@@ -408,6 +480,8 @@ class LoadedComponent:
     cache: CompiledCache
     path: Path
     seconds: float
+    # The `file_version` of the compiled file whose bytes were checked and mapped.
+    version: tuple[int, ...] = ()
 
 
 def load_component(
@@ -425,13 +499,28 @@ def load_component(
     compiled = wasm_path.with_name(f"compiled-{key}.cwasm")
     started = time.perf_counter()
     with _compile_lock(compiled.with_suffix(".lock")):
-        component, state = _load_or_compile(engine, wasm_path, compiled)
-    return LoadedComponent(component, state, compiled, time.perf_counter() - started)
+        component, state, version = _load_or_compile(engine, wasm_path, compiled)
+    return LoadedComponent(component, state, compiled, time.perf_counter() - started, version)
+
+
+def map_again(
+    engine: wasmtime.Engine, loaded: LoadedComponent
+) -> wasmtime.component.Component | None:
+    """`loaded`'s component in another `engine` (configured alike), mapped from the
+    file `load_component` checked, without checking its bytes again: None if that
+    file has changed since (then `load_component` it). Blocking."""
+    try:
+        if file_version(loaded.path) != loaded.version:
+            return None
+        component = wasmtime.component.Component.deserialize_file(engine, str(loaded.path))
+        return component if file_version(loaded.path) == loaded.version else None
+    except (OSError, wasmtime.WasmtimeError):
+        return None
 
 
 def _load_or_compile(
     engine: wasmtime.Engine, wasm_path: Path, compiled: Path
-) -> tuple[wasmtime.component.Component, CompiledCache]:
+) -> tuple[wasmtime.component.Component, CompiledCache, tuple[int, ...]]:
     checksum = compiled.with_suffix(".sha256")
     state = CompiledCache.MISS
     if compiled.exists():
@@ -445,7 +534,7 @@ def _load_or_compile(
                 # that were checked, if the file is still the one that was.
                 component = wasmtime.component.Component.deserialize_file(engine, str(compiled))
                 if file_version(compiled) == version:
-                    return component, CompiledCache.HIT
+                    return component, CompiledCache.HIT, version
                 log.warning("the compiled cache %s changed as it loaded; compiling", compiled)
             except wasmtime.WasmtimeError as exc:
                 log.warning("the compiled cache %s did not load (%s); compiling", compiled, exc)
@@ -458,9 +547,10 @@ def _load_or_compile(
     del data
     # Loaded as a later start loads it, mapped from its file, and the heap compiling
     # left behind (hundreds of megabytes, freed but kept by the C allocator) given back.
+    version = file_version(compiled)
     component = wasmtime.component.Component.deserialize_file(engine, str(compiled))
     release_free_memory()
-    return component, state
+    return component, state, version
 
 
 @contextlib.contextmanager

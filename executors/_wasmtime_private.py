@@ -2,15 +2,18 @@
 reaches into wasmtime-py's private `wasmtime._ffi`, for two things:
 
 - the pooling allocator (`use_pooling_allocator`, see `_wasmtime.new_engine`): without
-  it, an execution arriving a moment after the last (as an agent's do) takes ~15%
-  longer end to end for a trivial wasm-js program, ~40% for wasm-python, and ~17% for
-  the benchmark's realistic Python program (~3% for its JavaScript one). Executions
-  sent back to back gain nothing: the pool's reset then competes with the next one
-  for the CPU;
+  it, an execution arriving a moment after the last (as an agent's do) takes 25-45%
+  longer end to end for a trivial program on either guest, 8-45% for the benchmark's
+  realistic programs, and 8 clients get ~20% fewer realistic programs done a second
+  (daemons on a shared two-core VM, alternated, medians of paired ratios). Executions
+  sent back to back gain nothing (~12% slower with it): the pool's reset then
+  competes with the next one for the CPU;
 - a store's epoch-deadline callback (`deadline_callback`, `set_deadline_callback`),
-  through which each store decides at every tick whether its guest goes on
-  (`_wasmtime.Interrupt`): without it a store can only be given a deadline when its
-  guest starts, so a stop from outside cannot reach a guest that computes.
+  through which each store decides at every tick, on its guest's thread, whether the
+  guest goes on (`_wasmtime.Interrupt`): stores then share their executor's engine,
+  and a guest back from a wait takes a CPU slot again before it runs on (`wasm_slots`).
+  Against the public path it buys no speed the same runs could tell from noise: it
+  stays for the CPU slots.
 
 `AVAILABLE` says whether callers may use it: only with the wasmtime version pinned in
 pyproject.toml (private names change without notice), with every name it uses present,
@@ -18,10 +21,10 @@ and unless the environment sets `CONDUIT_PUBLIC_APIS_ONLY`. Otherwise each calle
 its public path (the tests run both), and why is logged once:
 
 - instances map fresh memory for each execution (no pool), which is slower;
-- a store traps once its execution's time is up, counted in epoch ticks. A stop from
-  outside (cancelled, an output or files limit) is reported at once, but the guest
-  runs on in its thread until then, and guests that compute are not held to the CPU
-  slots (`wasm_slots`: no tick reaches their seats).
+- each runner has an engine of its own, whose epoch moves only to stop its store's
+  guest: the ticker's thread checks each execution's deadline and limits, and a stop
+  takes effect as promptly as with the callback. But guests that compute are not
+  held to the CPU slots (`wasm_slots`: no tick reaches their threads).
 """
 
 from __future__ import annotations
@@ -110,8 +113,8 @@ UNAVAILABLE_REASON = _unavailable_reason()
 AVAILABLE = UNAVAILABLE_REASON is None
 if not AVAILABLE:
     log.warning(
-        "using wasmtime's public API only (%s): executions run slower, and a stopped "
-        "guest runs on until its time is up",
+        "using wasmtime's public API only (%s): executions run slower, and guests "
+        "that compute are not held to the CPU slots",
         UNAVAILABLE_REASON,
     )
 

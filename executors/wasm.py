@@ -272,6 +272,7 @@ class WasmExecutor:
         self._runners: Runners | None = None
         self._scratch: ScratchDirs | None = None
         self._built: BuiltComponent | None = None
+        self._loaded: _wasmtime.LoadedComponent | None = None
         self._compiled_cache: str | None = None
         self._timings: dict[str, float] = {}
         self._progress = BuildProgress(self.name)
@@ -306,7 +307,7 @@ class WasmExecutor:
         failed build or load.
         """
         try:
-            with _wasmtime.TICKER.registered(self._engine):
+            with _wasmtime.ticking(self._engine):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(_wasmtime.serve_ticker)
                     nursery.start_soon(self._slots.serve)
@@ -320,6 +321,9 @@ class WasmExecutor:
                             count=RUNNERS,
                             limit=MAX_RUNNERS,
                             threads=self._threads,
+                            own_instances=(
+                                None if _wasmtime.stops_by_callback() else self._own_instances
+                            ),
                         )
                         nursery.start_soon(self._runners.serve)
         finally:
@@ -371,7 +375,8 @@ class WasmExecutor:
             loaded = _wasmtime.load_component(
                 self._engine, built.path, built.component_hash, fuel=self._fuel is not None
             )
-        instances = self._instances_of(loaded.component)
+        instances = self._instances_of(self._engine, loaded.component)
+        self._bounded_waits = instances.bounded_waits
         self._timings = {
             "build_s" if built.built else "build_check_s": round(built.seconds, 3),
             ("compile_s" if loaded.cache is not _wasmtime.CompiledCache.HIT else "deserialize_s"): (
@@ -379,40 +384,62 @@ class WasmExecutor:
             ),
         }
         self._compiled_cache = loaded.cache.value
+        self._loaded = loaded
         self._instances = instances
         log.info("%s component %s ready (%s)", self.name, built.component_hash[:12], self._timings)
 
-    def _instances_of(self, component: wasmtime.component.Component) -> Instances:
-        """Instances of `component` whose waits end by their deadlines, or, if it cannot
-        be linked so (logged), with Wasmtime's own clock: a blocked guest then lingers,
-        within `wasm_lingering`'s caps."""
+    def _instances_of(
+        self,
+        engine: wasmtime.Engine,
+        component: wasmtime.component.Component,
+        base_memory_mib: int | None = None,
+    ) -> Instances:
+        """Instances of `component` (of `engine`) whose waits end by their deadlines,
+        or, if it cannot be linked so (logged), with Wasmtime's own clock: a blocked
+        guest then lingers, within `wasm_lingering`'s caps."""
         fuel = self._fuel is not None
         read_only = self.read_only_dirs(self._built.path.parent) if self._built else ()
         if self.files and self._scratch is None:
             self._scratch = ScratchDirs(self._cache_dir / SCRATCH_DIR / self.name)
-        mounts = {"read_only": read_only, "scratch": self._scratch}
-        clock = BoundedClock(self._engine)
-        linker = self._linker()
+        options = {
+            "read_only": read_only,
+            "scratch": self._scratch,
+            "fuel": fuel,
+            "base_memory_mib": base_memory_mib,
+        }
+        clock = BoundedClock(engine)
+        linker = self._linker(engine)
         if self.host_bounds_waits and clock.install(linker, component):
             try:
-                instances = Instances(
-                    self._engine, linker, component, fuel=fuel, clock=clock, **mounts
-                )
+                return Instances(engine, linker, component, clock=clock, **options)
             except wasmtime.WasmtimeError as exc:
                 log.warning("%s: bounded guest waits do not link (%s)", self.name, exc)
-            else:
-                self._bounded_waits = True
-                return instances
-        self._bounded_waits = False
-        return Instances(self._engine, self._linker(), component, fuel=fuel, **mounts)
+        return Instances(engine, self._linker(engine), component, **options)
+
+    def _own_instances(self) -> Instances:
+        """Instances in an engine of their own, for one runner (blocking): without the
+        epoch callback a guest is stopped by moving its engine's epoch, which must not
+        stop any other runner's guest (see `_wasmtime.Interrupt`)."""
+        # Runners start once the component is loaded.
+        assert self._built is not None
+        assert self._loaded is not None
+        assert self._instances is not None
+        fuel = self._fuel is not None
+        engine = _wasmtime.new_engine(fuel=fuel)
+        component = _wasmtime.map_again(engine, self._loaded)
+        if component is None:  # the compiled file was replaced: check it again
+            built = self._built
+            loaded = _wasmtime.load_component(engine, built.path, built.component_hash, fuel=fuel)
+            component = loaded.component
+        return self._instances_of(engine, component, self._instances.base_memory_mib)
 
     def read_only_dirs(self, component_dir: Path) -> tuple[tuple[Path, str], ...]:
         """The host directories every instance sees, read-only, as (host, guest) paths:
         files the guest's build left beside the component in `component_dir`."""
         return ()
 
-    def _linker(self) -> wasmtime.component.Linker:
-        linker = wasmtime.component.Linker(self._engine)
+    def _linker(self, engine: wasmtime.Engine) -> wasmtime.component.Linker:
+        linker = wasmtime.component.Linker(engine)
         linker.add_wasip2()
         # A module function, not a method: the linker holds what is registered until it
         # is freed, and a method would keep this executor (its engine, compiled code
@@ -566,7 +593,9 @@ class WasmExecutor:
         """
         interrupt = execution.interrupt
         interrupt.deadline = time.monotonic() + job.limits.timeout_ms / 1000
-        runner.hand(functools.partial(self._work, job, request, execution, capture))
+        assert runner.instances is not None  # it reported ready
+        work = functools.partial(self._work, job, request, execution, capture, runner.instances)
+        runner.hand(work)
         execution.handed = True
         try:
             if not await _wait_answer(execution, job.stop):
@@ -677,20 +706,20 @@ class WasmExecutor:
         request: str,
         execution: _Execution,
         capture: OutputCapture,
+        instances: Instances,
         instance: Instance | None,
     ) -> bool:
-        """One execution in a runner's thread, in `instance` (or one made now if the
-        runner has none): hand `run` (the guest's answer, None) or (None, the trap
-        message), then close the store. Whether the runner may go on: not if the
-        execution was given up on before it finished (see `_abandon`)."""
+        """One execution in a runner's thread, in `instance` (or one made now with the
+        runner's `instances` if it has none): hand `run` (the guest's answer, None) or
+        (None, the trap message), then close the store. Whether the runner may go on:
+        not if the execution was given up on before it finished (see `_abandon`)."""
         try:
             if not execution.abandoned:  # given up on before the runner got to it
                 memory_bytes = job.limits.memory_mb * MIB
                 answer: _Answer | BaseException
                 try:
                     if instance is None:
-                        assert self._instances is not None  # runners exist once loaded
-                        instance = self._instances.new(memory_bytes)
+                        instance = instances.new(memory_bytes)
                     output = self._run_guest(instance, memory_bytes, request, execution, capture)
                     execution.answered_at = time.monotonic()
                     answer = (output, None)

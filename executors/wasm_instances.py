@@ -104,6 +104,8 @@ class Instance:
     """A store holding one instance of the component, its `run` export and output."""
 
     store: wasmtime.Store
+    # The store's engine, whose epoch stops it where interrupts have no callback.
+    engine: wasmtime.Engine
     run: StringExport
     output: OutputRoute
     # The interrupt the store calls back into: it must live as long as it is installed
@@ -117,7 +119,8 @@ class Instance:
     def install(self, interrupt: _wasmtime.Interrupt, *, files_bytes: int = 0) -> None:
         """Stop the guest by `interrupt` from now on (the execution's, when taken), and
         once its files take more than `files_bytes` (if it has a scratch directory)."""
-        interrupt.install(self.store)
+        self.interrupt.uninstall()
+        interrupt.install(self.store, self.engine)
         self.interrupt = interrupt
         if self.clock is not None:
             self.clock.interrupt = interrupt
@@ -133,6 +136,7 @@ class Instance:
 
     def close(self) -> None:
         try:
+            self.interrupt.uninstall()
             self.store.close()
         finally:
             if self.scratch is not None:
@@ -153,8 +157,9 @@ class Instances:
     to write its files in (if given), and nothing else of the host.
 
     Creating it makes a first instance, then finds `base_memory_mib` by instantiating
-    under shrinking limits (a few milliseconds up to ~50 for CPython, once): blocking,
-    like every method.
+    under shrinking limits (a few milliseconds up to ~50 for CPython, once), unless
+    `base_memory_mib` is given (found for the same component in another engine):
+    blocking, like every method.
     """
 
     def __init__(
@@ -167,6 +172,7 @@ class Instances:
         clock: BoundedClock | None = None,
         read_only: Sequence[tuple[Path, str]] = (),
         scratch: ScratchDirs | None = None,
+        base_memory_mib: int | None = None,
     ) -> None:
         self._engine = engine
         self._clock = clock
@@ -175,6 +181,11 @@ class Instances:
         self._linker = linker
         self._component = component
         self._fuel = fuel
+        # Whether its guests' waits end by their deadlines (`wasm_clock`).
+        self.bounded_waits = clock is not None
+        if base_memory_mib is not None:
+            self.base_memory_mib = base_memory_mib
+            return
         self._first_instance()
         self.base_memory_mib = self._smallest_memory_mib()
 
@@ -189,6 +200,7 @@ class Instances:
         """
         store = wasmtime.Store(self._engine)
         scratch = self._scratch.new() if self._scratch is not None else None
+        interrupt: _wasmtime.Interrupt | None = None
         try:
             if memory_bytes is not None:
                 store.set_limits(memory_size=memory_bytes)
@@ -204,7 +216,7 @@ class Instances:
                 wasi.preopen_dir(str(scratch.path), SCRATCH_GUEST, fs_mutable=True)
             store.set_wasi(wasi)
             interrupt = _wasmtime.Interrupt(INSTANTIATE_TIMEOUT_S)
-            interrupt.install(store)
+            interrupt.install(store, self._engine)
             clock = self._clock.attach(store, interrupt) if self._clock is not None else None
             guest = clock.running() if clock is not None else _NOTHING
             with _wasmtime.TICKER.running(), guest:
@@ -215,11 +227,13 @@ class Instances:
                 if scratch is not None:
                     export(store, PREPARE_REQUEST)
         except BaseException:
+            if interrupt is not None:
+                interrupt.uninstall()
             store.close()
             if scratch is not None:
                 scratch.remove()
             raise
-        return Instance(store, export, output, interrupt, clock, scratch)
+        return Instance(store, self._engine, export, output, interrupt, clock, scratch)
 
     def standby(self) -> Instance | None:
         """A new instance without a memory limit, made ahead of its execution; None if

@@ -22,6 +22,11 @@ execution, whose guest may still be blocked, and starts a replacement with `add`
 When `serve` is cancelled, every runner is told to stop and their threads are waited
 for, briefly: a guest blocked in a WASI call may keep one a moment longer.
 
+A runner makes its instances with the executor's `Instances`, or, given `own_instances`,
+with `Instances` of its own, made as its thread starts: where a guest is stopped by
+moving its engine's epoch, no other runner's store may share that engine (see
+`_wasmtime.Interrupt`).
+
 A runner runs one execution from start to end, waits included: a guest waiting on a
 tool or a timer keeps its thread and its store. So `Runners` keeps `count` runners,
 and starts more, up to `limit`, when every one it has is taken and somebody waits for
@@ -81,10 +86,16 @@ class _Owner(Protocol):
 
 
 class Runner:
-    """One worker thread's loop (`loop`), and how the Trio side hands it work."""
+    """One worker thread's loop (`loop`), and how the Trio side hands it work.
 
-    def __init__(self, instances: Instances, owner: _Owner) -> None:
-        self._instances = instances
+    `instances` is what the runner makes its instances with: `Instances`, or a function
+    making them, called in the runner's thread as it starts (a runner whose call fails
+    retires, logged). Once it has reported ready, `instances` is the `Instances`.
+    """
+
+    def __init__(self, instances: Instances | Callable[[], Instances], owner: _Owner) -> None:
+        self._make_instances = instances
+        self.instances: Instances | None = instances if isinstance(instances, Instances) else None
         self._owner = owner
         self._mailbox: queue.SimpleQueue[Work | None] = queue.SimpleQueue()
         self._stopping = False
@@ -128,8 +139,9 @@ class Runner:
         work: Work | None = None
         instance = None
         try:
-            while not self._stopping:
-                instance = self._instances.standby()
+            instances = self._start()
+            while instances is not None and not self._stopping:
+                instance = instances.standby()
                 self._priority.restore()  # the work lowered it once it had answered
                 self._owner.on_ready(self)
                 work = self._wait_for_work()
@@ -148,9 +160,22 @@ class Runner:
             thread_priority.release()  # the thread goes back to Trio's cache
             # Nothing of the executor stays reachable from this thread once it says it
             # is finished: it may take a while yet to unwind on a busy machine.
-            work = instance = None
-            self._instances = self._owner = None  # type: ignore[assignment]
+            work = instance = instances = None
+            self.instances = self._make_instances = self._owner = None  # type: ignore[assignment]
             self.finished.set()
+
+    def _start(self) -> Instances | None:
+        """The runner's `Instances`, made now if it has its own; None (logged, and the
+        runner retired) if that failed."""
+        if self.instances is not None:
+            return self.instances
+        try:
+            self.instances = self._make_instances()  # type: ignore[operator]
+        except Exception:
+            log.exception("a Wasmtime runner could not load its component; it retires")
+            self._owner.done(self, False)
+            return None
+        return self.instances
 
     def _wait_for_work(self) -> Work | None:
         """The next work, or None to stop (told to, or let go while idle)."""
@@ -164,7 +189,8 @@ class Runner:
 
 class Runners:
     """An executor's runners: `count` of them while `serve` runs, up to `limit` while
-    every one is taken (see the module docstring), and which are ready.
+    every one is taken (see the module docstring), and which are ready. Each makes its
+    instances with `instances`, or with `own_instances()` if given.
 
     `take` (Trio side) gives a ready runner, waiting for one if none is; each runner
     runs one execution at a time, so the caller bounds how many it takes at once. A
@@ -180,8 +206,10 @@ class Runners:
         threads: trio.CapacityLimiter,
         limit: int | None = None,
         idle_retire_s: float = IDLE_RETIRE_S,
+        own_instances: Callable[[], Instances] | None = None,
     ) -> None:
-        self._instances = instances
+        # What each runner makes its instances with (see the module docstring).
+        self._instances: Instances | Callable[[], Instances] = own_instances or instances
         self._count = count
         self._limit = max(count, limit if limit is not None else count)
         self._threads = threads

@@ -20,6 +20,10 @@ Guests coming back from a wait get slots before guests that have not started: th
 hold stores and runner threads already, and finishing them frees both. A guest that
 only computes keeps its slot until it ends.
 
+Beats and `regain` come from the epoch callback (`_wasmtime_private`). Without it no
+tick reaches the guest's thread: a guest keeps its slot while it waits in a WASI call
+unless it is taken, and a guest whose slot was taken runs on without one.
+
 Everything here but `Seat.beat` and `Seat.held` (read and written by the guest's
 thread between its instructions) belongs to the Trio thread.
 """
@@ -204,3 +208,9 @@ class GuestInterrupt(_wasmtime.Interrupt):
         if not seat.held and self.reason is None and now < self.deadline and self.regain:
             self.regain()
         return super()._on_deadline(context, data, delta, kind)
+
+    def check(self) -> None:
+        # Without the epoch callback (the ticker's thread): a wait for a slot is
+        # queueing, and the deadline moves on by it once it ends.
+        if not self.seat.resuming:
+            super().check()

@@ -277,7 +277,8 @@ def test_a_compiled_cache_replaced_as_it_loads_is_compiled_again(
     source, component_hash = _tiny(tmp_path)
     engine = _wasmtime.new_engine()
     _wasmtime.load_component(engine, source, component_hash)  # compiled and cached
-    versions = iter([(1,), (2,)])  # checked, then found another file once mapped
+    # Checked, then found another file once mapped, then the file compiled.
+    versions = iter([(1,), (2,), (3,)])
     monkeypatch.setattr(_wasmtime, "file_version", lambda _path: next(versions))
     loaded = _wasmtime.load_component(engine, source, component_hash)
     assert loaded.cache is _wasmtime.CompiledCache.REBUILT
