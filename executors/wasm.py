@@ -116,6 +116,9 @@ LOAD_RETRY_FIRST_S = 5.0
 LOAD_RETRY_MAX_S = 300.0
 # JSON-RPC "internal error", for a host-call failure that is no RpcError.
 INTERNAL_ERROR = -32603
+# Programs up to this many characters are read on the event loop: a microsecond-scale
+# job; a larger one may take a parse of hundreds of milliseconds.
+INLINE_REQUEST_CHARS = 4096
 # The execution whose guest this thread is running, for its `host-call` import: a
 # runner runs one guest at a time.
 _RUNNING = threading.local()
@@ -519,7 +522,7 @@ class WasmExecutor:
         interrupt.regain = functools.partial(_regain_slot, execution)
         self._runs += 1
         try:
-            request = self.request_for(job)
+            request = await self._request(job)
         except ProgramRejected as exc:
             outcome = outcomes.captured(capture)
             outcome.status, outcome.error, outcome.exit_code = Status.ERROR, exc.error, 1
@@ -694,6 +697,13 @@ class WasmExecutor:
             "was cancelled); its runner finishes when the guest comes back",
             self.name,
         )
+
+    async def _request(self, job: Job) -> str:
+        """`request_for(job)`, in a worker thread for a program large enough that reading
+        it (wasm-js parses it) would hold up the event loop and every other connection."""
+        if len(job.code) <= INLINE_REQUEST_CHARS:
+            return self.request_for(job)
+        return await trio.to_thread.run_sync(self.request_for, job, abandon_on_cancel=True)
 
     def request_for(self, job: Job) -> str:
         """The guest's JSON request for `job`; raises `ProgramRejected` to refuse it."""

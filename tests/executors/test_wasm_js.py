@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -250,3 +251,22 @@ def test_the_component_is_built_once_and_then_reused(wasm_cache: Path) -> None:
     built = ensure_component(JS_GUEST, wasm_cache)
     assert not built.built
     assert built.path.parent.name == f"wasm-js-{built.inputs_hash[:16]}"
+
+
+async def test_a_large_program_is_read_off_the_event_loop(
+    wasm_js: WasmJsExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    readers: list[bool] = []
+    request_for = wasm_js.request_for
+
+    def recorded(job: Job) -> str:
+        readers.append(threading.current_thread() is threading.main_thread())
+        return request_for(job)
+
+    monkeypatch.setattr(wasm_js, "request_for", recorded)
+    small = "const xs = [1, 2, 3];\nxs.length"
+    large = "let n = 0;\n" + "n += 1;\n" * 2_000 + "n"
+    assert (await run(wasm_js, small)).result == 3
+    assert (await run(wasm_js, large)).result == 2_000
+    # The small one on the event loop's thread, the large one (a parse of its own) not.
+    assert readers == [True, False]
