@@ -32,6 +32,19 @@ settings.register_profile("conduit", deadline=None)
 settings.load_profile("conduit")
 
 
+# Whole directories that drive real daemons and runtimes end to end, or attack them:
+# `pytest -m "not slow"` is the quick loop of everything else.
+SLOW_DIRECTORIES = ("e2e", "security")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tests = Path(__file__).parent
+    for item in items:
+        parts = item.path.relative_to(tests).parts
+        if len(parts) > 1 and parts[0] in SLOW_DIRECTORIES:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_user_dirs() -> Iterator[None]:
     """The session's own runtime and state directories, and none of the caller's

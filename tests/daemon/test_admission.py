@@ -93,6 +93,7 @@ async def flood_closer() -> AsyncIterator[list[trio.SocketStream]]:
             await stream.aclose()
 
 
+@pytest.mark.slow
 async def test_a_tcp_flood_leaves_the_owner_and_the_sandboxes_served(
     start_daemon: Any, connect: Any, flood_closer: list[trio.SocketStream]
 ) -> None:

@@ -19,6 +19,9 @@ from conduit.executors.base import Job, Limits, Outcome, Status
 from conduit.executors.wasm_python import WasmPythonExecutor
 from tests.sandboxes import LOAD_WAIT_S, WAIT_S, NoBridge
 
+# A fuel-counting engine compiles the component afresh.
+pytestmark = pytest.mark.slow
+
 # A trivial program uses ~1 M units and an endless loop burns this in ~10 ms: small
 # enough to stop the loop long before any wall timeout, generous for real work.
 FUEL = 50_000_000
