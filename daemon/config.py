@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from conduit.core.addresses import default_socket_path, is_loopback, parse_tcp_address
 from conduit.core.errors import ConfigError
-from conduit.gateway.fetch import FetchConfig
+from conduit.gateway.fetch_config import FetchConfig
 from conduit.gateway.settings import UpstreamList
 
 __all__ = [

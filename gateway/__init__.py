@@ -7,29 +7,6 @@ gateway knows nothing of the daemon's sockets, tokens or JSON-RPC: the daemon
 translates its `GatewayError`s at one boundary.
 """
 
-from conduit.gateway.allowlist import Allowlist
-from conduit.gateway.catalogue import Catalogue, LocalTool, LocalUpstream, error_of, value_of
-from conduit.gateway.model import Tool, UpstreamState, UpstreamStatus
-from conduit.gateway.sdk import python_stubs, typescript_declarations
-from conduit.gateway.settings import HttpUpstreamSettings, StdioUpstreamSettings
-from conduit.gateway.ssrf import DestinationRefused, SsrfGuard
-from conduit.gateway.upstream import Upstream
-
-__all__ = [
-    "Allowlist",
-    "Catalogue",
-    "DestinationRefused",
-    "HttpUpstreamSettings",
-    "LocalTool",
-    "LocalUpstream",
-    "SsrfGuard",
-    "StdioUpstreamSettings",
-    "Tool",
-    "Upstream",
-    "UpstreamState",
-    "UpstreamStatus",
-    "error_of",
-    "python_stubs",
-    "typescript_declarations",
-    "value_of",
-]
+# Nothing is imported here: the daemon's configuration reads the gateway's settings
+# modules alone, and `conduit` commands must not pay for the MCP SDK and httpx.
+__all__: list[str] = []
