@@ -18,6 +18,7 @@ A client cannot mint a label value. This module knows nothing of HTTP
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Container, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
@@ -112,6 +113,18 @@ class Transported(Protocol):
     transport: str
 
 
+@dataclass(frozen=True)
+class GaugeSources:
+    """What a scrape reads the daemon's gauges from: its own live state, not copies."""
+
+    connections: Collection[Transported]
+    auth: Authenticator
+    events: EventBus
+    admission: Admission
+    executions: Executions
+    catalogue: Catalogue
+
+
 class Metrics:
     """One daemon's metrics. `observe` is its event sink; `exposition()` is a scrape.
 
@@ -119,17 +132,7 @@ class Metrics:
     rest is what a scrape reads its gauges from.
     """
 
-    def __init__(
-        self,
-        methods: Container[str],
-        *,
-        connections: Collection[Transported],
-        auth: Authenticator,
-        events: EventBus,
-        admission: Admission,
-        executions: Executions,
-        catalogue: Catalogue,
-    ) -> None:
+    def __init__(self, methods: Container[str], sources: GaugeSources) -> None:
         self._methods = methods
         self.registry = CollectorRegistry()
         registry = self.registry
@@ -188,7 +191,7 @@ class Metrics:
                 registry=registry,
             )
         )
-        registry.register(_State(connections, auth, events, admission, executions, catalogue))
+        registry.register(_State(sources))
         # CPU, memory, file descriptors and start time of the daemon's process.
         ProcessCollector(registry=registry)
 
@@ -225,21 +228,8 @@ class Metrics:
 class _State:
     """Gauges and totals the daemon already keeps, read from its snapshots when scraped."""
 
-    def __init__(
-        self,
-        connections: Collection[Transported],
-        auth: Authenticator,
-        events: EventBus,
-        admission: Admission,
-        executions: Executions,
-        catalogue: Catalogue,
-    ) -> None:
-        self._connections = connections
-        self._auth = auth
-        self._events = events
-        self._admission = admission
-        self._executions = executions
-        self._catalogue = catalogue
+    def __init__(self, sources: GaugeSources) -> None:
+        self._sources = sources
 
     def collect(self) -> Iterator[Metric]:
         yield _gauge(
@@ -258,7 +248,7 @@ class _State:
             "transport",
         )
         by_transport = dict.fromkeys(("unix", "tcp", "sandbox"), 0)
-        for connection in self._connections:
+        for connection in self._sources.connections:
             by_transport[connection.transport] = by_transport.get(connection.transport, 0) + 1
         for transport, count in sorted(by_transport.items()):
             connections.add_metric([transport], count)
@@ -266,19 +256,21 @@ class _State:
         yield _gauge(
             "conduit_session_tokens",
             "Session tokens valid now: one per running execution.",
-            self._auth.live_sessions(),
+            self._sources.auth.live_sessions(),
         )
         yield _gauge(
-            "conduit_event_subscribers", "Event subscriptions open now.", self._events.subscribers
+            "conduit_event_subscribers",
+            "Event subscriptions open now.",
+            self._sources.events.subscribers,
         )
         yield CounterMetricFamily(
             "conduit_auth_failures",
             "Tokens presented that were not valid.",
-            value=self._auth.failures,
+            value=self._sources.auth.failures,
         )
 
     def _execution_gauges(self) -> Iterator[Metric]:
-        admission = self._admission.statistics()
+        admission = self._sources.admission.statistics()
         yield _gauge("conduit_executions_active", "Executions running now.", admission.running)
         yield _gauge(
             "conduit_executions_queued",
@@ -298,7 +290,7 @@ class _State:
         yield _gauge(
             "conduit_draining",
             "1 while the daemon is shutting down and refusing new executions.",
-            int(self._executions.draining),
+            int(self._sources.executions.draining),
         )
 
     def _upstream_gauges(self) -> Iterator[Metric]:
@@ -317,7 +309,7 @@ class _State:
             "Times the upstream was restarted or reconnected.",
             "upstream",
         )
-        for status in self._catalogue.statuses():
+        for status in self._sources.catalogue.statuses():
             up.add_metric([status.name], int(status.state is UpstreamState.READY))
             tools.add_metric([status.name], status.tools)
             restarts.add_metric([status.name], status.restarts)
@@ -357,7 +349,7 @@ class _State:
             key: _family(CounterMetricFamily, name, help_text, "executor")
             for key, (name, help_text) in _POOL_COUNTERS.items()
         }
-        for info in self._executions.registry.infos(configured_only=True):
+        for info in self._sources.executions.registry.infos(configured_only=True):
             available.add_metric([info.name], int(info.available))
             pool = info.pool or {}
             if "idle" not in pool:

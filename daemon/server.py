@@ -71,7 +71,7 @@ from conduit.daemon.listeners import (
     remove_socket_file,
 )
 from conduit.daemon.methods import method_table
-from conduit.daemon.metrics import CONTENT_TYPE, Metrics
+from conduit.daemon.metrics import CONTENT_TYPE, GaugeSources, Metrics
 from conduit.daemon.metrics_endpoint import MetricsEndpoint
 from conduit.daemon.policy import Policy
 from conduit.daemon.tool_access import ToolAccess
@@ -149,12 +149,14 @@ class Daemon:
         self.tools.catalogue.watch(self._tools_changed)
         self.metrics = Metrics(
             self.methods,
-            connections=self.connections,
-            auth=self.auth,
-            events=self.events,
-            admission=self.admission,
-            executions=self.executions,
-            catalogue=self.tools.catalogue,
+            GaugeSources(
+                connections=self.connections,
+                auth=self.auth,
+                events=self.events,
+                admission=self.admission,
+                executions=self.executions,
+                catalogue=self.tools.catalogue,
+            ),
         )
         self.events.add_sink(self.metrics.observe)
         # Where the metrics are served, or why they are not (set by `serve`).

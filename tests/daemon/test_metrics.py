@@ -17,7 +17,7 @@ from conduit.core.errors import ConfigError, MethodNotFound, ParseError, Unauthe
 from conduit.daemon.auth import Authenticator
 from conduit.daemon.config import AuthConfig, load_config
 from conduit.daemon.events import EventBus
-from conduit.daemon.metrics import Metrics
+from conduit.daemon.metrics import GaugeSources, Metrics
 from conduit.daemon.metrics_endpoint import (
     MAX_REQUEST_BYTES,
     MAX_SCRAPES,
@@ -349,12 +349,14 @@ def test_metrics_read_the_parts_they_are_given() -> None:
     assert auth.authenticate_token("wrong") is None
     metrics = Metrics(
         {"ping"},
-        connections=[_Connection("unix"), _Connection("sandbox"), _Connection("sandbox")],
-        auth=auth,
-        events=EventBus(),
-        admission=fx.admission,
-        executions=fx.executions,
-        catalogue=Catalogue(),
+        GaugeSources(
+            connections=[_Connection("unix"), _Connection("sandbox"), _Connection("sandbox")],
+            auth=auth,
+            events=EventBus(),
+            admission=fx.admission,
+            executions=fx.executions,
+            catalogue=Catalogue(),
+        ),
     )
     metrics.count_request("ping", "ok")
     metrics.count_request("no/such", MethodNotFound.code)
