@@ -29,6 +29,16 @@ def reply(ident: Any, result: Any) -> dict[str, Any]:
 # ---- framing -----------------------------------------------------------------------
 
 
+def answers_once_open(gate: trio.Event) -> Any:
+    """A handler that answers `{"slow": true}` once `gate` is set."""
+
+    async def slow(params: Any, peer: Any, principal: Any) -> Any:
+        await gate.wait()
+        return {"slow": True}
+
+    return slow
+
+
 async def test_a_request_is_answered_with_one_line(nursery: trio.Nursery) -> None:
     peer, _, dispatch = open_connection(nursery)
     await peer.send_line(b'{"jsonrpc":"2.0","id":1,"method":"ping"}')
@@ -193,10 +203,7 @@ async def test_pipelined_requests_run_concurrently_and_answer_by_id(
     nursery: trio.Nursery,
 ) -> None:
     gate = trio.Event()
-
-    async def slow(params: Any, peer: Any, principal: Any) -> Any:
-        await gate.wait()
-        return {"slow": True}
+    slow = answers_once_open(gate)
 
     async def fast(params: Any, peer: Any, principal: Any) -> Any:
         gate.set()
@@ -303,11 +310,7 @@ async def test_a_peer_that_stops_reading_is_not_buffered_without_bound(
 
 async def test_a_half_closed_peer_still_gets_its_replies(nursery: trio.Nursery) -> None:
     gate = trio.Event()
-
-    async def slow(params: Any, peer: Any, principal: Any) -> Any:
-        await gate.wait()
-        return {"slow": True}
-
+    slow = answers_once_open(gate)
     peer, _, _ = open_connection(nursery, FakeDispatch(slow=slow))
     await peer.send_line(b'{"id":1,"method":"slow"}\n{"id":2,"method":"ping"}')
     await peer.stream.send_eof()
@@ -340,11 +343,7 @@ async def test_stop_reading_answers_what_is_in_flight_then_closes(
     nursery: trio.Nursery,
 ) -> None:
     gate = trio.Event()
-
-    async def slow(params: Any, peer: Any, principal: Any) -> Any:
-        await gate.wait()
-        return {"slow": True}
-
+    slow = answers_once_open(gate)
     peer, connection, dispatch = open_connection(nursery, FakeDispatch(slow=slow))
     await peer.send_line(b'{"id":1,"method":"slow"}')
     await trio.testing.wait_all_tasks_blocked()
