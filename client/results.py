@@ -1,7 +1,7 @@
 """Typed views of what the daemon answers: execution results, output, events, tools.
 
 Each is a frozen dataclass built by `from_wire(...)` from the JSON the daemon sends
-(`ExecutionResult` and `ProgramError` are the daemon's own, from `conduit.core.results`);
+(`ExecutionResult`, `ProgramError` and `Event` are the daemon's own, from `conduit.core`);
 `raw` keeps that JSON whole, so a field a newer daemon adds is never lost. Fields follow
 the wire names in snake_case. This module does no I/O.
 """
@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from conduit.core.events import Event
 from conduit.core.results import STATUSES, ExecutionResult, ProgramError
 
 __all__ = [
@@ -43,27 +44,6 @@ class OutputChunk:
             stream=str(params.get("stream", "stdout")),
             text=str(params.get("text", "")),
             seq=int(params.get("seq") or 0),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One event from `events/subscribe`: its `type` (`execution.finished`, ...) and data."""
-
-    type: str
-    ts: float | None = None
-    data: Mapping[str, Any] = field(default_factory=dict)
-    subscription: str | None = None
-
-    @classmethod
-    def from_wire(cls, params: Mapping[str, Any]) -> Event:
-        data = {k: v for k, v in params.items() if k not in ("type", "ts", "subscription")}
-        ts = params.get("ts")
-        return cls(
-            type=str(params.get("type", "")),
-            ts=float(ts) if isinstance(ts, int | float) else None,
-            data=data,
-            subscription=params.get("subscription"),
         )
 
 

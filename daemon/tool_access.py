@@ -31,7 +31,7 @@ from conduit.core.errors import (
     RpcError,
     UpstreamError,
 )
-from conduit.daemon.events import Event, EventType
+from conduit.daemon.events import BusEvent, EventType
 from conduit.daemon.records import ToolCallRecord
 from conduit.gateway.allowlist import Allowlist
 from conduit.gateway.catalogue import (
@@ -203,7 +203,7 @@ class ToolAccess:
             "error": status.last_error,
         }
         kind = EventType.UPSTREAM_UP if up else EventType.UPSTREAM_DOWN
-        self._events.publish(Event(kind, data))
+        self._events.publish(BusEvent(kind, data))
 
     def visible(self, principal: Principal) -> list[Tool]:
         """The catalogue's tools this principal may call, by SDK path."""
@@ -267,7 +267,7 @@ class ToolAccess:
             "outcome": call.outcome,
             "execution_id": principal.execution_id,
         }
-        self._events.publish(Event(EventType.TOOL_CALLED, data, owner))
+        self._events.publish(BusEvent(EventType.TOOL_CALLED, data, owner))
 
 
 def _refusal(principal: Principal, exc: GatewayError, name: str) -> RpcError:
