@@ -9,7 +9,7 @@ translates its `GatewayError`s at one boundary.
 
 from conduit.gateway.allowlist import Allowlist
 from conduit.gateway.catalogue import Catalogue, LocalTool, LocalUpstream, error_of, value_of
-from conduit.gateway.model import Tool, UpstreamState, UpstreamStatus
+from conduit.gateway.model import UpstreamState, UpstreamStatus, UpstreamTool
 from conduit.gateway.sdk import python_stubs, typescript_declarations
 from conduit.gateway.settings import HttpUpstreamSettings, StdioUpstreamSettings
 from conduit.gateway.ssrf import DestinationRefused, SsrfGuard
@@ -24,10 +24,10 @@ __all__ = [
     "LocalUpstream",
     "SsrfGuard",
     "StdioUpstreamSettings",
-    "Tool",
     "Upstream",
     "UpstreamState",
     "UpstreamStatus",
+    "UpstreamTool",
     "error_of",
     "python_stubs",
     "typescript_declarations",
