@@ -16,8 +16,8 @@ from typing import Any
 __all__ = ["Tool"]
 
 # Where Conduit's names for a tool go in its MCP `_meta`: the SDK path and the upstream.
-PATH_META = "conduit/path"
-UPSTREAM_META = "conduit/upstream"
+_PATH_META = "conduit/path"
+_UPSTREAM_META = "conduit/upstream"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +45,7 @@ class Tool:
             "inputSchema": dict(self.input_schema),
         }
         if self.path is not None or self.upstream is not None:
-            wire["_meta"] = {PATH_META: self.path, UPSTREAM_META: self.upstream}
+            wire["_meta"] = {_PATH_META: self.path, _UPSTREAM_META: self.upstream}
         if self.output_schema:
             wire["outputSchema"] = dict(self.output_schema)
         if self.annotations:
@@ -60,7 +60,7 @@ class Tool:
             description=entry.get("description") or "",
             input_schema=entry.get("inputSchema") or {},
             output_schema=entry.get("outputSchema"),
-            path=meta.get(PATH_META),
-            upstream=meta.get(UPSTREAM_META),
+            path=meta.get(_PATH_META),
+            upstream=meta.get(_UPSTREAM_META),
             annotations=entry.get("annotations"),
         )
