@@ -1,19 +1,22 @@
 """Typed views of what the daemon answers: execution results, output, events, tools.
 
 Each is a frozen dataclass built by `from_wire(...)` from the JSON the daemon sends
-(`ExecutionResult` and `ProgramError` are the daemon's own, from `conduit.core.results`);
-`raw` keeps that JSON whole, so a field a newer daemon adds is never lost. Fields follow
-the wire names in snake_case. This module does no I/O.
+(`ExecutionResult`, `ProgramError`, `Event` and `Tool` are the daemon's own, from
+`conduit.core`, one model for both ends). A result's `raw` keeps that JSON whole, so a
+field a newer daemon adds is never lost. Fields follow the wire names in snake_case.
+This module does no I/O.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from conduit.core.events import Event
 from conduit.core.results import STATUSES, ExecutionResult, ProgramError
+from conduit.core.tools import Tool
 
 __all__ = [
     "STATUSES",
@@ -43,57 +46,6 @@ class OutputChunk:
             stream=str(params.get("stream", "stdout")),
             text=str(params.get("text", "")),
             seq=int(params.get("seq") or 0),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One event from `events/subscribe`: its `type` (`execution.finished`, ...) and data."""
-
-    type: str
-    ts: float | None = None
-    data: Mapping[str, Any] = field(default_factory=dict)
-    subscription: str | None = None
-
-    @classmethod
-    def from_wire(cls, params: Mapping[str, Any]) -> Event:
-        data = {k: v for k, v in params.items() if k not in ("type", "ts", "subscription")}
-        ts = params.get("ts")
-        return cls(
-            type=str(params.get("type", "")),
-            ts=float(ts) if isinstance(ts, int | float) else None,
-            data=data,
-            subscription=params.get("subscription"),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Tool:
-    """A tool this caller may use, as `tools/list` describes it.
-
-    `name` is the tool id (`<upstream>__<tool>`, or a built-in such as
-    `execute_python`); `path` is its SDK name (`echo.add`) for upstream tools.
-    """
-
-    name: str
-    description: str = ""
-    input_schema: Mapping[str, Any] = field(default_factory=dict)
-    output_schema: Mapping[str, Any] | None = None
-    path: str | None = None
-    upstream: str | None = None
-    annotations: Mapping[str, Any] | None = None
-
-    @classmethod
-    def from_wire(cls, entry: Mapping[str, Any]) -> Tool:
-        meta = entry.get("_meta") or {}
-        return cls(
-            name=str(entry["name"]),
-            description=entry.get("description") or "",
-            input_schema=entry.get("inputSchema") or {},
-            output_schema=entry.get("outputSchema"),
-            path=meta.get("conduit/path"),
-            upstream=meta.get("conduit/upstream"),
-            annotations=entry.get("annotations"),
         )
 
 

@@ -26,15 +26,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from conduit.client.errors import SubscriptionDropped
-from conduit.client.results import Event, OutputChunk
+from conduit.client.results import OutputChunk
 from conduit.client.wire import Notification, Reply
+from conduit.core.events import SUBSCRIPTION_DROPPED, Event
 
-__all__ = ["DROPPED_EVENT", "Router", "Sink"]
+__all__ = ["Router", "Sink"]
 
 log = logging.getLogger("conduit.client")
-
-# The last event a subscriber the daemon dropped is sent.
-DROPPED_EVENT = "subscription.dropped"
 
 
 class Sink(Protocol):
@@ -73,7 +71,7 @@ class _Subscription:
     types: frozenset[str] | None
 
     def wants(self, event: Event) -> bool:
-        return self.types is None or event.type in self.types or event.type == DROPPED_EVENT
+        return self.types is None or event.type in self.types or event.type == SUBSCRIPTION_DROPPED
 
 
 class Router:
@@ -186,7 +184,7 @@ class Router:
         for subscription_id, subscription in targets.items():
             if not subscription.wants(event):
                 continue
-            if event.type == DROPPED_EVENT:
+            if event.type == SUBSCRIPTION_DROPPED:
                 reason = event.data.get("reason") or event.data.get("message")
                 self._end(subscription_id, SubscriptionDropped(str(reason or _DROPPED)))
             elif not subscription.sink.put(event):

@@ -1,7 +1,7 @@
 """The audit store: every ended execution kept in SQLite, written off the event loop.
 
 ```
-Executions ─publish(Event with .record)─▶ EventBus ─record_nowait─▶ bounded buffer
+Executions ─publish(BusEvent with .record)─▶ EventBus ─record_nowait─▶ bounded buffer
                                                    (full: the record is dropped and counted)
 AuditStore.run ├─ writer: what arrives within WRITE_DELAY_S of a first record (less if
                │          a read waits), as one transaction on one connection, in one
@@ -46,7 +46,7 @@ from conduit.core.errors import InvalidParams, StoreUnavailable
 from conduit.daemon import audit_db
 from conduit.daemon.audit_db import BadCursor, ExecutionQuery, Page
 from conduit.daemon.config import AuditConfig
-from conduit.daemon.events import Event
+from conduit.daemon.events import BusEvent
 from conduit.daemon.records import ExecutionRecord
 
 __all__ = ["AuditState", "AuditStatistics", "AuditStore", "ExecutionQuery", "Page", "summarise"]
@@ -149,7 +149,7 @@ class AuditStore:
 
     # ---- taking records ------------------------------------------------------------
 
-    def record_nowait(self, event: Event) -> None:
+    def record_nowait(self, event: BusEvent) -> None:
         """The event bus's sink: queue the record an ending event carries, never waiting.
 
         With the buffer full the record is dropped and counted, and that is logged

@@ -35,7 +35,7 @@ from conduit.core.errors import (
     ToolLimitReached,
     Unauthenticated,
 )
-from conduit.daemon.events import Event, EventType
+from conduit.daemon.events import BusEvent, EventType
 
 if TYPE_CHECKING:
     from conduit.daemon.audit import AuditStore
@@ -250,7 +250,7 @@ def _access_rule(refusal: Forbidden) -> str:
     return "access.method"
 
 
-def _violation(name: str, refusal: Forbidden, ctx: CallContext) -> Event:
+def _violation(name: str, refusal: Forbidden, ctx: CallContext) -> BusEvent:
     """A `policy.violation` event for a refused call, owned by whoever answers for the
     caller: a sandbox's refusals are its execution owner's to see."""
     principal = ctx.principal
@@ -266,7 +266,7 @@ def _violation(name: str, refusal: Forbidden, ctx: CallContext) -> Event:
         owner = ctx.executions.owner(principal.execution_id) or owner
     if isinstance(refusal.data, dict) and refusal.data.get("tool"):
         data["tool"] = refusal.data["tool"]
-    return Event(EventType.POLICY_VIOLATION, data, owner)
+    return BusEvent(EventType.POLICY_VIOLATION, data, owner)
 
 
 class Dispatcher:

@@ -1,15 +1,16 @@
 """The daemon's event bus: typed events, published without waiting, to sinks and subscribers.
 
 ```
-Executions / ToolAccess / gateway ──publish(Event)──▶ EventBus
-                                                       ├─ sinks: audit store, metrics (sync, cheap)
-                                                       └─ subscriptions: one bounded buffer each
+Executions, ToolAccess, gateway ──publish(BusEvent)──▶ EventBus
+                                                        ├─ sinks: audit store, metrics (sync, cheap)
+                                                        └─ subscriptions: one bounded buffer each
 ```
 
 `publish` never blocks and never fails: a sink is a plain callable that must only hand
 the event on (a `send_nowait`, a counter), and a subscriber whose buffer is full is
 dropped on the spot, with a reason it is told once, rather than allowed to slow the
-daemon. This module knows nothing about connections or the wire beyond `Event.to_wire`.
+daemon. This module knows nothing about connections or the wire beyond `BusEvent.to_wire`,
+which gives an event the wire form the client reads (`conduit.core.events.Event`).
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from typing import Any
 
 import trio
 
+from conduit.core.events import Event
 from conduit.daemon.records import ExecutionRecord
 
-__all__ = ["Event", "EventBus", "EventType", "Sink", "Subscription"]
+__all__ = ["BusEvent", "BusSubscription", "EventBus", "EventType", "Sink"]
 
 log = logging.getLogger("conduit.events")
 
@@ -62,8 +64,9 @@ PRINCIPAL_EVENTS = frozenset(
 
 
 @dataclass(frozen=True, slots=True)
-class Event:
-    """Something that happened. `principal` owns it (None: the daemon's own events).
+class BusEvent:
+    """Something that happened, as the bus carries it. `principal` owns it (None: the
+    daemon's own events).
 
     `record` is the ended execution for the events that end one, for in-process sinks;
     `data` is what subscribers are sent.
@@ -75,14 +78,16 @@ class Event:
     ts: float = field(default_factory=time.time)
     record: ExecutionRecord | None = field(default=None, compare=False)
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"type": str(self.type), "ts": round(self.ts, 6), **self.data}
+    def to_wire(self, subscription: str | None = None) -> dict[str, Any]:
+        """The `event` notification's params for `subscription`: the wire `Event`, its
+        time to the microsecond; who owns it and its record stay here."""
+        return Event(str(self.type), round(self.ts, 6), self.data, subscription).to_wire()
 
 
-Sink = Callable[[Event], None]
+Sink = Callable[[BusEvent], None]
 
 
-class Subscription:
+class BusSubscription:
     """One subscriber's bounded view of the bus; iterate it with `async for`.
 
     Iteration ends when the subscription is closed or dropped; `dropped` then says why
@@ -101,15 +106,15 @@ class Subscription:
         # None: sees every event (the master); else only this principal's own.
         self.principal = principal
         self.buffer = buffer
-        self._send, self._receive = trio.open_memory_channel[Event](buffer)
+        self._send, self._receive = trio.open_memory_channel[BusEvent](buffer)
         self.dropped: str | None = None
 
-    def wants(self, event: Event) -> bool:
+    def wants(self, event: BusEvent) -> bool:
         if self.types is not None and event.type not in self.types:
             return False
         return self.principal is None or event.principal == self.principal
 
-    def offer(self, event: Event) -> None:
+    def offer(self, event: BusEvent) -> None:
         """Queue `event` without waiting; a full buffer drops the subscriber."""
         try:
             self._send.send_nowait(event)
@@ -126,16 +131,16 @@ class Subscription:
         self._bus.unsubscribe(self)
         self._send.close()
 
-    def __aiter__(self) -> Subscription:
+    def __aiter__(self) -> BusSubscription:
         return self
 
-    async def __anext__(self) -> Event:
+    async def __anext__(self) -> BusEvent:
         try:
             return await self._receive.receive()
         except trio.EndOfChannel:
             raise StopAsyncIteration from None
 
-    def __enter__(self) -> Subscription:
+    def __enter__(self) -> BusSubscription:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -148,7 +153,7 @@ class EventBus:
     def __init__(self, *, buffer: int = SUBSCRIBER_BUFFER) -> None:
         self.buffer = buffer
         self._sinks: list[Sink] = []
-        self._subscriptions: set[Subscription] = set()
+        self._subscriptions: set[BusSubscription] = set()
 
     def __repr__(self) -> str:
         return f"<EventBus sinks={len(self._sinks)} subscriptions={len(self._subscriptions)}>"
@@ -159,22 +164,22 @@ class EventBus:
 
     def subscribe(
         self, types: Iterable[EventType] | None = None, *, principal: str | None = None
-    ) -> Subscription:
+    ) -> BusSubscription:
         """A new subscription to `types` (all if None), seeing only `principal`'s events
         unless `principal` is None. Close it (or use it as a context manager)."""
         chosen = frozenset(types) if types is not None else None
-        subscription = Subscription(self, chosen, principal, self.buffer)
+        subscription = BusSubscription(self, chosen, principal, self.buffer)
         self._subscriptions.add(subscription)
         return subscription
 
-    def unsubscribe(self, subscription: Subscription) -> None:
+    def unsubscribe(self, subscription: BusSubscription) -> None:
         self._subscriptions.discard(subscription)
 
     @property
     def subscribers(self) -> int:
         return len(self._subscriptions)
 
-    def publish(self, event: Event) -> None:
+    def publish(self, event: BusEvent) -> None:
         """Give `event` to every sink and every subscription that wants it."""
         for sink in self._sinks:
             try:

@@ -32,7 +32,7 @@ from conduit.core.errors import (
     Unauthenticated,
 )
 from conduit.core.results import ExecutionResult, ProgramError, Truncated
-from conduit.daemon.events import Event, EventType
+from conduit.daemon.events import BusEvent, EventType
 from conduit.daemon.records import (
     SNIPPET_CHARS,
     ExecutionRecord,
@@ -269,7 +269,7 @@ class Executions:
             started_at = time.time()
             digest = code_digest(code)
             self._events.publish(
-                Event(
+                BusEvent(
                     EventType.EXECUTION_STARTED,
                     {
                         "execution_id": execution_id,
@@ -363,7 +363,7 @@ class Executions:
             },
         )
         self._events.publish(
-            Event(
+            BusEvent(
                 EventType.POLICY_VIOLATION,
                 {
                     "execution_id": job.execution_id,
@@ -646,7 +646,7 @@ def _record(
     )
 
 
-def _ended_event(record: ExecutionRecord) -> Event:
+def _ended_event(record: ExecutionRecord) -> BusEvent:
     kind = _ENDED_AS.get(Status(record.status), EventType.EXECUTION_FAILED)
     data = {
         "execution_id": record.execution_id,
@@ -663,7 +663,7 @@ def _ended_event(record: ExecutionRecord) -> Event:
         data["rule"] = record.policy_rule
     if record.error_type:
         data["error"] = {"type": record.error_type, "message": record.error_message}
-    return Event(kind, data, record.principal, record=record)
+    return BusEvent(kind, data, record.principal, record=record)
 
 
 def _result(

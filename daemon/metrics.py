@@ -32,7 +32,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_late
 
 from conduit.core.errors import RpcError
 from conduit.core.version import VERSION
-from conduit.daemon.events import Event, EventType
+from conduit.daemon.events import BusEvent, EventType
 from conduit.daemon.records import ExecutionRecord
 from conduit.gateway.model import UpstreamState
 
@@ -195,7 +195,7 @@ class Metrics:
         # CPU, memory, file descriptors and start time of the daemon's process.
         ProcessCollector(registry=registry)
 
-    def observe(self, event: Event) -> None:
+    def observe(self, event: BusEvent) -> None:
         """The event sink: count an ended execution or a tool call (microseconds)."""
         if event.record is not None:
             self._observe_execution(event.record)

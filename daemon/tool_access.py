@@ -31,7 +31,7 @@ from conduit.core.errors import (
     RpcError,
     UpstreamError,
 )
-from conduit.daemon.events import Event, EventType
+from conduit.daemon.events import BusEvent, EventType
 from conduit.daemon.records import ToolCallRecord
 from conduit.gateway.allowlist import Allowlist
 from conduit.gateway.catalogue import (
@@ -42,7 +42,7 @@ from conduit.gateway.catalogue import (
     error_of,
     value_of,
 )
-from conduit.gateway.model import Tool, UpstreamState, UpstreamStatus
+from conduit.gateway.model import UpstreamState, UpstreamStatus, UpstreamTool
 from conduit.gateway.schemas import ArgumentsInvalid
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ def unavailable(name: str) -> Forbidden:
     )
 
 
-def shaped(tool: Tool, result: dict[str, Any]) -> dict[str, Any]:
+def shaped(tool: UpstreamTool, result: dict[str, Any]) -> dict[str, Any]:
     """A tool result as sandboxes' SDKs take it: `{value}` or `{error}` (one shape)."""
     if result.get("isError"):
         return {"error": {"message": error_of(result), "tool": tool.id}}
@@ -203,13 +203,13 @@ class ToolAccess:
             "error": status.last_error,
         }
         kind = EventType.UPSTREAM_UP if up else EventType.UPSTREAM_DOWN
-        self._events.publish(Event(kind, data))
+        self._events.publish(BusEvent(kind, data))
 
-    def visible(self, principal: Principal) -> list[Tool]:
+    def visible(self, principal: Principal) -> list[UpstreamTool]:
         """The catalogue's tools this principal may call, by SDK path."""
         return self.catalogue.tools(allowlists_for(principal))
 
-    def resolve(self, principal: Principal, name: str) -> Tool:
+    def resolve(self, principal: Principal, name: str) -> UpstreamTool:
         """The tool `name` names (id or SDK path), if this principal may call it.
 
         Raises `unavailable(name)`, whether the tool is missing or not allowed, when
@@ -225,7 +225,7 @@ class ToolAccess:
 
     async def call(
         self, principal: Principal, name: str, arguments: dict[str, Any]
-    ) -> tuple[Tool, dict[str, Any]]:
+    ) -> tuple[UpstreamTool, dict[str, Any]]:
         """Call a tool for `principal`; returns it and its MCP `CallToolResult` JSON.
 
         Every call, refused or not, is reported as a `tool.called` event and, for a
@@ -267,7 +267,7 @@ class ToolAccess:
             "outcome": call.outcome,
             "execution_id": principal.execution_id,
         }
-        self._events.publish(Event(EventType.TOOL_CALLED, data, owner))
+        self._events.publish(BusEvent(EventType.TOOL_CALLED, data, owner))
 
 
 def _refusal(principal: Principal, exc: GatewayError, name: str) -> RpcError:

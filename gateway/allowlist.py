@@ -5,8 +5,8 @@ A pattern is one of:
 - `*`            every tool;
 - `ns.*`         every tool in namespace `ns` (segment boundary: `git.*` matches
                  `git.status`, never `github.create_issue`);
-- `ns.tool`      exactly that SDK path (`Tool.path`);
-- `up__tool`     exactly that tool id (`Tool.id`), for callers who think in wire ids.
+- `ns.tool`      exactly that SDK path (`UpstreamTool.path`);
+- `up__tool`     exactly that tool id (`UpstreamTool.id`), for callers who think in wire ids.
 
 Matching is case-sensitive. Namespaces and tool names in path patterns are SDK
 identifiers (`tools/packages` lists them), not raw upstream names: `my-git.*` is refused
@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from conduit.gateway.model import Tool
+from conduit.gateway.model import UpstreamTool
 from conduit.gateway.naming import identifier, namespace_for
 
 __all__ = ["Allowlist", "intersect", "permits"]
@@ -99,7 +99,7 @@ class Allowlist:
         """The patterns as given."""
         return self._patterns
 
-    def allows(self, tool: Tool) -> bool:
+    def allows(self, tool: UpstreamTool) -> bool:
         """Whether any pattern matches the tool's SDK path or id."""
         return (
             self._everything
@@ -135,6 +135,6 @@ def intersect(*parts: Allowlist | Sequence[Allowlist] | None) -> list[Allowlist]
     return result or None
 
 
-def permits(allow: Sequence[Allowlist] | None, tool: Tool) -> bool:
+def permits(allow: Sequence[Allowlist] | None, tool: UpstreamTool) -> bool:
     """Whether every allowlist in `allow` allows `tool` (`None`: no restriction)."""
     return allow is None or all(allowlist.allows(tool) for allowlist in allow)

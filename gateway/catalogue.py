@@ -62,7 +62,7 @@ import trio
 from conduit.core import jsontext
 from conduit.core.errors import GatewayError, SchemaInvalid, UpstreamUnreachable
 from conduit.gateway.allowlist import Allowlist, permits
-from conduit.gateway.model import Tool, UpstreamState, UpstreamStatus
+from conduit.gateway.model import UpstreamState, UpstreamStatus, UpstreamTool
 from conduit.gateway.naming import assign_names, namespace_for
 from conduit.gateway.schemas import SchemaCache
 from conduit.gateway.upstream import RawTool, ReportsState, StateListener, Upstream
@@ -104,7 +104,7 @@ class ToolNotFound(GatewayError):
 class ToolForbidden(GatewayError):
     """The tool exists but an allowlist in force does not allow it."""
 
-    def __init__(self, tool: Tool) -> None:
+    def __init__(self, tool: UpstreamTool) -> None:
         super().__init__(
             f"tool {tool.path} is not allowed here; add it to allowed_tools, "
             "within what your token allows"
@@ -317,7 +317,7 @@ class _Entry:
     upstream: Upstream
     namespace: str
     strict: bool
-    tools: dict[str, Tool] = field(default_factory=dict)  # by id
+    tools: dict[str, UpstreamTool] = field(default_factory=dict)  # by id
     failure: str | None = None  # why its task died, if it did
 
 
@@ -362,9 +362,9 @@ class Catalogue:
         self._strict = strict
         self._schemas = SchemaCache()
         self._entries: dict[str, _Entry] = {}
-        self._by_id: dict[str, Tool] = {}
-        self._by_path: dict[str, Tool] = {}
-        self._sorted: list[Tool] = []
+        self._by_id: dict[str, UpstreamTool] = {}
+        self._by_path: dict[str, UpstreamTool] = {}
+        self._sorted: list[UpstreamTool] = []
         self._state = CatalogueState.NEW
         self._nursery: trio.Nursery | None = None
         self._state_listeners: list[StateListener] = []
@@ -514,13 +514,13 @@ class Catalogue:
 
     # -- lookups -----------------------------------------------------------------------
 
-    def tools(self, allow: Sequence[Allowlist] | None = None) -> list[Tool]:
+    def tools(self, allow: Sequence[Allowlist] | None = None) -> list[UpstreamTool]:
         """Every tool that every allowlist in `allow` allows (`None`: all), by SDK path."""
         return [tool for tool in self._sorted if permits(allow, tool)]
 
     def resolve(
         self, name: str, *, allow: Sequence[Allowlist] | None = None, suggest: bool = True
-    ) -> Tool:
+    ) -> UpstreamTool:
         """The tool with id (`ns__tool`) or SDK path (`ns.tool`) `name`.
 
         Raises `ToolNotFound` (with close matches among the tools `allow` permits, unless
@@ -535,23 +535,23 @@ class Catalogue:
             raise ToolForbidden(tool)
         return tool
 
-    def _suggest(self, name: str, tools: list[Tool]) -> list[str]:
+    def _suggest(self, name: str, tools: list[UpstreamTool]) -> list[str]:
         paths = {tool.path: tool.path for tool in tools} | {tool.id: tool.path for tool in tools}
         close = difflib.get_close_matches(name, list(paths), n=MAX_SUGGESTIONS * 2)
         if not close:  # a bare namespace: offer its first tools
             close = [tool.path for tool in tools if tool.namespace == name]
         return list(dict.fromkeys(paths[match] for match in close))[:MAX_SUGGESTIONS]
 
-    def schema_problems(self, tool: Tool) -> tuple[str, ...]:
+    def schema_problems(self, tool: UpstreamTool) -> tuple[str, ...]:
         """Why the tool's input schema is invalid, for marking it; `()` if it is fine."""
         return self._schemas.problems(tool)
 
-    def is_strict(self, tool: Tool) -> bool:
+    def is_strict(self, tool: UpstreamTool) -> bool:
         """Whether calls to this tool are validated (its upstream's mode)."""
         entry = self._entries.get(tool.upstream)
         return self._strict if entry is None else entry.strict
 
-    def validate(self, tool: Tool, arguments: Any) -> list[str]:
+    def validate(self, tool: UpstreamTool, arguments: Any) -> list[str]:
         """What is wrong with calling `tool` with `arguments`, whatever the mode.
 
         `[]` means its schema accepts them (a tool without a schema accepts any object).
@@ -565,7 +565,7 @@ class Catalogue:
     # -- calls -------------------------------------------------------------------------
 
     async def call(
-        self, tool: Tool, arguments: dict[str, Any], *, timeout_s: float
+        self, tool: UpstreamTool, arguments: dict[str, Any], *, timeout_s: float
     ) -> dict[str, Any]:
         """Call `tool` and return its MCP `CallToolResult` JSON (`isError` included).
 
@@ -603,12 +603,12 @@ class Catalogue:
 
     def packages(self, allow: Sequence[Allowlist] | None = None) -> list[Package]:
         """The tools `allow` permits, grouped by namespace (sorted), for `tools/packages`."""
-        grouped: dict[str, list[Tool]] = {}
+        grouped: dict[str, list[UpstreamTool]] = {}
         for tool in self.tools(allow):
             grouped.setdefault(tool.namespace, []).append(tool)
         return [self._package(tools) for _, tools in sorted(grouped.items())]
 
-    def _package(self, tools: list[Tool]) -> Package:
+    def _package(self, tools: list[UpstreamTool]) -> Package:
         upstream = tools[0].upstream
         entry = self._entries[upstream]
         info = entry.upstream.status().server_info or {}

@@ -1,7 +1,8 @@
 """Plain data the gateway hands around: tools, tool results, upstream states.
 
 No behaviour here; every other gateway module and the daemon's tool methods speak in
-these types.
+these types. A tool as callers see it listed is `conduit.core.tools.Tool`
+(`UpstreamTool.listed()`).
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Tool", "UpstreamState", "UpstreamStatus"]
+from conduit.core.tools import Tool
+
+__all__ = ["UpstreamState", "UpstreamStatus", "UpstreamTool"]
 
 
 @dataclass(frozen=True, slots=True)
-class Tool:
+class UpstreamTool:
     """One tool an upstream offers, under the names Conduit gives it.
 
     `id` is `<upstream>__<name>` (the wire id); `namespace` and `sdk_name` are valid
@@ -36,6 +39,19 @@ class Tool:
     @property
     def path(self) -> str:
         return f"{self.namespace}.{self.sdk_name}"
+
+    def listed(self) -> Tool:
+        """This tool as `tools/list` describes it: by id, with its path and upstream."""
+        return Tool(
+            name=self.id,
+            description=self.description,
+            # MCP requires an object schema; a tool that takes nothing still declares one.
+            input_schema=self.input_schema or {"type": "object"},
+            output_schema=self.output_schema,
+            path=self.path,
+            upstream=self.upstream,
+            annotations=self.annotations,
+        )
 
 
 class UpstreamState(enum.StrEnum):

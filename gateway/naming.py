@@ -45,7 +45,7 @@ import re
 import unicodedata
 from typing import Any
 
-from conduit.gateway.model import Tool
+from conduit.gateway.model import UpstreamTool
 
 __all__ = ["RESERVED", "assign_names", "identifier", "namespace_for", "tool_id"]
 
@@ -142,7 +142,7 @@ def _dict_or_none(value: Any) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def assign_names(upstream: str, raw_tools: list[dict[str, Any]]) -> list[Tool]:
+def assign_names(upstream: str, raw_tools: list[dict[str, Any]]) -> list[UpstreamTool]:
     """Turn an upstream's raw MCP tool list into `Tool`s with ids and SDK names.
 
     Entries without a string name and repeated names are dropped (logged). A missing or
@@ -153,7 +153,7 @@ def assign_names(upstream: str, raw_tools: list[dict[str, Any]]) -> list[Tool]:
     names = _unique_names([raw["name"] for raw in kept])
     namespace = namespace_for(upstream)
     tools = [
-        Tool(
+        UpstreamTool(
             id=tool_id(upstream, raw["name"]),
             upstream=upstream,
             name=raw["name"],

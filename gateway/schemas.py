@@ -38,7 +38,7 @@ from jsonschema.validators import validator_for
 from referencing.exceptions import Unresolvable
 
 from conduit.core.errors import GatewayError, SchemaInvalid
-from conduit.gateway.model import Tool
+from conduit.gateway.model import UpstreamTool
 
 __all__ = [
     "ArgumentsInvalid",
@@ -62,7 +62,7 @@ class ArgumentsInvalid(GatewayError):
     `errors` lists every problem (up to `MAX_ERRORS`), each naming its field.
     """
 
-    def __init__(self, tool: Tool, errors: Sequence[str]) -> None:
+    def __init__(self, tool: UpstreamTool, errors: Sequence[str]) -> None:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         super().__init__(
             f"arguments for {tool.path} do not match its input schema: {errors[0]}{more}; "
@@ -72,7 +72,7 @@ class ArgumentsInvalid(GatewayError):
         self.errors = list(errors)
 
 
-def has_schema(tool: Tool) -> bool:
+def has_schema(tool: UpstreamTool) -> bool:
     """Whether the upstream gave the tool an input schema at all."""
     return bool(tool.input_schema)
 
@@ -193,17 +193,17 @@ class SchemaCache:
     def __init__(self) -> None:
         self._by_tool: dict[str, _Compiled] = {}
 
-    def _compiled(self, tool: Tool) -> _Compiled:
+    def _compiled(self, tool: UpstreamTool) -> _Compiled:
         cached = self._by_tool.get(tool.id)
         if cached is None or cached.digest != schema_digest(tool.input_schema):
             cached = self._by_tool[tool.id] = _compile(tool.input_schema)
         return cached
 
-    def problems(self, tool: Tool) -> tuple[str, ...]:
+    def problems(self, tool: UpstreamTool) -> tuple[str, ...]:
         """Why the tool's input schema is unusable; `()` if it is fine (or absent)."""
         return self._compiled(tool).problems
 
-    def validate(self, tool: Tool, arguments: Any) -> list[str]:
+    def validate(self, tool: UpstreamTool, arguments: Any) -> list[str]:
         """Every way `arguments` fails the tool's schema; `[]` if they match.
 
         A tool without a schema accepts any object. Raises `SchemaInvalid` if the
@@ -215,7 +215,7 @@ class SchemaCache:
         assert compiled.validator is not None  # compiled whenever there are no problems
         return validate_arguments(compiled.validator, arguments)
 
-    def enforce(self, tool: Tool, arguments: Any, *, strict: bool) -> None:
+    def enforce(self, tool: UpstreamTool, arguments: Any, *, strict: bool) -> None:
         """Raise unless this call may go to the upstream (the policy in the docstring).
 
         Permissive: returns without checking. Strict: raises `SchemaInvalid` for a tool

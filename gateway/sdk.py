@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from conduit.gateway.model import Tool
+from conduit.gateway.model import UpstreamTool
 from conduit.gateway.naming import identifier
 from conduit.gateway.schemas import check_schema
 
@@ -322,13 +322,13 @@ def _union(members: Iterable[_Type]) -> _Type:
 class _Shape:
     """One tool read for the SDK: argument and result types and its named types."""
 
-    tool: Tool
+    tool: UpstreamTool
     args: _Type
     result: _Type
     named: dict[str, _Type]
 
 
-def _shape(tool: Tool) -> _Shape:
+def _shape(tool: UpstreamTool) -> _Shape:
     names = _Names()
     named: dict[str, _Type] = {}
     args: _Type = _Object((), _UNKNOWN)
@@ -344,14 +344,14 @@ def _shape(tool: Tool) -> _Shape:
     return _Shape(tool, args, result, dict(sorted(named.items())))
 
 
-def _by_namespace(tools: Iterable[Tool]) -> dict[str, list[Tool]]:
-    grouped: dict[str, list[Tool]] = {}
+def _by_namespace(tools: Iterable[UpstreamTool]) -> dict[str, list[UpstreamTool]]:
+    grouped: dict[str, list[UpstreamTool]] = {}
     for tool in sorted(tools, key=lambda tool: (tool.namespace, tool.sdk_name)):
         grouped.setdefault(tool.namespace, []).append(tool)
     return grouped
 
 
-def _doc_lines(tool: Tool) -> list[str]:
+def _doc_lines(tool: UpstreamTool) -> list[str]:
     lines = tool.description.strip().splitlines() if tool.description.strip() else []
     return [*lines, *([""] if lines else []), f"Tool id: {tool.id}"]
 
@@ -491,7 +491,7 @@ def _ts_named(shape: _Shape) -> list[str]:
 
 
 def typescript_declarations(
-    tools: Iterable[Tool], *, descriptions: Mapping[str, str] | None = None
+    tools: Iterable[UpstreamTool], *, descriptions: Mapping[str, str] | None = None
 ) -> str:
     """TypeScript declarations of `tools.*` for `tools` (see the module docstring).
 
@@ -729,7 +729,7 @@ class ToolDescription(TypedDict):
 
 
 def python_stubs(
-    tools: Iterable[Tool],
+    tools: Iterable[UpstreamTool],
     *,
     descriptions: Mapping[str, str] | None = None,
     asynchronous: bool = False,

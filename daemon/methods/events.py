@@ -1,7 +1,7 @@
 """`events/subscribe` and `events/unsubscribe`: the event bus, as notifications on a connection.
 
 Each subscription is one task of the caller's connection (`Peer.start_stream`)
-that takes events from a bounded `Subscription` and sends each one as
+that takes events from a bounded `BusSubscription` and sends each one as
 
     {"jsonrpc": "2.0", "method": "event",
      "params": {"subscription": "sub_…", "type": "execution.finished", "ts": …, …}}
@@ -28,18 +28,17 @@ import trio
 from pydantic import Field
 
 from conduit.core.errors import Forbidden, InvalidParams, InvalidRequest, NotFound
+from conduit.core.events import SUBSCRIPTION_DROPPED, Event
 from conduit.daemon.dispatcher import CallContext, MethodRouter, Params
-from conduit.daemon.events import PRINCIPAL_EVENTS, EventType, Subscription
+from conduit.daemon.events import PRINCIPAL_EVENTS, BusSubscription, EventType
 
 router = MethodRouter()
 
 if TYPE_CHECKING:
     from conduit.daemon.dispatcher import Peer
 
-__all__ = ["DROPPED", "SubscribeParams", "UnsubscribeParams"]
+__all__ = ["SubscribeParams", "UnsubscribeParams"]
 
-# The last notification of a subscription the bus dropped; not an event of the bus.
-DROPPED = "subscription.dropped"
 # A client needs one or two; each may hold `subscriber_buffer` events in memory.
 MAX_SUBSCRIPTIONS_PER_CONNECTION = 16
 
@@ -110,16 +109,17 @@ async def subscribe(params: SubscribeParams, ctx: CallContext) -> dict[str, Any]
 
 
 async def _forward(
-    connection: Peer, ident: str, subscription: Subscription, scope: trio.CancelScope
+    connection: Peer, ident: str, subscription: BusSubscription, scope: trio.CancelScope
 ) -> None:
     """Send the subscription's events until it ends; then, if dropped, say so once."""
     try:
         with scope, subscription:
             async for event in subscription:
-                await connection.notify("event", {"subscription": ident, **event.to_wire()})
+                await connection.notify("event", event.to_wire(ident))
             if subscription.dropped is not None:
-                final = {"subscription": ident, "type": DROPPED, "ts": round(time.time(), 6)}
-                await connection.notify("event", {**final, "reason": subscription.dropped})
+                reason = {"reason": subscription.dropped}
+                final = Event(SUBSCRIPTION_DROPPED, round(time.time(), 6), reason, ident)
+                await connection.notify("event", final.to_wire())
     finally:
         connection.subscriptions.pop(ident, None)
 

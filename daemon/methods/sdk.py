@@ -16,7 +16,7 @@ from conduit.daemon.dispatcher import CallContext, MethodRouter, Params
 from conduit.daemon.tool_access import allowlists_for, requested_allowlist
 from conduit.executors.caveats import cannot_use
 from conduit.gateway.catalogue import Catalogue
-from conduit.gateway.model import Tool
+from conduit.gateway.model import UpstreamTool
 from conduit.gateway.sdk import python_stubs, typescript_declarations
 
 router = MethodRouter()
@@ -41,7 +41,7 @@ class SdkParams(Params):
     namespace: str | None = Field(None, description="only this namespace")
 
 
-def _selected(params: SdkParams, ctx: CallContext) -> list[Tool]:
+def _selected(params: SdkParams, ctx: CallContext) -> list[UpstreamTool]:
     allow = allowlists_for(ctx.require_principal())
     if params.allowed_tools is not None:
         allow.append(requested_allowlist(params.allowed_tools))
@@ -51,7 +51,7 @@ def _selected(params: SdkParams, ctx: CallContext) -> list[Tool]:
     return tools
 
 
-def render_declarations(language: str, tools: list[Tool], catalogue: Catalogue) -> str:
+def render_declarations(language: str, tools: list[UpstreamTool], catalogue: Catalogue) -> str:
     """The `tools.*` declarations of `tools` in `language`'s terms, namespaces described.
 
     TypeScript declarations for typescript and javascript, Python stubs for python.

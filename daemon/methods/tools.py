@@ -35,13 +35,14 @@ from conduit.core.errors import (
     RateLimited,
 )
 from conduit.core.results import ANY_JSON, ExecutionResult
+from conduit.core.tools import Tool
 from conduit.daemon.dispatcher import CallContext, MethodRouter, NoParams, Params, invalid_params
 from conduit.daemon.methods.executions import ExecuteParams
 from conduit.daemon.methods.sdk import render_declarations
 from conduit.daemon.tool_access import allowlists_for, hides_catalogue, shaped, unavailable
 from conduit.executors.caveats import cannot_use
 from conduit.gateway.catalogue import Catalogue
-from conduit.gateway.model import Tool
+from conduit.gateway.model import UpstreamTool
 
 router = MethodRouter()
 
@@ -95,7 +96,7 @@ _MAX_SECTIONS = 64
 _RENDERING = trio.CapacityLimiter(1)
 
 
-def _listing(catalogue: Catalogue, tools: list[Tool], budget: int) -> str:
+def _listing(catalogue: Catalogue, tools: list[UpstreamTool], budget: int) -> str:
     """Namespaces and tool names within `budget` characters, for too many to declare."""
     lines: list[str] = []
     used = shown = 0
@@ -114,7 +115,7 @@ def _listing(catalogue: Catalogue, tools: list[Tool], budget: int) -> str:
     return "\n".join(lines)
 
 
-def _tools_section(language: str, tools: list[Tool], catalogue: Catalogue) -> str:
+def _tools_section(language: str, tools: list[UpstreamTool], catalogue: Catalogue) -> str:
     if not tools:
         return _NO_TOOLS
     how = _HOW_TO_CALL[language]
@@ -181,7 +182,7 @@ def _forget_sections(catalogue: weakref.ref[Catalogue]) -> None:
         _SECTIONS[alive] = {}
 
 
-async def _section(language: str, tools: list[Tool], catalogue: Catalogue) -> str:
+async def _section(language: str, tools: list[UpstreamTool], catalogue: Catalogue) -> str:
     """`_tools_section`, from the cache or rendered off the event loop."""
     sections = _SECTIONS.get(catalogue)
     if sections is None:
@@ -198,7 +199,7 @@ async def _section(language: str, tools: list[Tool], catalogue: Catalogue) -> st
 
 
 async def builtin_tool_list(
-    tools: list[Tool], catalogue: Catalogue, defaults: dict[str, str]
+    tools: list[UpstreamTool], catalogue: Catalogue, defaults: dict[str, str]
 ) -> list[dict[str, Any]]:
     """The execute tools as MCP `Tool`s, their descriptions declaring `tools` and
     saying what programs cannot use on each language's default executor (`defaults`)."""
@@ -207,30 +208,15 @@ async def builtin_tool_list(
         section = await _section(language, tools, catalogue)
         caveat = cannot_use(defaults.get(language))
         summary = f"{_DESCRIPTIONS[language]} {caveat}" if caveat else _DESCRIPTIONS[language]
-        listed.append(
-            {
-                "name": name,
-                "description": f"{summary}\n\n{section}",
-                "inputSchema": INPUT_SCHEMA,
-                "outputSchema": OUTPUT_SCHEMA,
-                "annotations": {"openWorldHint": bool(tools)},
-            }
+        tool = Tool(
+            name=name,
+            description=f"{summary}\n\n{section}",
+            input_schema=INPUT_SCHEMA,
+            output_schema=OUTPUT_SCHEMA,
+            annotations={"openWorldHint": bool(tools)},
         )
+        listed.append(tool.to_wire())
     return listed
-
-
-def _mcp_tool(tool: Tool) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "name": tool.id,
-        "description": tool.description,
-        "inputSchema": tool.input_schema or {"type": "object"},
-        "_meta": {"conduit/path": tool.path, "conduit/upstream": tool.upstream},
-    }
-    if tool.output_schema:
-        entry["outputSchema"] = tool.output_schema
-    if tool.annotations:
-        entry["annotations"] = tool.annotations
-    return entry
 
 
 class _McpParams(Params):
@@ -250,7 +236,7 @@ async def list_tools(params: ToolListParams, ctx: CallContext) -> dict[str, Any]
     """The tools this caller may call (a sandbox sees only its execution's allowlist)."""
     principal = ctx.require_principal()
     visible = ctx.tools.visible(principal)
-    upstream_tools = [_mcp_tool(tool) for tool in visible]
+    upstream_tools = [tool.listed().to_wire() for tool in visible]
     if principal.kind == "session" or "execute" not in principal.scopes:
         return {"tools": upstream_tools}
     defaults = ctx.executions.registry.defaults()

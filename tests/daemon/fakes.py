@@ -19,7 +19,7 @@ from conduit.core.errors import MethodNotFound
 from conduit.daemon.auth import Principal
 from conduit.daemon.config import LimitsConfig, PolicyConfig
 from conduit.daemon.connection import Connection, ConnectionLimits
-from conduit.daemon.events import Event, EventBus
+from conduit.daemon.events import BusEvent, EventBus
 from conduit.daemon.executions import Executions
 from conduit.daemon.limits import Admission, RateLimiter
 from conduit.daemon.policy import Policy
@@ -245,7 +245,7 @@ class ExecutionsFixture:
         limits: LimitsConfig | None = None,
     ) -> None:
         self.executor = executor
-        self.events: list[Event] = []
+        self.events: list[BusEvent] = []
         self.sessions: list[FakeBridge] = []
         bus = EventBus()
         bus.add_sink(self.events.append)

@@ -24,7 +24,7 @@ from conduit.daemon import audit, audit_db
 from conduit.daemon.audit import BUFFER_RECORDS, AuditState
 from conduit.daemon.audit_db import store_bytes
 from conduit.daemon.auth import hash_token, new_token
-from conduit.daemon.events import Event, EventType
+from conduit.daemon.events import BusEvent, EventType
 from conduit.daemon.records import ExecutionRecord, ToolCallRecord, code_digest
 from tests.conftest import MASTER_TOKEN, WAIT_S, RawClient
 from tests.e2e.helpers import wait_upstreams
@@ -66,7 +66,7 @@ def publish(server: Any, *records: ExecutionRecord) -> None:
     """Hand records to the daemon's bus, as an ending execution does."""
     for record in records:
         server.events.publish(
-            Event(EventType.EXECUTION_FINISHED, {}, record.principal, record=record)
+            BusEvent(EventType.EXECUTION_FINISHED, {}, record.principal, record=record)
         )
 
 

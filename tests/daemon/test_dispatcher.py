@@ -28,7 +28,7 @@ from conduit.daemon.dispatcher import (
     MethodTable,
     Params,
 )
-from conduit.daemon.events import Event, EventBus, EventType
+from conduit.daemon.events import BusEvent, EventBus, EventType
 from conduit.daemon.methods import method_table
 from tests.daemon.fakes import ALICE, LIMITS, OWNER, WAIT_S, Lines
 
@@ -45,7 +45,7 @@ class Harness:
 
     def __init__(self, table: MethodTable) -> None:
         self.counted: list[tuple[str | None, int | str]] = []
-        self.events: list[Event] = []
+        self.events: list[BusEvent] = []
         bus = EventBus()
         bus.add_sink(self.events.append)
         self.dispatcher = Dispatcher(

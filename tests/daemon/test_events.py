@@ -8,16 +8,18 @@ import logging
 import pytest
 import trio
 
-from conduit.daemon.events import Event, EventBus, EventType
+from conduit.daemon.events import BusEvent, EventBus, EventType
 
 
-def _event(kind: EventType = EventType.EXECUTION_STARTED, principal: str | None = "alice") -> Event:
-    return Event(kind, {"execution_id": "ex_1"}, principal)
+def _event(
+    kind: EventType = EventType.EXECUTION_STARTED, principal: str | None = "alice"
+) -> BusEvent:
+    return BusEvent(kind, {"execution_id": "ex_1"}, principal)
 
 
 def test_sinks_receive_every_event_in_order() -> None:
     bus = EventBus()
-    seen: list[Event] = []
+    seen: list[BusEvent] = []
     bus.add_sink(seen.append)
     events = [_event(kind) for kind in (EventType.EXECUTION_STARTED, EventType.TOOL_CALLED)]
     for event in events:
@@ -27,9 +29,9 @@ def test_sinks_receive_every_event_in_order() -> None:
 
 def test_a_failing_sink_costs_nothing_but_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
     bus = EventBus()
-    seen: list[Event] = []
+    seen: list[BusEvent] = []
 
-    def broken(event: Event) -> None:
+    def broken(event: BusEvent) -> None:
         raise RuntimeError("disk on fire")
 
     bus.add_sink(broken)
@@ -84,5 +86,5 @@ async def test_closing_ends_iteration_without_a_reason() -> None:
 
 
 def test_wire_form_carries_type_time_and_data() -> None:
-    event = Event(EventType.TOOL_CALLED, {"tool": "echo__echo"}, "alice", ts=12.5)
+    event = BusEvent(EventType.TOOL_CALLED, {"tool": "echo__echo"}, "alice", ts=12.5)
     assert event.to_wire() == {"type": "tool.called", "ts": 12.5, "tool": "echo__echo"}

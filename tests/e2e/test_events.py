@@ -9,9 +9,9 @@ import pytest
 import trio
 
 from conduit.core.errors import Forbidden, InvalidParams, NotFound, UpstreamError
+from conduit.core.events import SUBSCRIPTION_DROPPED
 from conduit.daemon.auth import hash_token, new_token
 from conduit.daemon.events import PRINCIPAL_EVENTS, EventType
-from conduit.daemon.methods.events import DROPPED
 from tests.conftest import WAIT_S, RawClient
 from tests.e2e.helpers import wait_upstreams
 from tests.e2e.test_tools import ECHO
@@ -219,7 +219,7 @@ async def test_a_slow_subscriber_is_dropped_and_told_and_slows_nobody(
     # What `slow` finally reads ends with one notice that it was dropped.
     received = []
     with trio.fail_after(WAIT_S):
-        while not received or received[-1].get("type") != DROPPED:
+        while not received or received[-1].get("type") != SUBSCRIPTION_DROPPED:
             received.append(await next_event(slow))
     notice = received[-1]
     assert notice["subscription"] == answer["subscription"]

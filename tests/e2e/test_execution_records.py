@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from conduit.daemon.events import Event, EventType
+from conduit.daemon.events import BusEvent, EventType
 from conduit.daemon.records import code_digest
 from tests.e2e.helpers import execute, wait_upstreams
 from tests.e2e.test_tools import ECHO
 
 
-async def _published(start_daemon: Any, connect: Any) -> tuple[Any, list[Event]]:
+async def _published(start_daemon: Any, connect: Any) -> tuple[Any, list[BusEvent]]:
     server, info = await start_daemon(upstreams=[ECHO])
     await wait_upstreams(server, "echo")
-    seen: list[Event] = []
+    seen: list[BusEvent] = []
     server.events.add_sink(seen.append)
     return await connect(info), seen
 

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from conduit.daemon import cli
-from conduit.daemon.events import Event, EventType, Subscription
+from conduit.daemon.events import BusEvent, BusSubscription, EventType
 from tests.conftest import WAIT_S
 from tests.e2e.test_pyodide_tools import share_install
 
@@ -23,7 +23,7 @@ POLICY = {
 }
 
 
-async def next_events(events: Subscription, count: int) -> list[Event]:
+async def next_events(events: BusSubscription, count: int) -> list[BusEvent]:
     received = []
     with trio.fail_after(WAIT_S):
         async for event in events:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 
 from conduit.gateway.allowlist import Allowlist, intersect, permits
-from conduit.gateway.model import Tool
+from conduit.gateway.model import UpstreamTool
 
 
-def _tool(upstream: str, name: str, namespace: str | None = None, sdk: str | None = None) -> Tool:
-    return Tool(
+def _tool(
+    upstream: str, name: str, namespace: str | None = None, sdk: str | None = None
+) -> UpstreamTool:
+    return UpstreamTool(
         id=f"{upstream}__{name}",
         upstream=upstream,
         name=name,

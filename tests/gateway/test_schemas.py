@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from conduit.core.errors import SchemaInvalid
-from conduit.gateway.model import Tool
+from conduit.gateway.model import UpstreamTool
 from conduit.gateway.schemas import (
     ArgumentsInvalid,
     SchemaCache,
@@ -33,8 +33,8 @@ REPO_SCHEMA: dict[str, Any] = {
 }
 
 
-def _tool(schema: dict[str, Any], name: str = "t") -> Tool:
-    return Tool(
+def _tool(schema: dict[str, Any], name: str = "t") -> UpstreamTool:
+    return UpstreamTool(
         id=f"up__{name}",
         upstream="up",
         name=name,

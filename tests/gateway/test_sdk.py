@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from conduit.executors.deno import find_deno
-from conduit.gateway.model import Tool
+from conduit.gateway.model import UpstreamTool
 from conduit.gateway.naming import assign_names
 from conduit.gateway.sdk import python_stubs, typescript_declarations
 
@@ -74,7 +74,7 @@ ISSUE_OUTPUT = {
 }
 
 
-def _catalogue_tools() -> list[Tool]:
+def _catalogue_tools() -> list[UpstreamTool]:
     """A spread of real-world and awkward tools across awkward namespaces."""
     github = assign_names(
         "github",
@@ -243,7 +243,7 @@ def test_deno_check_catches_misuse(tmp_path: Path) -> None:
     assert "TS2" in done.stdout + done.stderr
 
 
-def _tool(schema: dict[str, Any], output: dict[str, Any] | None = None) -> Tool:
+def _tool(schema: dict[str, Any], output: dict[str, Any] | None = None) -> UpstreamTool:
     [tool] = assign_names("ns", [{"name": "fn", "inputSchema": schema, "outputSchema": output}])
     return tool
 
