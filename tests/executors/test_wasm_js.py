@@ -15,7 +15,7 @@ from conduit.executors.base import Job, Limits, Outcome, Status, StopSignal
 from conduit.executors.wasm_build import ensure_component
 from conduit.executors.wasm_guests import JS_GUEST, componentize_js_version
 from conduit.executors.wasm_js import WasmJsExecutor
-from tests.sandboxes import WAIT_S, NoBridge
+from tests.sandboxes import LOAD_WAIT_S, WAIT_S, NoBridge
 
 
 async def run(executor: WasmJsExecutor, code: str, inputs: Any = None, **limits: Any) -> Outcome:
@@ -224,10 +224,12 @@ async def _set_later(event: StopSignal) -> None:
     event.set()
 
 
+@pytest.mark.slow
 async def test_fuel_stops_a_loop_deterministically(nursery: trio.Nursery, wasm_cache: Path) -> None:
     executor = WasmJsExecutor(cache_dir=wasm_cache, fuel=50_000_000)
     await nursery.start(executor.serve)
-    with trio.fail_after(WAIT_S):
+    # A fuel-counting engine compiles the component afresh: tens of seconds when busy.
+    with trio.fail_after(LOAD_WAIT_S):
         assert await executor.wait_ready()
     spin = await run(executor, "while (true) {}", timeout_ms=20_000)
     assert spin.status is Status.TIMEOUT
