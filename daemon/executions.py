@@ -124,7 +124,7 @@ _STOP_GRACE_S = 2.0
 # ~4 KiB of Python takes about a millisecond); larger ones in a worker thread, since a
 # 1 MiB program takes a few hundred milliseconds to parse.
 _INLINE_CHECK_CHARS = 4096
-# Checking holds the GIL (parsing, tokenizing): a second thread would only take turns
+# Checking holds the GIL (parsing): a second thread would only take turns
 # with the first, and both with the event loop.
 _POLICY_THREADS = 1
 

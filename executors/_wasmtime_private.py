@@ -2,12 +2,10 @@
 reaches into wasmtime-py's private `wasmtime._ffi`, for two things:
 
 - the pooling allocator (`use_pooling_allocator`, see `_wasmtime.new_engine`): without
-  it, an execution arriving a moment after the last (as an agent's do) takes 25-45%
-  longer end to end for a trivial program on either guest, 8-45% for the benchmark's
-  realistic programs, and 8 clients get ~20% fewer realistic programs done a second
-  (daemons on a shared two-core VM, alternated, medians of paired ratios). Executions
-  sent back to back gain nothing (~12% slower with it): the pool's reset then
-  competes with the next one for the CPU;
+  it, an execution arriving a moment after the last (as an agent's do) takes a quarter
+  to nearly half longer end to end, and 8 clients finish a fifth fewer realistic
+  programs a second; executions sent back to back gain nothing from it (the pool's
+  reset then competes with the next one for the CPU);
 - a store's epoch-deadline callback (`deadline_callback`, `set_deadline_callback`),
   through which each store decides at every tick, on its guest's thread, whether the
   guest goes on (`_wasmtime.Interrupt`): stores then share their executor's engine,

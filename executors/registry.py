@@ -33,7 +33,7 @@ KNOWN_EXECUTORS = {
     "pyodide": ("python",),
 }
 
-# Programs up to this size are read for what they use on the event loop (tokenizing
+# Programs up to this size are read for what they use on the event loop (parsing
 # 4 KiB of JavaScript takes well under a millisecond); larger ones in a worker thread,
 # since 1 MiB takes over half a second.
 _INLINE_READ_CHARS = 4096

@@ -60,7 +60,7 @@ LOCALE_METHODS = frozenset(
 )
 # Case mappings differ from the plain ones only for a locale that is named ("tr").
 LOCALE_CASE_METHODS = frozenset({"toLocaleUpperCase", "toLocaleLowerCase"})
-# Text without any of these cannot use Intl: most programs are never tokenized.
+# Text without any of these cannot use Intl: most programs are never parsed.
 _INTL_WORDS = ("Intl", "toLocale", "localeCompare")
 
 
