@@ -37,7 +37,7 @@ from pydantic import (
     field_validator,
 )
 
-from conduit.gateway.credentials import CredentialsConfig
+from conduit.gateway.credentials_config import CredentialsConfig
 
 __all__ = [
     "HttpUpstreamSettings",

@@ -89,3 +89,42 @@ def test_a_client_command_imports_only_the_client(tmp_path: Path) -> None:
     )
     assert done.stdout.split(maxsplit=1) == ["3", "[]\n"]
     assert "cannot reach the daemon at" in done.stderr
+
+
+_CONFIG_PROBE = """
+import sys
+from conduit.daemon.config import load_config
+config = load_config(sys.argv[1])
+assert config.upstreams[0].auth.type == "bearer"
+heavy = ["httpx", "trio", "mcp", "wasmtime", "conduit.gateway.catalogue"]
+print([name for name in heavy if name in sys.modules])
+"""
+
+_CONFIG_WITH_UPSTREAM = """
+[[upstreams]]
+name = "remote"
+transport = "http"
+url = "https://tools.example.com/mcp"
+[upstreams.auth]
+type = "bearer"
+token = "t"
+[gateway.fetch]
+enabled = true
+allowed_hosts = ["api.example.com"]
+"""
+
+
+def test_reading_a_configuration_imports_no_network_or_runtime(tmp_path: Path) -> None:
+    """Client commands given a config file read it: that must not cost the daemon's
+    imports (an HTTP client, Trio, the MCP SDK, Wasmtime). Only an OAuth2 `token_url`
+    is checked with the HTTP client's own URL parser, which it then imports."""
+    config = tmp_path / "conduit.toml"
+    config.write_text(_CONFIG_WITH_UPSTREAM)
+    done = subprocess.run(
+        [sys.executable, "-c", _CONFIG_PROBE, str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.strip() == "[]"
