@@ -142,7 +142,7 @@ class ExecutionResult:
         """The JSON object `execute` answers with (and MCP's `structuredContent`)."""
         wire = {name: getattr(self, name) for name in _WIRE_FIELDS}
         wire["error"] = None if self.error is None else self.error.to_wire()
-        wire["truncated"] = dataclasses.asdict(self.truncated)
+        wire["truncated"] = {"stdout": self.truncated.stdout, "stderr": self.truncated.stderr}
         return wire
 
     @classmethod

@@ -168,7 +168,7 @@ def make_config(tmp_path: Path, short_dir: Path) -> Callable[..., Config]:
             else:
                 tree[section] = values
         path = tmp_path / "conduit.toml"
-        path.write_text(_to_toml(tree))
+        path.write_text(to_toml(tree))
         return load_config(path, environ={})
 
     return build
@@ -182,13 +182,14 @@ def _toml_value(value: Any) -> str:
     return json.dumps(value)
 
 
-def _to_toml(tree: dict[str, Any], prefix: str = "") -> str:
+def to_toml(tree: dict[str, Any], prefix: str = "") -> str:
+    """`tree` as TOML text: scalars and arrays inline, dicts as tables."""
     scalars = {k: v for k, v in tree.items() if not isinstance(v, dict)}
     tables = {k: v for k, v in tree.items() if isinstance(v, dict)}
     lines = [f"[{prefix}]"] if prefix and scalars else []
     lines += [f"{k} = {_toml_value(v)}" for k, v in scalars.items()]
     for key, value in tables.items():
-        lines.append(_to_toml(value, f"{prefix}.{key}" if prefix else key))
+        lines.append(to_toml(value, f"{prefix}.{key}" if prefix else key))
     return "\n".join(lines) + "\n"
 
 

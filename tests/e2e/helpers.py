@@ -26,6 +26,17 @@ START_TIMEOUT_S = 30
 # A cold Python importing the MCP SDK for each upstream, on a loaded two-core machine.
 UPSTREAM_WAIT_S = 60
 
+# For a daemon that runs no program: started without the executors' processes and
+# components.
+NO_EXECUTORS = """\
+[executors.deno]
+enabled = false
+[executors.wasm_python]
+enabled = false
+[executors.wasm_js]
+enabled = false
+"""
+
 
 @dataclass
 class RunningDaemon:

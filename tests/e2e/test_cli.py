@@ -20,7 +20,14 @@ import trio
 from conduit.daemon.auth import hash_token
 from tests.conftest import link_wasm_cache
 from tests.daemon.test_terminal import raw_controls
-from tests.e2e.helpers import CONDUIT, base_env, call, conduit_serve, wait_available
+from tests.e2e.helpers import (
+    CONDUIT,
+    NO_EXECUTORS,
+    base_env,
+    call,
+    conduit_serve,
+    wait_available,
+)
 
 
 async def conduit(
@@ -267,18 +274,6 @@ async def test_no_daemon_is_a_clear_error(short_dir: Path) -> None:
     done = await conduit("call", "--socket", str(short_dir / "none.sock"), "ping")
     assert done.returncode == 3
     assert "is `conduit serve` running?" in done.stderr.decode()
-
-
-# For a daemon that runs no program: started without the executors' processes and
-# components.
-NO_EXECUTORS = """\
-[executors.deno]
-enabled = false
-[executors.wasm_python]
-enabled = false
-[executors.wasm_js]
-enabled = false
-"""
 
 
 async def test_token_new_prints_a_token_and_its_config_entry(

@@ -6,18 +6,9 @@ import json
 from pathlib import Path
 
 from tests.daemon.test_metrics import scrape, value
-from tests.e2e.helpers import call, conduit_serve
+from tests.e2e.helpers import NO_EXECUTORS, call, conduit_serve
 
-CONFIG = """
-[metrics]
-listen = "127.0.0.1:0"
-[executors.deno]
-enabled = false
-[executors.wasm_python]
-enabled = false
-[executors.wasm_js]
-enabled = false
-"""
+CONFIG = '[metrics]\nlisten = "127.0.0.1:0"\n' + NO_EXECUTORS
 
 
 async def test_the_log_names_the_metrics_url_and_it_answers(

@@ -12,7 +12,6 @@ its own.
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ import trio
 from conduit.daemon.config import Config, load_config
 from conduit.daemon.server import Daemon, ServingInfo
 from conduit.executors.wasm import CONCURRENT_EXECUTIONS
-from tests.conftest import MASTER_TOKEN, link_wasm_cache
+from tests.conftest import MASTER_TOKEN, link_wasm_cache, to_toml
 from tests.e2e.helpers import START_TIMEOUT_S, wait_upstreams
 from tests.e2e.mcp_helpers import ECHO
 from tests.served import Served, serving_in_a_thread
@@ -76,29 +75,19 @@ class Serving:
     info: ServingInfo
 
 
-def _toml(value: Any) -> str:
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{key} = {_toml(item)}" for key, item in value.items()) + "}"
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml(item) for item in value) + "]"
-    return json.dumps(value)
-
-
 def _config(root: Path, socket_dir: Path) -> Config:
     """What the `start_daemon` fixture's daemons get, with the echo upstream and room
     for all sixteen programs at once."""
-    tables = {
+    tree = {
+        "upstreams": [ECHO],
         "server": {"socket": str(socket_dir / "conduit.sock"), "state_dir": str(root / "state")},
         "auth": {"token": MASTER_TOKEN},
-        "executors.deno": {"pool_size": 1},
+        "executors": {"deno": {"pool_size": 1}},
         "limits": {"max_concurrent_executions": PROGRAMS},
         "metrics": {"listen": "127.0.0.1:0"},
     }
-    lines = [f"upstreams = {_toml([ECHO])}"]
-    for table, values in tables.items():
-        lines += [f"[{table}]", *(f"{key} = {_toml(value)}" for key, value in values.items())]
     path = root / "conduit.toml"
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(to_toml(tree))
     return load_config(path, environ={})
 
 
