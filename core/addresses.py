@@ -1,4 +1,5 @@
-"""Where the daemon listens: the default socket path, and `HOST:PORT` addresses.
+"""Where the daemon lives: the default socket path and state directory, and
+`HOST:PORT` addresses.
 
 Light on purpose (standard library only): `conduit.client` imports it to find the
 daemon without importing the configuration machinery.
@@ -8,9 +9,10 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["default_socket_path", "is_loopback", "parse_tcp_address"]
+__all__ = ["default_socket_path", "default_state_dir", "is_loopback", "parse_tcp_address"]
 
 
 def _runtime_dir() -> Path:
@@ -27,6 +29,13 @@ def default_socket_path() -> str:
     if base.name.startswith("conduit-"):
         return str(base / "conduit.sock")
     return str(base / "conduit" / "conduit.sock")
+
+
+def default_state_dir(environ: Mapping[str, str] | None = None) -> str:
+    """`$XDG_STATE_HOME/conduit`, else `~/.local/state/conduit`."""
+    env = os.environ if environ is None else environ
+    state_home = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return str(Path(state_home) / "conduit")
 
 
 def parse_tcp_address(value: str) -> tuple[str, int]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from conduit.client import LoginToken
-from conduit.core.addresses import default_socket_path
+from conduit.core.addresses import default_socket_path, default_state_dir
 
 if TYPE_CHECKING:
     from conduit.daemon.config import Config
@@ -54,7 +54,7 @@ def client_settings(
     chosen = env.get("CONDUIT_TOKEN")
     if chosen:
         return ClientSettings(socket, LoginToken(chosen))
-    state_dir = env.get("CONDUIT_STATE_DIR") or _default_state_dir(env)
+    state_dir = env.get("CONDUIT_STATE_DIR") or default_state_dir(env)
     return ClientSettings(socket, _token_file(Path(state_dir) / "master.token"))
 
 
@@ -81,9 +81,3 @@ def _token_file(path: Path) -> LoginToken | None:
     except OSError:
         return None
     return LoginToken(found, fallback=True) if found else None
-
-
-def _default_state_dir(env: Mapping[str, str]) -> str:
-    # The config's own default (`config.default_state_dir`), which reads the environment.
-    state_home = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return str(Path(state_home) / "conduit")

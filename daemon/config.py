@@ -15,7 +15,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from conduit.core.addresses import default_socket_path, is_loopback, parse_tcp_address
+from conduit.core.addresses import (
+    default_socket_path,
+    default_state_dir,
+    is_loopback,
+    parse_tcp_address,
+)
 from conduit.core.errors import ConfigError
 from conduit.gateway.fetch_config import FetchConfig
 from conduit.gateway.settings import UpstreamList
@@ -48,12 +53,6 @@ SCOPES = ("execute", "executions", "tools", "admin")
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def default_state_dir() -> str:
-    """`$XDG_STATE_HOME/conduit`, else `~/.local/state/conduit`."""
-    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return str(Path(state_home) / "conduit")
 
 
 class ServerConfig(_Section):
