@@ -26,9 +26,11 @@ __all__ = [
     "ErrorInfo",
     "Executor",
     "ExecutorInfo",
+    "ExecutorSession",
     "Job",
     "Limits",
     "Outcome",
+    "SessionSpec",
     "Status",
     "ToolBridge",
     "python_request",
@@ -177,6 +179,9 @@ class Outcome:
     # Time the executor held the program back waiting for a CPU slot or a sandbox
     # (reported in `queue_ms`, apart from the program's own time).
     queue_s: float = 0.0
+    # A session's step only: whether its sandbox could not go on after this step (a
+    # trapped instance, a killed process), so the next step starts afresh.
+    session_reset: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +211,36 @@ class ToolBridge(Protocol):
 
     async def request(self, method: str, params: dict[str, Any]) -> Any:
         """Dispatch `method` as the sandbox; its result, or the `RpcError` a client gets."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSpec:
+    """What a session's sandbox is opened with. `memory_mb` bounds what it holds
+    across all its steps (a step's own `limits.memory_mb` is not used)."""
+
+    session_id: str
+    language: str
+    memory_mb: int
+    principal: str | None = None
+
+
+class ExecutorSession(Protocol):
+    """One sandbox kept from one execution to the next: what a program defines
+    (variables, functions, imports, files) is there for the next step.
+
+    The daemon runs one step at a time in a session. A step that fails in the
+    program's own terms leaves the session as it was; a step after which the
+    sandbox cannot go on (a trap, a timeout that killed its process, the memory cap)
+    reports `Outcome.session_reset`, and the next step runs in a fresh sandbox.
+    """
+
+    async def run(self, job: Job, bridge: ToolBridge) -> Outcome:
+        """Run `job` as the session's next step; as `Executor.run` otherwise."""
+        ...
+
+    async def aclose(self) -> None:
+        """End the sandbox and free what it holds; idempotent, never raises."""
         ...
 
 
@@ -252,6 +287,14 @@ class Executor(Protocol):
         and reported `CANCELLED`. Raises `RuntimeMissing` if the runtime is unusable and
         `SandboxCrashed` if no sandbox could be started; if cancelled, the sandbox is
         gone before `trio.Cancelled` propagates.
+        """
+        ...
+
+    async def open_session(self, spec: SessionSpec) -> ExecutorSession:
+        """A sandbox of its own for a session, ready for its first step.
+
+        Raises `RuntimeMissing` if the runtime is unusable, `Overloaded` if no sandbox
+        can be had now.
         """
         ...
 
