@@ -116,6 +116,10 @@ class ExecutionResult:
     queue_ms: float = field(default=0.0, metadata=_COUNT)
     executor: str = ""
     memory_peak_bytes: int | None = None
+    # The session it ran in (None: a fresh sandbox), and whether that session's sandbox
+    # was started afresh after it (its state lost): a timeout, a crash, the memory cap.
+    session_id: str | None = None
+    session_reset: bool = False
     # The wire object as received (`from_wire`), members this version does not know
     # included; empty for a result built here.
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -165,6 +169,8 @@ class ExecutionResult:
             queue_ms=float(wire.get("queue_ms") or 0.0),
             executor=str(wire.get("executor", "")),
             memory_peak_bytes=wire.get("memory_peak_bytes"),
+            session_id=None if wire.get("session_id") is None else str(wire["session_id"]),
+            session_reset=bool(wire.get("session_reset", False)),
             raw=dict(wire),
         )
 

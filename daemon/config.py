@@ -42,6 +42,7 @@ __all__ = [
     "PolicyConfig",
     "PythonPolicy",
     "ServerConfig",
+    "SessionsConfig",
     "default_socket_path",
     "default_state_dir",
     "load_config",
@@ -282,6 +283,17 @@ class PolicyConfig(_Section):
     executors: ExecutorPolicies = ExecutorPolicies()
 
 
+class SessionsConfig(_Section):
+    # A session holds a sandbox (~10 MB for wasm-python, ~40 MB for a Deno process)
+    # while it lives: eight per client covers an agent's parallel notebooks; the
+    # daemon's total bounds what all of them hold together.
+    max_per_principal: Annotated[int, Field(ge=0, le=10_000)] = 8
+    max_total: Annotated[int, Field(ge=0, le=100_000)] = 64
+    # Ten minutes: an agent thinking between steps, not a session forgotten for hours.
+    idle_timeout_s: Annotated[float, Field(gt=0, le=7 * 86_400)] = 600.0
+    max_idle_timeout_s: Annotated[float, Field(gt=0, le=7 * 86_400)] = 3600.0
+
+
 class EventsConfig(_Section):
     # Events one subscriber may have waiting before it is dropped as too slow: a
     # second or more of a busy daemon's events, a few hundred KiB at most per subscriber.
@@ -295,6 +307,7 @@ class Config(_Section):
     executors: ExecutorsConfig = ExecutorsConfig()
     gateway: GatewayConfig = GatewayConfig()
     events: EventsConfig = EventsConfig()
+    sessions: SessionsConfig = SessionsConfig()
     metrics: MetricsConfig = MetricsConfig()
     policy: PolicyConfig = PolicyConfig()
     upstreams: UpstreamList = ()

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from conduit.daemon.events import EventBus
     from conduit.daemon.executions import Executions
     from conduit.daemon.limits import Admission
+    from conduit.daemon.sessions import Sessions
     from conduit.daemon.tool_access import ToolAccess
 
 __all__ = [
@@ -104,6 +105,7 @@ class CallContext:
     audit: AuditStore
     admission: Admission
     control: Control
+    sessions: Sessions
     # None for calls from inside the process (a sandbox's, through its bridge).
     peer: Peer | None = None
     request_id: Any = None
@@ -286,6 +288,7 @@ class Dispatcher:
         audit: AuditStore,
         admission: Admission,
         control: Control,
+        sessions: Sessions,
         count_request: Callable[[str | None, int | str], None],
     ) -> None:
         self.methods = methods
@@ -295,6 +298,7 @@ class Dispatcher:
         self._audit = audit
         self._admission = admission
         self._control = control
+        self._sessions = sessions
         self._count_request = count_request
 
     async def dispatch(
@@ -317,6 +321,7 @@ class Dispatcher:
             self._audit,
             self._admission,
             self._control,
+            self._sessions,
             peer,
             request_id,
         )

@@ -47,6 +47,9 @@ class EventType(enum.StrEnum):
     TOOL_CALLED = "tool.called"
     UPSTREAM_UP = "upstream.up"
     UPSTREAM_DOWN = "upstream.down"
+    SESSION_CREATED = "session.created"
+    SESSION_RESET = "session.reset"
+    SESSION_ENDED = "session.ended"
 
 
 # Events about one principal's executions; every other kind is about the daemon.
@@ -59,6 +62,9 @@ PRINCIPAL_EVENTS = frozenset(
         EventType.LIMIT_EXCEEDED,
         EventType.POLICY_VIOLATION,
         EventType.TOOL_CALLED,
+        EventType.SESSION_CREATED,
+        EventType.SESSION_RESET,
+        EventType.SESSION_ENDED,
     }
 )
 

@@ -16,7 +16,8 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +42,7 @@ from conduit.daemon.records import (
     head,
 )
 from conduit.daemon.tool_access import requested_allowlist
-from conduit.executors.base import ErrorInfo, Executor, Job, Limits, Outcome, Status, ToolBridge
+from conduit.executors.base import ErrorInfo, Job, Limits, Outcome, Status, ToolBridge
 from conduit.executors.output import StreamName
 from conduit.executors.source import unwrap_fence
 
@@ -53,17 +54,20 @@ if TYPE_CHECKING:
     from conduit.daemon.events import EventBus
     from conduit.daemon.limits import Admission, RateLimiter
     from conduit.daemon.policy import Policy, Violation
+    from conduit.daemon.sessions import Session
     from conduit.executors.registry import ExecutorRegistry
 
-__all__ = ["ExecutionRequest", "Executions", "LiveOutput", "OpenSession", "OutputSink"]
+__all__ = ["ExecutionRequest", "Executions", "LiveOutput", "OpenBridge", "OutputSink"]
 
 log = logging.getLogger("conduit.executions")
 
 # Receives the params of each `execution/output` notification of a streamed execution.
 OutputSink = Callable[[dict[str, Any]], Awaitable[None]]
-# Opens an execution's session (its way back in for tool calls), given its id and the
-# tool patterns that must all allow a tool; the session ends when the block exits.
-OpenSession = Callable[[str, tuple[tuple[str, ...], ...]], "AbstractContextManager[ToolBridge]"]
+# Opens an execution's bridge (its way back in for tool calls), given its id and the
+# tool patterns that must all allow a tool; the bridge's token ends when the block exits.
+OpenBridge = Callable[[str, tuple[tuple[str, ...], ...]], "AbstractContextManager[ToolBridge]"]
+# Runs one job: an executor's `run`, or a session's sandbox's.
+RunJob = Callable[[Job, ToolBridge], Awaitable[Outcome]]
 
 # How long one piece of live output may wait for the client to take it. A client that
 # takes nothing for this long is not reading: streaming stops for that execution (its
@@ -85,6 +89,22 @@ class ExecutionRequest:
     origin: tuple[int, Any] | None = None
     # Where `execution/output` notifications go while the program runs (None: nowhere).
     on_output: OutputSink | None = None
+    # The session to run in, as the caller's own (`Sessions.get`); None: a fresh sandbox.
+    session: Session | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """Where a job runs: an executor's fresh sandbox, or a session's."""
+
+    executor: str
+    language: str
+    run: RunJob
+    session: Session | None = None
+
+    @property
+    def session_id(self) -> str | None:
+        return None if self.session is None else self.session.session_id
 
 
 @dataclass(slots=True)
@@ -175,7 +195,7 @@ class Executions:
 
     `registry` is the executors programs run on (the daemon builds its own once it
     knows where sandboxes call back); `limits` and `policy` change on a reload
-    (`reconfigure`). Each execution's tool calls come back through `open_session`.
+    (`reconfigure`). Each execution's tool calls come back through `open_bridge`.
     """
 
     def __init__(
@@ -187,7 +207,7 @@ class Executions:
         admission: Admission,
         rate_limiter: RateLimiter,
         events: EventBus,
-        open_session: OpenSession,
+        open_bridge: OpenBridge,
     ) -> None:
         self.limits = limits
         self.policy = policy
@@ -195,7 +215,7 @@ class Executions:
         self._admission = admission
         self._rate_limiter = rate_limiter
         self._events = events
-        self._open_session = open_session
+        self._open_bridge = open_bridge
         self._running: dict[str, _Running] = {}
         self._policy_limiter = trio.CapacityLimiter(_POLICY_THREADS)
         self._idle = trio.Event()
@@ -228,35 +248,32 @@ class Executions:
         if principal.kind == "session":
             raise Forbidden("forbidden: a sandbox cannot start executions")
         code = self._checked_code(request.code)
-        limits = self._limits(request.limits)
         requested = _checked_patterns(request.allowed_tools)
+        session = request.session
         getting_ready = trio.current_time()
-        # A wait for an executor still starting is queueing: bounded like the queue's.
-        within_s = min(limits.timeout_ms / 1000, self.limits.queue_timeout_s)
-        executor = await self.registry.pick_ready(
-            request.language, request.executor, within_s=within_s, code=code
-        )
+        target, limits = await self._target(request, code)
         ready_wait_s = trio.current_time() - getting_ready
         self._rate_limiter.check(principal.name)
         checked = trio.current_time()
-        violation = await self._violation(request.language, executor.name, code)
+        violation = await self._violation(target.language, target.executor, code)
         if violation is not None:
             job = Job(
                 _new_execution_id(),
-                request.language,
+                target.language,
                 code,
                 limits,
                 request.inputs,
                 principal=principal.name,
             )
             check_s = trio.current_time() - checked
-            return self._refuse(job, executor.name, principal, requested, violation, check_s)
-        async with self._admission.slot() as queue_wait_s:
+            return self._refuse(job, target, principal, requested, violation, check_s)
+        async with self._turn(session) as turn_wait_s, self._admission.slot() as slot_wait_s:
+            queue_wait_s = turn_wait_s + slot_wait_s
             execution_id = _new_execution_id()
             live = LiveOutput(execution_id, request.on_output) if request.on_output else None
             job = Job(
                 execution_id,
-                request.language,
+                target.language,
                 code,
                 limits,
                 request.inputs,
@@ -268,20 +285,7 @@ class Executions:
             allowed = (requested, *principal.tool_patterns)
             started_at = time.time()
             digest = code_digest(code)
-            self._events.publish(
-                BusEvent(
-                    EventType.EXECUTION_STARTED,
-                    {
-                        "execution_id": execution_id,
-                        "principal": principal.name,
-                        "executor": executor.name,
-                        "language": request.language,
-                        "code_sha256": digest,
-                    },
-                    principal.name,
-                    started_at,
-                )
-            )
+            self._events.publish(_started_event(job, target, principal.name, digest, started_at))
             started = trio.current_time()
             tool_log: list[ToolCallRecord] = []
 
@@ -297,13 +301,15 @@ class Executions:
                     extra={
                         "execution_id": execution_id,
                         "principal": principal.name,
-                        "executor": executor.name,
+                        "executor": target.executor,
                         "status": str(outcome.status),
                         "duration_ms": round(duration_s * 1000, 2),
                     },
                 )
+                if session is not None:
+                    session.step_ended(reset=outcome.session_reset)
                 waited_s = ready_wait_s + queue_wait_s + outcome.queue_s
-                result = _result(execution_id, executor.name, outcome, duration_s, waited_s)
+                result = _result(execution_id, target, outcome, duration_s, waited_s)
                 record = _record(
                     result, job, principal.name, requested, digest, started_at, tuple(tool_log)
                 )
@@ -311,14 +317,55 @@ class Executions:
                 return result
 
             try:
-                outcome = await self._run(job, executor, allowed, principal, request, tool_log)
+                outcome = await self._run(job, target, allowed, principal, request, tool_log)
             except BaseException as exc:
                 # The caller is gone, the daemon stopped waiting, or the executor broke:
                 # the execution ended all the same, and is accounted for before the
                 # exception goes on.
-                end(_interrupted(exc, len(tool_log)))
+                interrupted = _interrupted(exc, len(tool_log))
+                # A session's sandbox in an unknown state is not trusted with its next step.
+                interrupted.session_reset = session is not None
+                end(interrupted)
                 raise
         return end(outcome)
+
+    async def _target(self, request: ExecutionRequest, code: str) -> tuple[_Target, Limits]:
+        """Where the request runs, and its limits: the session's sandbox it names, or
+        a fresh one of the executor picked for it (waited for while it starts)."""
+        session = request.session
+        if session is not None:
+            limits = self.step_limits(session, request.limits)
+            return _Target(session.executor, session.language, session.sandbox.run, session), limits
+        limits = self.limits_for(request.limits)
+        # A wait for an executor still starting is queueing: bounded like the queue's.
+        within_s = min(limits.timeout_ms / 1000, self.limits.queue_timeout_s)
+        executor = await self.registry.pick_ready(
+            request.language, request.executor, within_s=within_s, code=code
+        )
+        return _Target(executor.name, request.language, executor.run), limits
+
+    @asynccontextmanager
+    async def _turn(self, session: Session | None) -> AsyncIterator[float]:
+        """Hold `session`'s turn for the block (its steps never overlap); yields how
+        long the wait was (queueing). A no-op without a session."""
+        if session is None:
+            yield 0.0
+            return
+        began = trio.current_time()
+        with trio.move_on_after(self.limits.queue_timeout_s) as waiting:
+            await session.lock.acquire()
+        if waiting.cancelled_caught:
+            raise Overloaded(
+                "the session is still running an earlier step after "
+                f"{self.limits.queue_timeout_s:g} s (limits.queue_timeout_s); retry later "
+                "or cancel it with executions/cancel"
+            )
+        try:
+            if session.closed:
+                raise NotFound("not found: no such session", {"session_id": session.session_id})
+            yield trio.current_time() - began
+        finally:
+            session.lock.release()
 
     async def _violation(self, language: str, executor: str, code: str) -> Violation | None:
         """The policy's verdict on `code`: inline for small programs, in a worker
@@ -333,7 +380,7 @@ class Executions:
     def _refuse(
         self,
         job: Job,
-        executor: str,
+        target: _Target,
         principal: Principal,
         requested: tuple[str, ...],
         violation: Violation,
@@ -345,7 +392,7 @@ class Executions:
         event carrying its record, so the audit trail holds every refused request.
         """
         started_at = time.time()
-        refused = _result(job.execution_id, executor, Outcome(Status.REFUSED), check_s, 0.0)
+        refused = _result(job.execution_id, target, Outcome(Status.REFUSED), check_s, 0.0)
         error = _cleaned(ErrorInfo("PolicyViolation", violation.describe()))
         result = dataclasses.replace(
             refused, error=dataclasses.replace(error, **violation.to_wire())
@@ -357,7 +404,7 @@ class Executions:
             extra={
                 "execution_id": job.execution_id,
                 "principal": principal.name,
-                "executor": executor,
+                "executor": target.executor,
                 "rule": violation.rule,
                 "line": violation.line,
             },
@@ -368,7 +415,7 @@ class Executions:
                 {
                     "execution_id": job.execution_id,
                     "principal": principal.name,
-                    "executor": executor,
+                    "executor": target.executor,
                     "language": job.language,
                     "code_sha256": digest,
                     "message": violation.message,
@@ -384,7 +431,7 @@ class Executions:
     async def _run(
         self,
         job: Job,
-        executor: Executor,
+        target: _Target,
         allowed: tuple[tuple[str, ...], ...],
         principal: Principal,
         request: ExecutionRequest,
@@ -394,7 +441,7 @@ class Executions:
         entry = _Running(
             job,
             principal.name,
-            executor.name,
+            target.executor,
             trio.current_time(),
             trio.CancelScope(),
             request.origin,
@@ -404,8 +451,8 @@ class Executions:
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         outcome = Outcome(Status.CANCELLED, error=_stopped_error(Status.CANCELLED))
         try:
-            with self._open_session(job.execution_id, allowed) as bridge, entry.scope:
-                outcome = await executor.run(job, bridge)
+            with self._open_bridge(job.execution_id, allowed) as bridge, entry.scope:
+                outcome = await target.run(job, bridge)
         finally:
             del self._running[job.execution_id]
             if not self._running:
@@ -514,9 +561,25 @@ class Executions:
             )
         return code
 
-    def _limits(self, requested: dict[str, int]) -> Limits:
+    def limits_for(self, requested: dict[str, int]) -> Limits:
+        """The daemon's default limits with `requested` over them; `InvalidParams` for
+        a value past its maximum."""
+        return self._capped(self.limits.defaults.model_dump(), requested)
+
+    def step_limits(self, session: Session, requested: dict[str, int]) -> Limits:
+        """A session step's limits: the session's, with `requested` over them. Its
+        memory is the session's, set when it was made: a step asking another is refused."""
+        memory_mb = requested.get("memory_mb", session.limits.memory_mb)
+        if memory_mb != session.limits.memory_mb:
+            raise InvalidParams(
+                f"invalid params: limits.memory_mb = {memory_mb}, but this session's memory "
+                f"is {session.limits.memory_mb} MB, set by sessions/create for all its steps",
+                {"field": "limits.memory_mb", "reason": "fixed for the session"},
+            )
+        return self._capped(dataclasses.asdict(session.limits), requested)
+
+    def _capped(self, values: dict[str, int], requested: dict[str, int]) -> Limits:
         config = self.limits
-        values = config.defaults.model_dump()
         for name, value in requested.items():
             maximum = getattr(config.maxima, name)
             if value > maximum:
@@ -646,6 +709,21 @@ def _record(
     )
 
 
+def _started_event(
+    job: Job, target: _Target, principal: str, digest: str, started_at: float
+) -> BusEvent:
+    data = {
+        "execution_id": job.execution_id,
+        "principal": principal,
+        "executor": target.executor,
+        "language": job.language,
+        "code_sha256": digest,
+    }
+    if target.session is not None:
+        data["session_id"] = target.session.session_id
+    return BusEvent(EventType.EXECUTION_STARTED, data, principal, started_at)
+
+
 def _ended_event(record: ExecutionRecord) -> BusEvent:
     kind = _ENDED_AS.get(Status(record.status), EventType.EXECUTION_FAILED)
     data = {
@@ -667,7 +745,7 @@ def _ended_event(record: ExecutionRecord) -> BusEvent:
 
 
 def _result(
-    execution_id: str, executor: str, outcome: Outcome, duration_s: float, queue_wait_s: float
+    execution_id: str, target: _Target, outcome: Outcome, duration_s: float, queue_wait_s: float
 ) -> ExecutionResult:
     """The execution's answer. Text a program chose is made storable and sendable here
     (lone surrogates replaced), once, for the reply, the record and the events alike;
@@ -684,8 +762,10 @@ def _result(
         tool_calls=outcome.tool_calls,
         duration_ms=round(duration_s * 1000, 3),
         queue_ms=round(queue_wait_s * 1000, 3),
-        executor=executor,
+        executor=target.executor,
         memory_peak_bytes=outcome.memory_peak_bytes,
+        session_id=target.session_id,
+        session_reset=outcome.session_reset if target.session is not None else False,
     )
 
 

@@ -74,6 +74,7 @@ from conduit.daemon.methods import method_table
 from conduit.daemon.metrics import CONTENT_TYPE, GaugeSources, Metrics
 from conduit.daemon.metrics_endpoint import MetricsEndpoint
 from conduit.daemon.policy import Policy
+from conduit.daemon.sessions import Sessions
 from conduit.daemon.tool_access import ToolAccess
 from conduit.daemon.wiring import build_catalogue, build_registry, language_defaults
 from conduit.executors.base import CallbackAddress
@@ -138,7 +139,14 @@ class Daemon:
             admission=self.admission,
             rate_limiter=self.rate_limiter,
             events=self.events,
-            open_session=self.open_session,
+            open_bridge=self.open_bridge,
+        )
+        self.sessions = Sessions(
+            config.sessions,
+            registry=self.executions.registry,
+            events=self.events,
+            limits_for=self.executions.limits_for,
+            queue_timeout_s=limits.queue_timeout_s,
         )
         self.tools = ToolAccess(
             build_catalogue(config),
@@ -173,6 +181,7 @@ class Daemon:
             audit=self.audit,
             admission=self.admission,
             control=self,
+            sessions=self.sessions,
             count_request=self.metrics.count_request,
         )
         self.callback_address: CallbackAddress | None = None
@@ -192,10 +201,11 @@ class Daemon:
         """What programs are checked against before they run."""
         return self.executions.policy
 
-    def open_session(
+    def open_bridge(
         self, execution_id: str, tool_patterns: tuple[tuple[str, ...], ...]
     ) -> SessionBridge:
-        """A new session for one execution's tool calls; it ends when the bridge exits."""
+        """One execution's way back in for its tool calls, under a session token of
+        its own that ends when the bridge exits."""
         return SessionBridge(
             self.auth,
             self.dispatcher.dispatch,
@@ -254,7 +264,9 @@ class Daemon:
             async with trio.open_nursery() as root:
                 await root.start(self.audit.run)
                 self.executions.registry = build_registry(self.config, self.callback_address)
+                self.sessions.registry = self.executions.registry
                 await root.start(self.registry.serve)
+                await root.start(self.sessions.serve)
                 await root.start(self.tools.catalogue.serve)
                 await self._start_metrics(root)
                 if handle_signals:
@@ -322,6 +334,8 @@ class Daemon:
         self.executions.cancel_all()
         with trio.move_on_after(_CANCEL_REPORT_S):
             await self.executions.wait_idle()
+        with trio.CancelScope(shield=True), trio.move_on_after(_CANCEL_REPORT_S):
+            await self.sessions.close_all()
         connections.cancel_scope.deadline = trio.current_time() + _CANCEL_REPORT_S
 
     async def _accept_loop(self, bound: BoundListener, connections: trio.Nursery) -> None:
@@ -477,6 +491,7 @@ class Daemon:
         self.auth.reconfigure(master_token, new.auth)
         self.token_source = source
         self.executions.reconfigure(new.limits, Policy(new.policy))
+        self.sessions.reconfigure(new.sessions, new.limits.queue_timeout_s)
         self.tools.call_timeout_s = new.gateway.call_timeout_s
         limits = new.limits
         self.admission.reconfigure(

@@ -10,6 +10,7 @@ from conduit.daemon.methods import (
     executors,
     login,
     sdk,
+    sessions,
     tools,
     upstreams,
 )
@@ -27,6 +28,7 @@ def method_table() -> MethodTable:
         executors.router,
         login.router,
         sdk.router,
+        sessions.router,
         tools.router,
         upstreams.router,
     )

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from conduit.core.errors import Forbidden, NotFound
+from conduit.core.errors import Forbidden, InvalidParams, NotFound
 from conduit.daemon.audit import AuditState, ExecutionQuery
 from conduit.daemon.dispatcher import CallContext, MethodRouter, NoParams, Params
 from conduit.daemon.executions import ExecutionRequest
@@ -22,6 +22,7 @@ router = MethodRouter()
 
 if TYPE_CHECKING:
     from conduit.daemon.dispatcher import Peer
+    from conduit.daemon.sessions import Session
 
 __all__ = [
     "ExecuteParams",
@@ -29,6 +30,7 @@ __all__ = [
     "GetParams",
     "LimitParams",
     "StatsParams",
+    "language_name",
     "origin_of",
 ]
 
@@ -52,7 +54,7 @@ LANGUAGE_NAMES = {
 Language = Literal["python", "typescript", "javascript"]
 
 
-def _language_name(cls: type, value: Any) -> Any:
+def language_name(cls: type, value: Any) -> Any:
     """The canonical name for what was written (`py` → `python`)."""
     return LANGUAGE_NAMES.get(value.lower(), value) if isinstance(value, str) else value
 
@@ -72,11 +74,18 @@ class LimitParams(Params):
 
 
 class ExecuteParams(Params):
-    language: Language = Field(
-        description="python, typescript or javascript (py, ts, js also accepted)"
+    language: Language | None = Field(
+        None,
+        description="python, typescript or javascript (py, ts, js also accepted); "
+        "required unless session_id is given",
     )
     code: str = Field(description="the program; a markdown fence around it is removed")
     executor: str | None = Field(None, description="override the language's default executor")
+    session_id: str | None = Field(
+        None,
+        max_length=64,
+        description="run in this session (sessions/create): what earlier steps defined is there",
+    )
     limits: LimitParams | None = None
     allowed_tools: list[str] | None = Field(
         None, description="tool patterns this program may call: *, ns.*, ns.tool"
@@ -88,19 +97,30 @@ class ExecuteParams(Params):
         "runs, before the result",
     )
 
-    _language = field_validator("language", mode="before")(_language_name)
+    _language = field_validator("language", mode="before")(language_name)
 
-    def to_request(self, ctx: CallContext) -> ExecutionRequest:
-        """The execution this asks for, on behalf of the call `ctx`.
+    @model_validator(mode="after")
+    def _language_or_session(self) -> ExecuteParams:
+        if self.language is None and self.session_id is None:
+            raise ValueError("give language (or session_id, to run in a session)")
+        return self
+
+    def to_request(self, ctx: CallContext, session: Session | None = None) -> ExecutionRequest:
+        """The execution this asks for, on behalf of the call `ctx`: in `session`, or
+        else in the session `session_id` names (the caller's own, or `NotFound`).
 
         With `stream`, its output goes to the caller's connection as `execution/output`
         notifications; a caller with no connection (in-process) gets the result only.
         """
+        if session is None and self.session_id is not None:
+            session = ctx.sessions.get(ctx.require_principal().name, self.session_id)
+        if session is not None:
+            _check_session_fits(session, self.language, self.executor)
         on_output = None
         if self.stream and ctx.peer is not None:
             on_output = partial(_send_output, ctx.peer, ctx.request_id)
         return ExecutionRequest(
-            language=self.language,
+            language=session.language if session is not None else str(self.language),
             code=self.code,
             executor=self.executor,
             limits=self.limits.overrides() if self.limits else {},
@@ -108,6 +128,23 @@ class ExecuteParams(Params):
             inputs=self.inputs,
             origin=origin_of(ctx, ctx.request_id),
             on_output=on_output,
+            session=session,
+        )
+
+
+def _check_session_fits(session: Session, language: str | None, executor: str | None) -> None:
+    """`InvalidParams` if the request names another language or executor than the
+    session's (leaving them out is the usual way)."""
+    if language not in (None, session.language):
+        raise InvalidParams(
+            f"invalid params: the session runs {session.language}, not {language}; "
+            "leave language out to run in it",
+            {"field": "language", "reason": "not the session's"},
+        )
+    if executor not in (None, session.executor):
+        raise InvalidParams(
+            f"invalid params: the session runs on {session.executor}, not {executor}",
+            {"field": "executor", "reason": "not the session's"},
         )
 
 
@@ -207,7 +244,7 @@ class ExecutionListParams(Params):
     limit: int = Field(DEFAULT_PAGE, ge=1, le=MAX_PAGE, description="executions per page")
     cursor: str | None = Field(None, description="next_cursor of the previous page")
 
-    _language = field_validator("language", mode="before")(_language_name)
+    _language = field_validator("language", mode="before")(language_name)
 
     @field_validator("status")
     @classmethod

@@ -17,17 +17,19 @@ import trio.testing
 
 from conduit.core.errors import MethodNotFound
 from conduit.daemon.auth import Principal
-from conduit.daemon.config import LimitsConfig, PolicyConfig
+from conduit.daemon.config import LimitsConfig, PolicyConfig, SessionsConfig
 from conduit.daemon.connection import Connection, ConnectionLimits
 from conduit.daemon.events import BusEvent, EventBus
 from conduit.daemon.executions import Executions
 from conduit.daemon.limits import Admission, RateLimiter
 from conduit.daemon.policy import Policy
+from conduit.daemon.sessions import Sessions
 from conduit.executors.base import (
     CallbackAddress,
     ExecutorInfo,
     Job,
     Outcome,
+    SessionSpec,
     Status,
     ToolBridge,
 )
@@ -201,6 +203,7 @@ class FakeExecutor:
     def __init__(self, script: Script = _echo) -> None:
         self.script = script
         self.jobs: list[Job] = []
+        self.sandboxes: list[FakeSandbox] = []
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -210,8 +213,39 @@ class FakeExecutor:
         self.jobs.append(job)
         return await self.script(job, bridge)
 
+    async def open_session(self, spec: SessionSpec) -> FakeSandbox:
+        sandbox = FakeSandbox(spec, self.script)
+        self.sandboxes.append(sandbox)
+        return sandbox
+
     def info(self) -> ExecutorInfo:
         return ExecutorInfo(self.name, tuple(sorted(self.languages)), available=True)
+
+
+class FakeSandbox:
+    """A session's sandbox that runs the executor's script for each step; records the
+    steps, whether two ever overlapped, and whether it was closed."""
+
+    def __init__(self, spec: SessionSpec, script: Script) -> None:
+        self.spec = spec
+        self.script = script
+        self.jobs: list[Job] = []
+        self.running = 0
+        self.overlapped = False
+        self.closed = False
+
+    async def run(self, job: Job, bridge: ToolBridge) -> Outcome:
+        assert not self.closed, "a step ran in a closed sandbox"
+        self.jobs.append(job)
+        self.running += 1
+        self.overlapped |= self.running > 1
+        try:
+            return await self.script(job, bridge)
+        finally:
+            self.running -= 1
+
+    async def aclose(self) -> None:
+        self.closed = True
 
 
 class FakeBridge:
@@ -243,10 +277,11 @@ class ExecutionsFixture:
         queue_size: int = 4,
         queue_timeout_s: float = 30.0,
         limits: LimitsConfig | None = None,
+        sessions: SessionsConfig | None = None,
     ) -> None:
         self.executor = executor
         self.events: list[BusEvent] = []
-        self.sessions: list[FakeBridge] = []
+        self.bridges: list[FakeBridge] = []
         bus = EventBus()
         bus.add_sink(self.events.append)
         self.admission = Admission(capacity, queue_size, queue_timeout_s)
@@ -257,15 +292,22 @@ class ExecutionsFixture:
             admission=self.admission,
             rate_limiter=RateLimiter(0, 1),
             events=bus,
-            open_session=self.open_session,
+            open_bridge=self.open_bridge,
+        )
+        self.sessions = Sessions(
+            sessions or SessionsConfig(),
+            registry=self.executions.registry,
+            events=bus,
+            limits_for=self.executions.limits_for,
+            queue_timeout_s=queue_timeout_s,
         )
 
     @contextmanager
-    def open_session(
+    def open_bridge(
         self, execution_id: str, patterns: tuple[tuple[str, ...], ...]
     ) -> Iterator[FakeBridge]:
         bridge = FakeBridge(execution_id, patterns)
-        self.sessions.append(bridge)
+        self.bridges.append(bridge)
         try:
             yield bridge
         finally:

@@ -56,6 +56,7 @@ class Harness:
             audit=None,  # type: ignore[arg-type]
             admission=None,  # type: ignore[arg-type]
             control=None,  # type: ignore[arg-type]
+            sessions=None,  # type: ignore[arg-type]
             count_request=lambda name, outcome: self.counted.append((name, outcome)),
         )
 
@@ -257,9 +258,12 @@ async def test_rpc_discover_lists_every_method_with_its_schema() -> None:
     names = {m["name"] for m in result["methods"]}
     expected = {"initialize", "ping", "rpc/discover", "tools/list", "tools/call", "execute"}
     expected |= {"executions/cancel", "executors/list", "auth/login", "auth/whoami"}
+    expected |= {"sessions/create", "sessions/list", "sessions/close"}
     assert expected <= names
     execute = next(m for m in result["methods"] if m["name"] == "execute")
-    assert set(execute["params"]["required"]) == {"language", "code"}
+    # The language may be left out of a session's step.
+    assert set(execute["params"]["required"]) == {"code"}
+    assert {"language", "session_id"} <= set(execute["params"]["properties"])
     assert result["aliases"]["mcp.executeTypeScript"]["language"] == "typescript"
     assert "mcp.executeTypeScript" not in names
 

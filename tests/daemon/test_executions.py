@@ -39,6 +39,8 @@ WIRE_KEYS = {
     "queue_ms",
     "executor",
     "memory_peak_bytes",
+    "session_id",
+    "session_reset",
 }
 
 
@@ -91,8 +93,8 @@ async def test_a_result_has_the_documented_shape_and_its_events(nursery: trio.Nu
     assert (record.principal, record.allowed_tools) == ("alice", ("*",))
     [job] = fx.executor.jobs
     assert job.limits.timeout_ms == LimitsConfig().defaults.timeout_ms
-    [session] = fx.sessions
-    assert session.execution_id == job.execution_id and not session.open
+    [bridge] = fx.bridges
+    assert bridge.execution_id == job.execution_id and not bridge.open
 
 
 async def test_requests_are_checked_before_anything_runs() -> None:

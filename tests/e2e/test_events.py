@@ -133,7 +133,7 @@ async def test_sandboxes_may_not_subscribe_and_their_owner_hears_of_it(
     await watcher.call("events/subscribe", {"types": ["policy.violation"]})
     # Calls a sandbox makes come through a bridge like this one, under its session.
     refused = pytest.raises(Forbidden, match="session token cannot call events/subscribe")
-    with server.open_session("ex_0123456789abcdef", (("*",),)) as bridge, refused:
+    with server.open_bridge("ex_0123456789abcdef", (("*",),)) as bridge, refused:
         await bridge.request("events/subscribe", {})
     violation = await next_event(watcher)
     assert (violation["method"], violation["rule"]) == ("events/subscribe", "access.method")
