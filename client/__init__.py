@@ -15,7 +15,7 @@ reconnect after the daemon restarts, and raise the daemon's errors by class. Thi
 package imports neither the daemon nor its runtimes: it is light to import.
 """
 
-from conduit.client.aio import AsyncClient, AsyncRun, AsyncSubscription, open_client
+from conduit.client.aio import AsyncClient, AsyncRun, AsyncSession, AsyncSubscription, open_client
 from conduit.client.endpoint import Backoff, LoginToken
 from conduit.client.errors import (
     ClientError,
@@ -45,15 +45,17 @@ from conduit.client.results import (
     ExecutionResult,
     OutputChunk,
     ProgramError,
+    SessionInfo,
     Tool,
     ToolResult,
     ToolSchema,
 )
-from conduit.client.sync import Client, Run, Subscription
+from conduit.client.sync import Client, Run, Session, Subscription
 
 __all__ = [
     "AsyncClient",
     "AsyncRun",
+    "AsyncSession",
     "AsyncSubscription",
     "Backoff",
     "Client",
@@ -79,6 +81,8 @@ __all__ = [
     "RateLimited",
     "RpcError",
     "Run",
+    "Session",
+    "SessionInfo",
     "Subscription",
     "SubscriptionDropped",
     "Timeout",

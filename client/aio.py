@@ -52,8 +52,22 @@ from conduit.client.endpoint import (
     LoginToken,
     resolve_token,
 )
-from conduit.client.errors import ConnectionFailed, ConnectionLost, Timeout, TransportError
-from conduit.client.results import Event, ExecutionResult, OutputChunk, Tool, ToolResult, ToolSchema
+from conduit.client.errors import (
+    ConnectionFailed,
+    ConnectionLost,
+    NotFound,
+    Timeout,
+    TransportError,
+)
+from conduit.client.results import (
+    Event,
+    ExecutionResult,
+    OutputChunk,
+    SessionInfo,
+    Tool,
+    ToolResult,
+    ToolSchema,
+)
 from conduit.client.routing import Router
 from conduit.client.wire import (
     MAX_MESSAGE_BYTES,
@@ -65,7 +79,7 @@ from conduit.client.wire import (
     reply_value,
 )
 
-__all__ = ["AsyncClient", "AsyncRun", "AsyncSubscription", "open_client"]
+__all__ = ["AsyncClient", "AsyncRun", "AsyncSession", "AsyncSubscription", "open_client"]
 
 log = logging.getLogger("conduit.client")
 
@@ -466,6 +480,60 @@ class AsyncClient:
         """Call one tool directly; a tool's own failure is a result with `is_error`."""
         return await self._run(calls.call_tool(name, arguments), timeout_s)
 
+    @contextlib.asynccontextmanager
+    async def session(
+        self,
+        language: str = "python",
+        *,
+        executor: str | None = None,
+        limits: Mapping[str, int] | None = None,
+        idle_timeout_s: float | None = None,
+        timeout_s: TimeoutArg = ...,
+    ) -> AsyncIterator[AsyncSession]:
+        """A session for the block: each `execute` on it runs where the last one left
+        its variables, functions, imports and files. Closed when the block exits.
+
+        ```
+        async with client.session("python") as session:
+            await session.execute("x = 1")
+            (await session.execute("x + 1")).result      # 2
+        ```
+        """
+        session = await self.open_session(
+            language,
+            executor=executor,
+            limits=limits,
+            idle_timeout_s=idle_timeout_s,
+            timeout_s=timeout_s,
+        )
+        try:
+            yield session
+        finally:
+            with anyio.CancelScope(shield=True):
+                await session.aclose()
+
+    async def open_session(
+        self,
+        language: str = "python",
+        *,
+        executor: str | None = None,
+        limits: Mapping[str, int] | None = None,
+        idle_timeout_s: float | None = None,
+        name: str | None = None,
+        timeout_s: TimeoutArg = ...,
+    ) -> AsyncSession:
+        """A session that lasts until closed or idle past its timeout (the daemon's
+        default is 10 minutes); with `name`, the session of yours by that name if it
+        lives (`info.created` is False), from any connection."""
+        call = calls.create_session(
+            language, executor=executor, limits=limits, idle_timeout_s=idle_timeout_s, name=name
+        )
+        return AsyncSession(self, await self._run(call, timeout_s))
+
+    async def sessions(self, *, timeout_s: TimeoutArg = ...) -> list[SessionInfo]:
+        """Your live sessions, oldest first."""
+        return await self._run(calls.list_sessions(), timeout_s)
+
     def subscribe(
         self, types: Iterable[str] | None = None, *, timeout_s: TimeoutArg = ...
     ) -> AsyncSubscription:
@@ -585,6 +653,78 @@ class AsyncClient:
         if self.endpoint.tcp is not None:
             return await anyio.connect_tcp(*self.endpoint.tcp)
         return await anyio.connect_unix(str(self.endpoint.unix_path))
+
+
+class AsyncSession:
+    """A session's steps, through the client that opened it (`AsyncClient.session`)."""
+
+    def __init__(self, client: AsyncClient, info: SessionInfo) -> None:
+        self.client = client
+        self.info = info
+        self.closed = False
+
+    @property
+    def session_id(self) -> str:
+        return self.info.session_id
+
+    def __repr__(self) -> str:
+        return f"<AsyncSession {self.session_id} {self.info.language}>"
+
+    async def execute(
+        self,
+        code: str,
+        *,
+        limits: Mapping[str, int] | None = None,
+        allowed_tools: Iterable[str] | None = None,
+        inputs: Any = None,
+        timeout_s: TimeoutArg = ...,
+    ) -> ExecutionResult:
+        """Run `code` as the session's next step; see `AsyncClient.execute`.
+        `result.session_reset` says whether the session had to start afresh after it."""
+        call = self._step(code, limits, allowed_tools, inputs, stream=False)
+        return await self.client._run(call, timeout_s)
+
+    def stream(
+        self,
+        code: str,
+        *,
+        limits: Mapping[str, int] | None = None,
+        allowed_tools: Iterable[str] | None = None,
+        inputs: Any = None,
+        timeout_s: TimeoutArg = ...,
+    ) -> AsyncRun:
+        """Run `code` as the session's next step, its output while it runs; see
+        `AsyncClient.stream`."""
+        call = self._step(code, limits, allowed_tools, inputs, stream=True)
+        return AsyncRun(self.client, call, self.client._timeout(call, timeout_s))
+
+    def _step(
+        self,
+        code: str,
+        limits: Mapping[str, int] | None,
+        allowed_tools: Iterable[str] | None,
+        inputs: Any,
+        *,
+        stream: bool,
+    ) -> Call[ExecutionResult]:
+        return calls.execute(
+            code,
+            language=None,
+            limits=limits,
+            allowed_tools=allowed_tools,
+            inputs=inputs,
+            stream=stream,
+            session_id=self.session_id,
+        )
+
+    async def aclose(self) -> None:
+        """End the session on the daemon. Idempotent; one already ended, or a
+        connection gone, is no error (the daemon ends it when idle)."""
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(NotFound, ConnectionLost, Timeout):
+            await self.client._run(calls.close_session(self.session_id), ...)
 
 
 class AsyncRun:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from conduit.client.results import ExecutionResult, Tool, ToolResult, ToolSchema
+from conduit.client.results import ExecutionResult, SessionInfo, Tool, ToolResult, ToolSchema
 
 __all__ = [
     "IDEMPOTENT_METHODS",
@@ -19,8 +19,11 @@ __all__ = [
     "authenticated",
     "call_tool",
     "cancel",
+    "close_session",
+    "create_session",
     "effective_timeout_s",
     "execute",
+    "list_sessions",
     "list_tools",
     "login",
     "ping",
@@ -49,6 +52,7 @@ IDEMPOTENT_METHODS = frozenset(
         "sdk/get",
         "executors/list",
         "executions/running",
+        "sessions/list",
         "upstreams/list",
         "daemon/status",
     }
@@ -121,14 +125,20 @@ def whoami() -> Call[dict[str, Any] | None]:
 def execute(
     code: str,
     *,
-    language: str,
+    language: str | None,
     executor: str | None = None,
     limits: Mapping[str, int] | None = None,
     allowed_tools: Iterable[str] | None = None,
     inputs: Any = None,
     stream: bool = False,
+    session_id: str | None = None,
 ) -> Call[ExecutionResult]:
-    params: dict[str, Any] = {"language": language, "code": code}
+    """`execute`; with `session_id`, as that session's next step (its language)."""
+    params: dict[str, Any] = {"code": code}
+    if language is not None:
+        params["language"] = language
+    if session_id is not None:
+        params["session_id"] = session_id
     if executor is not None:
         params["executor"] = executor
     if limits:
@@ -142,6 +152,37 @@ def execute(
     timeout_ms = (limits or {}).get("timeout_ms")
     own_s = timeout_ms / 1000 if timeout_ms else DEFAULT_EXECUTION_TIMEOUT_S
     return Call("execute", params, ExecutionResult.from_wire, own_s + EXECUTE_MARGIN_S)
+
+
+def create_session(
+    language: str,
+    *,
+    executor: str | None = None,
+    limits: Mapping[str, int] | None = None,
+    idle_timeout_s: float | None = None,
+    name: str | None = None,
+) -> Call[SessionInfo]:
+    params: dict[str, Any] = {"language": language}
+    if executor is not None:
+        params["executor"] = executor
+    if limits:
+        params["limits"] = dict(limits)
+    if idle_timeout_s is not None:
+        params["idle_timeout_s"] = idle_timeout_s
+    if name is not None:
+        params["name"] = name
+    return Call("sessions/create", params, SessionInfo.from_wire)
+
+
+def close_session(session_id: str) -> Call[None]:
+    return Call("sessions/close", {"session_id": session_id}, parse=lambda result: None)
+
+
+def list_sessions() -> Call[list[SessionInfo]]:
+    return Call(
+        "sessions/list",
+        parse=lambda result: [SessionInfo.from_wire(s) for s in result["sessions"]],
+    )
 
 
 def cancel(*, execution_id: str | None = None, request_id: Any = None) -> Call[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from conduit.core.events import Event
@@ -24,6 +24,7 @@ __all__ = [
     "ExecutionResult",
     "OutputChunk",
     "ProgramError",
+    "SessionInfo",
     "Tool",
     "ToolResult",
     "ToolSchema",
@@ -46,6 +47,37 @@ class OutputChunk:
             stream=str(params.get("stream", "stdout")),
             text=str(params.get("text", "")),
             seq=int(params.get("seq") or 0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """A live session (`sessions/create`, `sessions/list`): a sandbox kept across steps."""
+
+    session_id: str
+    language: str
+    executor: str
+    name: str | None = None
+    idle_timeout_s: float = 0.0
+    steps: int = 0
+    resets: int = 0
+    # Whether `sessions/create` made it now (False: a session by that name was there).
+    created: bool = True
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_wire(cls, wire: Mapping[str, Any]) -> SessionInfo:
+        name = wire.get("name")
+        return cls(
+            session_id=str(wire.get("session_id", "")),
+            language=str(wire.get("language", "")),
+            executor=str(wire.get("executor", "")),
+            name=None if name is None else str(name),
+            idle_timeout_s=float(wire.get("idle_timeout_s") or 0.0),
+            steps=int(wire.get("steps") or 0),
+            resets=int(wire.get("resets") or 0),
+            created=bool(wire.get("created", True)),
+            raw=dict(wire),
         )
 
 

@@ -41,8 +41,22 @@ from conduit.client.endpoint import (
     LoginToken,
     resolve_token,
 )
-from conduit.client.errors import ConnectionFailed, ConnectionLost, Timeout, TransportError
-from conduit.client.results import Event, ExecutionResult, OutputChunk, Tool, ToolResult, ToolSchema
+from conduit.client.errors import (
+    ConnectionFailed,
+    ConnectionLost,
+    NotFound,
+    Timeout,
+    TransportError,
+)
+from conduit.client.results import (
+    Event,
+    ExecutionResult,
+    OutputChunk,
+    SessionInfo,
+    Tool,
+    ToolResult,
+    ToolSchema,
+)
 from conduit.client.routing import Router
 from conduit.client.wire import (
     MAX_MESSAGE_BYTES,
@@ -54,7 +68,7 @@ from conduit.client.wire import (
     reply_value,
 )
 
-__all__ = ["Client", "Run", "Subscription"]
+__all__ = ["Client", "Run", "Session", "Subscription"]
 
 log = logging.getLogger("conduit.client")
 
@@ -422,6 +436,49 @@ class Client:
         """Call one tool directly; a tool's own failure is a result with `is_error`."""
         return self._run(calls.call_tool(name, arguments), timeout_s)
 
+    @contextlib.contextmanager
+    def session(
+        self,
+        language: str = "python",
+        *,
+        executor: str | None = None,
+        limits: Mapping[str, int] | None = None,
+        idle_timeout_s: float | None = None,
+        timeout_s: TimeoutArg = ...,
+    ) -> Iterator[Session]:
+        """A session for the block, closed when it exits; see `AsyncClient.session`."""
+        session = self.open_session(
+            language,
+            executor=executor,
+            limits=limits,
+            idle_timeout_s=idle_timeout_s,
+            timeout_s=timeout_s,
+        )
+        try:
+            yield session
+        finally:
+            session.close()
+
+    def open_session(
+        self,
+        language: str = "python",
+        *,
+        executor: str | None = None,
+        limits: Mapping[str, int] | None = None,
+        idle_timeout_s: float | None = None,
+        name: str | None = None,
+        timeout_s: TimeoutArg = ...,
+    ) -> Session:
+        """A session that lasts until closed or idle; see `AsyncClient.open_session`."""
+        call = calls.create_session(
+            language, executor=executor, limits=limits, idle_timeout_s=idle_timeout_s, name=name
+        )
+        return Session(self, self._run(call, timeout_s))
+
+    def sessions(self, *, timeout_s: TimeoutArg = ...) -> list[SessionInfo]:
+        """Your live sessions, oldest first."""
+        return self._run(calls.list_sessions(), timeout_s)
+
     def subscribe(
         self,
         types: Iterable[str] | None = None,
@@ -543,6 +600,76 @@ class Client:
             sock.close()
             raise
         return sock
+
+
+class Session:
+    """A session's steps, blocking (`Client.session`); see `AsyncSession`."""
+
+    def __init__(self, client: Client, info: SessionInfo) -> None:
+        self.client = client
+        self.info = info
+        self.closed = False
+
+    @property
+    def session_id(self) -> str:
+        return self.info.session_id
+
+    def __repr__(self) -> str:
+        return f"<Session {self.session_id} {self.info.language}>"
+
+    def execute(
+        self,
+        code: str,
+        *,
+        limits: Mapping[str, int] | None = None,
+        allowed_tools: Iterable[str] | None = None,
+        inputs: Any = None,
+        timeout_s: TimeoutArg = ...,
+    ) -> ExecutionResult:
+        """Run `code` as the session's next step; see `AsyncSession.execute`."""
+        call = self._step(code, limits, allowed_tools, inputs, stream=False)
+        return self.client._run(call, timeout_s)
+
+    def stream(
+        self,
+        code: str,
+        *,
+        limits: Mapping[str, int] | None = None,
+        allowed_tools: Iterable[str] | None = None,
+        inputs: Any = None,
+        timeout_s: TimeoutArg = ...,
+    ) -> Run:
+        """Run `code` as the session's next step, its output while it runs; see
+        `Client.stream`."""
+        call = self._step(code, limits, allowed_tools, inputs, stream=True)
+        return Run(self.client, call, self.client._timeout(call, timeout_s))
+
+    def _step(
+        self,
+        code: str,
+        limits: Mapping[str, int] | None,
+        allowed_tools: Iterable[str] | None,
+        inputs: Any,
+        *,
+        stream: bool,
+    ) -> Call[ExecutionResult]:
+        return calls.execute(
+            code,
+            language=None,
+            limits=limits,
+            allowed_tools=allowed_tools,
+            inputs=inputs,
+            stream=stream,
+            session_id=self.session_id,
+        )
+
+    def close(self) -> None:
+        """End the session on the daemon; see `AsyncSession.aclose`."""
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(NotFound, ConnectionLost, Timeout):
+            self.client._run(calls.close_session(self.session_id), ...)
 
 
 class Run:

@@ -30,7 +30,7 @@ from conduit.core.errors import ConduitError, ConfigError, RpcError
 from conduit.core.terminal import dumps, escape, escape_lines
 
 if TYPE_CHECKING:
-    from conduit.client import Client, OutputChunk
+    from conduit.client import Client, ExecutionResult, OutputChunk
     from conduit.daemon.config import Config
     from conduit.daemon.progress import ProgressLine
 
@@ -65,6 +65,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--executor", help="override the language's default executor")
     run.add_argument("--timeout-ms", type=int, help="wall-clock limit")
     run.add_argument("--inputs", help="JSON value the program sees as `inputs`")
+    run.add_argument(
+        "--session",
+        metavar="NAME",
+        help="run in your session of this name, made on first use: what earlier runs in "
+        "it defined is there (it ends when idle for 10 minutes or the daemon stops)",
+    )
     run.add_argument("--json", action="store_true", help="print the whole result as JSON")
     run.add_argument(
         "--raw",
@@ -282,32 +288,37 @@ def _exec(args: argparse.Namespace) -> int:
     from conduit.daemon.progress import ProgressLine
 
     code, language = _read_program(args)
-    params: dict[str, Any] = {"language": language, "code": code}
-    if args.executor:
-        params["executor"] = args.executor
+    options: dict[str, Any] = {}
     if args.timeout_ms:
-        params["limits"] = {"timeout_ms": args.timeout_ms}
+        options["limits"] = {"timeout_ms": args.timeout_ms}
     if args.inputs:
-        params["inputs"] = json.loads(args.inputs)
+        options["inputs"] = json.loads(args.inputs)
     progress = ProgressLine(sys.stderr)
     shown = _LiveOutput(progress, raw=args.raw)
     with _connect(args) as client, progress.running():
+        if args.session:
+            runner: Any = client.open_session(language, executor=args.executor, name=args.session)
+        else:
+            runner, options["language"] = client, language
+            if args.executor:
+                options["executor"] = args.executor
         # With --json, the output is in the result; else it is shown as it comes.
-        result = client.call("execute", params) if args.json else _stream(client, params, shown)
+        result = (
+            runner.execute(code, **options) if args.json else _stream(runner, code, options, shown)
+        )
     if args.json:
-        print(dumps(result, indent=2))
+        print(dumps(dict(result.raw), indent=2))
     else:
-        _print_result(result, shown.written, raw=args.raw)
-    return _exit_status(result)
+        _print_result(dict(result.raw), shown.written, raw=args.raw)
+    return _exit_status(dict(result.raw))
 
 
-def _stream(client: Client, params: dict[str, Any], shown: _LiveOutput) -> dict[str, Any]:
-    """Run the program, showing its output as it comes; the result as the daemon sent it."""
-    options = {key: params[key] for key in ("executor", "limits", "inputs") if key in params}
-    with client.stream(params["code"], language=params["language"], **options) as run:
+def _stream(runner: Any, code: str, options: dict[str, Any], shown: _LiveOutput) -> ExecutionResult:
+    """Run the program (on a client or in a session), showing its output as it comes."""
+    with runner.stream(code, **options) as run:
         for chunk in run:
             shown.take(chunk)
-    return dict(run.result.raw)
+    return run.result
 
 
 class _LiveOutput:

@@ -183,6 +183,9 @@ class Connection:
         self._streams: trio.Nursery | None = None
         # What this connection is subscribed to, by subscription id (events/subscribe).
         self.subscriptions: dict[str, trio.CancelScope] = {}
+        # The sessions its MCP tool calls named, by name (see `methods/sessions.py`).
+        self.named_sessions: dict[str, str] = {}
+        self._at_close: list[Callable[[], Awaitable[object]]] = []
 
     def __repr__(self) -> str:
         who = self.principal.name if self.principal else "anonymous"
@@ -210,6 +213,20 @@ class Connection:
         finally:
             with trio.CancelScope(shield=True):
                 await self._stream.aclose()
+                await self._run_at_close()
+
+    def at_close(self, callback: Callable[[], Awaitable[object]]) -> None:
+        """Await `callback()` once the connection has closed (shielded); what it
+        raises is logged, never propagated."""
+        self._at_close.append(callback)
+
+    async def _run_at_close(self) -> None:
+        callbacks, self._at_close = self._at_close, []
+        for callback in callbacks:
+            try:
+                await callback()
+            except Exception:
+                log.exception("a connection's closing work failed")
 
     def stop_reading(self) -> None:
         """Read no more requests; answer those in flight, then close (for draining)."""

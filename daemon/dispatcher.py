@@ -85,12 +85,16 @@ class Peer(Protocol):
     mcp_session: bool
     # Its event subscriptions, by id (`events/subscribe`).
     subscriptions: dict[str, trio.CancelScope]
+    # The sessions its MCP tool calls named: name → session id.
+    named_sessions: dict[str, str]
 
     def login(self, token: str) -> Principal: ...
 
     async def notify(self, method: str, params: dict[str, Any]) -> None: ...
 
     def start_stream(self, stream: Callable[[], Awaitable[object]]) -> None: ...
+
+    def at_close(self, callback: Callable[[], Awaitable[object]]) -> None: ...
 
 
 @dataclass(slots=True)

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from conduit.daemon.events import EventBus
     from conduit.daemon.limits import Admission, RateLimiter
     from conduit.daemon.policy import Policy, Violation
-    from conduit.daemon.sessions import Session
+    from conduit.daemon.sessions import LiveSession
     from conduit.executors.registry import ExecutorRegistry
 
 __all__ = ["ExecutionRequest", "Executions", "LiveOutput", "OpenBridge", "OutputSink"]
@@ -90,7 +90,7 @@ class ExecutionRequest:
     # Where `execution/output` notifications go while the program runs (None: nowhere).
     on_output: OutputSink | None = None
     # The session to run in, as the caller's own (`Sessions.get`); None: a fresh sandbox.
-    session: Session | None = None
+    session: LiveSession | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +100,7 @@ class _Target:
     executor: str
     language: str
     run: RunJob
-    session: Session | None = None
+    session: LiveSession | None = None
 
     @property
     def session_id(self) -> str | None:
@@ -345,7 +345,7 @@ class Executions:
         return _Target(executor.name, request.language, executor.run), limits
 
     @asynccontextmanager
-    async def _turn(self, session: Session | None) -> AsyncIterator[float]:
+    async def _turn(self, session: LiveSession | None) -> AsyncIterator[float]:
         """Hold `session`'s turn for the block (its steps never overlap); yields how
         long the wait was (queueing). A no-op without a session."""
         if session is None:
@@ -566,7 +566,7 @@ class Executions:
         a value past its maximum."""
         return self._capped(self.limits.defaults.model_dump(), requested)
 
-    def step_limits(self, session: Session, requested: dict[str, int]) -> Limits:
+    def step_limits(self, session: LiveSession, requested: dict[str, int]) -> Limits:
         """A session step's limits: the session's, with `requested` over them. Its
         memory is the session's, set when it was made: a step asking another is refused."""
         memory_mb = requested.get("memory_mb", session.limits.memory_mb)

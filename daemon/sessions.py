@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from conduit.daemon.events import EventBus
     from conduit.executors.registry import ExecutorRegistry
 
-__all__ = ["CloseReason", "Session", "Sessions"]
+__all__ = ["CloseReason", "LiveSession", "Sessions"]
 
 log = logging.getLogger("conduit.sessions")
 
@@ -58,7 +58,7 @@ class CloseReason:
 
 
 @dataclass(slots=True, eq=False)
-class Session:
+class LiveSession:
     """One live session. `lock` is held while a step runs: steps never overlap."""
 
     session_id: str
@@ -77,7 +77,7 @@ class Session:
     lock: trio.Lock = field(default_factory=trio.Lock)
     closed: bool = False
     # The table's to hear of each step's end (`Sessions._stepped`).
-    on_step: Callable[[Session, bool], None] | None = field(default=None, repr=False)
+    on_step: Callable[[LiveSession, bool], None] | None = field(default=None, repr=False)
 
     def step_ended(self, *, reset: bool) -> None:
         """A step ended (the lock still held); `reset`: its sandbox was started afresh.
@@ -135,7 +135,7 @@ class Sessions:
         self._events = events
         self._limits_for = limits_for
         self._queue_timeout_s = queue_timeout_s
-        self._sessions: dict[str, Session] = {}
+        self._sessions: dict[str, LiveSession] = {}
         self._opening = 0  # sessions being opened: they count against the caps
         self._opening_by: dict[str, int] = {}
         self._changed = trio.Event()
@@ -162,7 +162,7 @@ class Sessions:
         limits: dict[str, int] | None = None,
         idle_timeout_s: float | None = None,
         name: str | None = None,
-    ) -> tuple[Session, bool]:
+    ) -> tuple[LiveSession, bool]:
         """A session for `principal`, and whether it was made now: with a `name` the
         principal already has a live session by, that session (if its language and
         executor agree; `InvalidParams` otherwise).
@@ -183,15 +183,22 @@ class Sessions:
             picked = await self.registry.pick_ready(
                 language, executor, within_s=self._queue_timeout_s
             )
+            open_session = getattr(picked, "open_session", None)
+            if open_session is None:
+                raise InvalidParams(
+                    f"invalid params: the {picked.name} executor keeps no sessions; name "
+                    "another executor",
+                    {"field": "executor", "reason": "keeps no sessions"},
+                )
             session_id = ID_PREFIX + secrets.token_hex(8)
             spec = SessionSpec(session_id, language, session_limits.memory_mb, principal)
-            sandbox = await picked.open_session(spec)
+            sandbox = await open_session(spec)
         finally:
             self._opening -= 1
             self._opening_by[principal] -= 1
             if not self._opening_by[principal]:
                 del self._opening_by[principal]
-        session = Session(
+        session = LiveSession(
             session_id,
             principal,
             picked.name,
@@ -208,7 +215,7 @@ class Sessions:
         self._publish(EventType.SESSION_CREATED, session)
         return session, True
 
-    def get(self, principal: str, session_id: str) -> Session:
+    def get(self, principal: str, session_id: str) -> LiveSession:
         """The principal's live session `session_id`; `NotFound` for any other id,
         whether it never existed, ended, or is someone else's."""
         session = self._sessions.get(session_id)
@@ -216,18 +223,18 @@ class Sessions:
             raise NotFound("not found: no such session", {"session_id": session_id})
         return session
 
-    def of(self, principal: str) -> list[Session]:
+    def of(self, principal: str) -> list[LiveSession]:
         """The principal's live sessions, oldest first."""
         return [s for s in self._sessions.values() if s.principal == principal]
 
-    def all(self) -> list[Session]:
+    def all(self) -> list[LiveSession]:
         return list(self._sessions.values())
 
     async def close(self, principal: str, session_id: str) -> None:
         """End the principal's session (`NotFound` as `get`); a step under way is stopped."""
         await self._end(self.get(principal, session_id), CloseReason.CLOSED)
 
-    def _stepped(self, session: Session, reset: bool) -> None:
+    def _stepped(self, session: LiveSession, reset: bool) -> None:
         if reset:
             self._publish(EventType.SESSION_RESET, session)
         self._changed.set()
@@ -253,7 +260,7 @@ class Sessions:
 
     # -- inside --------------------------------------------------------------------------
 
-    async def _end(self, session: Session, reason: str) -> None:
+    async def _end(self, session: LiveSession, reason: str) -> None:
         if session.closed:
             return
         session.closed = True
@@ -262,14 +269,14 @@ class Sessions:
             await session.sandbox.aclose()
         self._publish(EventType.SESSION_ENDED, session, reason=reason)
 
-    def _named(self, principal: str, name: str) -> Session | None:
+    def _named(self, principal: str, name: str) -> LiveSession | None:
         for session in self._sessions.values():
             if session.principal == principal and session.name == name and not session.closed:
                 return session
         return None
 
     @staticmethod
-    def _same_kind(session: Session, language: str, executor: str | None) -> Session:
+    def _same_kind(session: LiveSession, language: str, executor: str | None) -> LiveSession:
         if session.language != language or executor not in (None, session.executor):
             raise InvalidParams(
                 f"invalid params: session {session.name!r} runs {session.language} on "
@@ -308,7 +315,7 @@ class Sessions:
                 {"limit": "sessions.max_total", "value": config.max_total},
             )
 
-    def _publish(self, kind: EventType, session: Session, **extra: Any) -> None:
+    def _publish(self, kind: EventType, session: LiveSession, **extra: Any) -> None:
         data = {
             "session_id": session.session_id,
             "principal": session.principal,

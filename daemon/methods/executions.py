@@ -22,7 +22,7 @@ router = MethodRouter()
 
 if TYPE_CHECKING:
     from conduit.daemon.dispatcher import Peer
-    from conduit.daemon.sessions import Session
+    from conduit.daemon.sessions import LiveSession
 
 __all__ = [
     "ExecuteParams",
@@ -105,7 +105,7 @@ class ExecuteParams(Params):
             raise ValueError("give language (or session_id, to run in a session)")
         return self
 
-    def to_request(self, ctx: CallContext, session: Session | None = None) -> ExecutionRequest:
+    def to_request(self, ctx: CallContext, session: LiveSession | None = None) -> ExecutionRequest:
         """The execution this asks for, on behalf of the call `ctx`: in `session`, or
         else in the session `session_id` names (the caller's own, or `NotFound`).
 
@@ -132,7 +132,7 @@ class ExecuteParams(Params):
         )
 
 
-def _check_session_fits(session: Session, language: str | None, executor: str | None) -> None:
+def _check_session_fits(session: LiveSession, language: str | None, executor: str | None) -> None:
     """`InvalidParams` if the request names another language or executor than the
     session's (leaving them out is the usual way)."""
     if language not in (None, session.language):

@@ -7,16 +7,26 @@ exist (`-32001`, as for an id never made).
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 
+from conduit.core.errors import InvalidParams, NotFound
 from conduit.daemon.dispatcher import CallContext, MethodRouter, NoParams, Params
 from conduit.daemon.methods.executions import Language, LimitParams, language_name
 
+if TYPE_CHECKING:
+    from conduit.daemon.dispatcher import Peer
+    from conduit.daemon.sessions import LiveSession, Sessions
+
 router = MethodRouter()
 
-__all__ = ["CloseParams", "CreateParams"]
+__all__ = ["CloseParams", "CreateParams", "connection_session"]
+
+# A session name an MCP tool call may give: short, printable, the model's own choice.
+MAX_NAME_CHARS = 64
 
 
 class CreateParams(Params):
@@ -46,8 +56,9 @@ class CreateParams(Params):
 
 @router.method("sessions/create", params=CreateParams, scope="execute")
 async def create(params: CreateParams, ctx: CallContext) -> dict[str, Any]:
-    """Open a session: a sandbox whose variables, functions, imports and files last
-    from one execution to the next, until it is closed or idle too long."""
+    """Open a session: what one step defines is there for the next (see execute).
+
+    A session lasts until closed, idle past its timeout, or the daemon stops."""
     session, created = await ctx.sessions.create(
         ctx.require_principal().name,
         params.language,
@@ -75,3 +86,49 @@ async def close(params: CloseParams, ctx: CallContext) -> dict[str, Any]:
     """End a session and free its sandbox; a step under way is stopped."""
     await ctx.sessions.close(ctx.require_principal().name, params.session_id)
     return {"closed": True, "session_id": params.session_id}
+
+
+# ---- sessions an MCP connection names -------------------------------------------------
+
+
+async def connection_session(ctx: CallContext, name: str, language: str) -> LiveSession:
+    """The session the caller's connection knows by `name`, opened now if it has none
+    (or its session ended): `execute_*`'s `session` argument. Such sessions belong to
+    that connection alone and end with it."""
+    peer = ctx.peer
+    if peer is None:
+        raise InvalidParams(
+            "invalid params: session needs a connection to keep it on",
+            {"field": "session", "reason": "no connection"},
+        )
+    if not name or len(name) > MAX_NAME_CHARS:
+        raise InvalidParams(
+            f"invalid params: session must be 1 to {MAX_NAME_CHARS} characters",
+            {"field": "session", "reason": "empty or too long"},
+        )
+    principal = ctx.require_principal().name
+    known = peer.named_sessions.get(name)
+    if known is not None:
+        try:
+            session = ctx.sessions.get(principal, known)
+        except NotFound:
+            del peer.named_sessions[name]  # expired: a fresh one under the same name
+        else:
+            if session.language != language:
+                raise InvalidParams(
+                    f"invalid params: session {name!r} runs {session.language}; use "
+                    f"another name for {language}",
+                    {"field": "session", "reason": "in use for another language"},
+                )
+            return session
+    if not peer.named_sessions:
+        peer.at_close(partial(_close_named, ctx.sessions, principal, peer))
+    session, _ = await ctx.sessions.create(principal, language)
+    peer.named_sessions[name] = session.session_id
+    return session
+
+
+async def _close_named(sessions: Sessions, principal: str, peer: Peer) -> None:
+    for session_id in peer.named_sessions.values():
+        with contextlib.suppress(NotFound):  # expired or closed already
+            await sessions.close(principal, session_id)

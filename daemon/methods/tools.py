@@ -39,6 +39,7 @@ from conduit.core.tools import Tool
 from conduit.daemon.dispatcher import CallContext, MethodRouter, NoParams, Params, invalid_params
 from conduit.daemon.methods.executions import ExecuteParams
 from conduit.daemon.methods.sdk import render_declarations
+from conduit.daemon.methods.sessions import MAX_NAME_CHARS, connection_session
 from conduit.daemon.tool_access import allowlists_for, hides_catalogue, shaped, unavailable
 from conduit.executors.caveats import cannot_use
 from conduit.gateway.catalogue import Catalogue
@@ -59,13 +60,19 @@ BUILTIN_TOOLS = {
 # apiece holds a few dozen typed tools; past it, names and a pointer to discovery.
 MAX_DECLARATIONS_CHARS = 16_000
 
+_SESSIONS = (
+    "Each call runs in a fresh sandbox, unless you pass `session` (a name of your "
+    "choice): calls with the same session name share one sandbox, so variables, "
+    "functions and imports defined in one call are there in the next, until this "
+    "connection ends or the session is idle for 10 minutes."
+)
 _DESCRIPTIONS = {
-    "python": "Run Python in a fresh sandbox. The value of the last expression, or of a "
-    "top-level return, is the result; print() goes to stdout.",
-    "typescript": "Run TypeScript in a fresh Deno sandbox. Top-level await works; the "
-    "value of the final expression, or of a top-level return, is the result.",
-    "javascript": "Run JavaScript in a fresh sandbox. Top-level await works; the value "
-    "of the final expression, or of a top-level return, is the result.",
+    "python": "Run Python. The value of the last expression, or of a top-level return, "
+    "is the result; print() goes to stdout. " + _SESSIONS,
+    "typescript": "Run TypeScript on Deno. Top-level await works; the value of the "
+    "final expression, or of a top-level return, is the result. " + _SESSIONS,
+    "javascript": "Run JavaScript. Top-level await works; the value of the final "
+    "expression, or of a top-level return, is the result. " + _SESSIONS,
 }
 
 _JS_CALLS = (
@@ -166,6 +173,15 @@ def _input_schema() -> dict[str, Any]:
     properties.pop("language")
     # Streaming needs notifications an MCP tool call has no place for.
     properties.pop("stream")
+    # A model names its sessions; the daemon keeps their ids for the connection.
+    properties.pop("session_id")
+    properties["session"] = {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": MAX_NAME_CHARS,
+        "description": "run in the session of this name (made on first use): what "
+        "earlier calls in it defined is there",
+    }
     properties["inputs"] = _any_json(properties["inputs"]["description"])
     schema["required"] = ["code"]
     return _flat(schema, schema.get("$defs", {}))
@@ -280,16 +296,25 @@ async def _call_builtin(language: str, params: CallParams, ctx: CallContext) -> 
         raise Forbidden(f"forbidden: {principal.name} may not call {params.name}")
     # Bad arguments are the model's to correct, so they come back as tool errors
     # (MCP's advice), not as protocol errors a client might hide from it.
+    given = dict(params.arguments)
+    session_name = given.pop("session", None)
+    if "session_id" in given:  # sessions are named here, never given by id
+        return _refused(f"invalid arguments for {params.name}: use session (a name)")
+    if session_name is not None and not isinstance(session_name, str):
+        return _refused(f"invalid arguments for {params.name}: session must be a string")
     try:
-        arguments = ExecuteParams.model_validate({**params.arguments, "language": language})
+        arguments = ExecuteParams.model_validate({**given, "language": language})
     except ValidationError as exc:
         problem = invalid_params(exc, params.name).data
         return _refused(
             f"invalid arguments for {params.name}: {problem['field']} {problem['reason']}; "
             "the tool's inputSchema lists its arguments"
         )
-    request = arguments.to_request(ctx)
     try:
+        session = None
+        if session_name is not None:
+            session = await connection_session(ctx, session_name, language)
+        request = arguments.to_request(ctx, session)
         result = await ctx.executions.execute(request, principal)
     except _TOOL_ERRORS as exc:
         return _refused(exc.message)

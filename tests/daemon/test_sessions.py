@@ -10,12 +10,12 @@ import trio.testing
 from conduit.core.errors import InvalidParams, NotFound, Overloaded
 from conduit.daemon.config import SessionsConfig
 from conduit.daemon.executions import ExecutionRequest
-from conduit.daemon.sessions import CloseReason, Session
+from conduit.daemon.sessions import CloseReason, LiveSession
 from conduit.executors.base import Job, Outcome, Status, ToolBridge
 from tests.daemon.fakes import ALICE, ExecutionsFixture, FakeExecutor
 
 
-def step(session: Session, code: str = "x += 1", **limits: int) -> ExecutionRequest:
+def step(session: LiveSession, code: str = "x += 1", **limits: int) -> ExecutionRequest:
     return ExecutionRequest(language=session.language, code=code, limits=limits, session=session)
 
 

@@ -94,7 +94,14 @@ async def test_input_schema_is_flat_and_output_schema_describes_every_result(
     schema, output = tool["inputSchema"], tool["outputSchema"]
     text = json.dumps(schema)
     assert "$ref" not in text and "$defs" not in text and '"title"' not in text
-    assert set(schema["properties"]) == {"code", "executor", "limits", "allowed_tools", "inputs"}
+    assert set(schema["properties"]) == {
+        "code",
+        "executor",
+        "limits",
+        "allowed_tools",
+        "inputs",
+        "session",
+    }
     assert schema["properties"]["limits"]["properties"]["timeout_ms"] == {
         "type": "integer",
         "minimum": 1,
