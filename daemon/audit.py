@@ -1,4 +1,5 @@
-"""The audit store: every ended execution kept in SQLite, written off the event loop.
+"""The audit store: every ended execution, and every session's life, kept in SQLite,
+written off the event loop.
 
 ```
 Executions ─publish(BusEvent with .record)─▶ EventBus ─record_nowait─▶ bounded buffer
@@ -47,11 +48,14 @@ from conduit.daemon import audit_db
 from conduit.daemon.audit_db import BadCursor, ExecutionQuery, Page
 from conduit.daemon.config import AuditConfig
 from conduit.daemon.events import BusEvent
-from conduit.daemon.records import ExecutionRecord
+from conduit.daemon.records import ExecutionRecord, SessionRecord
 
 __all__ = ["AuditState", "AuditStatistics", "AuditStore", "ExecutionQuery", "Page", "summarise"]
 
 log = logging.getLogger("conduit.audit")
+
+# What the store is handed: an ended execution, or a session created or ended.
+Record = ExecutionRecord | SessionRecord
 
 T = TypeVar("T")
 
@@ -122,7 +126,7 @@ class AuditStore:
     def __init__(self, config: AuditConfig, state_dir: str) -> None:
         self.config = config
         self.path = config.database_path(state_dir)
-        self._send, self._receive = trio.open_memory_channel[ExecutionRecord](BUFFER_RECORDS)
+        self._send, self._receive = trio.open_memory_channel[Record](BUFFER_RECORDS)
         self._db: sqlite3.Connection | None = None
         # One writer: the writing connection is used by one thread at a time.
         self._writer = trio.CapacityLimiter(1)
@@ -138,7 +142,7 @@ class AuditStore:
         # Set to end the writer's gathering early: a reader waits, or a batch is full.
         self._write_now = trio.Event()
         # Taken from the buffer and not yet written (written on shutdown too).
-        self._pending: list[ExecutionRecord] = []
+        self._pending: list[Record] = []
         self._upkept = trio.Event()
 
     def __repr__(self) -> str:
@@ -155,10 +159,11 @@ class AuditStore:
         With the buffer full the record is dropped and counted, and that is logged
         once until the writer catches up.
         """
-        if event.record is None or self._state is AuditState.OFF:
+        record = event.record or event.session
+        if record is None or self._state is AuditState.OFF:
             return
         try:
-            self._send.send_nowait(event.record)
+            self._send.send_nowait(record)
         except trio.WouldBlock:
             self._dropped += 1
             self._log_once(
@@ -226,8 +231,8 @@ class AuditStore:
             await self._write(batch)
         return bool(batch)
 
-    def _take_waiting(self, most: int) -> list[ExecutionRecord]:
-        batch: list[ExecutionRecord] = []
+    def _take_waiting(self, most: int) -> list[Record]:
+        batch: list[Record] = []
         while len(batch) < most:
             try:
                 batch.append(self._receive.receive_nowait())
@@ -239,7 +244,7 @@ class AuditStore:
         """Run `work(db, *args)` on the writing connection, in the one writer thread."""
         return await trio.to_thread.run_sync(work, self._db, *args, limiter=self._writer)
 
-    async def _write(self, batch: list[ExecutionRecord]) -> None:
+    async def _write(self, batch: list[Record]) -> None:
         try:
             if self._db is None:
                 self._lost += len(batch)  # why was logged when opening failed

@@ -5,11 +5,13 @@ in worker threads, the writer's functions on the store's one writing connection 
 thread at a time), the readers' on a connection of their own. This module knows nothing
 about Trio, events or principals; `AuditStore` decides who sees what and when.
 
-Schema (version 1, in `PRAGMA user_version`):
+Schema (version 2, in `PRAGMA user_version`; a version-1 store is migrated on open):
 
 ```
-executions   one row per ended execution; `seq` is the insertion order
+executions   one row per ended execution; `seq` is the insertion order; `session_id`
+             the session it was a step of, if any
 tool_calls   (execution_id, position) → tool, duration_ms, outcome; deleted with its row
+sessions     one row per session: written when it is created, completed when it ends
 ```
 """
 
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from conduit.core import jsontext
-from conduit.daemon.records import ExecutionRecord, ToolCallRecord, head
+from conduit.daemon.records import ExecutionRecord, SessionRecord, ToolCallRecord, head
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -52,7 +54,7 @@ __all__ = [
     "used_bytes",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # How long a connection waits for another's lock before failing with SQLITE_BUSY. Only
 # the writer writes, so this covers a checkpoint or an outside reader at worst.
@@ -60,7 +62,26 @@ BUSY_TIMEOUT_S = 5.0
 # An error message is the program's own text; keep enough to read, not a flood.
 ERROR_MESSAGE_CHARS = 2000
 
-_SCHEMA = """
+_SESSIONS_SCHEMA = """
+CREATE INDEX executions_by_session ON executions (session_id, started_at, seq);
+CREATE TABLE sessions (
+    session_id TEXT PRIMARY KEY,
+    principal TEXT NOT NULL,
+    executor TEXT NOT NULL,
+    language TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    ended_at REAL,
+    end_reason TEXT,
+    steps INTEGER NOT NULL,
+    resets INTEGER NOT NULL
+);
+CREATE INDEX sessions_by_creation ON sessions (created_at);
+"""
+# From version 1: sessions, and the session of each execution.
+_MIGRATE_1_TO_2 = "ALTER TABLE executions ADD COLUMN session_id TEXT;" + _SESSIONS_SCHEMA
+
+_SCHEMA = (
+    """
 CREATE TABLE executions (
     seq INTEGER PRIMARY KEY,
     execution_id TEXT NOT NULL UNIQUE,
@@ -87,7 +108,8 @@ CREATE TABLE executions (
     stderr_bytes INTEGER NOT NULL,
     stderr_head TEXT NOT NULL,
     memory_peak_bytes INTEGER,
-    tool_call_count INTEGER NOT NULL
+    tool_call_count INTEGER NOT NULL,
+    session_id TEXT
 );
 CREATE INDEX executions_by_start ON executions (started_at, seq);
 CREATE INDEX executions_by_principal ON executions (principal, started_at, seq);
@@ -103,6 +125,8 @@ CREATE TABLE tool_calls (
     PRIMARY KEY (execution_id, position)
 ) WITHOUT ROWID;
 """
+    + _SESSIONS_SCHEMA
+)
 
 # The record's fields as stored, in column order (tool calls live in their own table).
 _COLUMNS = (
@@ -110,7 +134,7 @@ _COLUMNS = (
     "code_snippet", "allowed_tools", "status", "started_at", "queue_ms", "duration_ms",
     "exit_code", "error_type", "error_message", "limit_hit", "policy_rule", "result_bytes",
     "result_head", "stdout_bytes", "stdout_head", "stderr_bytes", "stderr_head",
-    "memory_peak_bytes", "tool_call_count",
+    "memory_peak_bytes", "tool_call_count", "session_id",
 )  # fmt: skip
 _INSERT_EXECUTION = (
     f"INSERT OR IGNORE INTO executions ({', '.join(_COLUMNS)}) "
@@ -125,8 +149,19 @@ _SUMMARY = (
     "execution_id", "started_at", "principal", "executor", "language", "status",
     "duration_ms", "queue_ms", "exit_code", "error_type", "limit_hit", "policy_rule",
     "code_sha256",
-    "code_bytes", "memory_peak_bytes",
+    "code_bytes", "memory_peak_bytes", "session_id",
 )  # fmt: skip
+_SESSION_COLUMNS = (
+    "session_id", "principal", "executor", "language", "created_at", "ended_at",
+    "end_reason", "steps", "resets",
+)  # fmt: skip
+# A session's row is written when it is created and completed when it ends.
+_UPSERT_SESSION = (
+    f"INSERT INTO sessions ({', '.join(_SESSION_COLUMNS)}) "
+    f"VALUES ({', '.join('?' * len(_SESSION_COLUMNS))}) "
+    "ON CONFLICT (session_id) DO UPDATE SET ended_at = excluded.ended_at, "
+    "end_reason = excluded.end_reason, steps = excluded.steps, resets = excluded.resets"
+)
 
 
 class SchemaTooNew(Exception):
@@ -199,12 +234,18 @@ def _migrate(db: sqlite3.Connection, path: str) -> None:
     if _check_version(db, path) == SCHEMA_VERSION:
         return
     with _transaction(db, begin=True):
-        # Another process may have created it since the first look.
-        if db.execute("PRAGMA user_version").fetchone()[0] == 0:
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    db.execute(statement)
+        # Another process may have created or migrated it since the first look.
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version < SCHEMA_VERSION:
+            _run_script(db, _SCHEMA if version == 0 else _MIGRATE_1_TO_2)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def _run_script(db: sqlite3.Connection, script: str) -> None:
+    # One statement at a time: `executescript` would commit the transaction around it.
+    for statement in script.split(";"):
+        if statement.strip():
+            db.execute(statement)
 
 
 @contextmanager
@@ -288,12 +329,15 @@ def _storable(value: Any) -> Any:
     return value
 
 
-def insert_records(db: sqlite3.Connection, records: Sequence[ExecutionRecord]) -> int:
-    """Write `records` in one transaction; returns how many were new.
+def insert_records(db: sqlite3.Connection, batch: Sequence[ExecutionRecord | SessionRecord]) -> int:
+    """Write `batch` in one transaction; returns how many executions were new.
 
     A record whose execution id is already stored is skipped, so writing one twice
-    keeps one row. Raises `sqlite3.Error` with nothing written.
+    keeps one row; a session's record replaces what its row said of its end. Raises
+    `sqlite3.Error` with nothing written.
     """
+    records = [record for record in batch if isinstance(record, ExecutionRecord)]
+    sessions = [_session_row(record) for record in batch if isinstance(record, SessionRecord)]
     calls = [
         (record.execution_id, position, _storable(call.tool), call.duration_ms, call.outcome)
         for record in records
@@ -304,7 +348,12 @@ def insert_records(db: sqlite3.Connection, records: Sequence[ExecutionRecord]) -
         db.executemany(_INSERT_EXECUTION, [_row(record) for record in records])
         added = db.total_changes - before
         db.executemany(_INSERT_TOOL_CALL, calls)
+        db.executemany(_UPSERT_SESSION, sessions)
     return added
+
+
+def _session_row(record: SessionRecord) -> tuple[Any, ...]:
+    return tuple(_storable(getattr(record, name)) for name in _SESSION_COLUMNS)
 
 
 # ---- reading -----------------------------------------------------------------------
@@ -456,6 +505,7 @@ def purge_before(db: sqlite3.Connection, cutoff: float, limit: int) -> int:
             "WHERE started_at < ? ORDER BY started_at, seq LIMIT ?)",
             (cutoff, limit),
         )
+        db.execute("DELETE FROM sessions WHERE ended_at < ?", (cutoff,))
     return cursor.rowcount
 
 
@@ -478,7 +528,16 @@ def purge_oldest(db: sqlite3.Connection, target_bytes: int, limit: int) -> int:
             "ORDER BY started_at, seq LIMIT ?)",
             (max(1, min(over, limit)),),
         )
+        _purge_ended_sessions(db)
     return cursor.rowcount
+
+
+def _purge_ended_sessions(db: sqlite3.Connection) -> None:
+    """Delete the sessions that ended before the oldest execution still kept."""
+    db.execute(
+        "DELETE FROM sessions WHERE ended_at < "
+        "COALESCE((SELECT MIN(started_at) FROM executions), ended_at + 1)"
+    )
 
 
 def release_space(db: sqlite3.Connection) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 import trio
 
 from conduit.core.events import Event
-from conduit.daemon.records import ExecutionRecord
+from conduit.daemon.records import ExecutionRecord, SessionRecord
 
 __all__ = ["BusEvent", "BusSubscription", "EventBus", "EventType", "Sink"]
 
@@ -83,6 +83,8 @@ class BusEvent:
     principal: str | None = None
     ts: float = field(default_factory=time.time)
     record: ExecutionRecord | None = field(default=None, compare=False)
+    # A session created or ended, as the audit store keeps it.
+    session: SessionRecord | None = field(default=None, compare=False)
 
     def to_wire(self, subscription: str | None = None) -> dict[str, Any]:
         """The `event` notification's params for `subscription`: the wire `Event`, its

@@ -706,6 +706,7 @@ def _record(
         stderr_head=head(result.stderr),
         memory_peak_bytes=result.memory_peak_bytes,
         tool_calls=tool_log,
+        session_id=result.session_id,
     )
 
 

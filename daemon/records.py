@@ -12,7 +12,7 @@ import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["ExecutionRecord", "ToolCallRecord", "code_digest", "head"]
+__all__ = ["ExecutionRecord", "SessionRecord", "ToolCallRecord", "code_digest", "head"]
 
 # A leading snippet of the code, and of the result and each output stream: enough to
 # recognise a program in a listing without the store growing with every flood.
@@ -75,7 +75,26 @@ class ExecutionRecord:
     stderr_head: str = ""
     memory_peak_bytes: int | None = None
     tool_calls: tuple[ToolCallRecord, ...] = field(default=())
+    # The session it ran in, if it was a session's step.
+    session_id: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """The record as JSON-ready data (tool calls as objects)."""
         return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    """A session's life as the audit store keeps it: one row, written when the session
+    is created and again, complete, when it ends."""
+
+    session_id: str
+    principal: str
+    executor: str
+    language: str
+    created_at: float  # Unix time
+    ended_at: float | None = None
+    # Why it ended (closed, expired, daemon_stopped); None while it lives.
+    end_reason: str | None = None
+    steps: int = 0
+    resets: int = 0

@@ -33,6 +33,7 @@ import trio
 
 from conduit.core.errors import InvalidParams, NotFound, Overloaded
 from conduit.daemon.events import BusEvent, EventType
+from conduit.daemon.records import SessionRecord
 from conduit.executors.base import ExecutorSession, Limits, SessionSpec
 
 if TYPE_CHECKING:
@@ -93,6 +94,20 @@ class LiveSession:
         if self.lock.locked():
             return math.inf
         return self.last_used + self.idle_timeout_s
+
+    def record(self, *, ended_at: float | None = None, reason: str | None = None) -> SessionRecord:
+        """What the audit store keeps of it: as it is now, or as it ended."""
+        return SessionRecord(
+            self.session_id,
+            self.principal,
+            self.executor,
+            self.language,
+            self.created_at,
+            ended_at,
+            reason,
+            self.steps,
+            self.resets,
+        )
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -212,7 +227,7 @@ class Sessions:
         )
         self._sessions[session_id] = session
         self._changed.set()
-        self._publish(EventType.SESSION_CREATED, session)
+        self._publish(EventType.SESSION_CREATED, session, record=session.record())
         return session, True
 
     def get(self, principal: str, session_id: str) -> LiveSession:
@@ -267,7 +282,8 @@ class Sessions:
         self._sessions.pop(session.session_id, None)
         with trio.CancelScope(shield=True):
             await session.sandbox.aclose()
-        self._publish(EventType.SESSION_ENDED, session, reason=reason)
+        record = session.record(ended_at=time.time(), reason=reason)
+        self._publish(EventType.SESSION_ENDED, session, record=record, reason=reason)
 
     def _named(self, principal: str, name: str) -> LiveSession | None:
         for session in self._sessions.values():
@@ -315,7 +331,14 @@ class Sessions:
                 {"limit": "sessions.max_total", "value": config.max_total},
             )
 
-    def _publish(self, kind: EventType, session: LiveSession, **extra: Any) -> None:
+    def _publish(
+        self,
+        kind: EventType,
+        session: LiveSession,
+        *,
+        record: SessionRecord | None = None,
+        **extra: Any,
+    ) -> None:
         data = {
             "session_id": session.session_id,
             "principal": session.principal,
@@ -324,4 +347,4 @@ class Sessions:
             "steps": session.steps,
             **extra,
         }
-        self._events.publish(BusEvent(kind, data, session.principal))
+        self._events.publish(BusEvent(kind, data, session.principal, session=record))

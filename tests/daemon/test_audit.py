@@ -129,6 +129,7 @@ async def test_an_execution_is_recorded_with_every_field(start_daemon: Any, conn
         "stderr_head": "err\n",
         "memory_peak_bytes": result["memory_peak_bytes"],
         "tool_calls": [],
+        "session_id": None,
     }
     assert abs(record["started_at"] - time.time()) < 60
     assert stat_mode(server.audit.path) == 0o600

@@ -96,6 +96,11 @@ async def test_an_idle_session_expires_but_never_while_a_step_runs(
     assert sandbox.closed and len(fx.sessions) == 0
     ended = [e for e in fx.events if e.type == "session.ended"]
     assert [e.data["reason"] for e in ended] == [CloseReason.EXPIRED]
+    # What the audit store keeps of its life.
+    [record] = [e.session for e in ended]
+    assert record is not None and record.session_id == session.session_id
+    assert (record.end_reason, record.steps) == (CloseReason.EXPIRED, 1)
+    assert record.ended_at is not None and record.ended_at >= record.created_at
     with pytest.raises(NotFound):
         fx.sessions.get("alice", session.session_id)
 
