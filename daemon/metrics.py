@@ -17,7 +17,7 @@ A client cannot mint a label value. This module knows nothing of HTTP
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Container, Iterator
+from collections.abc import Callable, Collection, Container, Iterator, Sized
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -123,6 +123,8 @@ class GaugeSources:
     admission: Admission
     executions: Executions
     catalogue: Catalogue
+    # The live sessions (`Sessions`): only their number is read.
+    sessions: Sized = ()
 
 
 class Metrics:
@@ -286,6 +288,11 @@ class _State:
             "conduit_execution_queue_size",
             "Executions that may wait for a slot (limits.queue_size).",
             admission.queue_size,
+        )
+        yield _gauge(
+            "conduit_sessions",
+            "Sessions live now (sessions/create), each holding a sandbox.",
+            len(self._sources.sessions),
         )
         yield _gauge(
             "conduit_draining",

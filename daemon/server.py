@@ -164,6 +164,7 @@ class Daemon:
                 admission=self.admission,
                 executions=self.executions,
                 catalogue=self.tools.catalogue,
+                sessions=self.sessions,
             ),
         )
         self.events.add_sink(self.metrics.observe)

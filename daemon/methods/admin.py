@@ -25,7 +25,7 @@ async def reload(params: NoParams, ctx: CallContext) -> dict[str, Any]:
 
 @router.method("daemon/status", params=NoParams, scope="admin")
 async def status(params: NoParams, ctx: CallContext) -> dict[str, Any]:
-    """Uptime, connections, executions, admission queue, audit store, metrics, config."""
+    """Uptime, connections, executions, admission queue, sessions, audit store, metrics."""
     daemon = ctx.control.statistics()
     admission = ctx.admission.statistics()
     return {
@@ -41,6 +41,11 @@ async def status(params: NoParams, ctx: CallContext) -> dict[str, Any]:
             "capacity": admission.capacity,
             "queue_size": admission.queue_size,
             "draining": ctx.executions.draining,
+        },
+        "sessions": {
+            "live": len(ctx.sessions),
+            "max_total": ctx.sessions.config.max_total,
+            "max_per_principal": ctx.sessions.config.max_per_principal,
         },
         "auth_failures": daemon.auth_failures,
         "metrics": {

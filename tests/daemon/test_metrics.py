@@ -157,6 +157,7 @@ async def test_a_scrape_reports_executions_tools_requests_pools_and_upstreams(
     assert value(families, "conduit_connections", transport="unix") == 1
     assert value(families, "conduit_session_tokens") == 0
     assert value(families, "conduit_draining") == 0
+    assert value(families, "conduit_sessions") == 0
     assert value(families, "conduit_build_info") == 1
     assert value(families, "process_resident_memory_bytes") > 0
 
