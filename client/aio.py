@@ -393,6 +393,7 @@ class AsyncClient:
         limits: Mapping[str, int] | None = None,
         allowed_tools: Iterable[str] | None = None,
         inputs: Any = None,
+        files: Mapping[str, bytes | str] | None = None,
         timeout_s: TimeoutArg = ...,
     ) -> ExecutionResult:
         """Run `code` in a fresh sandbox and return how it ended.
@@ -409,6 +410,7 @@ class AsyncClient:
             limits=limits,
             allowed_tools=allowed_tools,
             inputs=inputs,
+            files=files,
         )
         return await self._run(call, timeout_s)
 
@@ -421,6 +423,7 @@ class AsyncClient:
         limits: Mapping[str, int] | None = None,
         allowed_tools: Iterable[str] | None = None,
         inputs: Any = None,
+        files: Mapping[str, bytes | str] | None = None,
         timeout_s: TimeoutArg = ...,
     ) -> AsyncRun:
         """Run `code`, receiving its output while it runs:
@@ -443,6 +446,7 @@ class AsyncClient:
             allowed_tools=allowed_tools,
             inputs=inputs,
             stream=True,
+            files=files,
         )
         return AsyncRun(self, call, self._timeout(call, timeout_s))
 
@@ -677,11 +681,12 @@ class AsyncSession:
         limits: Mapping[str, int] | None = None,
         allowed_tools: Iterable[str] | None = None,
         inputs: Any = None,
+        files: Mapping[str, bytes | str] | None = None,
         timeout_s: TimeoutArg = ...,
     ) -> ExecutionResult:
         """Run `code` as the session's next step; see `AsyncClient.execute`.
         `result.session_reset` says whether the session had to start afresh after it."""
-        call = self._step(code, limits, allowed_tools, inputs, stream=False)
+        call = self._step(code, limits, allowed_tools, inputs, files, stream=False)
         return await self.client._run(call, timeout_s)
 
     def stream(
@@ -691,11 +696,12 @@ class AsyncSession:
         limits: Mapping[str, int] | None = None,
         allowed_tools: Iterable[str] | None = None,
         inputs: Any = None,
+        files: Mapping[str, bytes | str] | None = None,
         timeout_s: TimeoutArg = ...,
     ) -> AsyncRun:
         """Run `code` as the session's next step, its output while it runs; see
         `AsyncClient.stream`."""
-        call = self._step(code, limits, allowed_tools, inputs, stream=True)
+        call = self._step(code, limits, allowed_tools, inputs, files, stream=True)
         return AsyncRun(self.client, call, self.client._timeout(call, timeout_s))
 
     def _step(
@@ -704,6 +710,7 @@ class AsyncSession:
         limits: Mapping[str, int] | None,
         allowed_tools: Iterable[str] | None,
         inputs: Any,
+        files: Mapping[str, bytes | str] | None = None,
         *,
         stream: bool,
     ) -> Call[ExecutionResult]:
@@ -715,6 +722,7 @@ class AsyncSession:
             inputs=inputs,
             stream=stream,
             session_id=self.session_id,
+            files=files,
         )
 
     async def aclose(self) -> None:

@@ -7,6 +7,7 @@ is decided here too (`Call.idempotent`): reads may, `execute` and `tools/call` n
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -132,8 +133,10 @@ def execute(
     inputs: Any = None,
     stream: bool = False,
     session_id: str | None = None,
+    files: Mapping[str, bytes | str] | None = None,
 ) -> Call[ExecutionResult]:
-    """`execute`; with `session_id`, as that session's next step (its language)."""
+    """`execute`; with `session_id`, as that session's next step (its language).
+    `files` maps working-directory paths to contents: text as is, bytes as base64."""
     params: dict[str, Any] = {"code": code}
     if language is not None:
         params["language"] = language
@@ -149,9 +152,17 @@ def execute(
         params["inputs"] = inputs
     if stream:
         params["stream"] = True
+    if files:
+        params["files"] = [_file_param(path, data) for path, data in files.items()]
     timeout_ms = (limits or {}).get("timeout_ms")
     own_s = timeout_ms / 1000 if timeout_ms else DEFAULT_EXECUTION_TIMEOUT_S
     return Call("execute", params, ExecutionResult.from_wire, own_s + EXECUTE_MARGIN_S)
+
+
+def _file_param(path: str, data: bytes | str) -> dict[str, str]:
+    if isinstance(data, str):
+        return {"path": path, "text": data}
+    return {"path": path, "base64": base64.b64encode(data).decode("ascii")}
 
 
 def create_session(

@@ -355,6 +355,7 @@ class Client:
         limits: Mapping[str, int] | None = None,
         allowed_tools: Iterable[str] | None = None,
         inputs: Any = None,
+        files: Mapping[str, bytes | str] | None = None,
         timeout_s: TimeoutArg = ...,
     ) -> ExecutionResult:
         """Run `code` in a fresh sandbox and return how it ended; see `AsyncClient.execute`."""
@@ -365,6 +366,7 @@ class Client:
             limits=limits,
             allowed_tools=allowed_tools,
             inputs=inputs,
+            files=files,
         )
         return self._run(call, timeout_s)
 
@@ -377,6 +379,7 @@ class Client:
         limits: Mapping[str, int] | None = None,
         allowed_tools: Iterable[str] | None = None,
         inputs: Any = None,
+        files: Mapping[str, bytes | str] | None = None,
         timeout_s: TimeoutArg = ...,
     ) -> Run:
         """Run `code`, receiving its output while it runs:
@@ -399,6 +402,7 @@ class Client:
             allowed_tools=allowed_tools,
             inputs=inputs,
             stream=True,
+            files=files,
         )
         return Run(self, call, self._timeout(call, timeout_s))
 
@@ -624,10 +628,11 @@ class Session:
         limits: Mapping[str, int] | None = None,
         allowed_tools: Iterable[str] | None = None,
         inputs: Any = None,
+        files: Mapping[str, bytes | str] | None = None,
         timeout_s: TimeoutArg = ...,
     ) -> ExecutionResult:
         """Run `code` as the session's next step; see `AsyncSession.execute`."""
-        call = self._step(code, limits, allowed_tools, inputs, stream=False)
+        call = self._step(code, limits, allowed_tools, inputs, files, stream=False)
         return self.client._run(call, timeout_s)
 
     def stream(
@@ -637,11 +642,12 @@ class Session:
         limits: Mapping[str, int] | None = None,
         allowed_tools: Iterable[str] | None = None,
         inputs: Any = None,
+        files: Mapping[str, bytes | str] | None = None,
         timeout_s: TimeoutArg = ...,
     ) -> Run:
         """Run `code` as the session's next step, its output while it runs; see
         `Client.stream`."""
-        call = self._step(code, limits, allowed_tools, inputs, stream=True)
+        call = self._step(code, limits, allowed_tools, inputs, files, stream=True)
         return Run(self.client, call, self.client._timeout(call, timeout_s))
 
     def _step(
@@ -650,6 +656,7 @@ class Session:
         limits: Mapping[str, int] | None,
         allowed_tools: Iterable[str] | None,
         inputs: Any,
+        files: Mapping[str, bytes | str] | None = None,
         *,
         stream: bool,
     ) -> Call[ExecutionResult]:
@@ -661,6 +668,7 @@ class Session:
             inputs=inputs,
             stream=stream,
             session_id=self.session_id,
+            files=files,
         )
 
     def close(self) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conduit.core.errors import ClientError
+from conduit.core.files import ReturnedFile
 from conduit.core.terminal import quoted
 
 __all__ = [
@@ -120,6 +121,8 @@ class ExecutionResult:
     # was started afresh after it (its state lost): a timeout, a crash, the memory cap.
     session_id: str | None = None
     session_reset: bool = False
+    # What the program left under `out/`, in path order (see `core.files`).
+    files: tuple[ReturnedFile, ...] = ()
     # The wire object as received (`from_wire`), members this version does not know
     # included; empty for a result built here.
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -147,6 +150,7 @@ class ExecutionResult:
         wire = {name: getattr(self, name) for name in _WIRE_FIELDS}
         wire["error"] = None if self.error is None else self.error.to_wire()
         wire["truncated"] = {"stdout": self.truncated.stdout, "stderr": self.truncated.stderr}
+        wire["files"] = [file.to_wire() for file in self.files]
         return wire
 
     @classmethod
@@ -171,6 +175,7 @@ class ExecutionResult:
             memory_peak_bytes=wire.get("memory_peak_bytes"),
             session_id=None if wire.get("session_id") is None else str(wire["session_id"]),
             session_reset=bool(wire.get("session_reset", False)),
+            files=_files_from_wire(wire.get("files")),
             raw=dict(wire),
         )
 
@@ -182,6 +187,23 @@ class ExecutionResult:
         schema["properties"]["status"]["enum"] = list(STATUSES)
         schema["properties"]["result"]["description"] = "the program's result"
         return schema
+
+
+def _files_from_wire(files: Any) -> tuple[ReturnedFile, ...]:
+    """The result's files, leniently: an entry that is not an object is skipped."""
+    if not isinstance(files, list):
+        return ()
+    return tuple(
+        ReturnedFile(
+            path=str(file.get("path", "")),
+            size=int(file.get("size") or 0),
+            mime=str(file.get("mime", "application/octet-stream")),
+            base64=None if file.get("base64") is None else str(file["base64"]),
+            truncated=bool(file.get("truncated", False)),
+        )
+        for file in files
+        if isinstance(file, dict)
+    )
 
 
 class ProgramFailed(ClientError):
@@ -225,6 +247,9 @@ def _schema(hint: Any) -> dict[str, Any]:
     if isinstance(hint, types.UnionType):
         (inner,) = (arg for arg in typing.get_args(hint) if arg is not type(None))
         return {"anyOf": [_schema(inner), {"type": "null"}]}
+    if typing.get_origin(hint) is tuple:
+        item, _ = typing.get_args(hint)
+        return {"type": "array", "items": _schema(item)}
     if dataclasses.is_dataclass(hint):
         schema = _object_schema(hint)
         optional = [

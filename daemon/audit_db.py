@@ -30,7 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from conduit.core import jsontext
-from conduit.daemon.records import ExecutionRecord, SessionRecord, ToolCallRecord, head
+from conduit.daemon.records import (
+    ExecutionRecord,
+    FileRecord,
+    SessionRecord,
+    ToolCallRecord,
+    head,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -78,7 +84,11 @@ CREATE TABLE sessions (
 CREATE INDEX sessions_by_creation ON sessions (created_at);
 """
 # From version 1: sessions, and the session of each execution.
-_MIGRATE_1_TO_2 = "ALTER TABLE executions ADD COLUMN session_id TEXT;" + _SESSIONS_SCHEMA
+_MIGRATE_1_TO_2 = (
+    "ALTER TABLE executions ADD COLUMN session_id TEXT;"
+    "ALTER TABLE executions ADD COLUMN files_in TEXT;"
+    "ALTER TABLE executions ADD COLUMN files_out TEXT;" + _SESSIONS_SCHEMA
+)
 
 _SCHEMA = (
     """
@@ -109,7 +119,9 @@ CREATE TABLE executions (
     stderr_head TEXT NOT NULL,
     memory_peak_bytes INTEGER,
     tool_call_count INTEGER NOT NULL,
-    session_id TEXT
+    session_id TEXT,
+    files_in TEXT,
+    files_out TEXT
 );
 CREATE INDEX executions_by_start ON executions (started_at, seq);
 CREATE INDEX executions_by_principal ON executions (principal, started_at, seq);
@@ -134,7 +146,7 @@ _COLUMNS = (
     "code_snippet", "allowed_tools", "status", "started_at", "queue_ms", "duration_ms",
     "exit_code", "error_type", "error_message", "limit_hit", "policy_rule", "result_bytes",
     "result_head", "stdout_bytes", "stdout_head", "stderr_bytes", "stderr_head",
-    "memory_peak_bytes", "tool_call_count", "session_id",
+    "memory_peak_bytes", "tool_call_count", "session_id", "files_in", "files_out",
 )  # fmt: skip
 _INSERT_EXECUTION = (
     f"INSERT OR IGNORE INTO executions ({', '.join(_COLUMNS)}) "
@@ -312,8 +324,19 @@ def _row(record: ExecutionRecord) -> tuple[Any, ...]:
             else head(record.error_message, ERROR_MESSAGE_CHARS)
         ),
         "tool_call_count": len(record.tool_calls),
+        "files_in": _files_text(record.files_in),
+        "files_out": _files_text(record.files_out),
     }
     return tuple(_storable(values[name]) for name in _COLUMNS)
+
+
+def _files_text(files: tuple[FileRecord, ...]) -> str | None:
+    """Files as a column holds them: `[[path, size], ...]`, or NULL for none."""
+    return jsontext.dumps([[f.path, f.size] for f in files]) if files else None
+
+
+def _files_from(text: str | None) -> tuple[FileRecord, ...]:
+    return tuple(FileRecord(str(path), int(size)) for path, size in json.loads(text or "[]"))
 
 
 _INT64 = (-(2**63), 2**63 - 1)
@@ -456,6 +479,8 @@ def fetch_execution(db: sqlite3.Connection, execution_id: str) -> ExecutionRecor
     fields = {name: row[name] for name in _COLUMNS if name != "tool_call_count"}
     fields["allowed_tools"] = tuple(json.loads(fields["allowed_tools"]))
     fields["tool_calls"] = tuple(ToolCallRecord(*call) for call in calls)
+    fields["files_in"] = _files_from(fields["files_in"])
+    fields["files_out"] = _files_from(fields["files_out"])
     return ExecutionRecord(**fields)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from functools import partial
@@ -70,6 +71,19 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="run in your session of this name, made on first use: what earlier runs in "
         "it defined is there (it ends when idle for 10 minutes or the daemon stops)",
+    )
+    run.add_argument(
+        "--file",
+        action="append",
+        default=[],
+        metavar="LOCAL[:PATH]",
+        help="place a local file in the program's working directory (as PATH, else by its "
+        "name); repeat for more",
+    )
+    run.add_argument(
+        "--out",
+        metavar="DIR",
+        help="save the files the program wrote under out/ in DIR",
     )
     run.add_argument("--json", action="store_true", help="print the whole result as JSON")
     run.add_argument(
@@ -293,6 +307,8 @@ def _exec(args: argparse.Namespace) -> int:
         options["limits"] = {"timeout_ms": args.timeout_ms}
     if args.inputs:
         options["inputs"] = json.loads(args.inputs)
+    if args.file:
+        options["files"] = _input_files(args.file)
     progress = ProgressLine(sys.stderr)
     shown = _LiveOutput(progress, raw=args.raw)
     with _connect(args) as client, progress.running():
@@ -310,7 +326,54 @@ def _exec(args: argparse.Namespace) -> int:
         print(dumps(dict(result.raw), indent=2))
     else:
         _print_result(dict(result.raw), shown.written, raw=args.raw)
+    if args.out:
+        _save_files(result, Path(args.out))
     return _exit_status(dict(result.raw))
+
+
+def _input_files(specs: list[str]) -> dict[str, bytes]:
+    """`--file LOCAL[:PATH]` values as the client's `files`."""
+    files = {}
+    for spec in specs:
+        local, _, path = spec.partition(":")
+        try:
+            files[path or Path(local).name] = Path(local).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"cannot read {local}: {exc.strerror}") from None
+    return files
+
+
+def _save_files(result: ExecutionResult, out: Path) -> None:
+    """Write the result's files under `out`. Their paths come from the daemon and the
+    program: each is checked again, and none is written through a link or outside
+    `out`. A file the result had no room for is named on stderr."""
+    from conduit.core.files import PathRefused, checked_path
+
+    out.mkdir(parents=True, exist_ok=True)
+    root = out.resolve()
+    for file in result.files:
+        try:
+            target = root / checked_path(file.path)
+        except PathRefused as exc:
+            print(f"not saved: {escape(str(exc))}", file=sys.stderr)
+            continue
+        if file.data is None:
+            print(
+                f"not saved: {escape(file.path)} ({file.size} bytes) did not fit in the "
+                "result; raise limits.result_bytes",
+                file=sys.stderr,
+            )
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.parent.resolve().is_relative_to(root):
+            print(f"not saved: {escape(file.path)} leads outside {out}", file=sys.stderr)
+            continue
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            with os.fdopen(os.open(target, flags, 0o644), "wb") as written:
+                written.write(file.data)
+        except OSError as exc:  # a link in the way, say
+            print(f"not saved: {escape(file.path)}: {exc.strerror}", file=sys.stderr)
 
 
 def _stream(runner: Any, code: str, options: dict[str, Any], shown: _LiveOutput) -> ExecutionResult:

@@ -122,6 +122,7 @@ class LimitValues(_Section):
     output_lines: Annotated[int, Field(ge=0)] = 10_000
     tool_calls: Annotated[int, Field(ge=0)] = 100
     result_bytes: Annotated[int, Field(ge=0)] = 1_048_576
+    disk_mb: Annotated[int, Field(ge=1)] = 64
 
 
 def _maxima() -> LimitValues:
@@ -132,6 +133,7 @@ def _maxima() -> LimitValues:
         output_lines=1_000_000,
         tool_calls=10_000,
         result_bytes=16 * 1_048_576,
+        disk_mb=1024,
     )
 
 

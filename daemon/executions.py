@@ -32,11 +32,13 @@ from conduit.core.errors import (
     ToolLimitReached,
     Unauthenticated,
 )
+from conduit.core.files import FileData, ReturnedFile, returned_files
 from conduit.core.results import ExecutionResult, ProgramError, Truncated
 from conduit.daemon.events import BusEvent, EventType
 from conduit.daemon.records import (
     SNIPPET_CHARS,
     ExecutionRecord,
+    FileRecord,
     ToolCallRecord,
     code_digest,
     head,
@@ -91,6 +93,8 @@ class ExecutionRequest:
     on_output: OutputSink | None = None
     # The session to run in, as the caller's own (`Sessions.get`); None: a fresh sandbox.
     session: LiveSession | None = None
+    # Files to place in the working directory first (paths checked).
+    files: tuple[FileData, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +142,7 @@ class _Running:
 # How long an executor may take to stop a program it was asked to stop, before its
 # task is cancelled (and the output so far lost).
 _STOP_GRACE_S = 2.0
+MIB = 1024 * 1024
 
 
 # Programs up to this size are checked against the policy on the event loop (parsing
@@ -252,6 +257,7 @@ class Executions:
         session = request.session
         getting_ready = trio.current_time()
         target, limits = await self._target(request, code)
+        _check_files_fit(request.files, limits)
         ready_wait_s = trio.current_time() - getting_ready
         self._rate_limiter.check(principal.name)
         checked = trio.current_time()
@@ -281,6 +287,7 @@ class Executions:
                 principal=principal.name,
                 # Whatever the queue has not used up bounds the executor's own queueing.
                 queue_timeout_s=max(0.0, self.limits.queue_timeout_s - queue_wait_s),
+                files=request.files,
             )
             allowed = (requested, *principal.tool_patterns)
             started_at = time.time()
@@ -309,7 +316,7 @@ class Executions:
                 if session is not None:
                     session.step_ended(reset=outcome.session_reset)
                 waited_s = ready_wait_s + queue_wait_s + outcome.queue_s
-                result = _result(execution_id, target, outcome, duration_s, waited_s)
+                result = _result(execution_id, target, outcome, duration_s, waited_s, limits)
                 record = _record(
                     result, job, principal.name, requested, digest, started_at, tuple(tool_log)
                 )
@@ -592,6 +599,17 @@ class Executions:
         return Limits(**values)
 
 
+def _check_files_fit(files: tuple[FileData, ...], limits: Limits) -> None:
+    """`InvalidParams` if the input files alone take more than `limits.disk_mb`."""
+    total = sum(len(file.data) for file in files)
+    if total > limits.disk_mb * MIB:
+        raise InvalidParams(
+            f"invalid params: the files take {total} bytes, more than limits.disk_mb "
+            f"({limits.disk_mb} MB)",
+            {"field": "files", "reason": "larger than limits.disk_mb"},
+        )
+
+
 def _checked_patterns(patterns: tuple[str, ...] | None) -> tuple[str, ...]:
     """The request's tool patterns (all tools if it names none), or `InvalidParams`."""
     if patterns is None:
@@ -707,6 +725,8 @@ def _record(
         memory_peak_bytes=result.memory_peak_bytes,
         tool_calls=tool_log,
         session_id=result.session_id,
+        files_in=tuple(FileRecord(file.path, len(file.data)) for file in job.files),
+        files_out=tuple(FileRecord(file.path, file.size) for file in result.files),
     )
 
 
@@ -746,11 +766,21 @@ def _ended_event(record: ExecutionRecord) -> BusEvent:
 
 
 def _result(
-    execution_id: str, target: _Target, outcome: Outcome, duration_s: float, queue_wait_s: float
+    execution_id: str,
+    target: _Target,
+    outcome: Outcome,
+    duration_s: float,
+    queue_wait_s: float,
+    limits: Limits | None = None,
 ) -> ExecutionResult:
     """The execution's answer. Text a program chose is made storable and sendable here
     (lone surrogates replaced), once, for the reply, the record and the events alike;
-    executors decode results with `jsontext`, which already did the same for them."""
+    executors decode results with `jsontext`, which already did the same for them.
+    Returned files share `limits.result_bytes` with the result's value."""
+    files: tuple[ReturnedFile, ...] = ()
+    if outcome.files and limits is not None:
+        used = len(jsontext.dumps(outcome.result).encode()) if outcome.result is not None else 0
+        files = returned_files(outcome.files, max(0, limits.result_bytes - used))
     return ExecutionResult(
         execution_id=execution_id,
         status=str(outcome.status),
@@ -767,6 +797,7 @@ def _result(
         memory_peak_bytes=outcome.memory_peak_bytes,
         session_id=target.session_id,
         session_reset=outcome.session_reset if target.session is not None else False,
+        files=files,
     )
 
 

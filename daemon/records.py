@@ -12,7 +12,14 @@ import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["ExecutionRecord", "SessionRecord", "ToolCallRecord", "code_digest", "head"]
+__all__ = [
+    "ExecutionRecord",
+    "FileRecord",
+    "SessionRecord",
+    "ToolCallRecord",
+    "code_digest",
+    "head",
+]
 
 # A leading snippet of the code, and of the result and each output stream: enough to
 # recognise a program in a listing without the store growing with every flood.
@@ -42,6 +49,14 @@ class ToolCallRecord:
     tool: str
     duration_ms: float
     outcome: str
+
+
+@dataclass(frozen=True, slots=True)
+class FileRecord:
+    """A file an execution was given or gave back: its path and size, not its bytes."""
+
+    path: str
+    size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +92,9 @@ class ExecutionRecord:
     tool_calls: tuple[ToolCallRecord, ...] = field(default=())
     # The session it ran in, if it was a session's step.
     session_id: str | None = None
+    # The files it was given and gave back, by path and size (never their contents).
+    files_in: tuple[FileRecord, ...] = ()
+    files_out: tuple[FileRecord, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         """The record as JSON-ready data (tool calls as objects)."""

@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import trio
 
+from conduit.core.files import FileData
 from conduit.core.results import Status
 from conduit.executors.output import OutputHook
 
@@ -47,6 +48,8 @@ class Limits:
     output_lines: int = 10_000
     tool_calls: int = 100
     result_bytes: int = 1_048_576
+    # What the program's working directory may hold, input files included.
+    disk_mb: int = 64
 
 
 class StopSignal:
@@ -139,6 +142,9 @@ class Job:
     # How long, in all, the executor may hold the program back waiting for a CPU slot
     # or a sandbox: queueing, which `limits.timeout_ms` does not count.
     queue_timeout_s: float = 30.0
+    # Placed in the program's working directory before it runs (paths already checked,
+    # their total within `limits.disk_mb`).
+    files: tuple[FileData, ...] = ()
 
 
 def python_request(job: Job) -> dict[str, Any]:
@@ -182,6 +188,9 @@ class Outcome:
     # A session's step only: whether its sandbox could not go on after this step (a
     # trapped instance, a killed process), so the next step starts afresh.
     session_reset: bool = False
+    # What the program left under `out/` in its working directory (regular files only,
+    # paths relative to `out/`), for the result.
+    files: list[FileData] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

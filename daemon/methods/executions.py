@@ -6,6 +6,8 @@ A principal sees only its own executions; the master (the `admin` scope) sees al
 
 from __future__ import annotations
 
+import base64
+import binascii
 import time
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from conduit.core.errors import Forbidden, InvalidParams, NotFound
+from conduit.core.files import MAX_FILES, FileData, checked_path
 from conduit.daemon.audit import AuditState, ExecutionQuery
 from conduit.daemon.dispatcher import CallContext, MethodRouter, NoParams, Params
 from conduit.daemon.executions import ExecutionRequest
@@ -27,9 +30,11 @@ if TYPE_CHECKING:
 __all__ = [
     "ExecuteParams",
     "ExecutionListParams",
+    "FileParam",
     "GetParams",
     "LimitParams",
     "StatsParams",
+    "checked_files",
     "language_name",
     "origin_of",
 ]
@@ -68,9 +73,78 @@ class LimitParams(Params):
     output_lines: int | None = Field(None, ge=0, description="stdout+stderr lines")
     tool_calls: int | None = Field(None, ge=0, description="tool calls")
     result_bytes: int | None = Field(None, ge=0, description="size of the JSON result")
+    disk_mb: int | None = Field(
+        None, ge=1, description="what the working directory may hold, input files included"
+    )
 
     def overrides(self) -> dict[str, int]:
         return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class FileParam(Params):
+    """A file to place in the program's working directory before it runs."""
+
+    path: str = Field(description="relative path, e.g. data/input.csv (no .., not absolute)")
+    text: str | None = Field(None, description="the file's contents as UTF-8 text")
+    base64: str | None = Field(None, description="the file's contents, base64-encoded")
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        return checked_path(value)
+
+    @model_validator(mode="after")
+    def _one_content(self) -> FileParam:
+        if (self.text is None) == (self.base64 is None):
+            raise ValueError(f"file {self.path!r}: give exactly one of text or base64")
+        return self
+
+    def to_file(self) -> FileData:
+        if self.text is not None:
+            return FileData(self.path, self.text.encode("utf-8", "surrogatepass"))
+        try:
+            data = base64.b64decode(self.base64 or "", validate=True)
+        except binascii.Error:
+            raise InvalidParams(
+                f"invalid params: file {self.path!r}: base64 is not valid base64",
+                {"field": "files.base64", "reason": "not base64", "path": self.path},
+            ) from None
+        return FileData(self.path, data)
+
+
+def checked_files(files: list[FileParam]) -> tuple[FileData, ...]:
+    """The files as data; `InvalidParams` naming the path for one given twice, or
+    whose path another file's directory takes."""
+    if len(files) > MAX_FILES:
+        raise InvalidParams(
+            f"invalid params: {len(files)} files; at most {MAX_FILES}",
+            {"field": "files", "reason": f"more than {MAX_FILES}"},
+        )
+    paths = {file.path for file in files}
+    for file in files:
+        taken = _file_in_the_way(file.path, paths)
+        if taken is not None:
+            raise InvalidParams(
+                f"invalid params: file {file.path!r} needs {taken!r} to be a directory, "
+                "and it is a file",
+                {"field": "files.path", "reason": "its directory is a file", "path": file.path},
+            )
+    if len(paths) != len(files):
+        raise InvalidParams(
+            "invalid params: a file path is given twice",
+            {"field": "files.path", "reason": "given twice"},
+        )
+    return tuple(file.to_file() for file in files)
+
+
+def _file_in_the_way(path: str, paths: set[str]) -> str | None:
+    """The first of `path`'s directories that is among `paths` (a file), if any."""
+    parts = path.split("/")
+    for depth in range(1, len(parts)):
+        directory = "/".join(parts[:depth])
+        if directory in paths:
+            return directory
+    return None
 
 
 class ExecuteParams(Params):
@@ -91,6 +165,11 @@ class ExecuteParams(Params):
         None, description="tool patterns this program may call: *, ns.*, ns.tool"
     )
     inputs: Any = Field(None, description="any JSON, visible to the program as `inputs`")
+    files: list[FileParam] | None = Field(
+        None,
+        description="files placed in the program's working directory before it runs; "
+        "what it writes under out/ comes back in the result's files",
+    )
     stream: bool = Field(
         False,
         description="send the output as execution/output notifications while the program "
@@ -126,6 +205,7 @@ class ExecuteParams(Params):
             limits=self.limits.overrides() if self.limits else {},
             allowed_tools=tuple(self.allowed_tools) if self.allowed_tools is not None else None,
             inputs=self.inputs,
+            files=checked_files(self.files) if self.files else (),
             origin=origin_of(ctx, ctx.request_id),
             on_output=on_output,
             session=session,

@@ -64,7 +64,9 @@ _SESSIONS = (
     "Each call runs in a fresh sandbox, unless you pass `session` (a name of your "
     "choice): calls with the same session name share one sandbox, so variables, "
     "functions and imports defined in one call are there in the next, until this "
-    "connection ends or the session is idle for 10 minutes."
+    "connection ends or the session is idle for 10 minutes. The program's working "
+    "directory starts with the `files` you pass; files it writes under `out/` (a chart "
+    "as out/chart.png, say) come back with the result, images as images."
 )
 _DESCRIPTIONS = {
     "python": "Run Python. The value of the last expression, or of a top-level return, "
@@ -88,6 +90,8 @@ _HOW_TO_CALL = {
     "javascript": _JS_CALLS,
 }
 _FENCES = {"python": "python", "typescript": "typescript", "javascript": "typescript"}
+# Returned files a client is shown as images (`core.files.mime_of` tells them by bytes).
+IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp", "image/svg+xml"})
 _NO_TOOLS = "No tools are available to these programs: they compute, print and return."
 
 # Rendered sections per catalogue, by (fence, tool ids), replaced by an empty dict
@@ -269,13 +273,24 @@ class CallParams(_McpParams):
 
 
 def _execution_result(result: ExecutionResult) -> dict[str, Any]:
+    """The result as a tool's: the summary as text, each image the program returned as
+    MCP image content beside it, and the whole result as structured content."""
     wire = result.to_wire()
     summary = {k: wire[k] for k in ("status", "result", "stdout", "stderr", "error")}
-    return {
-        "content": [{"type": "text", "text": json.dumps(summary, ensure_ascii=False)}],
-        "structuredContent": wire,
-        "isError": not result.ok,
-    }
+    if result.files:
+        summary["files"] = [
+            {"path": f.path, "size": f.size, "mime": f.mime, "truncated": f.truncated}
+            for f in result.files
+        ]
+    content: list[dict[str, Any]] = [
+        {"type": "text", "text": json.dumps(summary, ensure_ascii=False)}
+    ]
+    content += [
+        {"type": "image", "data": f.base64, "mimeType": f.mime}
+        for f in result.files
+        if f.base64 is not None and f.mime in IMAGE_TYPES
+    ]
+    return {"content": content, "structuredContent": wire, "isError": not result.ok}
 
 
 def _refused(message: str) -> dict[str, Any]:

@@ -130,6 +130,8 @@ async def test_an_execution_is_recorded_with_every_field(start_daemon: Any, conn
         "memory_peak_bytes": result["memory_peak_bytes"],
         "tool_calls": [],
         "session_id": None,
+        "files_in": [],
+        "files_out": [],
     }
     assert abs(record["started_at"] - time.time()) < 60
     assert stat_mode(server.audit.path) == 0o600

@@ -30,12 +30,13 @@ def record(execution_id: str, started_at: float, session_id: str | None = None) 
 
 def version_1_store(path: Path) -> None:
     """A store as a version-1 daemon wrote it, with one execution."""
-    script = audit_db._SCHEMA.replace(",\n    session_id TEXT", "")
+    added = ",\n    session_id TEXT,\n    files_in TEXT,\n    files_out TEXT"
+    script = audit_db._SCHEMA.replace(added, "")
     script = script.replace(audit_db._SESSIONS_SCHEMA, "")
     assert "session" not in script
     db = sqlite3.connect(path)
     db.executescript(script)
-    columns = [c for c in audit_db._COLUMNS if c != "session_id"]
+    columns = [c for c in audit_db._COLUMNS if c not in ("session_id", "files_in", "files_out")]
     values = {**{c: getattr(record("ex_old", 1.0), c, None) for c in columns}}
     values |= {"allowed_tools": '["*"]', "tool_call_count": 0}
     db.execute(

@@ -18,6 +18,7 @@ from conduit.core.errors import (
     ToolLimitReached,
     Unauthenticated,
 )
+from conduit.core.files import FileData
 from conduit.daemon.auth import Principal
 from conduit.daemon.connection import Connection
 from conduit.daemon.dispatcher import (
@@ -30,6 +31,7 @@ from conduit.daemon.dispatcher import (
 )
 from conduit.daemon.events import BusEvent, EventBus, EventType
 from conduit.daemon.methods import method_table
+from conduit.daemon.methods.executions import ExecuteParams, checked_files
 from tests.daemon.fakes import ALICE, LIMITS, OWNER, WAIT_S, Lines
 
 SESSION = Principal("session:ex_1", "session", frozenset({"tools"}), (("*",),), execution_id="ex_1")
@@ -287,3 +289,47 @@ async def test_an_unknown_param_of_a_real_method_is_named() -> None:
     with pytest.raises(InvalidParams) as caught:
         await Harness(method_table()).call("auth/login", {"tokn": "x"})
     assert caught.value.data["field"] in {"tokn", "token"}
+
+
+@pytest.mark.parametrize(
+    ("files", "named"),
+    [
+        ([{"path": "../escape.txt", "text": "x"}], "../escape.txt"),
+        ([{"path": "/etc/passwd", "text": "x"}], "/etc/passwd"),
+        ([{"path": "a.txt", "text": "x", "base64": "eA=="}], "a.txt"),
+        ([{"path": "a.txt"}], "a.txt"),
+    ],
+)
+async def test_an_input_file_with_a_bad_path_or_content_is_refused_naming_it(
+    files: list[dict[str, Any]], named: str
+) -> None:
+    harness = Harness(method_table())
+    with pytest.raises(InvalidParams) as refused:
+        await harness.call("execute", {"language": "python", "code": "1", "files": files})
+    assert named in refused.value.message and refused.value.code == -32602
+
+
+@pytest.mark.parametrize(
+    ("files", "named"),
+    [
+        ([{"path": "a.txt", "text": "1"}, {"path": "a.txt", "text": "2"}], "twice"),
+        ([{"path": "a", "text": "1"}, {"path": "a/b.txt", "text": "2"}], "a/b.txt"),
+        ([{"path": "a.bin", "base64": "not base64!"}], "a.bin"),
+    ],
+)
+def test_input_files_that_cannot_all_be_placed_are_refused(
+    files: list[dict[str, Any]], named: str
+) -> None:
+    params = ExecuteParams.model_validate({"language": "python", "code": "1", "files": files})
+    with pytest.raises(InvalidParams) as refused:
+        checked_files(params.files or [])
+    assert named in refused.value.message
+
+
+def test_input_files_keep_their_bytes() -> None:
+    files = [{"path": "t.txt", "text": "é"}, {"path": "b.bin", "base64": "AAEC"}]
+    params = ExecuteParams.model_validate({"language": "python", "code": "1", "files": files})
+    assert checked_files(params.files or []) == (
+        FileData("t.txt", "é".encode()),
+        FileData("b.bin", b"\x00\x01\x02"),
+    )

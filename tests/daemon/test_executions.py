@@ -16,6 +16,7 @@ from conduit.core.errors import (
     Overloaded,
     ToolLimitReached,
 )
+from conduit.core.files import FileData
 from conduit.core.results import ExecutionResult
 from conduit.daemon.auth import Principal
 from conduit.daemon.config import LimitsConfig, PolicyConfig, PythonPolicy
@@ -41,6 +42,7 @@ WIRE_KEYS = {
     "memory_peak_bytes",
     "session_id",
     "session_reset",
+    "files",
 }
 
 
@@ -322,3 +324,59 @@ async def test_tool_calls_past_the_limit_stop_the_program() -> None:
     result = await fx.executions.execute(request, ALICE)
     assert (result.status, result.tool_calls) == ("tool_limit", 2)
     assert len(refused) == 1
+
+
+# ---- files in and out ------------------------------------------------------------------
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 8
+
+
+async def _writes_out(job: Job, bridge: ToolBridge) -> Outcome:
+    """Gives back what it was given, under its own names, and a chart."""
+    outcome = Outcome(Status.OK, result="done", exit_code=0)
+    outcome.files = [FileData("copy/" + f.path, f.data) for f in job.files]
+    outcome.files.append(FileData("chart.png", PNG))
+    return outcome
+
+
+async def test_files_go_in_and_what_the_program_wrote_comes_back() -> None:
+    fx = ExecutionsFixture(FakeExecutor(_writes_out))
+    files = (FileData("data/in.csv", b"a,b\n1,2\n"),)
+    result = await fx.executions.execute(
+        ExecutionRequest(language="python", code="1", files=files), ALICE
+    )
+    [job] = fx.executor.jobs
+    assert job.files == files
+    wire = result.to_wire()
+    assert [f["path"] for f in wire["files"]] == ["chart.png", "copy/data/in.csv"]
+    chart, copy = result.files
+    assert (chart.mime, chart.data, chart.truncated) == ("image/png", PNG, False)
+    assert (copy.mime, copy.data) == ("text/csv", b"a,b\n1,2\n")
+    record = fx.events[-1].record
+    assert record is not None
+    assert [(f.path, f.size) for f in record.files_in] == [("data/in.csv", 8)]
+    assert [(f.path, f.size) for f in record.files_out] == [
+        ("chart.png", len(PNG)),
+        ("copy/data/in.csv", 8),
+    ]
+
+
+async def test_returned_files_share_the_results_bytes_and_the_rest_are_listed() -> None:
+    fx = ExecutionsFixture(FakeExecutor(_writes_out))
+    big = (FileData("big.bin", b"x" * 3000),)
+    request = ExecutionRequest(
+        language="python", code="1", files=big, limits={"result_bytes": 2000}
+    )
+    result = await fx.executions.execute(request, ALICE)
+    by_path = {f.path: f for f in result.files}
+    assert by_path["copy/big.bin"].truncated and by_path["copy/big.bin"].size == 3000
+    assert not by_path["chart.png"].truncated
+
+
+async def test_input_files_past_the_disk_limit_are_refused_before_anything_runs() -> None:
+    fx = ExecutionsFixture(FakeExecutor(_writes_out))
+    files = (FileData("a.bin", b"x" * (1024 * 1024 + 1)),)
+    request = ExecutionRequest(language="python", code="1", files=files, limits={"disk_mb": 1})
+    with pytest.raises(InvalidParams, match="disk_mb"):
+        await fx.executions.execute(request, ALICE)
+    assert fx.executor.jobs == []
