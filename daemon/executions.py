@@ -5,7 +5,9 @@ method, the built-in `execute_*` tools, the seed aliases): it normalises the cod
 the executor, spends the caller's rate, checks the code against the policy, waits for a
 slot, mints the session token, runs the job in a cancel scope of its own, and shapes the
 result. A failing program is a result with a non-ok status, and so is one the policy
-refuses (`refused`, never run); only faults of the request itself are raised. A request
+refuses (`refused`, never run); only faults of the request itself are raised. The
+registry, the policy and the executor share one parse of a JavaScript or TypeScript
+program (`SyntaxMemo`), let go before the request waits for a slot. A request
 with `on_output` also gets the program's output while it runs, as `execution/output`
 notification params (`LiveOutput`), all of them before `execute` returns.
 """
@@ -44,6 +46,7 @@ from conduit.daemon.tool_access import requested_allowlist
 from conduit.executors.base import ErrorInfo, Executor, Job, Limits, Outcome, Status, ToolBridge
 from conduit.executors.output import StreamName
 from conduit.executors.source import unwrap_fence
+from conduit.executors.syntax_memo import SyntaxMemo
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -228,18 +231,19 @@ class Executions:
         if principal.kind == "session":
             raise Forbidden("forbidden: a sandbox cannot start executions")
         code = self._checked_code(request.code)
+        syntax = SyntaxMemo()
         limits = self._limits(request.limits)
         requested = _checked_patterns(request.allowed_tools)
         getting_ready = trio.current_time()
         # A wait for an executor still starting is queueing: bounded like the queue's.
         within_s = min(limits.timeout_ms / 1000, self.limits.queue_timeout_s)
         executor = await self.registry.pick_ready(
-            request.language, request.executor, within_s=within_s, code=code
+            request.language, request.executor, within_s=within_s, code=code, syntax=syntax
         )
         ready_wait_s = trio.current_time() - getting_ready
         self._rate_limiter.check(principal.name)
         checked = trio.current_time()
-        violation = await self._violation(request.language, executor.name, code)
+        violation = await self._violation(request.language, executor.name, code, syntax)
         if violation is not None:
             job = Job(
                 _new_execution_id(),
@@ -251,6 +255,8 @@ class Executions:
             )
             check_s = trio.current_time() - checked
             return self._refuse(job, executor.name, principal, requested, violation, check_s)
+        if not self._admission.has_free_slot():
+            syntax.forget()  # not held through the wait (see `SyntaxMemo`)
         async with self._admission.slot() as queue_wait_s:
             execution_id = _new_execution_id()
             live = LiveOutput(execution_id, request.on_output) if request.on_output else None
@@ -264,6 +270,7 @@ class Executions:
                 principal=principal.name,
                 # Whatever the queue has not used up bounds the executor's own queueing.
                 queue_timeout_s=max(0.0, self.limits.queue_timeout_s - queue_wait_s),
+                syntax=syntax,
             )
             allowed = (requested, *principal.tool_patterns)
             started_at = time.time()
@@ -320,14 +327,16 @@ class Executions:
                 raise
         return end(outcome)
 
-    async def _violation(self, language: str, executor: str, code: str) -> Violation | None:
+    async def _violation(
+        self, language: str, executor: str, code: str, syntax: SyntaxMemo
+    ) -> Violation | None:
         """The policy's verdict on `code`: inline for small programs, in a worker
         thread for those whose parsing could hold the event loop up."""
         policy = self.policy
         if len(code) <= _INLINE_CHECK_CHARS or not policy.reads(language, executor):
-            return policy.check(language, executor, code)
+            return policy.check(language, executor, code, syntax)
         return await trio.to_thread.run_sync(
-            policy.check, language, executor, code, limiter=self._policy_limiter
+            policy.check, language, executor, code, syntax, limiter=self._policy_limiter
         )
 
     def _refuse(

@@ -20,6 +20,7 @@ import trio
 
 from conduit.core.results import Status
 from conduit.executors.output import OutputHook
+from conduit.executors.syntax_memo import SyntaxMemo
 
 __all__ = [
     "CallbackAddress",
@@ -123,6 +124,10 @@ class Job:
     tell), while it runs; guests then flush each line as it is printed. It is the
     hook's business to bound its waiting (see `OutputCapture`). When it is None the
     executor does no work for streaming at all.
+
+    `syntax` is the request's parse of the program, made by whoever read it before
+    the executor (the registry, the policy): an executor that parses the program
+    `take`s it from there.
     """
 
     execution_id: str
@@ -137,6 +142,7 @@ class Job:
     # How long, in all, the executor may hold the program back waiting for a CPU slot
     # or a sandbox: queueing, which `limits.timeout_ms` does not count.
     queue_timeout_s: float = 30.0
+    syntax: SyntaxMemo = field(default_factory=SyntaxMemo, compare=False, repr=False)
 
 
 def python_request(job: Job) -> dict[str, Any]:
