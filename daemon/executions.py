@@ -5,7 +5,9 @@ method, the built-in `execute_*` tools, the seed aliases): it normalises the cod
 the executor, spends the caller's rate, checks the code against the policy, waits for a
 slot, mints the session token, runs the job in a cancel scope of its own, and shapes the
 result. A failing program is a result with a non-ok status, and so is one the policy
-refuses (`refused`, never run); only faults of the request itself are raised. A request
+refuses (`refused`, never run); only faults of the request itself are raised. The
+registry, the policy and the executor share one parse of a JavaScript or TypeScript
+program (`SyntaxMemo`), let go before the request waits for a slot. A request
 with `on_output` also gets the program's output while it runs, as `execution/output`
 notification params (`LiveOutput`), all of them before `execute` returns.
 """
@@ -47,6 +49,7 @@ from conduit.daemon.tool_access import requested_allowlist
 from conduit.executors.base import ErrorInfo, Job, Limits, Outcome, Status, ToolBridge
 from conduit.executors.output import StreamName
 from conduit.executors.source import unwrap_fence
+from conduit.executors.syntax_memo import SyntaxMemo
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -253,15 +256,16 @@ class Executions:
         if principal.kind == "session":
             raise Forbidden("forbidden: a sandbox cannot start executions")
         code = self._checked_code(request.code)
+        syntax = SyntaxMemo()
         requested = _checked_patterns(request.allowed_tools)
         session = request.session
         getting_ready = trio.current_time()
-        target, limits = await self._target(request, code)
+        target, limits = await self._target(request, code, syntax)
         _check_files_fit(request.files, limits)
         ready_wait_s = trio.current_time() - getting_ready
         self._rate_limiter.check(principal.name)
         checked = trio.current_time()
-        violation = await self._violation(target.language, target.executor, code)
+        violation = await self._violation(target.language, target.executor, code, syntax)
         if violation is not None:
             job = Job(
                 _new_execution_id(),
@@ -273,6 +277,8 @@ class Executions:
             )
             check_s = trio.current_time() - checked
             return self._refuse(job, target, principal, requested, violation, check_s)
+        if not self._admission.has_free_slot() or (session is not None and session.lock.locked()):
+            syntax.forget()  # not held through the wait (see `SyntaxMemo`)
         async with self._turn(session) as turn_wait_s, self._admission.slot() as slot_wait_s:
             queue_wait_s = turn_wait_s + slot_wait_s
             execution_id = _new_execution_id()
@@ -288,6 +294,7 @@ class Executions:
                 # Whatever the queue has not used up bounds the executor's own queueing.
                 queue_timeout_s=max(0.0, self.limits.queue_timeout_s - queue_wait_s),
                 files=request.files,
+                syntax=syntax,
             )
             allowed = (requested, *principal.tool_patterns)
             started_at = time.time()
@@ -336,7 +343,9 @@ class Executions:
                 raise
         return end(outcome)
 
-    async def _target(self, request: ExecutionRequest, code: str) -> tuple[_Target, Limits]:
+    async def _target(
+        self, request: ExecutionRequest, code: str, syntax: SyntaxMemo
+    ) -> tuple[_Target, Limits]:
         """Where the request runs, and its limits: the session's sandbox it names, or
         a fresh one of the executor picked for it (waited for while it starts)."""
         session = request.session
@@ -347,7 +356,7 @@ class Executions:
         # A wait for an executor still starting is queueing: bounded like the queue's.
         within_s = min(limits.timeout_ms / 1000, self.limits.queue_timeout_s)
         executor = await self.registry.pick_ready(
-            request.language, request.executor, within_s=within_s, code=code
+            request.language, request.executor, within_s=within_s, code=code, syntax=syntax
         )
         return _Target(executor.name, request.language, executor.run), limits
 
@@ -374,14 +383,16 @@ class Executions:
         finally:
             session.lock.release()
 
-    async def _violation(self, language: str, executor: str, code: str) -> Violation | None:
+    async def _violation(
+        self, language: str, executor: str, code: str, syntax: SyntaxMemo
+    ) -> Violation | None:
         """The policy's verdict on `code`: inline for small programs, in a worker
         thread for those whose parsing could hold the event loop up."""
         policy = self.policy
         if len(code) <= _INLINE_CHECK_CHARS or not policy.reads(language, executor):
-            return policy.check(language, executor, code)
+            return policy.check(language, executor, code, syntax)
         return await trio.to_thread.run_sync(
-            policy.check, language, executor, code, limiter=self._policy_limiter
+            policy.check, language, executor, code, syntax, limiter=self._policy_limiter
         )
 
     def _refuse(

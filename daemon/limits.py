@@ -159,6 +159,10 @@ class Admission:
         finally:
             self._limiter.release()
 
+    def has_free_slot(self) -> bool:
+        """Whether `slot` would be held at once, without waiting in the queue."""
+        return self._limiter.available_tokens >= 1 and not self._waiting
+
     async def _wait_in_queue(self) -> None:
         if self._waiting >= self._queue_size:
             raise Overloaded(

@@ -8,7 +8,7 @@ time (`getattr(__builtins__, "ev" + "al")`, `globalThis["De" + "no"]`); the sand
 what stops that. docs/security.md says so to operators.
 
 ```
-Policy.check(language, executor, code) -> Violation | None
+Policy.check(language, executor, code, syntax) -> Violation | None
 ├── shape: lines, line length, bracket nesting      every language; string work
 ├── Python: modules, names, builtins                the host's `ast`, one walk
 └── JavaScript/TypeScript: imports, globals         js_syntax's parse: never strings,
@@ -21,8 +21,11 @@ search. A program the rules cannot read (a syntax error, or syntax newer than th
 host's Python) is not refused unless `refuse_unparsable` is set: it runs, and its
 sandbox reports the program's own error.
 
-Pure: no I/O, no clock, no Trio; safe to call from a worker thread. It knows nothing of
-executions, events or the wire beyond `Violation.to_wire`.
+A JavaScript or TypeScript program's parse is the request's (`SyntaxMemo`): read from
+there if the registry made it, and left there for the executor if the policy makes it.
+
+Pure but for that memo: no I/O, no clock, no Trio; safe to call from a worker thread.
+It knows nothing of executions, events or the wire beyond `Violation.to_wire`.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from conduit.daemon.config import JavaScriptPolicy, PolicyConfig, PythonPolicy
-from conduit.executors.js_syntax import Dialect, MentionKind, Syntax, parse
+from conduit.executors.js_syntax import Dialect, MentionKind, Syntax
+from conduit.executors.syntax_memo import SyntaxMemo
 
 __all__ = ["Policy", "Violation"]
 
@@ -87,13 +91,15 @@ class Policy:
         state = "enabled" if self._config.enabled else "disabled"
         return f"<Policy {state}, {len(self._readers)} rule sets compiled>"
 
-    def check(self, language: str, executor: str, code: str) -> Violation | None:
+    def check(
+        self, language: str, executor: str, code: str, syntax: SyntaxMemo | None = None
+    ) -> Violation | None:
         """The first violation in `code` (by place), or None if the policy allows it.
 
         `language` is python, typescript or javascript; `executor` the executor's name
-        (`wasm-python`, `pyodide`, ...), whose rules add to the language's. Never raises
-        for any text: what cannot be read is allowed, or refused as `<language>.syntax`
-        when `refuse_unparsable` is set.
+        (`wasm-python`, `pyodide`, ...), whose rules add to the language's; `syntax` the
+        request's memo of the program's parse. Never raises for any text: what cannot be
+        read is allowed, or refused as `<language>.syntax` when `refuse_unparsable` is set.
         """
         if not self._config.enabled:
             return None
@@ -101,7 +107,9 @@ class Policy:
         if found is not None:
             return found
         reader = self._reader(language, executor)
-        return reader.find(code) if reader is not None else None
+        if reader is None:
+            return None
+        return reader.find(code, SyntaxMemo() if syntax is None else syntax)
 
     def reads(self, language: str, executor: str) -> bool:
         """Whether checking a program for this pair may parse it (costing time in
@@ -213,11 +221,12 @@ def _unparsable(code: str, language: str, reason: str, line: int | None) -> Viol
 
 
 class _Reader(Protocol):
-    """One language's rules for one executor, compiled. `empty`: it has none."""
+    """One language's rules for one executor, compiled. `empty`: it has none. `find`
+    reads a JavaScript or TypeScript program's parse from `syntax`."""
 
     empty: bool
 
-    def find(self, code: str) -> Violation | None: ...
+    def find(self, code: str, syntax: SyntaxMemo) -> Violation | None: ...
 
 
 def _origins(sections: Iterable[tuple[str, tuple[str, ...]]]) -> dict[str, str]:
@@ -329,7 +338,7 @@ class _PythonReader:
         self._words = _Words(words)
         self.empty = not self._words and not self._max_depth
 
-    def find(self, code: str) -> Violation | None:
+    def find(self, code: str, syntax: SyntaxMemo) -> Violation | None:
         # Lines as the parser numbers them, so that the lines where words are found
         # and the tree's line numbers agree.
         code = _python_lines(code)
@@ -545,25 +554,25 @@ class _JavaScriptReader:
         self._words = _Words(words)
         self.empty = not self._words and not self._max_depth
 
-    def find(self, code: str) -> Violation | None:
+    def find(self, code: str, syntax: SyntaxMemo) -> Violation | None:
         # An identifier spelled with escapes (`\u0044eno`) is still the identifier.
         triggered = bool(self._words) and ("\\u" in code or self._words.mentioned(code))
         if not (triggered or self._max_depth):
             return None
-        syntax = parse(code, self._dialect)
-        if syntax is None:
+        parsed = syntax.parse(code, self._dialect)
+        if parsed is None:
             return self._unreadable(code)
         if self._max_depth:
             # A program with syntax errors still has its brackets.
-            deep = syntax.deepest(self._max_depth)
+            deep = parsed.deepest(self._max_depth)
             if deep is not None:
                 depth, offset = deep
                 return _too_deep(code, depth, self._max_depth, offset, _JAVASCRIPT_LINE_BREAKS)
         # Text the grammar cannot read whole (a typo, or syntax newer than the grammar
         # that the runtime may still accept) is still searched in what it could read:
         # a forbidden word there is refused either way.
-        refused = self._forbidden(code, syntax) if triggered else None
-        if refused is None and not syntax.complete:
+        refused = self._forbidden(code, parsed) if triggered else None
+        if refused is None and not parsed.complete:
             return self._unreadable(code)
         return refused
 

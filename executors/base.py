@@ -21,6 +21,7 @@ import trio
 from conduit.core.files import FileData
 from conduit.core.results import Status
 from conduit.executors.output import OutputHook
+from conduit.executors.syntax_memo import SyntaxMemo
 
 __all__ = [
     "CallbackAddress",
@@ -128,6 +129,10 @@ class Job:
     tell), while it runs; guests then flush each line as it is printed. It is the
     hook's business to bound its waiting (see `OutputCapture`). When it is None the
     executor does no work for streaming at all.
+
+    `syntax` is the request's parse of the program, made by whoever read it before
+    the executor (the registry, the policy): an executor that parses the program
+    `take`s it from there.
     """
 
     execution_id: str
@@ -145,6 +150,7 @@ class Job:
     # Placed in the program's working directory before it runs (paths already checked,
     # their total within `limits.disk_mb`).
     files: tuple[FileData, ...] = ()
+    syntax: SyntaxMemo = field(default_factory=SyntaxMemo, compare=False, repr=False)
 
 
 def python_request(job: Job) -> dict[str, Any]:

@@ -75,7 +75,7 @@ from conduit.executors.base import (
     ToolBridge,
 )
 from conduit.executors.file_digest import file_version
-from conduit.executors.js_syntax import prepare_module
+from conduit.executors.js_syntax import Dialect, prepare_parsed
 from conduit.executors.output import OutputCapture, ResultSplitter, read_buffered
 from conduit.executors.pool import WarmPool
 from conduit.executors.process import (
@@ -429,8 +429,8 @@ class DenoExecutor:
     def program_fields(self, job: Job) -> dict[str, Any]:
         """The job's program, as the worker script reads it."""
         # Loaded as the job's language (shims/deno_worker.js), so parsed as it.
-        dialect = "javascript" if job.language == "javascript" else "typescript"
-        prepared = prepare_module(job.code, dialect)
+        dialect: Dialect = "javascript" if job.language == "javascript" else "typescript"
+        prepared = prepare_parsed(job.code, job.syntax.take(job.code, dialect))
         return {"module": prepared.text, "line_offset": prepared.line_offset}
 
     def is_out_of_memory(self, error: ErrorInfo) -> bool:

@@ -15,6 +15,9 @@ Two readers rest on one parse:
   calls): what the daemon's policy and wasm-js's `Intl` check match against. Strings,
   comments, property names and object keys are never mentions.
 
+`parse` makes the `Syntax` both read; `prepare_parsed` prepares a program from a parse
+made already, so that one request parses its program once (`syntax_memo`).
+
 The dialect is the runtime's: `typescript` (Deno loading `application/typescript`) or
 `javascript` (Deno loading `application/javascript`, and SpiderMonkey). A program the
 grammar does not accept (a syntax error, or syntax newer than the grammar), one too
@@ -59,6 +62,7 @@ __all__ = [
     "may_await",
     "parse",
     "prepare_module",
+    "prepare_parsed",
 ]
 
 Dialect = Literal["typescript", "javascript"]
@@ -158,17 +162,12 @@ def _parse_bytes(data: bytes, dialect: Dialect) -> tree_sitter.Tree | None:
 _OTHER_LINE_BREAKS = re.compile(rb"\r(?!\n)|\xe2\x80[\xa8\xa9]")
 
 
-def _parse_program(
-    data: bytes, dialect: Dialect, *, complete: bool = True
-) -> tree_sitter.Tree | None:
-    """The program's tree; None if it was too large or too slow to parse, or if it has
-    syntax errors and `complete` is asked for."""
+def _parse_program(data: bytes, dialect: Dialect) -> tree_sitter.Tree | None:
+    """The program's tree; None if it was too large or too slow to parse."""
     normalized = _OTHER_LINE_BREAKS.sub(lambda found: b"\n".ljust(len(found[0])), data)
     tree = _parse_bytes(normalized, dialect)
     if normalized != data and (tree is None or tree.root_node.has_error):
         tree = _parse_bytes(data, dialect) or tree
-    if tree is None or (complete and tree.root_node.has_error):
-        return None
     return tree
 
 
@@ -187,7 +186,7 @@ def parse(code: str, dialect: Dialect) -> Syntax | None:
     """`code` parsed, or None if it was too large or too slow to parse. A program with
     syntax errors parses too, with `Syntax.complete` False. Never raises."""
     data = _encode(code)
-    tree = _parse_program(data, dialect, complete=False)
+    tree = _parse_program(data, dialect)
     return None if tree is None else Syntax(code, data, dialect, tree)
 
 
@@ -504,12 +503,23 @@ def prepare_module(code: str, dialect: Dialect = "typescript") -> PreparedModule
     stranded in a function; its value is not returned. A program too large or too slow
     to parse (see `parse`) is wrapped unchanged.
     """
-    data = _encode(code)
+    return prepare_parsed(code, parse(code, dialect))
+
+
+def prepare_parsed(code: str, syntax: Syntax | None) -> PreparedModule:
+    """`prepare_module` for a program parsed already: `syntax` is what `parse` made of
+    `code` (in the dialect its runtime reads), None if it could not parse it. Raises
+    ValueError for a parse of another program."""
+    if syntax is None:
+        data = _encode(code)
+    elif syntax.code == code:
+        data = syntax._data
+    else:
+        raise ValueError("the parse given is of another program")
     edits = _shebang_edits(data)
     imports: list[str] = []
-    tree = _parse_program(data, dialect, complete=False)
-    if tree is not None:
-        edits += _plan(data, tree.root_node, imports)
+    if syntax is not None:
+        edits += _plan(data, syntax._tree.root_node, imports)
     header = "".join(f"{statement} " for statement in imports)
     body = _decode(_apply(data, edits))
     return PreparedModule(

@@ -6,8 +6,10 @@ daemon. `pick` chooses the executor for a request or says precisely why none fit
 `pick_ready` first waits, within a bound, for the one it wants to finish starting.
 
 With no executor named, a program that uses what its language's default lacks (the
-executor's `lacks(code)` says so: `Intl` on wasm-js) goes to another available executor
-for the language, when the configuration has one; a named executor always runs it.
+executor's `lacks(code, syntax)` says so: `Intl` on wasm-js) goes to another available
+executor for the language, when the configuration has one; a named executor always runs
+it. A parse made to tell is kept in the request's `SyntaxMemo` for the program's later
+readers.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import trio
 
 from conduit.core.errors import ExecutorUnavailable, InvalidParams
 from conduit.executors.base import Executor, ExecutorInfo
+from conduit.executors.syntax_memo import SyntaxMemo
 
 __all__ = ["ExecutorRegistry"]
 
@@ -77,7 +80,14 @@ class ExecutorRegistry:
         """Replace the language -> executor defaults (a configuration reload)."""
         self._defaults = dict(defaults)
 
-    def pick(self, language: str, name: str | None = None, *, code: str = "") -> Executor:
+    def pick(
+        self,
+        language: str,
+        name: str | None = None,
+        *,
+        code: str = "",
+        syntax: SyntaxMemo | None = None,
+    ) -> Executor:
         """The executor for `language` (or the one named) to run `code`; raises a wire
         error if none can.
 
@@ -86,12 +96,19 @@ class ExecutorRegistry:
         and so does a default that lacks what `code` uses; a named executor is used or
         refused, never substituted. Raises `InvalidParams` for an unknown executor or
         one that does not run `language`, `ExecutorUnavailable` for one that is
-        disabled or cannot run now.
+        disabled or cannot run now. `syntax` is the request's memo of the program's parse.
         """
-        return self._pick(self._candidates(language, name, self._lacking(language, name, code)))
+        lacking = self._lacking(language, name, code, SyntaxMemo() if syntax is None else syntax)
+        return self._pick(self._candidates(language, name, lacking))
 
     async def pick_ready(
-        self, language: str, name: str | None = None, *, within_s: float, code: str = ""
+        self,
+        language: str,
+        name: str | None = None,
+        *,
+        within_s: float,
+        code: str = "",
+        syntax: SyntaxMemo | None = None,
     ) -> Executor:
         """`pick`, but the executor it wants that is still starting (loading or building
         its component, probing its runtime) is waited for, up to `within_s`, before it
@@ -101,12 +118,14 @@ class ExecutorRegistry:
         Raises as `pick` does; `ExecutorUnavailable` says which of disabled, failed or
         not ready within `within_s` it was.
         """
-        lacking = await self._lacking_off_loop(language, name, code)
+        syntax = SyntaxMemo() if syntax is None else syntax
+        lacking = await self._lacking_off_loop(language, name, code, syntax)
         candidates = self._candidates(language, name, lacking)
         wanted = candidates[0]
         wait_ready = getattr(wanted, "wait_ready", None)
         if wanted.unavailable_reason is None or wait_ready is None:
             return self._pick(candidates)
+        syntax.forget()  # not held through the wait (see `SyntaxMemo`)
         with trio.move_on_after(within_s) as waiting:
             await wait_ready()
         return self._pick(candidates, late_after_s=within_s if waiting.cancelled_caught else None)
@@ -161,7 +180,7 @@ class ExecutorRegistry:
             {"executor": wanted.name, "state": "failed", "reason": reason},
         )
 
-    def _lacking(self, language: str, name: str | None, code: str) -> set[str]:
+    def _lacking(self, language: str, name: str | None, code: str, syntax: SyntaxMemo) -> set[str]:
         """The executors for `language` that lack what `code` uses; none when the
         request names its executor, which then runs the program as it is."""
         if name is not None or not code:
@@ -169,17 +188,19 @@ class ExecutorRegistry:
         lacking = set()
         for executor in self._executors.values():
             lacks = getattr(executor, "lacks", None)
-            if language in executor.languages and lacks is not None and lacks(code):
+            if language in executor.languages and lacks is not None and lacks(code, syntax):
                 lacking.add(executor.name)
         return lacking
 
-    async def _lacking_off_loop(self, language: str, name: str | None, code: str) -> set[str]:
+    async def _lacking_off_loop(
+        self, language: str, name: str | None, code: str, syntax: SyntaxMemo
+    ) -> set[str]:
         """`_lacking`, in a worker thread for a program large enough to hold the event
         loop up while it is read."""
         if len(code) <= _INLINE_READ_CHARS:
-            return self._lacking(language, name, code)
+            return self._lacking(language, name, code, syntax)
         return await trio.to_thread.run_sync(
-            self._lacking, language, name, code, limiter=_READ_THREADS
+            self._lacking, language, name, code, syntax, limiter=_READ_THREADS
         )
 
     def infos(self, *, configured_only: bool = False) -> list[ExecutorInfo]:

@@ -2,7 +2,7 @@
 
 The guest (`shims/wasm_js/guest.js`) is built into a component by componentize-js and
 pre-initialised (`wasm_guests.JS_GUEST`). The host wraps each program as an async
-function with `js_syntax.prepare_module`, the same rewrite the Deno executor uses, so
+function with `js_syntax.prepare_parsed`, the same rewrite the Deno executor uses, so
 top-level `await` and `return` and the completion value of a final expression mean the
 same on both; the guest evaluates it and awaits it. Everything about running it is
 shared with the other Wasmtime executors (`wasm.WasmExecutor`).
@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from conduit.core import jsontext
 from conduit.executors.base import ErrorInfo, Job
-from conduit.executors.js_syntax import MentionKind, may_await, parse, prepare_module
+from conduit.executors.js_syntax import MentionKind, may_await, prepare_parsed
+from conduit.executors.syntax_memo import SyntaxMemo
 from conduit.executors.wasm import ProgramRejected, WasmExecutor
 from conduit.executors.wasm_guests import JS_GUEST
 
@@ -64,20 +65,22 @@ LOCALE_CASE_METHODS = frozenset({"toLocaleUpperCase", "toLocaleLowerCase"})
 _INTL_WORDS = ("Intl", "toLocale", "localeCompare")
 
 
-def uses_intl(code: str) -> bool:
+def uses_intl(code: str, syntax: SyntaxMemo | None = None) -> bool:
     """Whether `code` names `Intl`, calls a method whose answer is the locale's, or
     names a locale for a case mapping.
 
     Read from the program's syntax, so a word in a string or a comment does not count;
     a name the program builds at run time (`globalThis["In" + "tl"]`) is not seen. A
     program that does not parse counts as not using it (the executor reports its error).
+    A parse is taken from `syntax` or kept there (`SyntaxMemo.parse`).
     """
     if not any(word in code for word in _INTL_WORDS):
         return False
-    syntax = parse(code, "javascript")
-    if syntax is None or not syntax.complete:
+    memo = syntax if syntax is not None else SyntaxMemo()
+    parsed = memo.parse(code, "javascript")
+    if parsed is None or not parsed.complete:
         return False
-    for mention in syntax.mentions(_INTL_WORDS):
+    for mention in parsed.mentions(_INTL_WORDS):
         if mention.kind in (MentionKind.NAME, MentionKind.GLOBAL_PROPERTY):
             if mention.value == "Intl":
                 return True
@@ -108,12 +111,12 @@ class WasmJsExecutor(WasmExecutor):
     host_bounds_waits = False
 
     @staticmethod
-    def lacks(code: str) -> str | None:
+    def lacks(code: str, syntax: SyntaxMemo | None = None) -> str | None:
         """What `code` uses that this executor does not have ("Intl"), or None."""
-        return "Intl" if uses_intl(code) else None
+        return "Intl" if uses_intl(code, syntax) else None
 
     def request_for(self, job: Job) -> str:
-        module = prepare_module(job.code, "javascript")
+        module = prepare_parsed(job.code, job.syntax.take(job.code, "javascript"))
         if module.imports:
             raise ProgramRejected(ErrorInfo("SyntaxError", NO_IMPORTS))
         asynchronous = may_await(job.code)

@@ -8,7 +8,7 @@ executor seam (`executors/base.py`) and runs whatever script a test gives it.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -34,6 +34,7 @@ from conduit.executors.base import (
     ToolBridge,
 )
 from conduit.executors.registry import ExecutorRegistry
+from conduit.executors.syntax_memo import SyntaxMemo
 
 # Generous: these tests run beside a CPU hog; a hang still fails.
 WAIT_S = 30
@@ -194,14 +195,23 @@ async def _echo(job: Job, bridge: ToolBridge) -> Outcome:
 
 
 class FakeExecutor:
-    """An `Executor` that runs `script(job, bridge)` instead of a program."""
+    """An `Executor` that runs `script(job, bridge)` instead of a program; `name` and
+    `languages` say which executor it stands in for, `lacks` what that one lacks."""
 
-    name = "fake"
-    languages = frozenset({"python"})
     unavailable_reason: str | None = None
 
-    def __init__(self, script: Script = _echo) -> None:
+    def __init__(
+        self,
+        script: Script = _echo,
+        *,
+        name: str = "fake",
+        languages: frozenset[str] = frozenset({"python"}),
+        lacks: Callable[[str, SyntaxMemo], str | None] | None = None,
+    ) -> None:
         self.script = script
+        self.name = name
+        self.languages = languages
+        self.lacks = lacks
         self.jobs: list[Job] = []
         self.sandboxes: list[FakeSandbox] = []
 
@@ -267,7 +277,9 @@ class FakeBridge:
 
 
 class ExecutionsFixture:
-    """`Executions` over a `FakeExecutor`, with the events it publishes kept in order."""
+    """`Executions` over a `FakeExecutor` (the default for Python), with the events it
+    publishes kept in order. `others` join the registry, `defaults` name each language's
+    default among them; `policy` is checked before anything runs."""
 
     def __init__(
         self,
@@ -278,6 +290,9 @@ class ExecutionsFixture:
         queue_timeout_s: float = 30.0,
         limits: LimitsConfig | None = None,
         sessions: SessionsConfig | None = None,
+        policy: PolicyConfig | None = None,
+        others: Sequence[FakeExecutor] = (),
+        defaults: Mapping[str, str] | None = None,
     ) -> None:
         self.executor = executor
         self.events: list[BusEvent] = []
@@ -287,8 +302,10 @@ class ExecutionsFixture:
         self.admission = Admission(capacity, queue_size, queue_timeout_s)
         self.executions = Executions(
             limits or LimitsConfig(),
-            Policy(PolicyConfig()),
-            registry=ExecutorRegistry([executor], {"python": executor.name}),
+            Policy(policy or PolicyConfig()),
+            registry=ExecutorRegistry(
+                [executor, *others], {"python": executor.name, **(defaults or {})}
+            ),
             admission=self.admission,
             rate_limiter=RateLimiter(0, 1),
             events=bus,

@@ -3,6 +3,7 @@ timeouts and how every execution ends. No daemon and no sandbox is started."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,11 +20,14 @@ from conduit.core.errors import (
 from conduit.core.files import FileData
 from conduit.core.results import ExecutionResult
 from conduit.daemon.auth import Principal
-from conduit.daemon.config import LimitsConfig, PolicyConfig, PythonPolicy
+from conduit.daemon.config import JavaScriptPolicy, LimitsConfig, PolicyConfig, PythonPolicy
 from conduit.daemon.executions import ExecutionRequest
 from conduit.daemon.policy import Policy
 from conduit.executors.base import ErrorInfo, Job, Outcome, Status, ToolBridge
+from conduit.executors.deno import DenoExecutor
+from conduit.executors.wasm_js import WasmJsExecutor
 from tests.daemon.fakes import ALICE, BOB, OWNER, WAIT_S, ExecutionsFixture, FakeExecutor
+from tests.parses import count_parses
 
 REQUEST = ExecutionRequest(language="python", code="print(1)", inputs={"n": 1})
 WIRE_KEYS = {
@@ -380,3 +384,108 @@ async def test_input_files_past_the_disk_limit_are_refused_before_anything_runs(
     with pytest.raises(InvalidParams, match="disk_mb"):
         await fx.executions.execute(request, ALICE)
     assert fx.executor.jobs == []
+
+
+# ---- one parse a request ---------------------------------------------------------------
+
+# Every reader reads it: wasm-js's check for `Intl` (the registry), the policy's for
+# nesting and globals, and the executor's preparation of its module.
+INTL = "const format = new Intl.NumberFormat('en');\nformat.format(1234)"
+READING_POLICY = PolicyConfig(
+    max_nesting_depth=64, javascript=JavaScriptPolicy(forbidden_globals=("Deno",))
+)
+# Over every reader's limit for reading on the event loop.
+FILLER = "".join(f"const v{i} = [{i}, {{ k: `${{{i}}}` }}];\n" for i in range(300))
+
+
+def _javascript_fixture(tmp_path: Path, **options: Any) -> ExecutionsFixture:
+    """wasm-js (the default for JavaScript, lacking `Intl`) and Deno, whose stand-in
+    prepares its program as the Deno executor does and answers with the module."""
+    deno = DenoExecutor(cache_dir=tmp_path / "deno")
+
+    async def prepare(job: Job, bridge: ToolBridge) -> Outcome:
+        fields = await trio.to_thread.run_sync(deno.program_fields, job)
+        return Outcome(Status.OK, result=fields["module"])
+
+    stand_ins = [
+        FakeExecutor(
+            name="wasm-js", languages=frozenset({"javascript"}), lacks=WasmJsExecutor.lacks
+        ),
+        FakeExecutor(prepare, name="deno", languages=frozenset({"javascript", "typescript"})),
+    ]
+    return ExecutionsFixture(
+        FakeExecutor(),
+        policy=READING_POLICY,
+        others=stand_ins,
+        defaults={"javascript": "wasm-js", "typescript": "deno"},
+        **options,
+    )
+
+
+@pytest.mark.parametrize(
+    ("language", "code"),
+    [
+        ("javascript", INTL),
+        ("javascript", FILLER + INTL),
+        ("typescript", "const n: number = 2;\nn * 21"),
+        ("typescript", FILLER + "const n: number = 2;\nn * 21"),
+    ],
+)
+async def test_a_request_parses_its_program_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, language: str, code: str
+) -> None:
+    fx = _javascript_fixture(tmp_path)
+    parses = count_parses(monkeypatch)
+    request = ExecutionRequest(language=language, code=code)
+    result = await fx.executions.execute(request, ALICE)
+    assert (result.status, result.executor) == ("ok", "deno"), result.error
+    assert result.result.startswith("export default async function () {")
+    assert [(parse.code, parse.dialect) for parse in parses.made] == [(code, language)]
+    if len(code) > len(FILLER):
+        assert not parses.made[0].on_event_loop_thread
+
+
+async def test_a_program_refused_by_the_policy_is_parsed_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fx = _javascript_fixture(tmp_path)
+    parses = count_parses(monkeypatch)
+    request = ExecutionRequest(language="javascript", code=f"{INTL};\nDeno.exit(1)")
+    result = await fx.executions.execute(request, ALICE)
+    assert result.status == "refused"
+    assert len(parses.made) == 1
+
+
+async def test_a_program_waiting_for_a_slot_does_not_hold_its_parse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nursery: trio.Nursery
+) -> None:
+    """Its parse is let go before the wait (a tree can be far larger than its program)
+    and made again by the executor once a slot is free."""
+    fx = _javascript_fixture(tmp_path, capacity=1)
+    parses = count_parses(monkeypatch)
+    release = trio.Event()
+    results: list[ExecutionResult] = []
+
+    async def hold_the_slot(task_status: trio.TaskStatus[None]) -> None:
+        async with fx.admission.slot():
+            task_status.started()
+            await release.wait()
+
+    async def run() -> None:
+        request = ExecutionRequest(language="javascript", code=INTL)
+        results.append(await fx.executions.execute(request, ALICE))
+
+    assert fx.admission.has_free_slot()
+    await nursery.start(hold_the_slot)
+    assert not fx.admission.has_free_slot()
+    nursery.start_soon(run)
+    with trio.fail_after(WAIT_S):
+        while not fx.admission.statistics().waiting:
+            await trio.sleep(0.01)
+    assert len(parses.made) == 1  # the registry's, before the wait
+    release.set()
+    with trio.fail_after(WAIT_S):
+        while not results:
+            await trio.sleep(0.01)
+    assert results[0].status == "ok"
+    assert len(parses.made) == 2

@@ -16,6 +16,9 @@ import trio
 from conduit.core.errors import ExecutorUnavailable, InvalidParams
 from conduit.executors.base import ExecutorInfo
 from conduit.executors.registry import ExecutorRegistry
+from conduit.executors.syntax_memo import SyntaxMemo
+from conduit.executors.wasm_js import WasmJsExecutor
+from tests.parses import count_parses
 
 
 @dataclass
@@ -24,7 +27,7 @@ class StandIn:
     languages: frozenset[str]
     available: bool = True
     reason: str | None = field(default=None)
-    lacks: Callable[[str], str | None] | None = None
+    lacks: Callable[[str, SyntaxMemo], str | None] | None = None
 
     @property
     def unavailable_reason(self) -> str | None:
@@ -163,7 +166,7 @@ async def test_another_stands_in_once_the_wait_is_over(autojump_clock: trio.abc.
     assert trio.current_time() == 5
 
 
-def _no_intl(code: str) -> str | None:
+def _no_intl(code: str, _syntax: SyntaxMemo) -> str | None:
     return "Intl" if "Intl" in code else None
 
 
@@ -204,6 +207,24 @@ async def test_the_executor_that_has_it_is_waited_for_when_still_starting(
         nursery.start_soon(deno.ready_after, 2)
         assert await chosen.pick_ready("javascript", within_s=5, code="Intl") is deno
         assert trio.current_time() == 2
+
+
+@pytest.mark.parametrize("deno_starting", [False, True])
+async def test_a_parse_made_to_pick_is_kept_unless_the_pick_waits(
+    autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch, deno_starting: bool
+) -> None:
+    """Kept for the program's next reader; let go before a wait, which could be long."""
+    parses = count_parses(monkeypatch)
+    deno = Preparing("deno", frozenset({"javascript"}), available=not deno_starting)
+    wasm_js = StandIn("wasm-js", frozenset({"javascript"}), lacks=WasmJsExecutor.lacks)
+    chosen = ExecutorRegistry([wasm_js, deno], {"javascript": "wasm-js"})  # type: ignore[list-item]
+    code, syntax = "new Intl.NumberFormat()", SyntaxMemo()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(deno.ready_after, 2)
+        picked = await chosen.pick_ready("javascript", within_s=5, code=code, syntax=syntax)
+    assert picked is deno
+    assert syntax.take(code, "javascript") is not None
+    assert len(parses.made) == (2 if deno_starting else 1)
 
 
 @dataclass

@@ -12,9 +12,11 @@ import trio
 
 from conduit.executors import wasm_js as wasm_js_module
 from conduit.executors.base import Job, Limits, Outcome, Status, StopSignal
+from conduit.executors.syntax_memo import SyntaxMemo
 from conduit.executors.wasm_build import ensure_component
 from conduit.executors.wasm_guests import JS_GUEST, componentize_js_version
 from conduit.executors.wasm_js import WasmJsExecutor
+from tests.parses import count_parses
 from tests.sandboxes import LOAD_WAIT_S, WAIT_S, NoBridge
 
 
@@ -272,3 +274,17 @@ async def test_a_large_program_is_read_off_the_event_loop(
     assert (await run(wasm_js, large)).result == 2_000
     # The small one on the event loop's thread, the large one (a parse of its own) not.
     assert readers == [True, False]
+
+
+async def test_the_executor_prepares_the_parse_its_intl_check_made(
+    wasm_js: WasmJsExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parses = count_parses(monkeypatch)
+    code = "const kind = typeof Intl;\nkind"
+    syntax = SyntaxMemo()
+    assert WasmJsExecutor.lacks(code, syntax) == "Intl"
+    job = Job("ex_js", "javascript", code, Limits(), syntax=syntax)
+    with trio.fail_after(WAIT_S):
+        outcome = await wasm_js.run(job, NoBridge())
+    assert (outcome.status, outcome.result) == (Status.OK, "undefined")
+    assert len(parses.made) == 1

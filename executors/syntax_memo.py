@@ -1,0 +1,76 @@
+"""One parse of a request's JavaScript or TypeScript program, for all who read it.
+
+Up to three readers look at a program's syntax tree before it runs, one after another:
+the registry (what wasm-js lacks: `Intl`), the daemon's policy (forbidden globals and
+imports) and the executor (`js_syntax.prepare_parsed`). A large program's parse costs
+up to `js_syntax.PARSE_BUDGET_S` of CPU, and its tree many times the program's size in
+memory (two hundred times, for the worst shapes). So a request makes one `SyntaxMemo`
+and hands it to each reader in turn (the executor finds it on the `Job`): the first
+reader parses, the others read that parse, and the executor, the last, `take`s it, so
+that the tree goes as soon as its last reader is done with it.
+
+A memo holds one parse, of one program in one dialect: a reader asking for another
+replaces it. It belongs to one request and is never shared, so no reader ever sees
+another request's program, nor learns whether one was parsed.
+
+Whoever makes a request wait between readers (for an execution slot, for an executor
+still starting) lets go of its parse first (`forget`): a tree held through a wait of
+unbounded length would hold its memory as long, for every waiting request; the
+executor parses again instead.
+
+Not for two threads at once: a request's readers take turns, each after the one before
+it has finished, on the event loop or in a worker thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from conduit.executors import js_syntax
+from conduit.executors.js_syntax import Dialect, Syntax
+
+__all__ = ["SyntaxMemo"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Parse:
+    """`js_syntax.parse(code, dialect)`, None included (too large or too slow)."""
+
+    code: str
+    dialect: Dialect
+    syntax: Syntax | None
+
+
+class SyntaxMemo:
+    """A request's parse of its program, made by the first reader that asks for it."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held: _Parse | None = None
+
+    def __repr__(self) -> str:
+        held = self._held
+        if held is None:
+            return "<SyntaxMemo empty>"
+        return f"<SyntaxMemo {held.dialect}, {len(held.code)} characters>"
+
+    def parse(self, code: str, dialect: Dialect) -> Syntax | None:
+        """`js_syntax.parse(code, dialect)`, kept for the next reader: made only if the
+        memo does not hold that very program, in that dialect."""
+        held = self._held
+        # Dialect first: the program is compared only when it is the same one, and the
+        # same string object compares equal without reading it.
+        if held is None or held.dialect != dialect or held.code != code:
+            held = self._held = _Parse(code, dialect, js_syntax.parse(code, dialect))
+        return held.syntax
+
+    def take(self, code: str, dialect: Dialect) -> Syntax | None:
+        """`parse`, for the program's last reader: the memo no longer holds it."""
+        syntax = self.parse(code, dialect)
+        self._held = None
+        return syntax
+
+    def forget(self) -> None:
+        """Let go of the parse held, if any (a request about to wait)."""
+        self._held = None
