@@ -8,6 +8,8 @@ test_pyodide.py), which holds at most two sessions.
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -139,6 +141,20 @@ async def test_a_timeout_resets_the_session(sessions: Sessions, session: Pyodide
     assert await sessions.ok(session, "'x' in globals()") is False
     await sessions.ok(session, "x = 'new'")
     assert await sessions.ok(session, "x") == "new"
+
+
+async def test_a_process_lost_between_steps_resets_the_session(
+    sessions: Sessions, session: PyodideSession
+) -> None:
+    await sessions.ok(session, "x = 1")
+    pid = await sessions.process_of(session)
+    os.kill(pid, signal.SIGKILL)
+    with trio.fail_after(WAIT_S):
+        while pid in pyodide_workers():
+            await trio.sleep(0.02)
+    lost = await sessions.step(session, "x")
+    assert (lost.status, lost.session_reset) == (Status.CRASHED, True), lost
+    assert await sessions.ok(session, "'x' in globals()") is False
 
 
 async def test_the_memory_limit_holds_across_steps_and_resets(sessions: Sessions) -> None:
