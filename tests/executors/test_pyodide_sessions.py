@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from conduit.core.errors import Overloaded, SandboxCrashed
-from conduit.executors.base import Job, Limits, Outcome, SessionSpec, Status
+from conduit.executors.base import Job, Limits, Outcome, SessionSpec, Status, StopSignal
 from conduit.executors.pyodide import PyodideExecutor
 from conduit.executors.pyodide_sessions import PyodideSession
 from tests.executors.test_pyodide import pyodide_workers
@@ -42,9 +42,11 @@ class Sessions:
         assert isinstance(opened, PyodideSession)
         return opened
 
-    async def step(self, session: PyodideSession, code: str, **limits: Any) -> Outcome:
+    async def step(
+        self, session: PyodideSession, code: str, stop: StopSignal | None = None, **limits: Any
+    ) -> Outcome:
         with trio.fail_after(LOAD_WAIT_S):
-            job = Job("ex_session", "python", code, Limits(**limits))
+            job = Job("ex_session", "python", code, Limits(**limits), stop=stop or StopSignal())
             return await self._served.call(session.run, job, NoBridge())
 
     async def ok(self, session: PyodideSession, code: str) -> Any:
@@ -141,6 +143,21 @@ async def test_a_timeout_resets_the_session(sessions: Sessions, session: Pyodide
     assert await sessions.ok(session, "'x' in globals()") is False
     await sessions.ok(session, "x = 'new'")
     assert await sessions.ok(session, "x") == "new"
+
+
+async def test_a_stopped_or_flooding_step_resets_the_session(
+    sessions: Sessions, session: PyodideSession
+) -> None:
+    await sessions.ok(session, "x = 1")
+    stop = StopSignal()
+    stop.set()  # before the step: the daemon stopped it as it began
+    stopped = await sessions.step(session, "x", stop=stop)
+    assert (stopped.status, stopped.session_reset) == (Status.CANCELLED, True), stopped
+    await sessions.ok(session, "x = 1")
+    flood = await sessions.step(session, "while True: print('x' * 99)", output_bytes=10_000)
+    assert (flood.status, flood.session_reset) == (Status.OUTPUT_LIMIT, True), flood
+    assert len(flood.stdout) == 10_000
+    assert await sessions.ok(session, "'x' in globals()") is False
 
 
 async def test_a_process_lost_between_steps_resets_the_session(
