@@ -18,6 +18,10 @@ program's own session token, which the program never holds. A process whose prog
 timed out, was stopped, hit a limit or crashed is killed and replaced; see
 `pyodide_host` for what else ends one.
 
+A session (`open_session`, see `pyodide_sessions`) takes a process from the pool for
+keeps and runs its steps in that process's one interpreter; it goes the same way as a
+fresh program (`host_for`, `run_on`), with the interpreter kept after each step.
+
 Pyodide comes from npm, pinned with integrity by `shims/pyodide/package-lock.json`,
 installed once with the machine's npm into `<cache_dir>` (see `npm.install_locked`);
 the time-zone database is the pinned `tzdata` package, zipped once beside it; and the
@@ -51,6 +55,7 @@ from conduit.executors.base import (
     Job,
     Limits,
     Outcome,
+    SessionSpec,
     ToolBridge,
     python_request,
 )
@@ -69,8 +74,9 @@ from conduit.executors.process import (
     minimal_env,
     sandbox_process_options,
 )
-from conduit.executors.pyodide_host import IDLE_CPU_S, PyodideHost, set_soft_limit
+from conduit.executors.pyodide_host import IDLE_CPU_S, Kept, PyodideHost, set_soft_limit
 from conduit.executors.pyodide_pool import HostPool
+from conduit.executors.pyodide_sessions import PyodideSession, SessionRegistry
 from conduit.executors.wasm_build import BuildError, shim_path
 
 __all__ = ["PyodideExecutor"]
@@ -114,6 +120,9 @@ DEFAULT_POOL_SIZE = 2
 # Processes started beyond the pool for programs that wait on tools or sleeps while
 # every process is busy; each holds ~0.25 GB, so this bounds the executor to ~2 GB.
 MAX_PROCESSES = 8
+# Sessions open at once, each holding a process of its own beyond the pool's while it
+# has state (~0.25 GB and its memory limit).
+DEFAULT_MAX_SESSIONS = 4
 
 
 class PyodideExecutor:
@@ -123,8 +132,9 @@ class PyodideExecutor:
     is made there, and deleted with it); Pyodide is installed under `install_dir`
     (`cache_dir` by default). `binary` overrides where Deno is looked for (see
     `deno.find_deno`). `memory_mb` is the JavaScript heap limit of every interpreter;
-    each program's own `memory_mb` bounds the memory it may add. `callback`, when set,
-    is the one address the processes may connect to.
+    each program's own `memory_mb` bounds the memory it may add (a session's, all its
+    steps together). `callback`, when set, is the one address the processes may connect
+    to. At most `max_sessions` sessions are open at once (see `pyodide_sessions`).
     """
 
     name = "pyodide"
@@ -141,6 +151,7 @@ class PyodideExecutor:
         memory_mb: int = Limits().memory_mb,
         callback: CallbackAddress | None = None,
         start_timeout_s: float = START_TIMEOUT_S,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
     ) -> None:
         self._cache_dir = Path(cache_dir)
         self._install_dir = Path(install_dir) if install_dir is not None else self._cache_dir
@@ -162,6 +173,7 @@ class PyodideExecutor:
             max_size=max(pool_size, MAX_PROCESSES),
             recycle_timeout_s=start_timeout_s,
         )
+        self._sessions = SessionRegistry(max_sessions)
         self._reason: str | None = "the executor has not been started (serve() has not run)"
         self._settled = trio.Event()
 
@@ -309,6 +321,7 @@ class PyodideExecutor:
         pool = self._pool.statistics()
         pool["memory_mb"] = self._memory_mb
         pool["snapshot"] = str(self._snapshot) if self._snapshot else None
+        pool["sessions"] = self._sessions.statistics()
         return ExecutorInfo(
             name=self.name,
             languages=tuple(sorted(self.languages)),
@@ -418,13 +431,31 @@ class PyodideExecutor:
         executor is unavailable. If cancelled, the program's process is killed before
         `trio.Cancelled` propagates.
         """
-        if self._reason is not None:
-            raise RuntimeMissing(f"the pyodide executor is unavailable: {self._reason}")
-        if job.language not in self.languages:
-            raise ValueError(f"the pyodide executor does not run {job.language!r}")
+        host, waited_s = await self.host_for(job, keep=False)
+        reusable = False
+        try:
+            outcome, reusable = await self.run_on(host, job, bridge, None)
+        finally:
+            self._pool.release(host, reusable)
+        outcome.queue_s += waited_s
+        return outcome
+
+    async def open_session(self, spec: SessionSpec) -> PyodideSession:
+        """A session of its own interpreter, kept across steps (see `pyodide_sessions`);
+        its process is taken when its first step comes. Raises RuntimeMissing if the
+        executor is unavailable, Overloaded if it holds its most sessions already."""
+        self._check_runnable(spec.language)
+        return self._sessions.open(spec, self)
+
+    # -- the run path fresh programs and session steps share -------------------------
+
+    async def host_for(self, job: Job, *, keep: bool) -> tuple[PyodideHost, float]:
+        """A host whose fresh interpreter is ready for `job`, and how long it waited;
+        with `keep`, the pool's no more (a session's). Raises as `run`."""
+        self._check_runnable(job.language)
         began = trio.current_time()
-        host = await self._pool.acquire(job.queue_timeout_s)
-        waited_s = trio.current_time() - began
+        take = self._pool.take if keep else self._pool.acquire
+        host = await take(job.queue_timeout_s)
         if host is None:
             failure = self._pool.last_failure
             if failure is not None and not self._pool.processes:
@@ -433,17 +464,26 @@ class PyodideExecutor:
                 f"the pyodide executor is busy: no interpreter was ready within "
                 f"{job.queue_timeout_s:g} s; retry later, or raise executors.pyodide.pool_size"
             )
+        return host, trio.current_time() - began
+
+    async def run_on(
+        self, host: PyodideHost, job: Job, bridge: ToolBridge, kept: Kept | None
+    ) -> tuple[Outcome, bool]:
+        """Run `job` on `host`'s interpreter (kept after it, as a session's step, with
+        `kept`); its outcome and whether the host may go on. The caller kills the host
+        if this is cancelled."""
         # Read only when it is used: a bridge may mint the token on first read.
         token = bridge.session_token if bridge.callback is not None else None
-        reusable = False
-        try:
-            outcome, reusable = await host.run(
-                job, python_request(job), token, self.is_out_of_memory
-            )
-        finally:
-            self._pool.release(host, reusable)
-        outcome.queue_s += waited_s
-        return outcome
+        request = python_request(job)
+        if kept is not None:
+            request["session"] = True
+        return await host.run(job, request, token, self.is_out_of_memory, kept)
+
+    def _check_runnable(self, language: str) -> None:
+        if self._reason is not None:
+            raise RuntimeMissing(f"the pyodide executor is unavailable: {self._reason}")
+        if language not in self.languages:
+            raise ValueError(f"the pyodide executor does not run {language!r}")
 
     def is_out_of_memory(self, error: ErrorInfo) -> bool:
         return error.type == "MemoryError"

@@ -26,6 +26,11 @@ Limits: the process's CPU and data limits are per program, set before each job a
 lifted between jobs (`set_soft_limit`); the wall-clock timeout counts from the moment
 the program is handed to its interpreter.
 
+A session's host is its own (`pyodide_sessions`): its steps run one after another in
+one interpreter, kept (`Kept`), each under its own timeout and CPU limit as any
+program, while the data limit counts from what the host held before the first step,
+and stays in force between steps; between them, the host may use almost no CPU.
+
 This module knows nothing of pools, installs or snapshots: `pyodide.py` does.
 """
 
@@ -53,7 +58,7 @@ from conduit.executors.process import (
     signal_process_group,
 )
 
-__all__ = ["READY", "HostBroken", "PyodideHost", "set_soft_limit", "worker_threads"]
+__all__ = ["READY", "HostBroken", "Kept", "PyodideHost", "set_soft_limit", "worker_threads"]
 
 MIB = 1024 * 1024
 
@@ -75,6 +80,9 @@ DATA_SLACK_BYTES = 64 * MIB
 # Between programs the host only makes the next interpreter (~0.2 s of CPU); this
 # bounds a host that would spin on its own.
 IDLE_CPU_S = 600
+# Between a session's steps the host does nothing at all; this much CPU is code a step
+# left running (a JavaScript loop in a promise), which then dies with the host.
+SESSION_IDLE_CPU_S = 5
 # What Deno prints when it dies of memory: V8's fatal heap OOM, a failed Rust allocation.
 
 
@@ -210,6 +218,15 @@ def _possible_marker_start(data: bytes, marker: bytes) -> int:
     return len(data)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Kept:
+    """A session's step: its interpreter is kept for the next step, and the memory the
+    session may add counts from `base_bytes`, what the host held before its first step,
+    so its limit holds across all its steps."""
+
+    base_bytes: int
+
+
 def _tree_bytes(root: Path) -> int:
     """What the files under `root` take, in bytes (0 if it is gone)."""
     total = 0
@@ -299,11 +316,13 @@ class PyodideHost:
         program: dict[str, Any],
         session_token: str | None,
         is_out_of_memory: Callable[[ErrorInfo], bool],
+        kept: Kept | None = None,
     ) -> tuple[Outcome, bool]:
         """Run `program` (python_program's request) on the ready interpreter, under
-        `job`'s limits; its outcome, and whether the host may run another program.
+        `job`'s limits; its outcome, and whether the host may run another program (with
+        `kept`, the session's next step on the same interpreter).
 
-        If cancelled, the host is killed before `trio.Cancelled` propagates.
+        If cancelled, the caller must kill the host.
         """
         limits = job.limits
         nonce = os.urandom(NONCE_BYTES).hex()
@@ -317,8 +336,9 @@ class PyodideHost:
         reading = _JobReading(self, capture, nonce, limits.result_bytes)
         message = {"nonce": nonce, "program": program, "session_token": session_token or ""}
         message["tools"] = session_token is not None
+        message["keep"] = kept is not None
         try:
-            self._limit(limits)
+            self._limit(limits, kept)
         except ProcessLookupError:
             return _crashed(capture, "the Pyodide worker exited before it took the program"), False
         with job.stop.calling(self.kill), trio.move_on_after(limits.timeout_ms / 1000) as deadline:
@@ -336,17 +356,39 @@ class PyodideHost:
             outcome = outcomes.stopped(outcome)
         return outcome, reusable
 
-    def _limit(self, limits: Limits) -> None:
-        """This program's CPU and data limits, counted from what the host holds now."""
+    def _limit(self, limits: Limits, kept: Kept | None) -> None:
+        """This program's CPU and data limits, counted from what the host holds now (a
+        session's memory, from what it held before the session's first step)."""
         process = self.process
         used = cpu_seconds(process.pid)
         cpu_s = math.ceil(used) + cpu_backstop_s(limits.timeout_ms / 1000)
         set_soft_limit(process, resource.RLIMIT_CPU, cpu_s)
-        held = read_vm_data_bytes(process.pid)
-        if held is None:
-            raise ProcessLookupError(process.pid)
+        held = self.data_bytes() if kept is None else kept.base_bytes
         data = held + limits.memory_mb * MIB + DATA_SLACK_BYTES
         set_soft_limit(process, resource.RLIMIT_DATA, data)
+
+    def data_bytes(self) -> int:
+        """The writable memory the host holds now. Raises `ProcessLookupError` if it
+        is gone."""
+        held = read_vm_data_bytes(self.process.pid)
+        if held is None:
+            raise ProcessLookupError(self.process.pid)
+        return held
+
+    def rest(self) -> bool:
+        """Between a session's steps: whether the host can take the next one. Its CPU
+        budget shrinks to `SESSION_IDLE_CPU_S`, so an idle session holds no core; a
+        host that is gone, or in which a step had Deno cache code (which would grow
+        over a session's steps), cannot."""
+        try:
+            used = cpu_seconds(self.process.pid)
+            set_soft_limit(self.process, resource.RLIMIT_CPU, math.ceil(used) + SESSION_IDLE_CPU_S)
+        except ProcessLookupError:
+            return False
+        return self.alive and not self._cache_grew()
+
+    def _cache_grew(self) -> bool:
+        return _tree_bytes(self.deno_dir) != self.cache_bytes
 
     async def _wait_exit(self) -> None:
         """The host died or was killed: its exit status, waited for briefly."""
@@ -364,7 +406,7 @@ class PyodideHost:
         """
         await self._wait_workers(0)
         self._expect_quiet("after its program ended")
-        if _tree_bytes(self.deno_dir) != self.cache_bytes:
+        if self._cache_grew():
             raise HostBroken("a program made the Pyodide worker cache code of its own")
         try:
             set_soft_limit(self.process, resource.RLIMIT_DATA, resource.RLIM_INFINITY)

@@ -7,6 +7,9 @@ it back (`release`), and the pool has it make its next interpreter in the backgr
 another program. A host that dies, or is killed, is replaced, with back-off after
 failed starts so a broken runtime costs one attempt every half minute.
 
+A session takes a host for keeps (`take`): the pool forgets it and starts another in
+its place, so sessions never hold what fresh programs run on; the session kills it.
+
 Programs that wait (on a tool, a sleep) hold their host all the while: when every host
 is running a program and none is making an interpreter, a program that waits for one
 has the pool start another host, up to `max_size`; hosts beyond `size` are retired as
@@ -82,11 +85,22 @@ class HostPool:
         self._live: set[PyodideHost] = set()
         self._busy: set[PyodideHost] = set()
         self._killed: set[PyodideHost] = set()
+        # Taken for keeps: no longer the pool's, though their tasks run in its nursery.
+        self._taken: set[PyodideHost] = set()
         self._starting = 0
         self._recycling = 0
         self._waiting = 0
         self._counts = dict.fromkeys(
-            ("handed_out", "cold_starts", "refills", "deaths", "start_failures", "discarded"), 0
+            (
+                "handed_out",
+                "taken",
+                "cold_starts",
+                "refills",
+                "deaths",
+                "start_failures",
+                "discarded",
+            ),
+            0,
         )
         self._refill_seconds_total = 0.0
         self._last_refill_s: float | None = None
@@ -158,6 +172,18 @@ class HostPool:
         self._counts["handed_out"] += 1
         return host
 
+    async def take(self, within_s: float) -> PyodideHost | None:
+        """`acquire`, for keeps: the host is no longer the pool's, which starts another
+        in its place; the caller kills it when done with it."""
+        host = await self.acquire(within_s)
+        if host is not None:
+            self._busy.discard(host)
+            self._live.discard(host)
+            self._taken.add(host)
+            self._counts["taken"] += 1
+            self._changed.set()
+        return host
+
     def release(self, host: PyodideHost, reusable: bool) -> None:
         """Take back `host` after its program: it makes its next interpreter in the
         background, or, when not `reusable` (or worn out), it is killed and replaced."""
@@ -206,7 +232,7 @@ class HostPool:
                 finally:
                     self._state = PoolState.DRAINING
                     with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT_S):
-                        for host in list(self._live):
+                        for host in [*self._live, *self._taken]:
                             await host.aclose()
         finally:
             self._nursery = None
@@ -278,6 +304,9 @@ class HostPool:
         self._last_refill_s = took_s
 
     def _forget(self, host: PyodideHost) -> None:
+        if host in self._taken:
+            self._taken.discard(host)
+            return
         self._live.discard(host)
         if host in self._killed:
             self._killed.discard(host)

@@ -12,7 +12,8 @@
 // loaded, except `process`, which a sandbox does not need.
 
 // A snapshot holds an interpreter that already ran PREPARE: python_program imported,
-// conduit_run defined, the time-zone data on sys.path.
+// conduit_run defined, the time-zone data on sys.path. A session's interpreter runs
+// every step in the one scope PREPARE keeps; any other runs its one program in a new one.
 const PREPARE = `
 import json, sys
 sys.path.insert(0, "/conduit")
@@ -20,10 +21,15 @@ sys.path.append(TIME_ZONES)
 import python_program
 from pyodide.ffi import run_sync
 
+# A session's globals, kept here from one step to the next (a request with "session").
+conduit_session_scope = {}
+
 async def conduit_run(request_json, js_host_call):
     def host_call(method, params):
         return run_sync(js_host_call(method, params))
-    return await python_program.execute_async(json.loads(request_json), host_call)
+    request = json.loads(request_json)
+    scope = conduit_session_scope if request.get("session") else None
+    return await python_program.execute_async(request, host_call, scope=scope)
 `;
 
 // The tzdata package, zipped; zoneinfo falls back on it (there is no /usr/share here).

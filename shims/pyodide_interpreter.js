@@ -1,6 +1,7 @@
 // One Python interpreter for one program: a Web Worker of the Pyodide host
 // (pyodide_worker.js), which starts it with no permission but reading Pyodide's two
-// JavaScript modules, and ends it after its one program.
+// JavaScript modules, and ends it after its one program (a session's, after its last
+// step: each step's timers still end with the step).
 //
 // Messages from the host, in this order:
 //   {load: {dir, module, lock, stdlib, timeZones, snapshot}} restore Pyodide from the

@@ -9,16 +9,20 @@
 // terminated, and the next program gets the next one. Nothing of one program's
 // Python or JavaScript world is left for the next: each has its own heap, its own
 // WebAssembly memory and file system, its own timers and promises. The daemon still
-// starts the next interpreter only once it has seen the last one's thread gone.
+// starts the next interpreter only once it has seen the last one's thread gone. A
+// session's process is its own: it runs the session's steps in one interpreter, kept
+// from step to step, and is killed with the session (it never makes another).
 //
 // The protocol, one JSON object a line on stdin:
 //   {"callback": address or null}    first: the worker connects to the daemon's
 //       callback address, gives up every permission but reading the interpreters'
 //       modules, starts an interpreter and writes READY on stdout.
-//   {"job": {nonce, program, session_token, tools}}    the interpreter runs `program`
-//       (python_program's request). Its output goes straight to stdout and stderr; then
-//       this process writes "\x1e" + nonce + "\n" on stderr and "\x1e" + nonce +
-//       ANSWER + "\n" on stdout, where ANSWER is python_program's JSON answer.
+//   {"job": {nonce, program, session_token, tools, keep}}    the interpreter runs
+//       `program` (python_program's request). Its output goes straight to stdout and
+//       stderr; then this process writes "\x1e" + nonce + "\n" on stderr and "\x1e" +
+//       nonce + ANSWER + "\n" on stdout, where ANSWER is python_program's JSON answer.
+//       With `keep` (a session's step) the interpreter is not ended: it takes the next
+//       job, with all the program left in it, and no READY is written.
 //   {"prepare": true}    start the next interpreter; READY on stdout once it is.
 // Tool calls go through this process, under the job's session token, on its one
 // connection: the program never holds the token, the connection or the nonce.
@@ -56,7 +60,7 @@ for (;;) {
   if (message.job && warm) {
     const worker = warm;
     warm = null;
-    await runJob(worker, message.job);
+    if (await runJob(worker, message.job)) warm = worker;
   } else if (message.prepare && !warm) {
     if (request.broken) fail(request.broken);
     warm = await prepare();
@@ -97,7 +101,8 @@ function giveUp(callback) {
   if (kept.length > 0) fail(`could not give up its permissions: ${stringify(kept)}`);
 }
 
-async function runJob(worker, { nonce, program, session_token: token, tools }) {
+// Runs one job; whether its interpreter is kept for the next (a session's).
+async function runJob(worker, { nonce, program, session_token: token, tools, keep }) {
   const pending = new Set();
   const answer = await new Promise((resolve) => {
     worker.onmessage = ({ data }) => {
@@ -114,7 +119,8 @@ async function runJob(worker, { nonce, program, session_token: token, tools }) {
     worker.postMessage({ job: program });
   });
   worker.onmessage = null;
-  worker.terminate();
+  // A session's interpreter stays; its messages between steps are dropped.
+  if (keep !== true) worker.terminate();
   // Calls the program started are its own: answered under its token, before its end.
   await Promise.allSettled([...pending]);
   const line = answer.includes("\n")
@@ -122,6 +128,7 @@ async function runJob(worker, { nonce, program, session_token: token, tools }) {
     : answer;
   writeAll(stderrWrite, encode(RESULT_MARK + nonce + "\n"));
   writeAll(stdoutWrite, encode(RESULT_MARK + nonce + line + "\n"));
+  return keep === true;
 }
 
 // One tool call of the running program, answered to its interpreter as JSON text:

@@ -335,7 +335,7 @@ def _result_answer(value):
         return json.dumps({"result": repr(value)}, ensure_ascii=False)
 
 
-def _start(request, host_call, allow_await):
+def _start(request, host_call, allow_await, scope):
     """The compiled program and its globals, or the answer reporting why it cannot run."""
     code = request["code"]
     linecache.cache[PROGRAM_FILE] = (len(code), None, code.splitlines(True), PROGRAM_FILE)
@@ -347,19 +347,30 @@ def _start(request, host_call, allow_await):
         program = _prepare(code, allow_await)
     except SyntaxError as exc:
         return None, None, error_answer(exc, syntax=True)
-    scope = {
-        "__name__": "__main__",
-        "__builtins__": __builtins__,
-        "inputs": request.get("inputs"),
-        "tools": _Tools(host_call),
-        "ToolError": ToolError,
-    }
-    return program, scope, None
+    return program, _globals(request, host_call, {} if scope is None else scope), None
+
+
+def _globals(request, host_call, scope):
+    """`scope` made ready for this run: what an earlier run of a session defined stays,
+    but its inputs, tools and result are this run's (a run without a last expression
+    must not return the last run's value)."""
+    scope.pop(RESULT_NAME, None)
+    scope.update(
+        {
+            "__name__": "__main__",
+            "__builtins__": __builtins__,
+            "inputs": request.get("inputs"),
+            "tools": _Tools(host_call),
+            "ToolError": ToolError,
+        }
+    )
+    return scope
 
 
 def _flush_lines():
     """Someone watches the output as it comes: send each line out as it is printed
-    rather than when the program ends (each run has a fresh interpreter)."""
+    rather than when the program ends. A session's later runs keep it: flushing
+    more often costs them only speed."""
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
@@ -379,9 +390,13 @@ def execute(request, host_call):
     raise RuntimeError("a program without top-level await suspended")
 
 
-async def execute_async(request, host_call, allow_await=True):
-    """`execute`, allowing top-level `await` in the program."""
-    program, scope, refused = _start(request, host_call, allow_await)
+async def execute_async(request, host_call, allow_await=True, scope=None):
+    """`execute`, allowing top-level `await` in the program.
+
+    `scope`, when given, is the globals the program runs in, which the caller keeps
+    from one run to the next (a session's steps); each run otherwise gets new ones.
+    """
+    program, scope, refused = _start(request, host_call, allow_await, scope)
     if refused is not None:
         return refused
     try:

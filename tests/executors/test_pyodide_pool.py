@@ -143,3 +143,23 @@ async def test_a_pool_of_none_starts_a_host_per_program(
     first = await run_one(pool)
     second = await run_one(pool)
     assert second is not first and not first.alive
+
+
+async def test_a_taken_host_is_the_pools_no_more(
+    started: tuple[HostPool, Starter], autojump_clock: Any
+) -> None:
+    pool, starter = started
+    taken = await pool.take(within_s=30)
+    assert isinstance(taken, FakeHost)
+    assert pool.processes == 0
+    await trio.sleep(1.5)
+    assert pool.processes == 1  # the pool started another in its place
+    other = await run_one(pool)
+    assert other is not taken and taken.alive
+    taken.kill()  # its owner is done with it: neither a death nor a discard
+    await trio.sleep(1)
+    assert await run_one(pool) is other
+    stats = pool.statistics()
+    counts = ("taken", "deaths", "discarded", "processes")
+    assert tuple(stats[count] for count in counts) == (1, 0, 0, 1)
+    assert len(starter.hosts) == 2

@@ -89,3 +89,20 @@ def test_sleep_wakes_by_the_execution_end() -> None:
         assert time.monotonic() - started < 1
     finally:
         time.sleep = original
+
+
+async def test_a_scope_the_caller_keeps_carries_a_session_from_run_to_run() -> None:
+    scope: dict[str, Any] = {}
+
+    async def step(code: str, **request: Any) -> dict[str, Any]:
+        answer = await python_program.execute_async(
+            {"code": code, **request}, no_daemon, scope=scope
+        )
+        return json.loads(answer)
+
+    assert await step("x = 20\ndef f():\n    return x + 1") == {"result": None}
+    assert await step("x += 1\nf()") == {"result": 22}
+    # Each run's result and inputs are its own, not the last run's.
+    assert await step("y = inputs", inputs=7) == {"result": None}
+    assert await step("y, inputs") == {"result": [7, None]}
+    assert run("x")["error"]["type"] == "NameError"  # a run of its own has none of it
