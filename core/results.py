@@ -39,6 +39,8 @@ class Status(enum.StrEnum):
     ERROR = "error"
     TIMEOUT = "timeout"
     MEMORY_LIMIT = "memory_limit"
+    # Its working directory's files took more than `limits.disk_mb`.
+    DISK_LIMIT = "disk_limit"
     OUTPUT_LIMIT = "output_limit"
     TOOL_LIMIT = "tool_limit"
     CANCELLED = "cancelled"

@@ -682,6 +682,7 @@ _OVERRIDDEN_BY = {
 _LIMIT_OF = {
     Status.TIMEOUT: "timeout",
     Status.MEMORY_LIMIT: "memory",
+    Status.DISK_LIMIT: "disk",
     Status.OUTPUT_LIMIT: "output",
     Status.TOOL_LIMIT: "tool_calls",
 }
@@ -689,6 +690,7 @@ _ENDED_AS = {
     Status.OK: EventType.EXECUTION_FINISHED,
     Status.TIMEOUT: EventType.EXECUTION_TIMED_OUT,
     Status.MEMORY_LIMIT: EventType.LIMIT_EXCEEDED,
+    Status.DISK_LIMIT: EventType.LIMIT_EXCEEDED,
     Status.OUTPUT_LIMIT: EventType.LIMIT_EXCEEDED,
     Status.TOOL_LIMIT: EventType.LIMIT_EXCEEDED,
     # Refused by the policy: it never ran, and `policy.violation` said why first.
