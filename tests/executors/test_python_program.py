@@ -89,3 +89,17 @@ def test_sleep_wakes_by_the_execution_end() -> None:
         assert time.monotonic() - started < 1
     finally:
         time.sleep = original
+
+
+def test_session_steps_share_one_namespace_and_fresh_runs_do_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(python_program, "_SESSION_SCOPE", {})
+    assert run("import math\ndef f(n):\n    return math.sqrt(n)\nx = 1", session=True) == {
+        "result": None
+    }
+    assert run("x += 1\n[x, f(16)]", session=True) == {"result": [2, 4.0]}
+    assert run("'x' in globals()") == {"result": False}
+    # A step's result and inputs are its own.
+    assert run("x", session=True, inputs=5) == {"result": 2}
+    assert run("y = inputs", session=True) == {"result": None}
