@@ -7,6 +7,10 @@ top-level `await` and `return` and the completion value of a final expression me
 same on both; the guest evaluates it and awaits it. Everything about running it is
 shared with the other Wasmtime executors (`wasm.WasmExecutor`).
 
+A session's steps run one after the other in one instance (`wasm_sessions`): what a
+step puts on the global object is there for the next. Each step's source goes through
+`session_source` first, the one place that may rewrite it for that.
+
 A program that cannot `await` (`js_syntax.may_await`) is wrapped as a plain function
 instead, and the guest settles its value or error exactly as an async function's would
 be: the same result, output and error, microtask for microtask. (Only the wrapper
@@ -112,11 +116,12 @@ class WasmJsExecutor(WasmExecutor):
         """What `code` uses that this executor does not have ("Intl"), or None."""
         return "Intl" if uses_intl(code) else None
 
-    def request_for(self, job: Job) -> str:
-        module = prepare_module(job.code, "javascript")
+    def request_for(self, job: Job, *, session: bool = False) -> str:
+        code = self.session_source(job.code) if session else job.code
+        module = prepare_module(code, "javascript")
         if module.imports:
             raise ProgramRejected(ErrorInfo("SyntaxError", NO_IMPORTS))
-        asynchronous = may_await(job.code)
+        asynchronous = may_await(code)
         request = {
             "function": module.function_expression(asynchronous=asynchronous),
             "asynchronous": asynchronous,
@@ -125,6 +130,12 @@ class WasmJsExecutor(WasmExecutor):
             "timeout_ms": job.limits.timeout_ms,
         }
         return jsontext.dumps(request)
+
+    def session_source(self, code: str) -> str:
+        """A session step's program as the guest runs it. Every step runs in the same
+        global object, so what a program puts there (`globalThis.x = 1`) is there for
+        the next; its own top-level declarations are the wrapping function's locals."""
+        return code
 
     def is_out_of_memory(self, error: ErrorInfo) -> bool:
         return error.type in ("Error", "InternalError") and error.message == OUT_OF_MEMORY
