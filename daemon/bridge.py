@@ -20,12 +20,12 @@ from conduit.executors.base import CallbackAddress
 if TYPE_CHECKING:
     from conduit.daemon.auth import Principal
 
-__all__ = ["SessionBridge", "SessionDispatch", "Sessions"]
+__all__ = ["SessionBridge", "SessionDispatch", "SessionTokens"]
 
 ToolPatterns = tuple[tuple[str, ...], ...]
 
 
-class Sessions(Protocol):
+class SessionTokens(Protocol):
     """Where session tokens are minted and revoked (the daemon's `Authenticator`)."""
 
     def session_principal(self, execution_id: str, tool_patterns: ToolPatterns) -> Principal: ...
@@ -48,7 +48,7 @@ class SessionBridge:
 
     def __init__(
         self,
-        sessions: Sessions,
+        sessions: SessionTokens,
         dispatch: SessionDispatch,
         execution_id: str,
         tool_patterns: ToolPatterns,

@@ -32,7 +32,7 @@ import logging
 import os
 import threading
 
-__all__ = ["ThreadPriority", "available", "background", "manage", "release"]
+__all__ = ["ThreadPriority", "available", "background", "foreground", "manage", "release"]
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,14 @@ def background() -> None:
     priority: ThreadPriority | None = getattr(_current, "priority", None)
     if priority is not None:
         priority.lower()
+
+
+def foreground() -> None:
+    """Restore the calling thread if it is managed: somebody waits for what it does
+    next (a session's runner, handed its next step)."""
+    priority: ThreadPriority | None = getattr(_current, "priority", None)
+    if priority is not None:
+        priority.restore()
 
 
 def release() -> None:

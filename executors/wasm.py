@@ -28,6 +28,14 @@ that awaits the hook (`_LiveOutput`); without one, nothing is done for streaming
 timeout, a stop (`job.stop` or cancellation) or an exhausted output budget interrupts
 the guest at its next epoch tick (`_wasmtime.Interrupt`).
 
+A session (`open_session`, see `wasm_sessions`) is the exception, asked for: it holds a
+runner and the instance it made, and runs its steps there one after the other, each
+with a new execution of its own (its limits, interrupt, output and CPU slot, through
+the same path as `run`), so that what a program defines is there for the next step.
+A step after which the instance cannot go on (it trapped) has the session start the
+next in a fresh one, and says so (`Outcome.session_reset`). Sessions are capped
+(MAX_SESSIONS) below the runners, so that fresh executions always find some.
+
 The runner hands the guest's answer to `run` as soon as it has it, and only then
 closes the store (resetting its pool slot, see `_wasmtime`) and makes its next
 instance: that is real work, and no caller needs to wait for it. A runner whose
@@ -56,7 +64,7 @@ import wasmtime
 import wasmtime.component
 
 from conduit.core import jsontext
-from conduit.core.errors import Overloaded, RpcError, RuntimeMissing
+from conduit.core.errors import Overloaded, RpcError, RuntimeMissing, SandboxCrashed
 from conduit.executors import _wasmtime, outcomes, thread_priority
 from conduit.executors.base import (
     ErrorInfo,
@@ -64,6 +72,7 @@ from conduit.executors.base import (
     Job,
     Limits,
     Outcome,
+    SessionSpec,
     Status,
     StopSignal,
     ToolBridge,
@@ -82,6 +91,7 @@ from conduit.executors.wasm_clock import BoundedClock, StoreClock
 from conduit.executors.wasm_instances import MIB, Instance, Instances
 from conduit.executors.wasm_lingering import LingerBudget
 from conduit.executors.wasm_runners import Runner, Runners
+from conduit.executors.wasm_sessions import SessionSandbox, Step, WasmSession
 from conduit.executors.wasm_slots import CpuSlots, GuestInterrupt, Seat
 
 __all__ = ["ProgramRejected", "WasmExecutor"]
@@ -101,6 +111,16 @@ RUNNERS = CONCURRENT_EXECUTIONS + 1
 # Runners at most: one per execution under way, waits included (see `wasm_runners`),
 # well above the daemon's default admission cap. Each holds a thread and a store.
 MAX_RUNNERS = 64
+# Sessions held at most (see `wasm_sessions`): each holds a runner, so no more than half
+# of MAX_RUNNERS, and fresh executions always find runners; one more is refused.
+MAX_SESSIONS = MAX_RUNNERS // 2
+# How long opening a session may wait for a runner to be ready.
+SESSION_OPEN_WAIT_S = 10.0
+# How long closing a session waits for its thread to close the store: a millisecond,
+# unless a step's guest is blocked in a WASI call (then it is left to finish alone).
+SESSION_CLOSE_WAIT_S = 1.0
+# The trap of a step handed to a session closed meanwhile: it never ran.
+SESSION_CLOSED = "the session was closed before the step ran"
 # How long a guest whose time is up (or that was stopped) may take to come back before
 # its execution is reported without it: many epoch ticks, so only a thread blocked in a
 # WASI call (a wait the deadline ends, see `wasm_clock`) is ever left behind.
@@ -292,6 +312,7 @@ class WasmExecutor:
         self._lingering_lock = threading.Lock()
         self._bounded_waits = False
         self._runs = 0
+        self._sessions: set[WasmSession] = set()
         self._settled = trio.Event()  # set once the build has succeeded or failed
 
     def __repr__(self) -> str:
@@ -314,6 +335,7 @@ class WasmExecutor:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(_wasmtime.serve_ticker)
                     nursery.start_soon(self._slots.serve)
+                    nursery.start_soon(self._end_sessions_on_exit)
                     task_status.started()
                     await self._prepare_until_loaded()
                     if self._instances is not None:
@@ -334,6 +356,15 @@ class WasmExecutor:
             if self._scratch is not None:
                 self._scratch.close()
                 self._scratch = None
+
+    async def _end_sessions_on_exit(self) -> None:
+        """Until cancelled; then tell every session's thread to close its store, so
+        that the runners, stopping beside it, find their threads ending."""
+        try:
+            await trio.sleep_forever()
+        finally:
+            for session in list(self._sessions):
+                self._forget_session(session)
 
     async def _prepare_until_loaded(self) -> None:
         """`prepare`, and again after a pause each time the component was built but
@@ -469,6 +500,9 @@ class WasmExecutor:
             "cpu_slots": slots.total,
             "running_guests": slots.running,
             "waiting_for_cpu": slots.resuming + slots.starting,
+            "taken_runners": self._runners.taken if self._runners is not None else 0,
+            "sessions": len(self._sessions),
+            "max_sessions": MAX_SESSIONS,
         }
         if self._built is not None:
             details.update(
@@ -497,11 +531,38 @@ class WasmExecutor:
 
     async def run(self, job: Job, bridge: ToolBridge) -> Outcome:
         """Run `job` in a fresh instance and report how it ended (see the module doc)."""
+        self._check(job)
+        execution, capture = self._execution_for(job, bridge, job.limits.memory_mb)
+        try:
+            request = await self._request(job)
+        except ProgramRejected as exc:
+            return _rejected(capture, exc)
+        refused = self._refusal(execution, capture)
+        if refused is not None:
+            return refused
+        runner = await self._take_runner(execution)
+        assert runner.instances is not None  # it reported ready
+        work = functools.partial(self._work, job, request, execution, capture, runner.instances)
+        try:
+            answer, trap = await self._guest_answer(
+                job, execution, capture, functools.partial(runner.hand, work)
+            )
+        finally:
+            self._let_go(runner, execution)
+        return self._conclude(job, execution, capture, answer, trap)
+
+    def _check(self, job: Job) -> None:
+        """Raise unless the executor can run `job` now."""
         if self._reason is not None:
             raise RuntimeMissing(f"the {self.name} executor is unavailable: {self._reason}")
         if job.language not in self.languages:
             raise ValueError(f"the {self.name} executor does not run {job.language!r}")
-        assert self._instances is not None  # loaded, as the executor is available
+
+    def _execution_for(
+        self, job: Job, bridge: ToolBridge, memory_mb: int
+    ) -> tuple[_Execution, OutputCapture]:
+        """The host side of running `job` (its store capped at `memory_mb`): the
+        execution and the capture of its output, under the job's limits."""
         limits = job.limits
         interrupt = GuestInterrupt(limits.timeout_ms / 1000, Seat())
         capture = OutputCapture(
@@ -516,39 +577,58 @@ class WasmExecutor:
             trio.lowlevel.current_trio_token(),
             self._slots,
             principal=job.principal,
-            memory_mb=limits.memory_mb,
+            memory_mb=memory_mb,
             queue_limit_s=job.queue_timeout_s,
         )
         interrupt.regain = functools.partial(_regain_slot, execution)
         self._runs += 1
-        try:
-            request = await self._request(job)
-        except ProgramRejected as exc:
-            outcome = outcomes.captured(capture)
-            outcome.status, outcome.error, outcome.exit_code = Status.ERROR, exc.error, 1
-            return outcome
+        return execution, capture
+
+    def _refusal(self, execution: _Execution, capture: OutputCapture) -> Outcome | None:
+        """The outcome of an execution whose memory cannot even start the guest, or
+        None; raises `Overloaded` while lingering guests hold too much already."""
+        assert self._instances is not None  # loaded, as the executor is available
         base_mib = self._instances.base_memory_mib
-        if limits.memory_mb < base_mib:
+        if execution.memory_mb < base_mib:
             return outcomes.failed(
                 outcomes.captured(capture),
                 Status.MEMORY_LIMIT,
                 "MemoryLimit",
                 f"the {self.name} sandbox needs {base_mib} MB to start, more than the "
-                f"program's limit of {limits.memory_mb} MB; raise limits.memory_mb",
+                f"program's limit of {execution.memory_mb} MB; raise limits.memory_mb",
             )
-        refusal = self._lingering.refusal(execution.principal, limits.memory_mb)
+        refusal = self._lingering.refusal(execution.principal, execution.memory_mb)
         if refusal is not None:
             raise Overloaded(f"the {self.name} executor is busy: {refusal}")
-        runner = await self._take_runner(execution)
+        return None
+
+    async def _guest_answer(
+        self,
+        job: Job,
+        execution: _Execution,
+        capture: OutputCapture,
+        hand: Callable[[], None],
+    ) -> _Answer:
+        """Take a CPU slot, `hand` the guest its work, and wait for its answer (see
+        `_wait_for_guest`); the slot is free again on the way out."""
         try:
             await self._take_slot(execution)
             if job.on_output is None:
-                answer, trap = await self._wait_for_guest(job, request, execution, capture, runner)
-            else:
-                answer, trap = await self._wait_streaming(job, request, execution, capture, runner)
+                return await self._wait_for_guest(job, execution, hand)
+            return await self._wait_streaming(job, execution, capture, hand)
         finally:
-            self._slots.release(interrupt.seat)
-            self._let_go(runner, execution)
+            self._slots.release(execution.interrupt.seat)
+
+    def _conclude(
+        self,
+        job: Job,
+        execution: _Execution,
+        capture: OutputCapture,
+        answer: str | None,
+        trap: str | None,
+    ) -> Outcome:
+        """The outcome of an execution whose guest answered `answer` or trapped `trap`."""
+        interrupt = execution.interrupt
         if answer is not None and execution.answered_at > interrupt.deadline:
             # Done between the deadline and the tick that would have stopped it: late.
             interrupt.stop(_wasmtime.StopReason.TIMEOUT)
@@ -575,15 +655,10 @@ class WasmExecutor:
             self._runners.give_back(runner)
 
     async def _wait_for_guest(
-        self,
-        job: Job,
-        request: str,
-        execution: _Execution,
-        capture: OutputCapture,
-        runner: Runner,
+        self, job: Job, execution: _Execution, hand: Callable[[], None]
     ) -> _Answer:
-        """Hand the execution to `runner` (taken, with a CPU slot held); the guest's
-        answer, or the trap that ended it.
+        """`hand` the execution to its runner (taken, with a CPU slot held); the
+        guest's answer, or the trap that ended it.
 
         The program's time starts here: what it waited for so far was queueing. The
         epoch interrupt stops guest code within a tick, but not a thread blocked inside
@@ -596,9 +671,7 @@ class WasmExecutor:
         """
         interrupt = execution.interrupt
         interrupt.deadline = time.monotonic() + job.limits.timeout_ms / 1000
-        assert runner.instances is not None  # it reported ready
-        work = functools.partial(self._work, job, request, execution, capture, runner.instances)
-        runner.hand(work)
+        hand()
         execution.handed = True
         try:
             if not await _wait_answer(execution, job.stop):
@@ -625,9 +698,7 @@ class WasmExecutor:
         if runner is not None:
             return runner
         began = trio.current_time()
-        with trio.move_on_after(execution.queue_left_s):
-            runner = await runners.take()
-        # Leaving the scope is no checkpoint: a runner taken is never lost to it.
+        runner = await self._runner_within(execution.queue_left_s)
         execution.queue_s += trio.current_time() - began
         if runner is None:
             raise Overloaded(
@@ -635,6 +706,16 @@ class WasmExecutor:
                 f"use and none came free within {execution.queue_limit_s:g} s; retry later"
             )
         return runner
+
+    async def _runner_within(self, limit_s: float) -> Runner | None:
+        """A ready runner, waiting up to `limit_s` for one; None if none came."""
+        runners = self._runners
+        if runners is None:
+            raise RuntimeMissing(f"the {self.name} executor is not being served (serve() runs it)")
+        with trio.move_on_after(limit_s):
+            # Leaving the scope is no checkpoint: a runner taken is never lost to it.
+            return await runners.take()
+        return None
 
     async def _take_slot(self, execution: _Execution) -> None:
         """Wait (queueing) until the guest holds a CPU slot, within the execution's
@@ -657,10 +738,9 @@ class WasmExecutor:
     async def _wait_streaming(
         self,
         job: Job,
-        request: str,
         execution: _Execution,
         capture: OutputCapture,
-        runner: Runner,
+        hand: Callable[[], None],
     ) -> _Answer:
         """`_wait_for_guest`, with the guest's output streamed to `job.on_output`.
 
@@ -671,7 +751,7 @@ class WasmExecutor:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(live.forward, capture)
             try:
-                return await self._wait_for_guest(job, request, execution, capture, runner)
+                return await self._wait_for_guest(job, execution, hand)
             finally:
                 # The thread's hand-overs were queued before its result came back
                 # (one FIFO queue), so everything it wrote is in the channel now.
@@ -698,16 +778,20 @@ class WasmExecutor:
             self.name,
         )
 
-    async def _request(self, job: Job) -> str:
+    async def _request(self, job: Job, *, session: bool = False) -> str:
         """`request_for(job)`, in a worker thread for a program large enough that reading
         it (wasm-js parses it) would hold up the event loop and every other connection."""
+        read = functools.partial(self.request_for, session=True) if session else self.request_for
         if len(job.code) <= INLINE_REQUEST_CHARS:
-            return self.request_for(job)
-        return await trio.to_thread.run_sync(self.request_for, job, abandon_on_cancel=True)
+            return read(job)
+        return await trio.to_thread.run_sync(read, job, abandon_on_cancel=True)
 
-    def request_for(self, job: Job) -> str:
-        """The guest's JSON request for `job`; raises `ProgramRejected` to refuse it."""
+    def request_for(self, job: Job, *, session: bool = False) -> str:
+        """The guest's JSON request for `job`, as a session's step if `session` (run
+        in the guest's persistent namespace); raises `ProgramRejected` to refuse it."""
         request = {"code": job.code, "inputs": job.inputs, "timeout_ms": job.limits.timeout_ms}
+        if session:
+            request["session"] = True
         return jsontext.dumps(request)
 
     def _work(
@@ -726,27 +810,81 @@ class WasmExecutor:
         try:
             if not execution.abandoned:  # given up on before the runner got to it
                 memory_bytes = job.limits.memory_mb * MIB
-                answer: _Answer | BaseException
-                try:
-                    if instance is None:
-                        instance = instances.new(memory_bytes)
-                    output = self._run_guest(instance, memory_bytes, request, execution, capture)
-                    execution.answered_at = time.monotonic()
-                    answer = (output, None)
-                except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:
-                    answer = (None, str(exc))
-                except Exception as exc:  # a fault of ours: `run` raises it
-                    answer = exc
-                # The output is complete; whatever tearing down writes is not the program's.
-                execution.output_closed = True
-                with contextlib.suppress(trio.RunFinishedError):
-                    execution.token.run_sync_soon(execution.answer, answer)
-                thread_priority.background()  # nobody waits for the rest
+                instance = self._instance(execution, instances, instance, memory_bytes)
+                if instance is not None:
+                    self._answer(instance, memory_bytes, request, execution, capture)
         finally:
             if instance is not None:
                 self._close(instance)
             retiring = self._finish(execution)
         return not retiring
+
+    def _step_work(
+        self,
+        request: str,
+        execution: _Execution,
+        capture: OutputCapture,
+        memory_bytes: int,
+        instances: Instances,
+        instance: Instance | None,
+    ) -> tuple[Instance | None, bool]:
+        """`_work` for a session's step (`wasm_sessions.Step`): the store is kept for
+        the next step, and closed by the session (`SessionSandbox.reset`) if it cannot
+        go on; the instance to keep, and whether the runner may go on."""
+        try:
+            if not execution.abandoned:
+                instance = self._instance(execution, instances, instance, memory_bytes)
+                if instance is not None:
+                    self._answer(instance, memory_bytes, request, execution, capture)
+        finally:
+            retiring = self._finish(execution)
+        return instance, not retiring
+
+    def _instance(
+        self,
+        execution: _Execution,
+        instances: Instances,
+        instance: Instance | None,
+        memory_bytes: int,
+    ) -> Instance | None:
+        """`instance`, or a new one if None; None if none could be made, after handing
+        `run` the failure as the guest's trap (runner thread)."""
+        if instance is not None:
+            return instance
+        try:
+            return instances.new(memory_bytes)
+        except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:
+            self._hand_answer(execution, (None, str(exc)))
+        except Exception as exc:  # a fault of ours: `run` raises it
+            self._hand_answer(execution, exc)
+        return None
+
+    def _answer(
+        self,
+        instance: Instance,
+        memory_bytes: int,
+        request: str,
+        execution: _Execution,
+        capture: OutputCapture,
+    ) -> None:
+        """Run the guest in `instance` and hand `run` its answer or trap (runner thread)."""
+        answer: _Answer | BaseException
+        try:
+            output = self._run_guest(instance, memory_bytes, request, execution, capture)
+            execution.answered_at = time.monotonic()
+            answer = (output, None)
+        except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:
+            answer = (None, str(exc))
+        except Exception as exc:  # a fault of ours: `run` raises it
+            answer = exc
+        self._hand_answer(execution, answer)
+
+    def _hand_answer(self, execution: _Execution, answer: _Answer | BaseException) -> None:
+        # The output is complete; whatever tearing down writes is not the program's.
+        execution.output_closed = True
+        with contextlib.suppress(trio.RunFinishedError):
+            execution.token.run_sync_soon(execution.answer, answer)
+        thread_priority.background()  # nobody waits for the rest
 
     def _close(self, instance: Instance) -> None:
         try:
@@ -787,6 +925,148 @@ class WasmExecutor:
             if execution.abandoned:
                 self._lingering.release(execution.principal, execution.memory_mb)
             return execution.abandoned
+
+    # -- sessions ----------------------------------------------------------------------
+
+    async def open_session(self, spec: SessionSpec) -> WasmSession:
+        """A session holding a runner and its instance (see `wasm_sessions`); raises
+        `Overloaded` at MAX_SESSIONS, or if no runner came within SESSION_OPEN_WAIT_S."""
+        if self._reason is not None:
+            raise RuntimeMissing(f"the {self.name} executor is unavailable: {self._reason}")
+        if spec.language not in self.languages:
+            raise ValueError(f"the {self.name} executor does not run {spec.language!r}")
+        if len(self._sessions) >= MAX_SESSIONS:
+            raise Overloaded(
+                f"the {self.name} executor holds {MAX_SESSIONS} sessions already; "
+                "close one or retry later"
+            )
+        session = WasmSession(spec, self)
+        self._sessions.add(session)
+        try:
+            runner = await self._runner_within(SESSION_OPEN_WAIT_S)
+        except BaseException:
+            self._sessions.discard(session)
+            raise
+        if runner is None:
+            self._sessions.discard(session)
+            raise Overloaded(
+                f"the {self.name} executor is busy: no sandbox came free for a session "
+                f"within {SESSION_OPEN_WAIT_S:g} s; retry later"
+            )
+        self._hold(session, runner)
+        return session
+
+    def _hold(self, session: WasmSession, runner: Runner) -> SessionSandbox:
+        """Give `session` the taken `runner`, and start another in its place."""
+        sandbox = session.hold(runner)
+        if self._runners is not None:
+            self._runners.replenish()
+        return sandbox
+
+    async def _run_step(self, session: WasmSession, job: Job, bridge: ToolBridge) -> Outcome:
+        """`run`, as `session`'s next step: in the instance it keeps, under its memory
+        cap, with the job's own time, output and tool limits."""
+        self._check(job)
+        execution, capture = self._execution_for(job, bridge, session.spec.memory_mb)
+        if session.spec.principal is not None:
+            execution.principal = session.spec.principal
+        # From here on, closing the session stops the step.
+        session.stop_step = functools.partial(_stop, execution)
+        try:
+            try:
+                request = await self._request(job, session=True)
+            except ProgramRejected as exc:
+                return _rejected(capture, exc)
+            refused = self._refusal(execution, capture)
+            if refused is not None:
+                return refused
+            sandbox = session.sandbox or await self._hold_again(session, execution)
+            return await self._step(session, sandbox, job, request, execution, capture)
+        finally:
+            session.stop_step = None
+
+    async def _hold_again(self, session: WasmSession, execution: _Execution) -> SessionSandbox:
+        """A runner for a session whose last step's guest took its own with it
+        (queueing, as a fresh execution's); raises `SandboxCrashed` if the session
+        was closed meanwhile."""
+        runner = await self._take_runner(execution)
+        if session.closed:
+            if self._runners is not None:
+                self._runners.give_back(runner)
+            raise SandboxCrashed(f"session {session.spec.session_id} is closed")
+        return self._hold(session, runner)
+
+    async def _step(
+        self,
+        session: WasmSession,
+        sandbox: SessionSandbox,
+        job: Job,
+        request: str,
+        execution: _Execution,
+        capture: OutputCapture,
+    ) -> Outcome:
+        """Run the step in `sandbox` and judge whether its instance goes on."""
+        runner = session.runner
+        work = functools.partial(
+            self._step_work, request, execution, capture, session.memory_bytes, sandbox.instances
+        )
+        hand = functools.partial(_hand_step, session, sandbox, work, execution)
+        try:
+            answer, trap = await self._guest_answer(job, execution, capture, hand)
+        finally:
+            kept = _instance_kept(execution)
+            if not kept:
+                self._reset(session, runner, sandbox, execution)
+        outcome = self._conclude(job, execution, capture, answer, trap)
+        if kept and execution.handed and outcome.status is Status.MEMORY_LIMIT:
+            # The guest lived through it, at its cap: its state may leave no room.
+            kept = False
+            self._reset(session, runner, sandbox, execution)
+        outcome.session_reset = not kept
+        return outcome
+
+    def _reset(
+        self,
+        session: WasmSession,
+        runner: Runner | None,
+        sandbox: SessionSandbox,
+        execution: _Execution,
+    ) -> None:
+        """After a step the instance cannot go on from: a fresh one for the next, or,
+        if the step's guest has not come back, a runner of the session's own next."""
+        if not execution.lingers:
+            sandbox.reset()
+            return
+        if session.sandbox is sandbox:
+            session.let_go()
+        if runner is not None and self._runners is not None:
+            self._runners.release(runner, retiring=True)
+
+    async def _close_session(self, session: WasmSession) -> None:
+        """`WasmSession.aclose`: stop its step, then wait (shielded, briefly) until its
+        thread has closed the store."""
+        sandbox = self._forget_session(session)
+        if sandbox is None:
+            return
+        with trio.move_on_after(SESSION_CLOSE_WAIT_S, shield=True):
+            await sandbox.closed.wait()
+
+    def _forget_session(self, session: WasmSession) -> SessionSandbox | None:
+        """Close `session` without waiting: stop its step, give its runner back (it
+        goes on once its thread has closed the store); the sandbox it held, if any."""
+        if session.closed:
+            return None
+        session.closed = True
+        self._sessions.discard(session)
+        if session.stop_step is not None:
+            session.stop_step()
+        runner, sandbox = session.let_go()
+        # Untaken before the thread can go on to be ready for anybody else.
+        if runner is not None and self._runners is not None:
+            self._runners.release(runner)
+        if sandbox is not None:
+            sandbox.close()
+        return sandbox
 
     # -- how a run ended, for the guest to refine ---------------------------------------
 
@@ -858,6 +1138,12 @@ class WasmExecutor:
         )
 
 
+def _rejected(capture: OutputCapture, rejected: ProgramRejected) -> Outcome:
+    outcome = outcomes.captured(capture)
+    outcome.status, outcome.error, outcome.exit_code = Status.ERROR, rejected.error, 1
+    return outcome
+
+
 def _host_call(method: str, params: str) -> str:
     """The guest's `host-call`: a JSON-RPC call under the session token (runner thread)."""
     execution: _Execution | None = getattr(_RUNNING, "execution", None)
@@ -899,6 +1185,33 @@ def _trap_message(trap: str) -> str:
         for line in trap.splitlines()
         if not _BACKTRACE_LINE.match(line) and not line.endswith("wasm backtrace:")
     )
+
+
+def _stop(execution: _Execution) -> None:
+    """Stop the execution's guest at its next tick, and the host call it waits on."""
+    execution.interrupt.stop(_wasmtime.StopReason.CANCELLED)
+    if execution.host_call is not None:
+        execution.host_call.cancel()
+
+
+def _hand_step(
+    session: WasmSession, sandbox: SessionSandbox, work: Step, execution: _Execution
+) -> None:
+    """Hand a session's step to its thread; or, the session closed (its thread ends
+    without reading it), answer it as a guest stopped before it began."""
+    if session.closed:
+        execution.answer((None, SESSION_CLOSED))
+    else:
+        sandbox.hand(work)
+
+
+def _instance_kept(execution: _Execution) -> bool:
+    """Whether a session's instance can go on after the step `execution`: the step
+    never reached it, or its guest answered (rather than trapped, or was given up on)."""
+    if not execution.handed:
+        return True
+    result = execution.result
+    return execution.answered and isinstance(result, tuple) and result[0] is not None
 
 
 def _parse_answer(answer: str) -> dict[str, Any] | None:

@@ -7,6 +7,10 @@ top-level `await` and `return` and the completion value of a final expression me
 same on both; the guest evaluates it and awaits it. Everything about running it is
 shared with the other Wasmtime executors (`wasm.WasmExecutor`).
 
+A session's steps run one after the other in one instance (`wasm_sessions`): what a
+step puts on the global object is there for the next. Each step's source goes through
+`session_source` first, the one place that may rewrite it for that.
+
 A program that cannot `await` (`js_syntax.may_await`) is wrapped as a plain function
 instead, and the guest settles its value or error exactly as an async function's would
 be: the same result, output and error, microtask for microtask. (Only the wrapper
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 from conduit.core import jsontext
 from conduit.executors.base import ErrorInfo, Job
-from conduit.executors.js_syntax import MentionKind, may_await, prepare_parsed
+from conduit.executors.js_syntax import MentionKind, may_await, prepare_module, prepare_parsed
 from conduit.executors.syntax_memo import SyntaxMemo
 from conduit.executors.wasm import ProgramRejected, WasmExecutor
 from conduit.executors.wasm_guests import JS_GUEST
@@ -115,11 +119,16 @@ class WasmJsExecutor(WasmExecutor):
         """What `code` uses that this executor does not have ("Intl"), or None."""
         return "Intl" if uses_intl(code, syntax) else None
 
-    def request_for(self, job: Job) -> str:
-        module = prepare_parsed(job.code, job.syntax.take(job.code, "javascript"))
+    def request_for(self, job: Job, *, session: bool = False) -> str:
+        if session:  # a step's source is rewritten: the request's parse is not of it
+            code = self.session_source(job.code)
+            module = prepare_module(code, "javascript")
+        else:
+            code = job.code
+            module = prepare_parsed(code, job.syntax.take(code, "javascript"))
         if module.imports:
             raise ProgramRejected(ErrorInfo("SyntaxError", NO_IMPORTS))
-        asynchronous = may_await(job.code)
+        asynchronous = may_await(code)
         request = {
             "function": module.function_expression(asynchronous=asynchronous),
             "asynchronous": asynchronous,
@@ -128,6 +137,12 @@ class WasmJsExecutor(WasmExecutor):
             "timeout_ms": job.limits.timeout_ms,
         }
         return jsontext.dumps(request)
+
+    def session_source(self, code: str) -> str:
+        """A session step's program as the guest runs it. Every step runs in the same
+        global object, so what a program puts there (`globalThis.x = 1`) is there for
+        the next; its own top-level declarations are the wrapping function's locals."""
+        return code
 
     def is_out_of_memory(self, error: ErrorInfo) -> bool:
         return error.type in ("Error", "InternalError") and error.message == OUT_OF_MEMORY

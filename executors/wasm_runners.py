@@ -270,6 +270,15 @@ class Runners:
         self._nursery.start_soon(self._run, Runner(self._instances, self))
         return True
 
+    def replenish(self) -> None:
+        """Start a runner if none is ready or on its way, within the limit: one was just
+        taken for long (a session's, see `wasm_sessions`), and the next execution
+        should not have to wait for an instance to be made."""
+        with self._lock:
+            if self._members > self._taken or self._members >= self._limit:
+                return
+        self.add()
+
     def take_nowait(self) -> Runner | None:
         """A ready runner, the longest ready first; None if none is."""
         with self._lock:

@@ -2,7 +2,8 @@
 
 A guest calls `execute(request, host_call)` (or `execute_async` where the program may
 use top-level `await`) once, with the request `{"code", "inputs", "timeout_ms",
-"live_output"?}` (`live_output`: flush stdout at every line, for streaming), and
+"live_output"?, "session"?}` (`live_output`: flush stdout at every line, for
+streaming; `session`: run in the interpreter's one session namespace, see below), and
 gets back JSON: `{"result": value}` or `{"error": {"type", "message", "traceback"}}`,
 the latter with `"exit_code"` when the program ended by a failing `SystemExit`.
 `host_call(method, params_json) -> answer_json` is the guest's one way to the daemon:
@@ -18,6 +19,13 @@ The program's contract (documented in docs/tools.md):
 - `tools.<namespace>.<tool>(**arguments)` (or one dict argument) calls a tool and
   returns its value, raising `ToolError(code, tool, message)` if it fails;
   `tools._discover()` lists the tools this execution may call.
+
+A session's steps (`"session": true`) run one after the other in the same interpreter
+and the same module namespace, so what a step defines at top level (variables,
+functions, classes, imports) is there for the next; `inputs` and `tools` are the
+step's own. A program with a top-level `return` runs as a function's body, so what
+it assigns is that function's, not the session's. A fresh execution never sees the
+session namespace: it gets one of its own.
 """
 
 import ast
@@ -45,6 +53,8 @@ TOOL_FAILED = -32007
 SLEEP_SLACK_S = 0.05
 # The interpreter's own sleep: every run bounds this one, never an earlier run's bound.
 _SLEEP = time.sleep
+# The module namespace every session step runs in (see the docstring).
+_SESSION_SCOPE = {}
 # The exit codes a process can report (a C int); a code beyond them is reported as
 # EXIT_CODE_UNFIT, as CPython reports one it cannot convert.
 EXIT_CODE_MIN, EXIT_CODE_MAX = -(2**31), 2**31 - 1
@@ -347,7 +357,9 @@ def _start(request, host_call, allow_await, scope):
         program = _prepare(code, allow_await)
     except SyntaxError as exc:
         return None, None, error_answer(exc, syntax=True)
-    return program, _globals(request, host_call, {} if scope is None else scope), None
+    if scope is None:
+        scope = _SESSION_SCOPE if request.get("session") else {}
+    return program, _globals(request, host_call, scope), None
 
 
 def _globals(request, host_call, scope):
@@ -369,8 +381,8 @@ def _globals(request, host_call, scope):
 
 def _flush_lines():
     """Someone watches the output as it comes: send each line out as it is printed
-    rather than when the program ends. A session's later runs keep it: flushing
-    more often costs them only speed."""
+    rather than when the program ends (for the rest of the interpreter's life: one
+    run's, or a session's later steps too, which then only flush more often)."""
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:

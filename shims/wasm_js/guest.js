@@ -3,7 +3,10 @@
 // Built by componentize-js and pre-initialised at build time (this module's top level
 // runs then), so an instance starts with the engine and this shim already loaded.
 //
-// The host calls `run(request)` once per instance. The request is JSON:
+// The host calls `run(request)` once per fresh instance, or once per step of a session,
+// whose steps share the instance: what a step puts on the global object is there for
+// the next (its `inputs` are its own; timers a step left pending may fire in a later
+// step's event loop). The request is JSON:
 //   {function, asynchronous, line_offset, inputs, timeout_ms}
 // where `function` is the program already wrapped by the host as
 // `(async function () { <program, line for line> })` with the value of its final

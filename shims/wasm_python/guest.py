@@ -7,8 +7,9 @@ standard library is exported at build time (`stdlib_export`) and mounted read-on
 /python in every instance, so a program imports any other module from there, lazily.
 
 The host calls `run("")` as it makes an instance (see `WitWorld.run`), then `run(request)`
-once, for its execution; the program's contract and the JSON
-answer are `python_program`'s, shared with every Python executor.
+once, for its execution, or once per step of a session (`"session": true`, whose steps
+share one namespace); the program's contract and the JSON answer are `python_program`'s,
+shared with every Python executor.
 """
 
 # First, so that what exporting imports is forgotten before anything else is imported.

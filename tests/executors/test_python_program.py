@@ -106,3 +106,17 @@ async def test_a_scope_the_caller_keeps_carries_a_session_from_run_to_run() -> N
     assert await step("y = inputs", inputs=7) == {"result": None}
     assert await step("y, inputs") == {"result": [7, None]}
     assert run("x")["error"]["type"] == "NameError"  # a run of its own has none of it
+
+
+def test_session_steps_share_one_namespace_and_fresh_runs_do_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(python_program, "_SESSION_SCOPE", {})
+    assert run("import math\ndef f(n):\n    return math.sqrt(n)\nx = 1", session=True) == {
+        "result": None
+    }
+    assert run("x += 1\n[x, f(16)]", session=True) == {"result": [2, 4.0]}
+    assert run("'x' in globals()") == {"result": False}
+    # A step's result and inputs are its own.
+    assert run("x", session=True, inputs=5) == {"result": 2}
+    assert run("y = inputs", session=True) == {"result": None}

@@ -235,3 +235,21 @@ async def test_runners_grow_to_the_limit_while_all_are_taken_then_shrink_back(
         assert runners.taken == 0
         await wait_ready(runners, 1)
         nursery.cancel_scope.cancel()
+
+
+async def test_replenish_starts_a_runner_in_place_of_one_held(js_instances: Instances) -> None:
+    async with trio.open_nursery() as nursery:
+        runners = Runners(js_instances, count=1, limit=2, threads=trio.CapacityLimiter(4))
+        await nursery.start(runners.serve)
+        await wait_ready(runners, 1)
+        held = await runners.take()
+        runners.replenish()
+        await wait_ready(runners, 1)  # another, while the first is held
+        runners.replenish()  # one is ready: nothing to do
+        second = await runners.take()
+        runners.replenish()  # at the limit
+        await trio.testing.wait_all_tasks_blocked()
+        assert (runners.alive, runners.taken, runners.ready) == (2, 2, 0)
+        runners.give_back(held)
+        runners.give_back(second)
+        nursery.cancel_scope.cancel()
