@@ -362,26 +362,12 @@ class Executions:
 
     @asynccontextmanager
     async def _turn(self, session: LiveSession | None) -> AsyncIterator[float]:
-        """Hold `session`'s turn for the block (its steps never overlap); yields how
-        long the wait was (queueing). A no-op without a session."""
+        """`session`'s turn for the block (see `LiveSession.turn`); a no-op without one."""
         if session is None:
             yield 0.0
             return
-        began = trio.current_time()
-        with trio.move_on_after(self.limits.queue_timeout_s) as waiting:
-            await session.lock.acquire()
-        if waiting.cancelled_caught:
-            raise Overloaded(
-                "the session is still running an earlier step after "
-                f"{self.limits.queue_timeout_s:g} s (limits.queue_timeout_s); retry later "
-                "or cancel it with executions/cancel"
-            )
-        try:
-            if session.closed:
-                raise NotFound("not found: no such session", {"session_id": session.session_id})
-            yield trio.current_time() - began
-        finally:
-            session.lock.release()
+        async with session.turn(self.limits.queue_timeout_s) as waited_s:
+            yield waited_s
 
     async def _violation(
         self, language: str, executor: str, code: str, syntax: SyntaxMemo

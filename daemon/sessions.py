@@ -25,7 +25,8 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +80,26 @@ class LiveSession:
     closed: bool = False
     # The table's to hear of each step's end (`Sessions._stepped`).
     on_step: Callable[[LiveSession, bool], None] | None = field(default=None, repr=False)
+
+    @asynccontextmanager
+    async def turn(self, within_s: float) -> AsyncIterator[float]:
+        """Hold the session for the block: a step, or files moved in or out, never two
+        at once. Yields how long the wait was (queueing); `Overloaded` if the session
+        stays busy for `within_s`, `NotFound` if it ended meanwhile."""
+        began = trio.current_time()
+        with trio.move_on_after(within_s) as waiting:
+            await self.lock.acquire()
+        if waiting.cancelled_caught:
+            raise Overloaded(
+                f"the session is still busy with an earlier step after {within_s:g} s "
+                "(limits.queue_timeout_s); retry later or cancel it with executions/cancel"
+            )
+        try:
+            if self.closed:
+                raise NotFound("not found: no such session", {"session_id": self.session_id})
+            yield trio.current_time() - began
+        finally:
+            self.lock.release()
 
     def step_ended(self, *, reset: bool) -> None:
         """A step ended (the lock still held); `reset`: its sandbox was started afresh.

@@ -12,7 +12,7 @@ Exceptions an executor may raise are the `ExecutorError` family (`RuntimeMissing
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -29,6 +29,8 @@ __all__ = [
     "Executor",
     "ExecutorInfo",
     "ExecutorSession",
+    "FileInfo",
+    "FilesRefused",
     "Job",
     "Limits",
     "Outcome",
@@ -230,6 +232,18 @@ class ToolBridge(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class FileInfo:
+    """A file in a working directory: its path there, and its size."""
+
+    path: str
+    size: int
+
+
+class FilesRefused(Exception):
+    """Files that cannot be placed as asked; the message names the path and why."""
+
+
+@dataclass(frozen=True, slots=True)
 class SessionSpec:
     """What a session's sandbox is opened with. `memory_mb` bounds what it holds
     across all its steps (a step's own `limits.memory_mb` is not used)."""
@@ -252,6 +266,21 @@ class ExecutorSession(Protocol):
 
     async def run(self, job: Job, bridge: ToolBridge) -> Outcome:
         """Run `job` as the session's next step; as `Executor.run` otherwise."""
+        ...
+
+    async def put_files(self, files: Sequence[FileData], disk_bytes: int) -> None:
+        """Place `files` in the session's working directory (replacing any by the same
+        path), between steps. Raises `FilesRefused` if a path is taken by a directory
+        or a link, or if the directory would then hold more than `disk_bytes`."""
+        ...
+
+    async def get_file(self, path: str) -> bytes | None:
+        """The bytes of the regular file at `path` in the working directory, or None
+        if there is none (a directory, a link or a special file is none)."""
+        ...
+
+    async def list_files(self) -> list[FileInfo]:
+        """Every regular file in the working directory, in path order."""
         ...
 
     async def aclose(self) -> None:

@@ -16,6 +16,7 @@ import trio
 import trio.testing
 
 from conduit.core.errors import MethodNotFound
+from conduit.core.files import FileData
 from conduit.daemon.auth import Principal
 from conduit.daemon.config import LimitsConfig, PolicyConfig, SessionsConfig
 from conduit.daemon.connection import Connection, ConnectionLimits
@@ -27,6 +28,8 @@ from conduit.daemon.sessions import Sessions
 from conduit.executors.base import (
     CallbackAddress,
     ExecutorInfo,
+    FileInfo,
+    FilesRefused,
     Job,
     Outcome,
     SessionSpec,
@@ -243,6 +246,7 @@ class FakeSandbox:
         self.running = 0
         self.overlapped = False
         self.closed = False
+        self.files: dict[str, bytes] = {}
 
     async def run(self, job: Job, bridge: ToolBridge) -> Outcome:
         assert not self.closed, "a step ran in a closed sandbox"
@@ -253,6 +257,18 @@ class FakeSandbox:
             return await self.script(job, bridge)
         finally:
             self.running -= 1
+
+    async def put_files(self, files: Sequence[FileData], disk_bytes: int) -> None:
+        merged = {**self.files, **{file.path: file.data for file in files}}
+        if sum(map(len, merged.values())) > disk_bytes:
+            raise FilesRefused("the files would take more than limits.disk_mb")
+        self.files = merged
+
+    async def get_file(self, path: str) -> bytes | None:
+        return self.files.get(path)
+
+    async def list_files(self) -> list[FileInfo]:
+        return [FileInfo(path, len(data)) for path, data in sorted(self.files.items())]
 
     async def aclose(self) -> None:
         self.closed = True

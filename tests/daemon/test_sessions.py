@@ -3,16 +3,21 @@ caps, expiry, resets and turns. No daemon and no sandbox is started."""
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 import trio
 import trio.testing
 
 from conduit.core.errors import InvalidParams, NotFound, Overloaded
 from conduit.daemon.config import SessionsConfig
+from conduit.daemon.dispatcher import Dispatcher
+from conduit.daemon.events import EventBus
 from conduit.daemon.executions import ExecutionRequest
+from conduit.daemon.methods import method_table
 from conduit.daemon.sessions import CloseReason, LiveSession
 from conduit.executors.base import Job, Outcome, Status, ToolBridge
-from tests.daemon.fakes import ALICE, ExecutionsFixture, FakeExecutor
+from tests.daemon.fakes import ALICE, BOB, ExecutionsFixture, FakeExecutor
 
 
 def step(session: LiveSession, code: str = "x += 1", **limits: int) -> ExecutionRequest:
@@ -216,3 +221,48 @@ async def test_a_listed_session_says_what_it_runs_and_how_it_is_used() -> None:
     )
     assert wire["idle_timeout_s"] == SessionsConfig().idle_timeout_s
     assert "sandbox" not in wire and "principal" not in wire
+
+
+# ---- a session's files between steps ---------------------------------------------------
+
+
+def dispatcher(fx: ExecutionsFixture) -> Dispatcher:
+    """The real method table over the fixture's executions and sessions."""
+    return Dispatcher(
+        method_table(),
+        executions=fx.executions,
+        tools=None,  # type: ignore[arg-type]
+        events=EventBus(),
+        audit=None,  # type: ignore[arg-type]
+        admission=fx.admission,
+        control=None,  # type: ignore[arg-type]
+        sessions=fx.sessions,
+        count_request=lambda name, outcome: None,
+    )
+
+
+async def test_files_go_into_a_session_and_come_out_as_its_own() -> None:
+    fx = fixture()
+    rpc = dispatcher(fx).dispatch
+    session, _ = await fx.sessions.create("alice", "python", limits={"disk_mb": 1})
+    put = {"session_id": session.session_id, "files": [{"path": "d/a.csv", "text": "a\n1\n"}]}
+    assert (await rpc("files/put", put, principal=ALICE))["put"] == [{"path": "d/a.csv", "size": 4}]
+    listed = await rpc("files/list", {"session_id": session.session_id}, principal=ALICE)
+    assert listed == {"files": [{"path": "d/a.csv", "size": 4}]}
+    got = await rpc(
+        "files/get", {"session_id": session.session_id, "path": "d/a.csv"}, principal=ALICE
+    )
+    assert (got["mime"], base64.b64decode(got["base64"])) == ("text/csv", b"a\n1\n")
+    with pytest.raises(NotFound):
+        await rpc("files/get", {"session_id": session.session_id, "path": "nope"}, principal=ALICE)
+    # Someone else's session is no session; a bad path names itself; the disk is bounded.
+    with pytest.raises(NotFound):
+        await rpc("files/list", {"session_id": session.session_id}, principal=BOB)
+    with pytest.raises(InvalidParams, match=r"\.\./x"):
+        await rpc("files/get", {"session_id": session.session_id, "path": "../x"}, principal=ALICE)
+    too_big = {"path": "big.bin", "base64": base64.b64encode(b"x" * (1 << 20)).decode()}
+    with pytest.raises(InvalidParams, match="disk_mb"):
+        await rpc(
+            "files/put", {"session_id": session.session_id, "files": [too_big]}, principal=ALICE
+        )
+    assert list(fx.executor.sandboxes[0].files) == ["d/a.csv"]
