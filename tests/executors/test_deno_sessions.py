@@ -17,7 +17,7 @@ import trio
 
 from conduit.core.errors import Overloaded, SandboxCrashed
 from conduit.executors.base import CallbackAddress, Job, Limits, Outcome, SessionSpec, Status
-from conduit.executors.deno import DenoExecutor
+from conduit.executors.deno import INLINE_PREPARE_CHARS, DenoExecutor
 from conduit.executors.deno_session import DenoSession
 from tests.processes import deno_children
 from tests.sandboxes import WAIT_S, NoBridge
@@ -103,6 +103,23 @@ async def test_top_level_await_and_inputs_work_per_step(deno: DenoExecutor) -> N
     job = Job("ex_2", "typescript", "[v, inputs.n]", inputs={"n": 9})
     with trio.fail_after(WAIT_S):
         assert (await session.run(job, NoBridge())).result == [4, 9]
+
+
+async def test_a_large_step_is_rewritten_too(deno: DenoExecutor) -> None:
+    """Over INLINE_PREPARE_CHARS a step is prepared in a worker thread."""
+    session = await open_session(deno)
+    filler = "".join(f"const v{i}: number = {i};\n" for i in range(400))
+    assert len(filler) > INLINE_PREPARE_CHARS
+    assert await results(session, filler, "v0 + v399") == [None, 399]
+
+
+async def test_an_error_between_steps_goes_to_the_next_steps_stderr(deno: DenoExecutor) -> None:
+    session = await open_session(deno)
+    await results(session, "setTimeout(() => { throw new Error('late') }, 50)")
+    await trio.sleep(0.5)
+    outcome = await step(session, "'next'")
+    assert (outcome.result, outcome.session_reset) == ("next", False)
+    assert outcome.stderr == "Uncaught Error between steps: late\n"
 
 
 # -- what ends a step, and what ends the sandbox ---------------------------------------------
