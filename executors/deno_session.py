@@ -13,6 +13,11 @@ steps by its CPU backstop, say): it ran afresh, and what the session held is gon
 A cancelled step leaves the worker in an unknown state, so it is killed too, and the
 next step reports the reset.
 
+Everything in the worker belongs to the session's one owner: a step reaches what
+earlier steps left, by design, and a timer or promise of one step may still run (and
+call tools, under the running step's token) in a later one; an error it throws
+between steps is the next step's stderr.
+
 The executor bounds how many sessions are open at once (`SessionSlots`): each holds a
 process, which unlike the warm pool's is not freed when a program ends.
 """

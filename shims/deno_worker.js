@@ -71,6 +71,22 @@ globalThis.Worker = class Worker {
   }
 };
 
+// A session's stdin stays open for its later steps: its programs get an ended one, as
+// a one-shot program does once its job is read, rather than wait on it or take the
+// next step's job. (The shim reads through its own captured `stdinRead`.)
+function endStdin() {
+  const ended = new ReadableStream({ start: (controller) => controller.close() });
+  const stdin = {
+    read: async () => null,
+    readSync: () => null,
+    readable: ended,
+    isTerminal: () => false,
+    setRaw() {},
+    close() {},
+  };
+  Object.defineProperty(Deno, "stdin", { value: Object.freeze(stdin), enumerable: true });
+}
+
 function writeText(text) {
   writeAll(stdoutWrite, encode(text));
 }
@@ -189,6 +205,7 @@ await import("data:application/javascript;base64," + toBase64.call(encode("expor
 // so no execution waits for it.
 const stdin = stdinReader(stdinRead);
 const { callback, session } = await stdin.prelude();
+if (session) endStdin();
 const channel = await openChannel(callback, connect);
 dropPermissions(permissions, callback);
 installTools(channel);

@@ -113,6 +113,17 @@ async def test_a_large_step_is_rewritten_too(deno: DenoExecutor) -> None:
     assert await results(session, filler, "v0 + v399") == [None, 399]
 
 
+async def test_a_step_reads_an_ended_stdin_as_a_fresh_run_does(deno: DenoExecutor) -> None:
+    """The worker's stdin stays open for later steps; a program must not wait on it."""
+    session = await open_session(deno)
+    read = "await new Response(Deno.stdin.readable).text()"
+    assert await results(session, read, "await Deno.stdin.read(new Uint8Array(8))", "1") == [
+        "",
+        None,
+        1,
+    ]
+
+
 async def test_an_error_between_steps_goes_to_the_next_steps_stderr(deno: DenoExecutor) -> None:
     session = await open_session(deno)
     await results(session, "setTimeout(() => { throw new Error('late') }, 50)")
