@@ -22,6 +22,10 @@ there. The daemon's side: write one JSON job to stdin and close it; read stdout 
 stderr under the output budget while they stream; the result is the payload after a
 per-job 128-bit nonce, which only the daemon and the shim ever hold.
 
+A session (`open_session`) is the exception to one program per process: a worker of
+its own runs the session's steps one after another (`deno_session`), the shim reading
+a job per line instead of one to the end of stdin.
+
 The executor knows nothing about sockets or tokens beyond what `bridge` hands it: the
 job carries the bridge's session token and callback address to the shim, which makes
 the program's tool calls itself. The permission to reach that address is granted when
@@ -48,6 +52,7 @@ import contextlib
 import dataclasses
 import importlib.resources
 import logging
+import math
 import os
 import resource
 import secrets
@@ -71,10 +76,18 @@ from conduit.executors.base import (
     Job,
     Limits,
     Outcome,
+    SessionSpec,
     Status,
     ToolBridge,
 )
+from conduit.executors.deno_session import (
+    DEFAULT_MAX_SESSIONS,
+    DenoSession,
+    SessionSlots,
+    SessionWorker,
+)
 from conduit.executors.file_digest import file_version
+from conduit.executors.js_session import rewrite_step
 from conduit.executors.js_syntax import Dialect, prepare_parsed
 from conduit.executors.output import OutputCapture, ResultSplitter, read_buffered
 from conduit.executors.pool import WarmPool
@@ -82,12 +95,14 @@ from conduit.executors.process import (
     ProcessLimits,
     apply_limits,
     cpu_backstop_s,
+    cpu_seconds,
     describe_returncode,
     kill_process_group,
     lower_rlimit,
     minimal_env,
     read_vm_data_bytes,
     sandbox_process_options,
+    set_soft_limit,
     signal_process_group,
 )
 
@@ -152,6 +167,9 @@ IDLE_WORKER_CPU_S = 600
 # young generation, compiled code and allocator slack. Bounds what the V8 heap flag
 # does not: ArrayBuffers, WebAssembly memories, and extra isolates (Web Workers).
 DATA_SLACK_BYTES = 64 * MIB
+# A session's worker may use this much CPU over its whole life; each step's own
+# backstop is set below it (see `_limit_cpu`).
+SESSION_CPU_S = 3600
 # Two warm workers cover back-to-back requests while a refill (~30 ms) is under way.
 DEFAULT_POOL_SIZE = 2
 
@@ -260,10 +278,18 @@ class DenoWorker:
 
     process: trio.Process
     heap_mb: int
+    # Whether it was told to die: a session's worker so told cannot take another step.
+    killed: bool = False
 
     def kill(self) -> None:
         """SIGKILL the worker's process group now; its task reaps it."""
+        self.killed = True
         signal_process_group(self.process)
+
+    @property
+    def alive(self) -> bool:
+        """Whether it may still take a job: neither killed nor exited."""
+        return not self.killed and self.process.returncode is None
 
     async def aclose(self) -> None:
         """Kill the worker and close its pipes. Idempotent; safe when cancelled.
@@ -287,7 +313,8 @@ class DenoExecutor:
     overrides where Deno is looked for (see `find_deno`). `pool_size` warm workers are
     kept with a V8 heap limit of `memory_mb`; a job asking for another `memory_mb`
     starts a worker cold. `callback`, when set, is the one address sandboxes may
-    connect to (see `permission_flags`).
+    connect to (see `permission_flags`). At most `max_sessions` sessions are open at
+    once, each holding a worker of its own (see `deno_session`).
     """
 
     name = "deno"
@@ -305,6 +332,7 @@ class DenoExecutor:
         memory_mb: int = Limits().memory_mb,
         callback: CallbackAddress | None = None,
         start_timeout_s: float = START_TIMEOUT_S,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
     ) -> None:
         self._cache_dir = Path(cache_dir)
         self._work_dir = Path(work_dir) if work_dir is not None else self._cache_dir / "work"
@@ -313,6 +341,7 @@ class DenoExecutor:
         self._memory_mb = memory_mb
         self._permission_flags = permission_flags(callback)
         self._prelude = _encode_prelude(callback)
+        self._session_prelude = _encode_prelude(callback, session=True)
         self._start_timeout_s = start_timeout_s
         self._shim = Path(str(importlib.resources.files("conduit.shims") / self.shim))
         self._pool: WarmPool[DenoWorker] = WarmPool(
@@ -322,6 +351,7 @@ class DenoExecutor:
         self._reason: str | None = "the executor has not been started (serve() has not run)"
         self._cold_starts_other_heap = 0
         self._settled = trio.Event()  # set once `serve` knows whether Deno works
+        self._sessions = SessionSlots(max_sessions)
 
     def __repr__(self) -> str:
         state = "available" if self._reason is None else f"unavailable: {self._reason}"
@@ -343,7 +373,13 @@ class DenoExecutor:
             log.warning("deno executor unavailable: %s", self._reason)
             task_status.started()
             await trio.sleep_forever()
-        await self._pool.run(task_status=task_status)
+        async with trio.open_nursery() as nursery:
+            # Session workers outlive the task that opened them: they run here.
+            self._sessions.nursery = nursery
+            try:
+                await self._pool.run(task_status=task_status)
+            finally:
+                self._sessions.nursery = None
 
     async def wait_ready(self) -> bool:
         """Wait until `serve` knows whether the executor can run jobs; whether it can."""
@@ -392,6 +428,7 @@ class DenoExecutor:
         }
         pool["memory_mb"] = self._memory_mb
         pool["cold_starts_other_heap"] = self._cold_starts_other_heap
+        pool["sessions"] = self._sessions.held
         return ExecutorInfo(
             name=self.name,
             languages=tuple(sorted(self.languages)),
@@ -439,11 +476,17 @@ class DenoExecutor:
         return error.type == "RangeError" and any(s in refused for s in ALLOCATION_REFUSED)
 
     async def _run_worker(
-        self, heap_mb: int, cpu_s: int, *, task_status: trio.TaskStatus[DenoWorker]
+        self,
+        heap_mb: int,
+        cpu_s: int,
+        *,
+        session: bool = False,
+        task_status: trio.TaskStatus[DenoWorker],
     ) -> None:
         """Run one worker until its process exits (a `WarmPool` spawn function).
 
-        Calls `task_status.started(worker)` once the worker waits for its job. Raises
+        Calls `task_status.started(worker)` once the worker waits for its job (or, for
+        a `session`, its steps, one after another). Raises
         RuntimeMissing if Deno cannot be run, SandboxCrashed if the worker does not
         start. Its private DENO_DIR is deleted after the process has exited.
         """
@@ -456,7 +499,9 @@ class DenoExecutor:
             failure: ExecutorError | None = None
             async with trio.open_nursery() as nursery:
                 try:
-                    worker = await self._start_worker(nursery, heap_mb, cpu_s, deno_dir)
+                    worker = await self._start_worker(
+                        nursery, heap_mb, cpu_s, deno_dir, session=session
+                    )
                 except ExecutorError as exc:
                     failure = exc  # raised below, outside the nursery's exception group
                 else:
@@ -470,7 +515,7 @@ class DenoExecutor:
                 await trio.to_thread.run_sync(partial(shutil.rmtree, deno_dir, ignore_errors=True))
 
     async def _start_worker(
-        self, nursery: trio.Nursery, heap_mb: int, cpu_s: int, deno_dir: Path
+        self, nursery: trio.Nursery, heap_mb: int, cpu_s: int, deno_dir: Path, *, session: bool
     ) -> DenoWorker:
         env = minimal_env({**DENO_ENV, "DENO_DIR": str(deno_dir)})
         options = sandbox_process_options(cwd=self._work_dir, env=env)
@@ -492,7 +537,8 @@ class DenoExecutor:
         worker = DenoWorker(process, heap_mb)
         try:
             _limit(worker, ProcessLimits(cpu_s=cpu_s))
-            await _send_prelude(process, self._prelude)
+            prelude = self._session_prelude if session else self._prelude
+            await _send_prelude(process, prelude)
             await self._wait_ready(worker)
             self._limit_memory(worker)
         except BaseException:
@@ -542,16 +588,9 @@ class DenoExecutor:
         Deno is unavailable and SandboxCrashed if no worker could be started. If
         cancelled, the sandbox is killed before `trio.Cancelled` propagates.
         """
-        if self._reason is not None or self._deno is None:
-            raise RuntimeMissing(f"the deno executor is unavailable: {self._reason}")
-        if job.language not in self.languages:
-            raise ValueError(f"the deno executor does not run {job.language!r}")
+        self._check(job.language)
         nonce = secrets.token_hex(NONCE_BYTES)
-        if len(job.code) <= INLINE_PREPARE_CHARS:
-            fields = self.program_fields(job)
-        else:
-            fields = await trio.to_thread.run_sync(self.program_fields, job)
-        request = _encode_job(job, nonce, bridge, fields)
+        request = await self._request(job, bridge, nonce, self.program_fields)
         if job.limits.memory_mb == self._memory_mb:
             worker = self._pool.acquire_nowait()
             if worker is not None:
@@ -562,6 +601,70 @@ class DenoExecutor:
         else:
             self._cold_starts_other_heap += 1
         return await self._run_cold(job, request, nonce)
+
+    # -- sessions ----------------------------------------------------------------------
+
+    async def open_session(self, spec: SessionSpec) -> DenoSession:
+        """A worker of the session's own, its V8 heap capped at `spec.memory_mb`.
+
+        Raises RuntimeMissing if Deno is unavailable, Overloaded if the executor holds
+        its maximum of sessions, SandboxCrashed if the worker does not start.
+        """
+        self._check(spec.language)
+        self._sessions.take()
+        try:
+            worker = await self.start_session_worker(spec.memory_mb)
+        except BaseException:
+            self._sessions.give_back()
+            raise
+        return DenoSession(self, spec, worker, self._sessions)
+
+    async def start_session_worker(self, heap_mb: int) -> DenoWorker:
+        """A worker for a session's steps, run in `serve`'s nursery (it outlives the
+        request that started it) with a CPU limit for the session's whole life."""
+        nursery = self._sessions.nursery
+        if nursery is None or self._reason is not None:
+            raise RuntimeMissing(f"the deno executor is unavailable: {self._reason}")
+        worker: DenoWorker = await nursery.start(
+            partial(self._run_worker, heap_mb, SESSION_CPU_S, session=True)
+        )
+        return worker
+
+    async def run_step(self, worker: SessionWorker, job: Job, bridge: ToolBridge) -> Outcome | None:
+        """Run `job` as a session's step on `worker` (one `start_session_worker` gave),
+        its declarations made global (`js_session`); None if the worker died before
+        taking it."""
+        assert isinstance(worker, DenoWorker)
+        self._check(job.language)
+        nonce = secrets.token_hex(NONCE_BYTES)
+        request = await self._request(job, bridge, nonce, self.session_fields)
+        return await self._step(worker, job, request, nonce, one_shot=False)
+
+    def session_fields(self, job: Job) -> dict[str, Any]:
+        """A session step's program, as the worker script reads it."""
+        dialect = "javascript" if job.language == "javascript" else "typescript"
+        return self.program_fields(dataclasses.replace(job, code=rewrite_step(job.code, dialect)))
+
+    def _check(self, language: str) -> None:
+        if self._reason is not None or self._deno is None:
+            raise RuntimeMissing(f"the deno executor is unavailable: {self._reason}")
+        if language not in self.languages:
+            raise ValueError(f"the deno executor does not run {language!r}")
+
+    async def _request(
+        self,
+        job: Job,
+        bridge: ToolBridge,
+        nonce: str,
+        fields: Callable[[Job], dict[str, Any]],
+    ) -> bytes:
+        """The job as the worker reads it, its program prepared by `fields` (in a
+        thread for a large one: parsing it may take up to the parse budget)."""
+        if len(job.code) <= INLINE_PREPARE_CHARS:
+            program = fields(job)
+        else:
+            program = await trio.to_thread.run_sync(fields, job)
+        return _encode_job(job, nonce, bridge, program)
 
     async def _run_cold(self, job: Job, request: bytes, nonce: str) -> Outcome:
         """Start a worker for `job` and run it there. Starting is the wait for a
@@ -595,24 +698,33 @@ class DenoExecutor:
     ) -> Outcome | None:
         """Run the job on `worker`, then close it. None if it died before the job."""
         try:
-            with job.stop.calling(worker.kill):
-                outcome = await self._execute(worker, job, request, nonce)
+            return await self._step(worker, job, request, nonce, one_shot=True)
         finally:
             await worker.aclose()
+
+    async def _step(
+        self, worker: DenoWorker, job: Job, request: bytes, nonce: str, *, one_shot: bool
+    ) -> Outcome | None:
+        """Run the job on `worker` under its limits and stop signal; the worker is
+        left as the job left it. None if it died before taking the job.
+
+        `one_shot`: the worker's only job, after which it is killed; otherwise a
+        session's step, after which a worker that answered waits for the next."""
+        with job.stop.calling(worker.kill):
+            outcome = await self._execute(worker, job, request, nonce, one_shot=one_shot)
         if outcome is not None and job.stop.is_set() and outcome.status is Status.CRASHED:
             return outcomes.stopped(outcome)
         return outcome
 
     async def _execute(
-        self, worker: DenoWorker, job: Job, request: bytes, nonce: str
+        self, worker: DenoWorker, job: Job, request: bytes, nonce: str, *, one_shot: bool
     ) -> Outcome | None:
         limits = job.limits
         process = worker.process
         assert process.stdout is not None
         assert process.stderr is not None
         try:
-            cpu_s = cpu_backstop_s(limits.timeout_ms / 1000)
-            lower_rlimit(process, resource.RLIMIT_CPU, cpu_s, cpu_s + 1)
+            _limit_cpu(process, cpu_backstop_s(limits.timeout_ms / 1000), one_shot=one_shot)
         except ProcessLookupError:
             return None
         # Limits are enforced by killing the sandbox the moment they are hit.
@@ -622,20 +734,27 @@ class DenoExecutor:
             on_limit=worker.kill,
             on_output=job.on_output,
         )
+
+        def settled() -> None:
+            # Once the result is in, nothing the program does can change the outcome:
+            # stop it rather than wait for Deno's exit (~8 ms). Everything it wrote
+            # before is already in the pipes and is still read to the end. A session
+            # keeps a worker that answered; one whose answer is too large is still
+            # writing it.
+            if one_shot or stdout.payload is None:
+                worker.kill()
+
         stdout = ResultSplitter(
             process.stdout,
             RESULT_MARK + nonce.encode("ascii"),
             max_payload_bytes=limits.result_bytes,
-            # Once the result is in, nothing the program does can change the outcome:
-            # stop it rather than wait for Deno's exit (~8 ms). Everything it wrote
-            # before is already in the pipes and is still read to the end.
-            on_settled=worker.kill,
+            on_settled=settled,
         )
         died_before_job = False
         with trio.move_on_after(limits.timeout_ms / 1000) as deadline:
             async with trio.open_nursery() as io:
                 io.start_soon(capture.pump, "stderr", process.stderr)
-                if not await _send(process, request):
+                if not await _send(process, request, close=one_shot):
                     died_before_job = True
                     worker.kill()
                 await capture.pump("stdout", stdout)
@@ -665,6 +784,17 @@ class DenoExecutor:
         )
 
 
+def _limit_cpu(process: trio.Process, cpu_s: int, *, one_shot: bool) -> None:
+    """The CPU backstop for the job about to run. A one-shot worker's limit only ever
+    goes down; a session's worker has used CPU in earlier steps, so its soft limit is
+    set that far above what it has used, under the hard limit of its whole life."""
+    if one_shot:
+        lower_rlimit(process, resource.RLIMIT_CPU, cpu_s, cpu_s + 1)
+    else:
+        used = math.ceil(cpu_seconds(process.pid))
+        set_soft_limit(process, resource.RLIMIT_CPU, used + cpu_s)
+
+
 def _limit(worker: DenoWorker, limits: ProcessLimits) -> None:
     try:
         apply_limits(worker.process, limits)
@@ -672,11 +802,12 @@ def _limit(worker: DenoWorker, limits: ProcessLimits) -> None:
         raise SandboxCrashed("a Deno worker exited right after starting") from exc
 
 
-def _encode_prelude(callback: CallbackAddress | None) -> bytes:
+def _encode_prelude(callback: CallbackAddress | None, *, session: bool = False) -> bytes:
     """The line a worker reads as it starts: the one address it connects to before it
-    gives up every permission (see the module docstring)."""
+    gives up every permission (see the module docstring), and whether it will run a
+    session's steps (one job per line) rather than one job."""
     address = dataclasses.asdict(callback) if callback is not None else None
-    return jsontext.encode({"callback": address}) + b"\n"
+    return jsontext.encode({"callback": address, "session": session}) + b"\n"
 
 
 async def _send_prelude(process: trio.Process, prelude: bytes) -> None:
@@ -703,12 +834,14 @@ def _encode_job(job: Job, nonce: str, bridge: ToolBridge, program: dict[str, Any
     return jsontext.encode(message)
 
 
-async def _send(process: trio.Process, request: bytes) -> bool:
-    """Write the job and close stdin; False if the worker was already dead."""
+async def _send(process: trio.Process, request: bytes, *, close: bool) -> bool:
+    """Write the job, then close stdin if it is the worker's only one (a session's
+    worker reads a line per step); False if the worker was already dead."""
     assert process.stdin is not None
     try:
-        await process.stdin.send_all(request)
-        await process.stdin.aclose()
+        await process.stdin.send_all(request if close else request + b"\n")
+        if close:
+            await process.stdin.aclose()
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         return False
     return True

@@ -31,6 +31,8 @@ after `PARSE_BUDGET_S` of CPU time. Trees are walked with a TreeCursor in a loop
 recursively (tree-sitter's queries are no help here: they slow to minutes on a tree
 50,000 levels deep).
 
+`js_session` rewrites a session's steps on the same parse (`parse`, `Syntax.root`).
+
 It deliberately knows nothing about Deno, permissions, policies or how a module is
 loaded.
 """
@@ -278,6 +280,16 @@ class Syntax:
 
     def __repr__(self) -> str:
         return f"<Syntax {self.dialect}, {len(self.code)} characters>"
+
+    @property
+    def root(self) -> tree_sitter.Node:
+        """The tree's root, for a reader that walks the statements itself (a rewrite)."""
+        return self._tree.root_node
+
+    @property
+    def data(self) -> bytes:
+        """The program's UTF-8 form: what the tree's byte offsets index."""
+        return self._data
 
     def offset(self, byte: int) -> int:
         """The character offset of a byte offset into the program's UTF-8 form.

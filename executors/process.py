@@ -32,12 +32,14 @@ __all__ = [
     "ProcessLimits",
     "apply_limits",
     "cpu_backstop_s",
+    "cpu_seconds",
     "describe_returncode",
     "kill_process_group",
     "lower_rlimit",
     "minimal_env",
     "read_vm_data_bytes",
     "sandbox_process_options",
+    "set_soft_limit",
     "signal_process_group",
 ]
 
@@ -170,6 +172,35 @@ def lower_rlimit(process: trio.Process, which: int, soft: int, hard: int) -> Non
     if not _is_infinite(current_soft):
         soft = min(soft, current_soft)
     resource.prlimit(pid, which, (soft, hard))
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time process `pid` has used (all its threads, user and system).
+
+    Raises `ProcessLookupError` if the process is gone.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError as exc:
+        raise ProcessLookupError(pid) from exc
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def set_soft_limit(process: trio.Process, which: int, soft: int) -> None:
+    """Set the soft limit `which` of the live `process`, under its hard limit.
+
+    Unlike `lower_rlimit`, this may raise the soft limit again (never past the hard
+    one): a long-lived process's limits change with each program it runs. Nothing is
+    set once the process has been reaped (its pid may be anyone's). Raises
+    `ProcessLookupError` if the process is gone.
+    """
+    if process.returncode is not None:
+        raise ProcessLookupError(f"process {process.pid} has exited")
+    _, hard = resource.prlimit(process.pid, which)
+    if hard != resource.RLIM_INFINITY and (soft == resource.RLIM_INFINITY or soft > hard):
+        soft = hard
+    resource.prlimit(process.pid, which, (soft, hard))
 
 
 def read_vm_data_bytes(pid: int) -> int | None:

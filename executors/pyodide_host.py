@@ -54,7 +54,9 @@ from conduit.executors.base import ErrorInfo, Job, Limits, Outcome, Status
 from conduit.executors.output import READ_CHUNK_BYTES, OutputCapture, StreamName
 from conduit.executors.process import (
     cpu_backstop_s,
+    cpu_seconds,
     read_vm_data_bytes,
+    set_soft_limit,
     signal_process_group,
 )
 
@@ -107,35 +109,6 @@ def worker_threads(pid: int) -> int:
             if f.read().startswith(WORKER_THREAD):
                 count += 1
     return count
-
-
-def cpu_seconds(pid: int) -> float:
-    """The CPU time process `pid` has used (all its threads, user and system).
-
-    Raises `ProcessLookupError` if the process is gone.
-    """
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except FileNotFoundError as exc:
-        raise ProcessLookupError(pid) from exc
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def set_soft_limit(process: trio.Process, which: int, soft: int) -> None:
-    """Set the soft limit `which` of the live `process`, under its hard limit.
-
-    Unlike `process.lower_rlimit`, this may raise the soft limit again (never past the
-    hard one): a host's limits change with each program it runs. Nothing is set once the
-    process has been reaped (its pid may be anyone's). Raises `ProcessLookupError` if the
-    process is gone.
-    """
-    if process.returncode is not None:
-        raise ProcessLookupError(f"process {process.pid} has exited")
-    _, hard = resource.prlimit(process.pid, which)
-    if hard != resource.RLIM_INFINITY and (soft == resource.RLIM_INFINITY or soft > hard):
-        soft = hard
-    resource.prlimit(process.pid, which, (soft, hard))
 
 
 class _Pipe:

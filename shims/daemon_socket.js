@@ -33,7 +33,8 @@ export async function openChannel(callback, connect) {
 
 // `request(method, params, tool)` on `channel` under `token`: a promise of the call's
 // result; rejects with ToolError for an error answer, a lost connection, or a channel
-// that could not be opened.
+// that could not be opened. `token` may be a function giving the token for each call
+// (a session's worker holds one connection for steps with tokens of their own).
 export function requester(token, channel) {
   if (!channel) {
     return () => Promise.reject(new ToolError("tools are not available in this execution", -32006, null));
@@ -91,7 +92,8 @@ function socketRequester(token, conn) {
   return async function request(method, params, tool) {
     if (closed) throw new ToolError("the connection to the daemon closed", -32603, null);
     const id = nextId++;
-    const message = { jsonrpc: "2.0", id, method, params, auth: { bearerToken: token } };
+    const bearerToken = typeof token === "function" ? token() : token;
+    const message = { jsonrpc: "2.0", id, method, params, auth: { bearerToken } };
     const reply = new Promise((resolve, reject) => pending.set(id, { resolve, reject, tool }));
     conn.ref();
     const bytes = encode(stringify(message) + "\n");

@@ -1,7 +1,10 @@
-// Conduit's one-shot Deno worker: runs exactly one program, then exits.
+// Conduit's Deno worker: runs exactly one program, then exits; or, for a session, runs
+// its steps one after another in the same isolate, so what one leaves on globalThis
+// the next finds (conduit/executors/js_session.py makes its declarations global).
 //
 // Protocol (the daemon side lives in conduit/executors/deno.py):
-//   1. On start the daemon writes a one-line prelude, {"callback": <address or null>}.
+//   1. On start the daemon writes a one-line prelude,
+//      {"callback": <address or null>, "session": <bool>}.
 //      The worker connects to that address (if any), revokes every permission it was
 //      started with (see permissions.js), writes READY to stdout and blocks reading
 //      stdin: the connection is made, and given up, before any job exists.
@@ -14,6 +17,9 @@
 //      A result JSON.stringify cannot encode (BigInt, cycles, functions, symbols) is
 //      sent as String(value); undefined becomes null.
 //   4. It exits: 0 after a result, 1 after an error.
+//   A session's worker instead reads one job per line (stdin stays open), answers each
+//   as in 3 and waits for the next; it exits when stdin ends. An error thrown between
+//   steps (a timer) goes to stderr, which the next step's output then carries.
 //
 // Plain JavaScript so that Deno starts it without transpiling. The nonce never leaves
 // this module's scope: the program runs in its own module and cannot reach our locals.
@@ -31,6 +37,7 @@ import { stdinReader, writeAll } from "./worker_io.js";
 const stringify = JSON.stringify;
 const encode = TextEncoder.prototype.encode.bind(new TextEncoder());
 const stdoutWrite = Deno.stdout.writeSync.bind(Deno.stdout);
+const stderrWrite = Deno.stderr.writeSync.bind(Deno.stderr);
 const stdinRead = Deno.stdin.read.bind(Deno.stdin);
 const exit = Deno.exit;
 const connect = Deno.connect;
@@ -64,26 +71,55 @@ globalThis.Worker = class Worker {
   }
 };
 
+// A session's stdin stays open for its later steps: its programs get an ended one, as
+// a one-shot program does once its job is read, rather than wait on it or take the
+// next step's job. (The shim reads through its own captured `stdinRead`.)
+function endStdin() {
+  const ended = new ReadableStream({ start: (controller) => controller.close() });
+  const stdin = {
+    read: async () => null,
+    readSync: () => null,
+    readable: ended,
+    isTerminal: () => false,
+    setRaw() {},
+    close() {},
+  };
+  Object.defineProperty(Deno, "stdin", { value: Object.freeze(stdin), enumerable: true });
+}
+
 function writeText(text) {
   writeAll(stdoutWrite, encode(text));
 }
 
 // ---- tools: the program's way back to the daemon (see daemon_socket.js) ----------
 
-function installTools(request) {
+// The job or session step now running, as {job, finished, done}; null between steps.
+let step = null;
+
+// Each call goes out under the token of the step it is made in; installed once, so a
+// session's steps share the one connection and the one `tools` global.
+function installTools(channel) {
+  const noTools = requester(null, null);
+  let viaChannel = null;
+  const request = (method, params, tool) => {
+    const job = step?.job;
+    if (!job?.callback || !channel) return noTools(method, params, tool);
+    viaChannel ??= requester(() => step?.job.session_token, channel);
+    return viaChannel(method, params, tool);
+  };
   const tools = makeTools(request);
   Object.defineProperty(globalThis, "tools", { value: tools, enumerable: true });
   Object.defineProperty(globalThis, "ToolError", { value: ToolError, enumerable: true });
 }
 
-let finished = false;
-
-// Writes the marker and exits; only the first report counts.
-function finish(payload, code) {
-  if (finished) return;
-  finished = true;
-  writeText(RESULT_MARK + job.nonce + payload + "\n");
-  exit(code);
+// Writes the marker: the step's only report counts. A one-shot worker then exits.
+function finish(current, payload, code) {
+  if (current === null || current.finished) return;
+  current.finished = true;
+  writeText(RESULT_MARK + current.job.nonce + payload + "\n");
+  if (!current.job.session) exit(code);
+  if (step === current) step = null;
+  current.done();
 }
 
 function toUserLocations(text, lineOffset) {
@@ -125,25 +161,36 @@ function describeError(error, lineOffset) {
   };
 }
 
-function fail(error) {
+function fail(current, error) {
+  if (current === null || current.finished) return strayError(error);
   let payload;
   try {
-    payload = stringify({ error: describeError(error, job.line_offset) });
+    payload = stringify({ error: describeError(error, current.job.line_offset) });
   } catch {
     payload = '{"error":{"type":"Error","message":"the error could not be described","traceback":""}}';
   }
-  finish(payload, 1);
+  finish(current, payload, 1);
+}
+
+// An error no step is waiting for (only a session's worker outlives its steps).
+function strayError(error) {
+  try {
+    const { type, message } = describeError(error, 1);
+    writeAll(stderrWrite, encode(`Uncaught ${type} between steps: ${message}\n`));
+  } catch {
+    // Nothing more to say.
+  }
 }
 
 // Errors outside the awaited call (timers, unawaited promises) would otherwise make Deno
 // print a report with module line numbers and exit without a result.
 globalThis.addEventListener("error", (event) => {
   event.preventDefault();
-  fail(event.error);
+  fail(step, event.error);
 });
 globalThis.addEventListener("unhandledrejection", (event) => {
   event.preventDefault();
-  fail(event.reason);
+  fail(step, event.reason);
 });
 
 // The first dynamic import of a data: URL sets up Deno's module loader and TypeScript
@@ -157,22 +204,38 @@ await import("data:application/javascript;base64," + toBase64.call(encode("expor
 // own token, and no way to reach the address itself. Done while the worker is warming,
 // so no execution waits for it.
 const stdin = stdinReader(stdinRead);
-const { callback } = await stdin.prelude();
+const { callback, session } = await stdin.prelude();
+if (session) endStdin();
 const channel = await openChannel(callback, connect);
 dropPermissions(permissions, callback);
+installTools(channel);
 
 writeText(READY);
-const job = await stdin.job();
+if (session) {
+  for (let job; (job = await stdin.line()) !== null; ) await runStep({ ...job, session: true });
+  exit(0);
+} else {
+  await runStep(await stdin.job());
+}
 
-try {
-  installTools(requester(job.session_token, job.callback ? channel : null));
-  // A plain global, so a program may also declare its own `inputs`.
-  globalThis.inputs = job.inputs ?? null;
-  const media = job.lang === "javascript" ? "javascript" : "typescript";
-  const source = toBase64.call(encode(job.module));
-  const program = await import(`data:application/${media};base64,${source}`);
-  const value = await program.default();
-  finish(`{"result":${encodeResult(value)}}`, 0);
-} catch (error) {
-  fail(error);
+// Run one program; resolves once it is reported (its own promise may still be pending).
+function runStep(job) {
+  return new Promise((done) => {
+    step = { job, finished: false, done };
+    // A plain global, so a program may also declare its own `inputs`.
+    globalThis.inputs = job.inputs ?? null;
+    runProgram(step);
+  });
+}
+
+async function runProgram(current) {
+  try {
+    const media = current.job.lang === "javascript" ? "javascript" : "typescript";
+    const source = toBase64.call(encode(current.job.module));
+    const program = await import(`data:application/${media};base64,${source}`);
+    const value = await program.default();
+    finish(current, `{"result":${encodeResult(value)}}`, 0);
+  } catch (error) {
+    fail(current, error);
+  }
 }

@@ -1,0 +1,167 @@
+"""A Deno session: one worker process of its own, running the session's steps in turn.
+
+Each step is a module imported into the same V8 isolate, so what a step leaves on
+`globalThis` the next one finds; `js_session.rewrite_step` makes a step's top-level
+declarations such globals. A step runs as a one-shot job would (`DenoExecutor._step`):
+its own timeout, output and result limits, stop signal and tool token. The process's
+V8 heap is the session's `memory_mb`, for everything its steps hold together.
+
+A step after which the worker cannot go on (killed for a timeout, a stop or a limit;
+dead of memory or `Deno.exit`) reports `session_reset`, and the next step starts a
+fresh worker. So does a step that found its worker dead when it came (killed between
+steps by its CPU backstop, say): it ran afresh, and what the session held is gone.
+A cancelled step leaves the worker in an unknown state, so it is killed too, and the
+next step reports the reset.
+
+Everything in the worker belongs to the session's one owner: a step reaches what
+earlier steps left, by design, and a timer or promise of one step may still run (and
+call tools, under the running step's token) in a later one; an error it throws
+between steps is the next step's stderr.
+
+The executor bounds how many sessions are open at once (`SessionSlots`): each holds a
+process, which unlike the warm pool's is not freed when a program ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+
+from conduit.core.errors import Overloaded, SandboxCrashed
+from conduit.executors.base import ErrorInfo, Job, Outcome, SessionSpec, Status, ToolBridge
+
+__all__ = ["DEFAULT_MAX_SESSIONS", "DenoSession", "SessionHost", "SessionSlots", "SessionWorker"]
+
+# Each open session holds a Deno process (~40 MB idle, up to its heap cap).
+DEFAULT_MAX_SESSIONS = 16
+
+
+@dataclass(slots=True)
+class SessionSlots:
+    """How many sessions an executor holds, under its cap, and the nursery their
+    workers run in (the executor's `serve`, which outlives any one request)."""
+
+    limit: int
+    held: int = 0
+    nursery: trio.Nursery | None = None
+
+    def take(self) -> None:
+        """Hold one more session; `Overloaded` if the cap is reached."""
+        if self.held >= self.limit:
+            raise Overloaded(f"the deno executor holds its maximum of {self.limit} sessions")
+        self.held += 1
+
+    def give_back(self) -> None:
+        self.held -= 1
+
+
+class SessionWorker(Protocol):
+    """What a session needs of its worker process (a `deno.DenoWorker`)."""
+
+    @property
+    def alive(self) -> bool:
+        """Whether it may still take a step: neither killed nor exited."""
+        ...
+
+    async def aclose(self) -> None:
+        """Kill it; idempotent, and done in full even when cancelled."""
+        ...
+
+
+class SessionHost(Protocol):
+    """What a session needs of its executor (a `deno.DenoExecutor`)."""
+
+    async def start_session_worker(self, heap_mb: int) -> SessionWorker:
+        """A fresh worker for a session's steps, with a V8 heap of `heap_mb`."""
+        ...
+
+    async def run_step(self, worker: SessionWorker, job: Job, bridge: ToolBridge) -> Outcome | None:
+        """Run `job` on `worker` as a step; None if the worker died before taking it."""
+        ...
+
+
+class DenoSession:
+    """One session's sandbox (an `ExecutorSession`); see the module docstring."""
+
+    def __init__(
+        self, host: SessionHost, spec: SessionSpec, worker: SessionWorker, slots: SessionSlots
+    ) -> None:
+        self.spec = spec
+        self._host = host
+        self._worker: SessionWorker | None = worker
+        self._slots = slots
+        self._closed = False
+        # A step was cancelled (or failed) half-way and its worker killed, which no
+        # outcome has said: the next step does.
+        self._lost = False
+        self._lock = trio.Lock()  # one step at a time, whoever calls
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<DenoSession {self.spec.session_id} ({state})>"
+
+    async def run(self, job: Job, bridge: ToolBridge) -> Outcome:
+        """Run `job` as the session's next step (see the module docstring)."""
+        async with self._lock:
+            if self._closed:
+                raise SandboxCrashed(f"session {self.spec.session_id} is closed")
+            starting_s, reset = 0.0, False
+            if self._worker is None or not self._worker.alive:
+                # None: dropped after a step that said so, unless lost; else it died idle.
+                reset = self._worker is not None or self._lost
+                starting_s += await self._start()
+                self._lost = False
+            outcome = await self._step(job, bridge)
+            if outcome is None:  # it died as the step came: once more, afresh
+                reset = True
+                starting_s += await self._start()
+                outcome = await self._step(job, bridge)
+            if outcome is None:
+                outcome = Outcome(
+                    Status.CRASHED,
+                    error=ErrorInfo("Crashed", "the Deno sandbox died before it took the step"),
+                )
+            outcome.queue_s += starting_s
+            outcome.session_reset = reset or self._worker is None
+            return outcome
+
+    async def _start(self) -> float:
+        """Replace the worker with a fresh one; the seconds that took (queueing)."""
+        began = trio.current_time()
+        await self._drop()
+        worker = await self._host.start_session_worker(self.spec.memory_mb)
+        if self._closed:  # closed while the worker started
+            await worker.aclose()
+            raise SandboxCrashed(f"session {self.spec.session_id} is closed")
+        self._worker = worker
+        return trio.current_time() - began
+
+    async def _step(self, job: Job, bridge: ToolBridge) -> Outcome | None:
+        """Run the step; the worker is dropped unless it can take another."""
+        worker = self._worker
+        assert worker is not None
+        try:
+            outcome = await self._host.run_step(worker, job, bridge)
+        except BaseException:
+            self._lost = True
+            await self._drop()  # cancelled, or failed, half-way: its state is unknown
+            raise
+        if not worker.alive:
+            await self._drop()
+        return outcome
+
+    async def _drop(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            await worker.aclose()
+
+    async def aclose(self) -> None:
+        """Kill the worker and give back the session's slot; idempotent, never raises,
+        and done in full even when cancelled."""
+        if self._closed:
+            return
+        self._closed = True
+        self._slots.give_back()
+        await self._drop()
