@@ -158,6 +158,9 @@ class DenoConfig(_Section):
     binary: str = ""
     # Two idle workers cover a burst of two on a two-core machine; each costs ~34 MB.
     pool_size: Annotated[int, Field(ge=0, le=64)] = 2
+    # Sessions (sessions/create) on this executor at once: each holds a Deno process of
+    # its own (~40 MB and up, as its program's state grows, to its memory limit).
+    max_sessions: Annotated[int, Field(ge=0, le=1024)] = 16
 
 
 class WasmConfig(_Section):
@@ -178,6 +181,9 @@ class PyodideConfig(_Section):
     # up with back-to-back requests on two cores. More are started (up to 8) while
     # programs wait on tools; 0 starts one per program.
     pool_size: Annotated[int, Field(ge=0, le=16)] = 2
+    # Sessions on this executor at once: each holds a worker process of its own
+    # (~0.25 GB), so few.
+    max_sessions: Annotated[int, Field(ge=0, le=256)] = 4
 
 
 class ExecutorsConfig(_Section):

@@ -74,6 +74,7 @@ def _deno_hosted(
     return kind(
         binary=section.binary or None,
         pool_size=section.pool_size,
+        max_sessions=section.max_sessions,
         memory_mb=config.limits.defaults.memory_mb,
         cache_dir=Path(config.server.state_dir) / kind.name,
         callback=callback,

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from conduit.core import jsontext
 from conduit.executors.base import ErrorInfo, Job
+from conduit.executors.js_session import rewrite_step
 from conduit.executors.js_syntax import MentionKind, may_await, prepare_module, prepare_parsed
 from conduit.executors.syntax_memo import SyntaxMemo
 from conduit.executors.wasm import ProgramRejected, WasmExecutor
@@ -140,9 +141,9 @@ class WasmJsExecutor(WasmExecutor):
 
     def session_source(self, code: str) -> str:
         """A session step's program as the guest runs it. Every step runs in the same
-        global object, so what a program puts there (`globalThis.x = 1`) is there for
-        the next; its own top-level declarations are the wrapping function's locals."""
-        return code
+        global object; its top-level declarations are made the global object's
+        (`js_session`), so what one step declares is there for the next."""
+        return rewrite_step(code, "javascript")
 
     def is_out_of_memory(self, error: ErrorInfo) -> bool:
         return error.type in ("Error", "InternalError") and error.message == OUT_OF_MEMORY

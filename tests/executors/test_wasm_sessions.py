@@ -125,6 +125,17 @@ async def test_js_globals_persist_between_steps(js_session: ExecutorSession) -> 
     assert awaited.result == 10, awaited
 
 
+async def test_js_declarations_persist_between_steps(js_session: ExecutorSession) -> None:
+    first = await js_step(
+        js_session,
+        "let x = 1;\nconst { a, b: [c] } = { a: 2, b: [3] };\nfunction bump(n) { return x + n; }",
+    )
+    assert first.status is Status.OK, first
+    second = await js_step(js_session, "x += 1;\n[bump(a), c]")
+    # `bump` sees the x this step changed: the declarations are the global object's.
+    assert (second.status, second.result) == (Status.OK, [4, 3]), second
+
+
 async def test_js_steps_pass_through_session_source(
     wasm_js: WasmJsExecutor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
