@@ -76,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
         "--file",
         action="append",
         default=[],
+        dest="input_files",
         metavar="LOCAL[:PATH]",
         help="place a local file in the program's working directory (as PATH, else by its "
         "name); repeat for more",
@@ -307,8 +308,8 @@ def _exec(args: argparse.Namespace) -> int:
         options["limits"] = {"timeout_ms": args.timeout_ms}
     if args.inputs:
         options["inputs"] = json.loads(args.inputs)
-    if args.file:
-        options["files"] = _input_files(args.file)
+    if args.input_files:
+        options["files"] = _input_files(args.input_files)
     progress = ProgressLine(sys.stderr)
     shown = _LiveOutput(progress, raw=args.raw)
     with _connect(args) as client, progress.running():

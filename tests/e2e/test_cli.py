@@ -119,6 +119,31 @@ async def test_exec_prints_output_and_result_and_exits_with_the_status(running: 
     assert "[timeout]" in slow.stderr.decode()
 
 
+async def test_exec_in_a_named_session_keeps_what_the_last_run_defined(running: Served) -> None:
+    sock = running.socket_path
+    first = await conduit(
+        "exec", "--socket", sock, "--lang", "py", "--session", "cli-nb", "-", stdin=b"x = 41"
+    )
+    assert first.returncode == 0, first.stderr
+    second = await conduit(
+        "exec", "--socket", sock, "--lang", "py", "--session", "cli-nb", "-", stdin=b"x + 1"
+    )
+    assert (second.returncode, second.stdout.decode()) == (0, "42\n"), second.stderr
+    fresh = await conduit("exec", "--socket", sock, "--lang", "py", "-", stdin=b"'x' in globals()")
+    assert fresh.stdout.decode() == "false\n"
+    listed = await conduit("call", "--socket", sock, "sessions/list")
+    [session] = json.loads(listed.stdout)["sessions"]
+    assert (session["name"], session["steps"]) == ("cli-nb", 2)
+    closed = await conduit(
+        "call",
+        "--socket",
+        sock,
+        "sessions/close",
+        json.dumps({"session_id": session["session_id"]}),
+    )
+    assert closed.returncode == 0, closed.stderr
+
+
 async def test_exec_shows_the_output_while_the_program_runs(running: Served) -> None:
     # "second" comes 1 s after "first": seeing "first" without it, while the command is
     # still running, shows the output is written as it comes, not with the result.
