@@ -324,6 +324,42 @@ async def test_the_api_against_a_real_daemon(started: Any, backend: str) -> None
     assert seen["connected"] is True
 
 
+async def _a_session(info: Any) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    with anyio.fail_after(WAIT_S * 2):
+        async with AsyncClient(unix_path=info.unix_path) as client:
+            async with client.session("javascript") as session:
+                await session.execute("let total = 40;")
+                seen["step"] = await session.execute("total += inputs.n; total", inputs={"n": 2})
+                async with session.stream("console.log(total); total") as run:
+                    seen["chunks"] = [chunk.text async for chunk in run]
+                seen["listed"] = [s.session_id for s in await client.sessions()]
+                seen["id"] = session.session_id
+            seen["after"] = await client.sessions()
+            named = await client.open_session("javascript", name="kept")
+            again = await client.open_session("javascript", name="kept")
+            seen["named"] = (
+                named.info.created,
+                again.info.created,
+                again.session_id == named.session_id,
+            )
+            await named.aclose()
+            await named.aclose()  # idempotent
+    return seen
+
+
+@pytest.mark.slow
+@backends
+async def test_a_session_against_a_real_daemon(started: Any, backend: str) -> None:
+    _, info = started
+    seen = await in_thread(backend, _a_session, info)
+    assert (seen["step"].result, seen["step"].session_id) == (42, seen["id"])
+    assert "".join(seen["chunks"]) == "42\n"
+    assert seen["listed"] == [seen["id"]]
+    assert seen["after"] == []  # the block closed it
+    assert seen["named"] == (True, False, True)
+
+
 async def _across_a_restart(info: Any, restart: Callable[[], Awaitable[Any]]) -> tuple[Any, Any]:
     with anyio.fail_after(WAIT_S * 2):
         async with AsyncClient(unix_path=info.unix_path) as client:

@@ -94,6 +94,23 @@ async def test_a_wrong_token_is_unauthenticated_and_no_daemon_is_connection_fail
     assert nowhere in str(missing)
 
 
+async def test_a_session_keeps_state_and_the_block_closes_it(started: Any) -> None:
+    _, info = started
+
+    def work() -> Any:
+        with Client(unix_path=info.unix_path) as client:
+            with client.session("javascript") as session:
+                session.execute("const base = 40;")
+                step = session.execute("base + 2")
+                with session.stream("console.log(base); base") as run:
+                    streamed = "".join(chunk.text for chunk in run)
+            return step, streamed, session.session_id, client.sessions()
+
+    step, streamed, session_id, after = await in_thread(work)
+    assert (step.result, step.session_id, streamed) == (42, session_id, "40\n")
+    assert after == []
+
+
 async def test_a_timed_out_call_leaves_the_connection_usable(started: Any) -> None:
     server, info = started
 
