@@ -1,6 +1,7 @@
 """What agents do, in a daemon of its own with every executor on: a request after the
 daemon sat idle (`bench/idle.py`), sixteen programs waiting on a tool at once
-(`bench/tool_waits.py`), and the realistic program (`bench/realistic.py`).
+(`bench/tool_waits.py`), the realistic program (`bench/realistic.py`), and sessions
+(`bench/sessions.py`).
 
 The daemon has a Deno pool of 2, a pyodide pool of 2 and
 `limits.max_concurrent_executions` 16. Idle latency comes first, while nothing else
@@ -15,7 +16,7 @@ from typing import Any
 
 import trio
 
-from bench import idle, realistic, tool_waits
+from bench import idle, realistic, sessions, tool_waits
 from bench.client import Client
 from bench.conduit_daemon import (
     daemon,
@@ -64,6 +65,10 @@ async def figures(workdir: Path, n: dict[str, int]) -> dict[str, Any]:
             results["realistic"][name] = await realistic.figures(
                 path, name, pool, n["realistic"], n["throughput_s"]
             )
+        await settle(path, pools)
+        results["sessions"] = await sessions.figures(
+            path, list(pools), n["session_steps"], n["file_runs"]
+        )
     return results
 
 

@@ -261,6 +261,7 @@ def _agent(results: dict[str, Any]) -> None:
     _idle(agent["idle"])
     _tool_waits(agent["tool_waits"])
     _realistic(agent["realistic"], _trivial(results))
+    _sessions(agent["sessions"])
 
 
 def _idle(idle: dict[str, Any]) -> None:
@@ -340,6 +341,31 @@ def _realistic(
             f"    {name:14}{figures['latency']['p50_ms']:14.2f}{figures['per_s']:9.1f}"
             f"{_number(p50, 14, 2)}{_number(per_s, 9, 1)}"
         )
+
+
+def _sessions(sessions: dict[str, Any]) -> None:
+    targets, file_target = sessions["targets_ms"], sessions["file_target_ms"]
+    print(
+        "  sessions: a step (x += 1) p50/p99 ms against its target; a 1 MB file in and "
+        f"out p50 ms (target {file_target:g}); resident MB per idle session:"
+    )
+    for name, figures in sessions.items():
+        if name in ("targets_ms", "file_target_ms"):
+            continue
+        step, file, idle = figures["step"], figures["file"], figures["idle_mb"]
+        step_text = (
+            f"{step['p50_ms']:.2f}/{step['p99_ms']:.2f} (target {targets[name]:g}: "
+            f"{verdict(step['p50_ms'] <= targets[name])})"
+            if "p50_ms" in step
+            else f"- ({step['not_measured']})"
+        )
+        file_text = (
+            f"{file['p50_ms']:.2f} ({verdict(file['p50_ms'] <= file_target)})"
+            if "p50_ms" in file
+            else f"- ({file['not_measured'][:60]})"
+        )
+        idle_text = f"{idle['per_session_mb']:.1f}" if "per_session_mb" in idle else "-"
+        print(f"    {name:14}step {step_text}; file {file_text}; idle {idle_text} MB")
 
 
 def _number(value: float | None, width: int, decimals: int) -> str:

@@ -22,7 +22,8 @@ on sockets in a temporary directory and measures, over loopback only:
   and a trivial execution per executor after the daemon sat idle 2 s and 8 s, beside a
   plain blocking echo server; sixteen programs waiting a second on a tool at once; and
   a realistic program per executor (the standard library, 100 KB of inputs, 5 tool
-  calls), p50 and executions/s with 8 clients.
+  calls), p50 and executions/s with 8 clients; a session's step (`x += 1`), a 1 MB file
+  in and out, and the memory an idle session holds, per executor (bench/sessions.py).
 
 Every loop is bounded in count and time. The modules beside this file hold the parts.
 """
@@ -85,6 +86,9 @@ def iterations(quick: bool) -> dict[str, int]:
         "realistic": 40,
         # Rounds of idle gaps: each is a minute (6 targets, 2 s and 8 s each).
         "idle_rounds": 5,
+        # A session's steps, per executor, and 1 MB file round trips.
+        "session_steps": 400,
+        "file_runs": 20,
     }
     if not quick:
         return full
