@@ -97,19 +97,76 @@ def kept_dir(
     return use
 
 
+# Where the session that built the wasm-js component from scratch says what the build did.
+FRESH_JS_BUILD_KEY = "conduit/wasm-js-fresh-build"
+
+
+def build_js_from_scratch(cache: Path) -> dict[str, Any]:
+    """The real wasm-js build, npm install and all, into `cache` as an earlier version
+    left it (an npm install and an npm cache of its own): what the build made, what it
+    left in `cache` and in the component's directory, and the steps it took."""
+    from conduit.executors.wasm_build import BuildProgress, ensure_component
+    from conduit.executors.wasm_guests import JS_GUEST
+
+    (cache / "wasm-js-npm-0123456789abcdef" / "node_modules").mkdir(parents=True)
+    (cache / "npm-cache").mkdir()
+    progress = BuildProgress("wasm-js")
+    built = ensure_component(JS_GUEST, cache, progress)
+    done = progress.snapshot()["done"]
+    assert isinstance(done, list)
+    return {
+        "built": built.built,
+        "size": built.path.stat().st_size,
+        "component_dir": built.path.parent.name,
+        "cache": [p.name for p in cache.iterdir()],
+        "in_component_dir": [p.name for p in built.path.parent.iterdir()],
+        "steps": [step["step"] for step in done],
+    }
+
+
 @pytest.fixture(scope="session")
-def wasm_cache(kept_dir: Callable[[str], AbstractContextManager[Path]]) -> Path:
+def wasm_cache(
+    pytestconfig: pytest.Config,
+    kept_dir: Callable[[str], AbstractContextManager[Path]],
+    tmp_path_factory: pytest.TempPathFactory,
+    testrun_uid: str,
+) -> Path:
     """The wasm-python and wasm-js components, built and compiled once.
 
     Kept in pytest's cache directory between runs (`--cache-clear` drops it): both
     caches are keyed by content, so a reused build is always the current one, and the
     ~30 s of building is paid once per clone rather than once per run.
+
+    A wasm-js component that is not there yet is built as the build test wants one
+    built (`build_js_from_scratch`), and what that build did is kept for this run's
+    build test (`FRESH_JS_BUILD_KEY`), which then need not build it all over again.
     """
     from conduit.executors import _wasmtime
-    from conduit.executors.wasm_build import GuestRecipe, ensure_component
+    from conduit.executors.wasm_build import (
+        COMPONENT_FILE,
+        GuestRecipe,
+        build_inputs,
+        ensure_component,
+        prune_superseded,
+    )
     from conduit.executors.wasm_guests import JS_GUEST, PYTHON_GUEST
 
+    def build_js_fresh() -> None:
+        inputs_hash, _ = build_inputs(JS_GUEST)
+        target = cache / f"{JS_GUEST.name}-{inputs_hash[:16]}"
+        if (target / COMPONENT_FILE).is_file():
+            return
+        scratch = tmp_path_factory.mktemp("wasm-js-fresh") / "wasm"
+        record = build_js_from_scratch(scratch)
+        shutil.copytree(scratch / record["component_dir"], target)
+        prune_superseded(cache, JS_GUEST.name, keep=target)
+        if getattr(pytestconfig, "cache", None) is not None:
+            pytestconfig.cache.set(FRESH_JS_BUILD_KEY, {"run": testrun_uid, **record})
+        shutil.rmtree(scratch.parent, ignore_errors=True)
+
     def build(recipe: GuestRecipe) -> None:
+        if recipe is JS_GUEST:
+            build_js_fresh()
         built = ensure_component(recipe, cache)
         _wasmtime.load_component(_wasmtime.new_engine(), built.path, built.component_hash)
 
@@ -117,6 +174,19 @@ def wasm_cache(kept_dir: Callable[[str], AbstractContextManager[Path]]) -> Path:
         # Side by side, as the daemon builds them: each build uses about one core.
         list(builders.map(build, (PYTHON_GUEST, JS_GUEST)))
     return cache
+
+
+@pytest.fixture
+def fresh_js_build(
+    pytestconfig: pytest.Config, wasm_cache: Path, testrun_uid: str, tmp_path: Path
+) -> dict[str, Any]:
+    """What a from-scratch wasm-js build did (see `build_js_from_scratch`): this run's
+    own, if `wasm_cache` built the component for it, else one built here and now."""
+    cache = getattr(pytestconfig, "cache", None)
+    kept = cache.get(FRESH_JS_BUILD_KEY, None) if cache is not None else None
+    if isinstance(kept, dict) and kept.pop("run", None) == testrun_uid:
+        return kept
+    return build_js_from_scratch(tmp_path / "wasm")
 
 
 @pytest.fixture(scope="session")
