@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
@@ -37,12 +38,47 @@ settings.load_profile("conduit")
 SLOW_DIRECTORIES = ("e2e", "security")
 
 
+# The files that take longest on a fresh clone of a loaded two-core machine, longest
+# first (measured with `--durations=0`). Test processes (`--dist loadfile`) are handed
+# these first and every other file after them, so that a run ends on short files, not
+# on one process finishing a long one while the others wait. Without
+# `--no-loadscope-reorder` xdist would put files with few tests last, and most of these
+# have few. The first one's npm install (the MCP clients) overlaps the component build.
+LONGEST_FIRST = (
+    "e2e/test_mcp_clients.py",
+    "e2e/test_mcp_stdio.py",
+    "e2e/test_cli.py",
+    "security/test_pyodide_sandbox.py",
+    "security/test_wasm_python_sandbox.py",
+    "security/test_wasm_js_sandbox.py",
+    "e2e/test_tools.py",
+    "executors/test_pyodide.py",
+    "gateway/test_http_upstream.py",
+    "executors/test_wasm_fuel.py",
+    "executors/test_wasm_js.py",
+    "gateway/test_stdio_upstream.py",
+    "e2e/test_serve_process.py",
+    "e2e/test_systemd_activation.py",
+    "e2e/test_wasm_js_tools.py",
+    "security/test_hostile_text.py",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     tests = Path(__file__).parent
     for item in items:
         parts = item.path.relative_to(tests).parts
         if len(parts) > 1 and parts[0] in SLOW_DIRECTORIES:
             item.add_marker(pytest.mark.slow)
+    # The longest files first, in that order; then the rest, most tests first (as
+    # xdist would order them), each file's tests in their own order.
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    counts = Counter(item.path for item in items)
+
+    def place(item: pytest.Item) -> tuple[int, int]:
+        return rank.get(item.path.relative_to(tests).as_posix(), len(rank)), -counts[item.path]
+
+    items.sort(key=place)
 
 
 @pytest.fixture(scope="session", autouse=True)
