@@ -43,12 +43,13 @@ SLOW_DIRECTORIES = ("e2e", "security")
 # these first and every other file after them, so that a run ends on short files, not
 # on one process finishing a long one while the others wait. Without
 # `--no-loadscope-reorder` xdist would put files with few tests last, and most of these
-# have few. The first one's npm install (the MCP clients) overlaps the component build.
+# have few. The second, Pyodide's (`no_wasm`), keeps one process busy while the first
+# waits for a fresh clone's wasm components to be built.
 LONGEST_FIRST = (
-    "e2e/test_mcp_clients.py",
     "e2e/test_mcp_stdio.py",
-    "e2e/test_cli.py",
     "security/test_pyodide_sandbox.py",
+    "e2e/test_cli.py",
+    "e2e/test_mcp_clients.py",
     "security/test_wasm_python_sandbox.py",
     "security/test_wasm_js_sandbox.py",
     "e2e/test_tools.py",
@@ -247,8 +248,12 @@ def link_wasm_cache(state_dir: Path, cache: Path) -> None:
 @pytest.fixture(autouse=True)
 def _shared_wasm_cache(request: pytest.FixtureRequest) -> None:
     """Tests that use `tmp_path / "state"` as a state dir (daemons in-process or as
-    `conduit` subprocesses) find the session's component there instead of building."""
-    if "tmp_path" in request.fixturenames:
+    `conduit` subprocesses) find the session's component there instead of building.
+
+    Those marked `no_wasm` start no wasm executor: they need not wait for the build
+    (a fresh clone's first minute), so a test process can run them meanwhile.
+    """
+    if "tmp_path" in request.fixturenames and not request.node.get_closest_marker("no_wasm"):
         tmp_path: Path = request.getfixturevalue("tmp_path")
         link_wasm_cache(tmp_path / "state", request.getfixturevalue("wasm_cache"))
 
