@@ -180,10 +180,12 @@ def wasm_cache(
     """
     from conduit.executors import _wasmtime
     from conduit.executors.wasm_build import (
+        BUILD_PREFIX,
         COMPONENT_FILE,
         GuestRecipe,
         build_inputs,
         ensure_component,
+        move_into_place,
         prune_superseded,
     )
     from conduit.executors.wasm_guests import JS_GUEST, PYTHON_GUEST
@@ -195,7 +197,11 @@ def wasm_cache(
             return
         scratch = tmp_path_factory.mktemp("wasm-js-fresh") / "wasm"
         record = build_js_from_scratch(scratch)
-        shutil.copytree(scratch / record["component_dir"], target)
+        # Copied beside the cache, then renamed into it: never a half component there.
+        staging = Path(tempfile.mkdtemp(prefix=BUILD_PREFIX, dir=cache)) / "out"
+        shutil.copytree(scratch / record["component_dir"], staging)
+        move_into_place(staging, target, COMPONENT_FILE)
+        shutil.rmtree(staging.parent, ignore_errors=True)
         prune_superseded(cache, JS_GUEST.name, keep=target)
         if getattr(pytestconfig, "cache", None) is not None:
             pytestconfig.cache.set(FRESH_JS_BUILD_KEY, {"run": testrun_uid, **record})
