@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
@@ -37,12 +38,48 @@ settings.load_profile("conduit")
 SLOW_DIRECTORIES = ("e2e", "security")
 
 
+# The files that take longest on a fresh clone of a loaded two-core machine, longest
+# first (measured with `--durations=0`). Test processes (`--dist loadfile`) are handed
+# these first and every other file after them, so that a run ends on short files, not
+# on one process finishing a long one while the others wait. Without
+# `--no-loadscope-reorder` xdist would put files with few tests last, and most of these
+# have few. The second, Pyodide's (`no_wasm`), keeps one process busy while the first
+# waits for a fresh clone's wasm components to be built.
+LONGEST_FIRST = (
+    "e2e/test_mcp_stdio.py",
+    "security/test_pyodide_sandbox.py",
+    "e2e/test_cli.py",
+    "e2e/test_mcp_clients.py",
+    "security/test_wasm_python_sandbox.py",
+    "security/test_wasm_js_sandbox.py",
+    "e2e/test_tools.py",
+    "executors/test_pyodide.py",
+    "gateway/test_http_upstream.py",
+    "executors/test_wasm_fuel.py",
+    "executors/test_wasm_js.py",
+    "gateway/test_stdio_upstream.py",
+    "e2e/test_serve_process.py",
+    "e2e/test_systemd_activation.py",
+    "e2e/test_wasm_js_tools.py",
+    "security/test_hostile_text.py",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     tests = Path(__file__).parent
     for item in items:
         parts = item.path.relative_to(tests).parts
         if len(parts) > 1 and parts[0] in SLOW_DIRECTORIES:
             item.add_marker(pytest.mark.slow)
+    # The longest files first, in that order; then the rest, most tests first (as
+    # xdist would order them), each file's tests in their own order.
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    counts = Counter(item.path for item in items)
+
+    def place(item: pytest.Item) -> tuple[int, int]:
+        return rank.get(item.path.relative_to(tests).as_posix(), len(rank)), -counts[item.path]
+
+    items.sort(key=place)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -97,19 +134,82 @@ def kept_dir(
     return use
 
 
+# Where the session that built the wasm-js component from scratch says what the build did.
+FRESH_JS_BUILD_KEY = "conduit/wasm-js-fresh-build"
+
+
+def build_js_from_scratch(cache: Path) -> dict[str, Any]:
+    """The real wasm-js build, npm install and all, into `cache` as an earlier version
+    left it (an npm install and an npm cache of its own): what the build made, what it
+    left in `cache` and in the component's directory, and the steps it took."""
+    from conduit.executors.wasm_build import BuildProgress, ensure_component
+    from conduit.executors.wasm_guests import JS_GUEST
+
+    (cache / "wasm-js-npm-0123456789abcdef" / "node_modules").mkdir(parents=True)
+    (cache / "npm-cache").mkdir()
+    progress = BuildProgress("wasm-js")
+    built = ensure_component(JS_GUEST, cache, progress)
+    done = progress.snapshot()["done"]
+    assert isinstance(done, list)
+    return {
+        "built": built.built,
+        "size": built.path.stat().st_size,
+        "component_dir": built.path.parent.name,
+        "cache": [p.name for p in cache.iterdir()],
+        "in_component_dir": [p.name for p in built.path.parent.iterdir()],
+        "steps": [step["step"] for step in done],
+    }
+
+
 @pytest.fixture(scope="session")
-def wasm_cache(kept_dir: Callable[[str], AbstractContextManager[Path]]) -> Path:
+def wasm_cache(
+    pytestconfig: pytest.Config,
+    kept_dir: Callable[[str], AbstractContextManager[Path]],
+    tmp_path_factory: pytest.TempPathFactory,
+    testrun_uid: str,
+) -> Path:
     """The wasm-python and wasm-js components, built and compiled once.
 
     Kept in pytest's cache directory between runs (`--cache-clear` drops it): both
     caches are keyed by content, so a reused build is always the current one, and the
     ~30 s of building is paid once per clone rather than once per run.
+
+    A wasm-js component that is not there yet is built as the build test wants one
+    built (`build_js_from_scratch`), and what that build did is kept for this run's
+    build test (`FRESH_JS_BUILD_KEY`), which then need not build it all over again.
     """
     from conduit.executors import _wasmtime
-    from conduit.executors.wasm_build import GuestRecipe, ensure_component
+    from conduit.executors.wasm_build import (
+        BUILD_PREFIX,
+        COMPONENT_FILE,
+        GuestRecipe,
+        build_inputs,
+        ensure_component,
+        move_into_place,
+        prune_superseded,
+    )
     from conduit.executors.wasm_guests import JS_GUEST, PYTHON_GUEST
 
+    def build_js_fresh() -> None:
+        inputs_hash, _ = build_inputs(JS_GUEST)
+        target = cache / f"{JS_GUEST.name}-{inputs_hash[:16]}"
+        if (target / COMPONENT_FILE).is_file():
+            return
+        scratch = tmp_path_factory.mktemp("wasm-js-fresh") / "wasm"
+        record = build_js_from_scratch(scratch)
+        # Copied beside the cache, then renamed into it: never a half component there.
+        staging = Path(tempfile.mkdtemp(prefix=BUILD_PREFIX, dir=cache)) / "out"
+        shutil.copytree(scratch / record["component_dir"], staging)
+        move_into_place(staging, target, COMPONENT_FILE)
+        shutil.rmtree(staging.parent, ignore_errors=True)
+        prune_superseded(cache, JS_GUEST.name, keep=target)
+        if getattr(pytestconfig, "cache", None) is not None:
+            pytestconfig.cache.set(FRESH_JS_BUILD_KEY, {"run": testrun_uid, **record})
+        shutil.rmtree(scratch.parent, ignore_errors=True)
+
     def build(recipe: GuestRecipe) -> None:
+        if recipe is JS_GUEST:
+            build_js_fresh()
         built = ensure_component(recipe, cache)
         _wasmtime.load_component(_wasmtime.new_engine(), built.path, built.component_hash)
 
@@ -117,6 +217,19 @@ def wasm_cache(kept_dir: Callable[[str], AbstractContextManager[Path]]) -> Path:
         # Side by side, as the daemon builds them: each build uses about one core.
         list(builders.map(build, (PYTHON_GUEST, JS_GUEST)))
     return cache
+
+
+@pytest.fixture
+def fresh_js_build(
+    pytestconfig: pytest.Config, wasm_cache: Path, testrun_uid: str, tmp_path: Path
+) -> dict[str, Any]:
+    """What a from-scratch wasm-js build did (see `build_js_from_scratch`): this run's
+    own, if `wasm_cache` built the component for it, else one built here and now."""
+    cache = getattr(pytestconfig, "cache", None)
+    kept = cache.get(FRESH_JS_BUILD_KEY, None) if cache is not None else None
+    if isinstance(kept, dict) and kept.pop("run", None) == testrun_uid:
+        return kept
+    return build_js_from_scratch(tmp_path / "wasm")
 
 
 @pytest.fixture(scope="session")
@@ -141,8 +254,12 @@ def link_wasm_cache(state_dir: Path, cache: Path) -> None:
 @pytest.fixture(autouse=True)
 def _shared_wasm_cache(request: pytest.FixtureRequest) -> None:
     """Tests that use `tmp_path / "state"` as a state dir (daemons in-process or as
-    `conduit` subprocesses) find the session's component there instead of building."""
-    if "tmp_path" in request.fixturenames:
+    `conduit` subprocesses) find the session's component there instead of building.
+
+    Those marked `no_wasm` start no wasm executor: they need not wait for the build
+    (a fresh clone's first minute), so a test process can run them meanwhile.
+    """
+    if "tmp_path" in request.fixturenames and not request.node.get_closest_marker("no_wasm"):
         tmp_path: Path = request.getfixturevalue("tmp_path")
         link_wasm_cache(tmp_path / "state", request.getfixturevalue("wasm_cache"))
 

@@ -28,7 +28,8 @@ from conduit.executors.pyodide import PyodideExecutor
 from tests.sandboxes import LOAD_WAIT_S, NoBridge
 from tests.served import Served, serving_in_a_thread
 
-pytestmark = pytest.mark.slow
+# Pyodide alone: no test here waits for the wasm components to be built.
+pytestmark = [pytest.mark.slow, pytest.mark.no_wasm]
 
 T = TypeVar("T")
 R = TypeVar("R")

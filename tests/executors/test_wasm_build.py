@@ -31,7 +31,6 @@ from conduit.executors.wasm_build import (
     ensure_component,
     run_tool,
 )
-from conduit.executors.wasm_guests import JS_GUEST
 
 BUILD_LOG = "conduit.executors.wasm_build"
 # Generous: a stand-in tool is one Python start, but the machine may be busy.
@@ -215,15 +214,13 @@ def test_an_npm_install_keeps_its_packages_and_not_npms_cache(
 
 
 @pytest.mark.slow
-def test_the_wasm_js_build_leaves_only_its_component(tmp_path: Path) -> None:
-    """The real build, from npm install to componentize-js: ~400 MB of tooling, gone."""
-    cache = tmp_path / "wasm"
-    (cache / "wasm-js-npm-0123456789abcdef" / "node_modules").mkdir(parents=True)
-    (cache / "npm-cache").mkdir()  # both as an earlier version left them
-    progress = BuildProgress("wasm-js")
-    built = ensure_component(JS_GUEST, cache, progress)
-    assert built.built and built.path.stat().st_size > 0
-    assert [p.name for p in cache.iterdir()] == [built.path.parent.name]
-    assert [p.name for p in built.path.parent.iterdir()] == ["guest.wasm"]
-    steps = [s["step"] for s in progress.snapshot()["done"]]  # type: ignore[index]
-    assert steps == ["npm install (wasm-js)", "componentize-js"]
+def test_the_wasm_js_build_leaves_only_its_component(fresh_js_build: dict[str, Any]) -> None:
+    """The real build, from npm install to componentize-js: ~400 MB of tooling, gone.
+
+    Built where an earlier version left its npm install and npm cache (see
+    `build_js_from_scratch`): by `wasm_cache` when a clone has no component yet, else here.
+    """
+    assert fresh_js_build["built"] and fresh_js_build["size"] > 0
+    assert fresh_js_build["cache"] == [fresh_js_build["component_dir"]]
+    assert fresh_js_build["in_component_dir"] == ["guest.wasm"]
+    assert fresh_js_build["steps"] == ["npm install (wasm-js)", "componentize-js"]

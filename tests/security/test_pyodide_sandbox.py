@@ -27,7 +27,8 @@ from tests.executors.test_pyodide import SharedPyodide, shared_pyodide
 from tests.sandboxes import LOAD_WAIT_S, TIMES_OUT, Attacks, each_attack
 from tests.security.test_deno_sandbox import attack_the_callback_channel
 
-pytestmark = pytest.mark.slow
+# Pyodide alone: no test here waits for the wasm components to be built.
+pytestmark = [pytest.mark.slow, pytest.mark.no_wasm]
 
 SECRET = "env-s3cret"
 
