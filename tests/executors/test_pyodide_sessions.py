@@ -25,7 +25,7 @@ from tests.executors.test_pyodide import pyodide_workers
 from tests.sandboxes import LOAD_WAIT_S, WAIT_S, NoBridge
 from tests.served import Served, serving_in_a_thread
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.no_wasm]
 
 MAX_SESSIONS = 2
 
