@@ -14,6 +14,7 @@ This module does no I/O and imports nothing of the project's but `core`.
 from __future__ import annotations
 
 import base64
+import binascii
 import mimetypes
 import unicodedata
 from collections.abc import Iterable
@@ -133,7 +134,13 @@ class ReturnedFile:
 
     @property
     def data(self) -> bytes | None:
-        return None if self.base64 is None else base64.b64decode(self.base64)
+        """The file's bytes; None when they were not sent, or are not valid base64."""
+        if self.base64 is None:
+            return None
+        try:
+            return base64.b64decode(self.base64, validate=True)
+        except (binascii.Error, ValueError):
+            return None
 
 
 def returned_files(files: Iterable[FileData], budget_bytes: int) -> tuple[ReturnedFile, ...]:

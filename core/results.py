@@ -191,6 +191,11 @@ class ExecutionResult:
         return schema
 
 
+def _count(value: Any) -> int:
+    """A count from the wire, 0 for anything that is not one."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
 def _files_from_wire(files: Any) -> tuple[ReturnedFile, ...]:
     """The result's files, leniently: an entry that is not an object is skipped."""
     if not isinstance(files, list):
@@ -198,7 +203,7 @@ def _files_from_wire(files: Any) -> tuple[ReturnedFile, ...]:
     return tuple(
         ReturnedFile(
             path=str(file.get("path", "")),
-            size=int(file.get("size") or 0),
+            size=_count(file.get("size")),
             mime=str(file.get("mime", "application/octet-stream")),
             base64=None if file.get("base64") is None else str(file["base64"]),
             truncated=bool(file.get("truncated", False)),

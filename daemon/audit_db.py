@@ -530,7 +530,9 @@ def purge_before(db: sqlite3.Connection, cutoff: float, limit: int) -> int:
             "WHERE started_at < ? ORDER BY started_at, seq LIMIT ?)",
             (cutoff, limit),
         )
-        db.execute("DELETE FROM sessions WHERE ended_at < ?", (cutoff,))
+        # A session's row goes with its time: its end, or its start if it never ended
+        # (a daemon killed while it lived).
+        db.execute("DELETE FROM sessions WHERE COALESCE(ended_at, created_at) < ?", (cutoff,))
     return cursor.rowcount
 
 
@@ -558,10 +560,11 @@ def purge_oldest(db: sqlite3.Connection, target_bytes: int, limit: int) -> int:
 
 
 def _purge_ended_sessions(db: sqlite3.Connection) -> None:
-    """Delete the sessions that ended before the oldest execution still kept."""
+    """Delete the sessions whose time (their end, or their start if they never ended)
+    is before the oldest execution still kept; all of them once none is."""
     db.execute(
-        "DELETE FROM sessions WHERE ended_at < "
-        "COALESCE((SELECT MIN(started_at) FROM executions), ended_at + 1)"
+        "DELETE FROM sessions WHERE COALESCE(ended_at, created_at) < "
+        "COALESCE((SELECT MIN(started_at) FROM executions), 9e999)"
     )
 
 

@@ -19,6 +19,7 @@ own bytes, for a file or a pipe).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -346,15 +347,15 @@ def _input_files(specs: list[str]) -> dict[str, bytes]:
 
 def _save_files(result: ExecutionResult, out: Path) -> None:
     """Write the result's files under `out`. Their paths come from the daemon and the
-    program: each is checked again, and none is written through a link or outside
-    `out`. A file the result had no room for is named on stderr."""
+    program: each is checked again, each directory on the way is made or entered only
+    if it is a real directory under `out` (never a link), and the file is never written
+    through a link. A file not saved is named on stderr, with why."""
     from conduit.core.files import PathRefused, checked_path
 
     out.mkdir(parents=True, exist_ok=True)
-    root = out.resolve()
     for file in result.files:
         try:
-            target = root / checked_path(file.path)
+            parts = checked_path(file.path).split("/")
         except PathRefused as exc:
             print(f"not saved: {escape(str(exc))}", file=sys.stderr)
             continue
@@ -365,16 +366,30 @@ def _save_files(result: ExecutionResult, out: Path) -> None:
                 file=sys.stderr,
             )
             continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if not target.parent.resolve().is_relative_to(root):
-            print(f"not saved: {escape(file.path)} leads outside {out}", file=sys.stderr)
-            continue
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            with os.fdopen(os.open(target, flags, 0o644), "wb") as written:
-                written.write(file.data)
-        except OSError as exc:  # a link in the way, say
-            print(f"not saved: {escape(file.path)}: {exc.strerror}", file=sys.stderr)
+            _write_under(out, parts, file.data)
+        except OSError as exc:  # a link or a file in the way, say
+            print(f"not saved: {escape(file.path)}: {exc.strerror or exc}", file=sys.stderr)
+
+
+def _write_under(out: Path, parts: list[str], data: bytes) -> None:
+    """Write `data` at `out/<parts>`, opening each directory from its parent with
+    O_NOFOLLOW, so no link on the way is followed; raises `OSError`."""
+    directory = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o755, dir_fd=directory)
+            inner = os.open(
+                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory
+            )
+            os.close(directory)
+            directory = inner
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(parts[-1], flags, 0o644, dir_fd=directory), "wb") as written:
+            written.write(data)
+    finally:
+        os.close(directory)
 
 
 def _stream(runner: Any, code: str, options: dict[str, Any], shown: _LiveOutput) -> ExecutionResult:

@@ -60,6 +60,7 @@ from conduit.core.protocol import (
     request_id,
     result_reply,
 )
+from conduit.daemon.sessions import NamedSessions
 
 if TYPE_CHECKING:
     from conduit.daemon.auth import PeerCredentials, Principal
@@ -183,8 +184,8 @@ class Connection:
         self._streams: trio.Nursery | None = None
         # What this connection is subscribed to, by subscription id (events/subscribe).
         self.subscriptions: dict[str, trio.CancelScope] = {}
-        # The sessions its MCP tool calls named, by name (see `methods/sessions.py`).
-        self.named_sessions: dict[str, str] = {}
+        # The sessions its MCP tool calls named (see `methods/sessions.py`).
+        self.named_sessions = NamedSessions()
         self._at_close: list[Callable[[], Awaitable[object]]] = []
 
     def __repr__(self) -> str:
@@ -212,8 +213,10 @@ class Connection:
             pass
         finally:
             with trio.CancelScope(shield=True):
-                await self._stream.aclose()
-                await self._run_at_close()
+                try:
+                    await self._stream.aclose()
+                finally:
+                    await self._run_at_close()
 
     def at_close(self, callback: Callable[[], Awaitable[object]]) -> None:
         """Await `callback()` once the connection has closed (shielded); what it

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from conduit.daemon.events import EventBus
     from conduit.daemon.executions import Executions
     from conduit.daemon.limits import Admission
-    from conduit.daemon.sessions import Sessions
+    from conduit.daemon.sessions import NamedSessions, Sessions
     from conduit.daemon.tool_access import ToolAccess
 
 __all__ = [
@@ -85,8 +85,8 @@ class Peer(Protocol):
     mcp_session: bool
     # Its event subscriptions, by id (`events/subscribe`).
     subscriptions: dict[str, trio.CancelScope]
-    # The sessions its MCP tool calls named: name → session id.
-    named_sessions: dict[str, str]
+    # The sessions its MCP tool calls named.
+    named_sessions: NamedSessions
 
     def login(self, token: str) -> Principal: ...
 

@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -146,6 +146,9 @@ class _Running:
 # task is cancelled (and the output so far lost).
 _STOP_GRACE_S = 2.0
 MIB = 1024 * 1024
+# Files an execution's record names, and how much of each path.
+RECORDED_FILES = 20
+RECORDED_PATH_CHARS = 200
 
 
 # Programs up to this size are checked against the policy on the event loop (parsing
@@ -580,7 +583,14 @@ class Executions:
                 f"is {session.limits.memory_mb} MB, set by sessions/create for all its steps",
                 {"field": "limits.memory_mb", "reason": "fixed for the session"},
             )
-        return self._capped(dataclasses.asdict(session.limits), requested)
+        # The session's own limits, within today's maxima (a reload may have lowered
+        # them since it was made); its memory is its sandbox's, fixed.
+        maxima = self.limits.maxima
+        values = {
+            name: value if name == "memory_mb" else min(value, getattr(maxima, name))
+            for name, value in dataclasses.asdict(session.limits).items()
+        }
+        return self._capped(values, requested)
 
     def _capped(self, values: dict[str, int], requested: dict[str, int]) -> Limits:
         config = self.limits
@@ -724,8 +734,8 @@ def _record(
         memory_peak_bytes=result.memory_peak_bytes,
         tool_calls=tool_log,
         session_id=result.session_id,
-        files_in=tuple(FileRecord(file.path, len(file.data)) for file in job.files),
-        files_out=tuple(FileRecord(file.path, file.size) for file in result.files),
+        files_in=_file_records((file.path, len(file.data)) for file in job.files),
+        files_out=_file_records((file.path, file.size) for file in result.files),
     )
 
 
@@ -742,6 +752,21 @@ def _started_event(
     if target.session is not None:
         data["session_id"] = target.session.session_id
     return BusEvent(EventType.EXECUTION_STARTED, data, principal, started_at)
+
+
+def _file_records(files: Iterable[tuple[str, int]]) -> tuple[FileRecord, ...]:
+    """What the record keeps of an execution's files: the first RECORDED_FILES, each
+    path's head, and when there were more, one last entry `…` with their count and
+    total size, so a flood of files costs the store a few hundred bytes."""
+    kept, more, more_bytes = [], 0, 0
+    for path, size in files:
+        if len(kept) < RECORDED_FILES:
+            kept.append(FileRecord(head(path, RECORDED_PATH_CHARS), size))
+        else:
+            more, more_bytes = more + 1, more_bytes + size
+    if more:
+        kept.append(FileRecord(f"… {more} more", more_bytes))
+    return tuple(kept)
 
 
 def _ended_event(record: ExecutionRecord) -> BusEvent:

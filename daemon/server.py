@@ -147,6 +147,7 @@ class Daemon:
             events=self.events,
             limits_for=self.executions.limits_for,
             queue_timeout_s=limits.queue_timeout_s,
+            charge=self.rate_limiter.check,
         )
         self.tools = ToolAccess(
             build_catalogue(config),

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from conduit.daemon.events import EventBus
     from conduit.executors.registry import ExecutorRegistry
 
-__all__ = ["CloseReason", "LiveSession", "Sessions"]
+__all__ = ["CloseReason", "LiveSession", "NamedSessions", "Sessions"]
 
 log = logging.getLogger("conduit.sessions")
 
@@ -99,6 +99,7 @@ class LiveSession:
                 raise NotFound("not found: no such session", {"session_id": self.session_id})
             yield trio.current_time() - began
         finally:
+            self.last_used = trio.current_time()  # moving files is use too
             self.lock.release()
 
     def step_ended(self, *, reset: bool) -> None:
@@ -148,6 +149,18 @@ class LiveSession:
         }
 
 
+@dataclass(eq=False)
+class NamedSessions:
+    """The sessions one connection's MCP tool calls named (`execute_*`'s `session`):
+    session id by name. `lock` is held while a name is looked up or opened, so two
+    calls naming one new session open one; `closing` says the connection will end
+    them when it closes."""
+
+    ids: dict[str, str] = field(default_factory=dict)
+    lock: trio.Lock = field(default_factory=trio.Lock)
+    closing: bool = False
+
+
 class Sessions:
     """The daemon's table of live sessions.
 
@@ -164,12 +177,16 @@ class Sessions:
         events: EventBus,
         limits_for: Callable[[dict[str, int]], Limits],
         queue_timeout_s: float,
+        charge: Callable[[str], None] = lambda principal: None,
     ) -> None:
         self.config = config
         # Replaced by the daemon once it has built its executors, as `Executions.registry`.
         self.registry = registry
         self._events = events
         self._limits_for = limits_for
+        # Spends the principal's rate, as an execution does (`RateLimited` when spent):
+        # opening a sandbox costs what starting an execution does.
+        self._charge = charge
         self._queue_timeout_s = queue_timeout_s
         self._sessions: dict[str, LiveSession] = {}
         self._opening = 0  # sessions being opened: they count against the caps
@@ -213,6 +230,7 @@ class Sessions:
         idle = self._idle_timeout(idle_timeout_s)
         session_limits = self._limits_for(limits or {})
         self._check_caps(principal)
+        self._charge(principal)
         self._opening += 1
         self._opening_by[principal] = self._opening_by.get(principal, 0) + 1
         try:

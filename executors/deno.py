@@ -630,6 +630,15 @@ class DenoExecutor:
         )
         return worker
 
+    def rest(self, worker: SessionWorker) -> None:
+        """Between a session's steps, its worker may use SESSION_IDLE_CPU_S of CPU more:
+        a step's own budget (`_limit_cpu`) is for the step, not for the timers it
+        leaves. Past it the system ends the worker, and the next step starts afresh."""
+        assert isinstance(worker, DenoWorker)
+        with contextlib.suppress(OSError):  # gone already: the next step sees it
+            used = math.ceil(cpu_seconds(worker.process.pid))
+            set_soft_limit(worker.process, resource.RLIMIT_CPU, used + SESSION_IDLE_CPU_S)
+
     async def run_step(self, worker: SessionWorker, job: Job, bridge: ToolBridge) -> Outcome | None:
         """Run `job` as a session's step on `worker` (one `start_session_worker` gave),
         its declarations made global (`js_session`); None if the worker died before
@@ -782,6 +791,10 @@ class DenoExecutor:
             returncode=process.returncode,
             is_out_of_memory=self.is_out_of_memory,
         )
+
+
+# CPU a session's worker may use between its steps (see `DenoExecutor.rest`).
+SESSION_IDLE_CPU_S = 5
 
 
 def _limit_cpu(process: trio.Process, cpu_s: int, *, one_shot: bool) -> None:

@@ -81,6 +81,11 @@ class SessionHost(Protocol):
         """Run `job` on `worker` as a step; None if the worker died before taking it."""
         ...
 
+    def rest(self, worker: SessionWorker) -> None:
+        """`worker` is between steps: what its program left running (a timer that
+        computes) may use only a little CPU before the system ends it."""
+        ...
+
 
 class DenoSession:
     """One session's sandbox (an `ExecutorSession`); see the module docstring."""
@@ -148,7 +153,9 @@ class DenoSession:
             self._lost = True
             await self._drop()  # cancelled, or failed, half-way: its state is unknown
             raise
-        if not worker.alive:
+        if worker.alive:
+            self._host.rest(worker)
+        else:
             await self._drop()
         return outcome
 

@@ -97,10 +97,12 @@ def rewrite_step(code: str, dialect: Dialect) -> str:
         return code
     plan = _Plan(syntax.data)
     first: int | None = None
+    prologue = True  # "use strict" and other directives come first, untouched
     for statement in _children(syntax.root):
         if statement.is_extra or statement.type == "hash_bang_line":
             continue
-        if first is None:
+        prologue = prologue and _is_directive(statement)
+        if first is None and not prologue:
             first = statement.start_byte
         _statement(plan, statement)
     if first is not None and plan.functions:
@@ -162,7 +164,7 @@ def _class(plan: _Plan, node: tree_sitter.Node) -> None:
         _assigned_after(plan, node)
         return
     plan.insert(node.start_byte, b"{" + GLOBAL + plan.text(name) + b" = ")
-    plan.insert(node.end_byte, b"}")
+    plan.insert(_code_end(node), b"}")
 
 
 def _is_const_enum(node: tree_sitter.Node) -> bool:
@@ -228,7 +230,8 @@ def _declaration(plan: _Plan, node: tree_sitter.Node) -> None:
             if declarator is None:
                 return
             edits += declarator
-    edits.append(_Edit(node.end_byte, node.end_byte, b"}"))
+    end = _code_end(node)
+    edits.append(_Edit(end, end, b"}"))
     plan.edits += edits
 
 
@@ -305,6 +308,24 @@ def _assignments(names: dict[bytes, None]) -> bytes:
 def _breaks(segment: bytes) -> bytes:
     """The line breaks in `segment`, which must stay for later lines to keep numbers."""
     return b"".join(_LINE_BREAKS.findall(segment))
+
+
+def _is_directive(statement: tree_sitter.Node) -> bool:
+    """Whether `statement` is a directive such as `"use strict";`: a string alone."""
+    if statement.type != "expression_statement":
+        return False
+    expression = statement.named_child(0)
+    return expression is not None and expression.type == "string"
+
+
+def _code_end(node: tree_sitter.Node) -> int:
+    """Where `node`'s code ends: before a comment the parser counted in it (a line
+    comment after a declaration with no semicolon), so a brace put there is code."""
+    end = node.end_byte
+    for child in _children(node):
+        if child.type != "comment":
+            end = child.end_byte
+    return end
 
 
 def _children(node: tree_sitter.Node) -> Iterator[tree_sitter.Node]:

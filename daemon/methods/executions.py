@@ -167,6 +167,7 @@ class ExecuteParams(Params):
     inputs: Any = Field(None, description="any JSON, visible to the program as `inputs`")
     files: list[FileParam] | None = Field(
         None,
+        max_length=MAX_FILES,
         description="files placed in the program's working directory before it runs; "
         "what it writes under out/ comes back in the result's files",
     )

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from conduit.core.errors import InvalidParams, NotFound
-from conduit.core.files import checked_path, mime_of
+from conduit.core.files import MAX_FILES, checked_path, mime_of
 from conduit.daemon.dispatcher import CallContext, MethodRouter, Params
 from conduit.daemon.methods.executions import FileParam, checked_files
 from conduit.executors.base import FilesRefused
@@ -29,7 +29,9 @@ MIB = 1024 * 1024
 class PutFilesParams(Params):
     session_id: str = Field(max_length=64, description="as sessions/create answered")
     files: list[FileParam] = Field(
-        min_length=1, description="files to place, replacing any by the same path"
+        min_length=1,
+        max_length=MAX_FILES,
+        description="files to place, replacing any by the same path",
     )
 
 
@@ -58,18 +60,24 @@ class GetFileParams(Params):
 
 @router.method("files/get", params=GetFileParams, scope="execute")
 async def get_file(params: GetFileParams, ctx: CallContext) -> dict[str, Any]:
-    """One file of a session's working directory, base64-encoded."""
+    """One file of a session's working directory, base64-encoded (within the
+    session's limits.result_bytes, else `truncated` without its bytes)."""
     session = ctx.sessions.get(ctx.require_principal().name, params.session_id)
     async with session.turn(ctx.executions.limits.queue_timeout_s):
         data = await session.sandbox.get_file(params.path)
     if data is None:
         raise NotFound(f"not found: no file {params.path!r}", {"path": params.path})
-    return {
+    answer: dict[str, Any] = {
         "path": params.path,
         "size": len(data),
         "mime": mime_of(params.path, data),
-        "base64": base64.b64encode(data).decode("ascii"),
+        "base64": None,
+        "truncated": True,
     }
+    # Within what a step's result may carry: a reply is built whole, in memory.
+    if 4 * ((len(data) + 2) // 3) <= session.limits.result_bytes:
+        answer |= {"base64": base64.b64encode(data).decode("ascii"), "truncated": False}
+    return answer
 
 
 class ListFilesParams(Params):
@@ -82,4 +90,7 @@ async def list_files(params: ListFilesParams, ctx: CallContext) -> dict[str, Any
     session = ctx.sessions.get(ctx.require_principal().name, params.session_id)
     async with session.turn(ctx.executions.limits.queue_timeout_s):
         listed = await session.sandbox.list_files()
-    return {"files": [{"path": f.path, "size": f.size} for f in listed]}
+    return {
+        "files": [{"path": f.path, "size": f.size} for f in listed[:MAX_FILES]],
+        "truncated": len(listed) > MAX_FILES,
+    }

@@ -18,8 +18,7 @@ from conduit.daemon.dispatcher import CallContext, MethodRouter, NoParams, Param
 from conduit.daemon.methods.executions import Language, LimitParams, language_name
 
 if TYPE_CHECKING:
-    from conduit.daemon.dispatcher import Peer
-    from conduit.daemon.sessions import LiveSession, Sessions
+    from conduit.daemon.sessions import LiveSession, NamedSessions, Sessions
 
 router = MethodRouter()
 
@@ -93,8 +92,9 @@ async def close(params: CloseParams, ctx: CallContext) -> dict[str, Any]:
 
 async def connection_session(ctx: CallContext, name: str, language: str) -> LiveSession:
     """The session the caller's connection knows by `name`, opened now if it has none
-    (or its session ended): `execute_*`'s `session` argument. Such sessions belong to
-    that connection alone and end with it."""
+    (or its session ended): `execute_*`'s `session` argument. The connection ends its
+    sessions when it closes; like any of the principal's sessions, they are listed by
+    `sessions/list` on its other connections."""
     peer = ctx.peer
     if peer is None:
         raise InvalidParams(
@@ -107,28 +107,39 @@ async def connection_session(ctx: CallContext, name: str, language: str) -> Live
             {"field": "session", "reason": "empty or too long"},
         )
     principal = ctx.require_principal().name
-    known = peer.named_sessions.get(name)
-    if known is not None:
-        try:
-            session = ctx.sessions.get(principal, known)
-        except NotFound:
-            del peer.named_sessions[name]  # expired: a fresh one under the same name
-        else:
-            if session.language != language:
-                raise InvalidParams(
-                    f"invalid params: session {name!r} runs {session.language}; use "
-                    f"another name for {language}",
-                    {"field": "session", "reason": "in use for another language"},
-                )
-            return session
-    if not peer.named_sessions:
-        peer.at_close(partial(_close_named, ctx.sessions, principal, peer))
-    session, _ = await ctx.sessions.create(principal, language)
-    peer.named_sessions[name] = session.session_id
+    named = peer.named_sessions
+    async with named.lock:
+        session = _known(ctx.sessions, principal, named, name)
+        if session is None:
+            session, _ = await ctx.sessions.create(principal, language)
+            named.ids[name] = session.session_id
+            if not named.closing:
+                named.closing = True
+                peer.at_close(partial(_close_named, ctx.sessions, principal, named))
+    if session.language != language:
+        raise InvalidParams(
+            f"invalid params: session {name!r} runs {session.language}; use another name "
+            f"for {language}",
+            {"field": "session", "reason": "in use for another language"},
+        )
     return session
 
 
-async def _close_named(sessions: Sessions, principal: str, peer: Peer) -> None:
-    for session_id in peer.named_sessions.values():
+def _known(
+    sessions: Sessions, principal: str, named: NamedSessions, name: str
+) -> LiveSession | None:
+    """The live session `name` stands for, forgetting it if it has ended."""
+    known = named.ids.get(name)
+    if known is None:
+        return None
+    try:
+        return sessions.get(principal, known)
+    except NotFound:
+        del named.ids[name]  # expired: a fresh one under the same name
+        return None
+
+
+async def _close_named(sessions: Sessions, principal: str, named: NamedSessions) -> None:
+    for session_id in named.ids.values():
         with contextlib.suppress(NotFound):  # expired or closed already
             await sessions.close(principal, session_id)

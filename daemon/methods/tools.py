@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import urllib.parse
 import weakref
 from functools import partial
 from typing import Any, Literal
@@ -34,6 +35,7 @@ from conduit.core.errors import (
     Overloaded,
     RateLimited,
 )
+from conduit.core.files import ReturnedFile
 from conduit.core.results import ANY_JSON, ExecutionResult
 from conduit.core.tools import Tool
 from conduit.daemon.dispatcher import CallContext, MethodRouter, NoParams, Params, invalid_params
@@ -91,7 +93,10 @@ _HOW_TO_CALL = {
 }
 _FENCES = {"python": "python", "typescript": "typescript", "javascript": "typescript"}
 # Returned files a client is shown as images (`core.files.mime_of` tells them by bytes).
-IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp", "image/svg+xml"})
+# SVG is not among them: rendered, it may fetch a URL (carrying what the program read
+# out of the sandbox) or run a script. It comes as an embedded resource, as text.
+IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+SVG = "image/svg+xml"
 _NO_TOOLS = "No tools are available to these programs: they compute, print and return."
 
 # Rendered sections per catalogue, by (fence, tool ids), replaced by an empty dict
@@ -285,12 +290,25 @@ def _execution_result(result: ExecutionResult) -> dict[str, Any]:
     content: list[dict[str, Any]] = [
         {"type": "text", "text": json.dumps(summary, ensure_ascii=False)}
     ]
-    content += [
-        {"type": "image", "data": f.base64, "mimeType": f.mime}
-        for f in result.files
-        if f.base64 is not None and f.mime in IMAGE_TYPES
-    ]
-    return {"content": content, "structuredContent": wire, "isError": not result.ok}
+    content += [_file_content(f) for f in result.files if f.base64 is not None]
+    return {
+        "content": [part for part in content if part],
+        "structuredContent": wire,
+        "isError": not result.ok,
+    }
+
+
+def _file_content(file: ReturnedFile) -> dict[str, Any]:
+    """A returned image as MCP content: PNG, JPEG, GIF or WebP as an image, SVG as an
+    embedded resource holding its text; {} for any other file."""
+    if file.mime in IMAGE_TYPES:
+        return {"type": "image", "data": file.base64, "mimeType": file.mime}
+    if file.mime == SVG and file.data is not None:
+        text = file.data.decode("utf-8", "replace")
+        uri = "file:///out/" + urllib.parse.quote(file.path)
+        resource = {"uri": uri, "mimeType": SVG, "text": text}
+        return {"type": "resource", "resource": resource}
+    return {}
 
 
 def _refused(message: str) -> dict[str, Any]:

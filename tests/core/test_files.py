@@ -13,6 +13,7 @@ from conduit.core.files import (
     MAX_PATH_CHARS,
     FileData,
     PathRefused,
+    ReturnedFile,
     checked_path,
     mime_of,
     returned_files,
@@ -95,3 +96,8 @@ def test_files_past_the_budget_are_listed_truncated_never_dropped() -> None:
     [cut] = [f for f in returned if f.truncated]
     assert (cut.path, cut.size, cut.base64) == ("b.txt", 30, None)
     assert base64.b64decode(whole["c.txt"].base64 or "") == b"ccc"
+
+
+def test_a_returned_file_that_is_not_base64_has_no_bytes() -> None:
+    assert ReturnedFile("a", 3, "text/plain", "!!!").data is None
+    assert ReturnedFile("a", 3, "text/plain", "YWJj").data == b"abc"

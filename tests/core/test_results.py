@@ -95,3 +95,18 @@ def test_a_failed_result_raises_with_its_error_quoted() -> None:
     assert "\x1b" not in str(raised.value) and "\n" not in str(raised.value)
     ok = ExecutionResult("ex_2", "ok")
     assert ok.raise_for_status() is ok
+
+
+def test_a_hostile_results_files_are_read_leniently() -> None:
+    wire = {
+        "execution_id": "ex_1",
+        "status": "ok",
+        "files": [
+            {"path": "a.txt", "size": "huge", "mime": "text/plain", "base64": "!!"},
+            "not a file",
+            {"path": "b.png", "size": -5, "base64": None, "truncated": True},
+        ],
+    }
+    a, b = ExecutionResult.from_wire(wire).files
+    assert (a.path, a.size, a.data) == ("a.txt", 0, None)
+    assert (b.path, b.size, b.truncated, b.mime) == ("b.png", 0, True, "application/octet-stream")

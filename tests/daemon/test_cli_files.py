@@ -33,15 +33,23 @@ def test_files_are_saved_under_the_directory_and_hostile_paths_are_not(
         returned("../escape.txt", b"no"),
         returned("/abs.txt", b"no"),
         returned("link/through.txt", b"no"),
+        returned("link/made/deep/x.txt", b"no"),
         returned("file-link", b"no"),
         returned("big.bin", None),
     )
     _save_files(ExecutionResult("ex_1", "ok", files=files), out)
     assert (out / "chart" / "a.txt").read_bytes() == b"kept"
-    assert list(outside.iterdir()) == []
+    assert list(outside.iterdir()) == []  # not even a directory made through the link
     assert not (tmp_path / "escape.txt").exists()
     errors = capsys.readouterr().err
-    for name in ("../escape.txt", "/abs.txt", "link/through.txt", "file-link", "big.bin"):
+    for name in (
+        "../escape.txt",
+        "/abs.txt",
+        "link/through.txt",
+        "link/made",
+        "file-link",
+        "big.bin",
+    ):
         assert name in errors
 
 

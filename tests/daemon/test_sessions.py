@@ -9,8 +9,8 @@ import pytest
 import trio
 import trio.testing
 
-from conduit.core.errors import InvalidParams, NotFound, Overloaded
-from conduit.daemon.config import SessionsConfig
+from conduit.core.errors import InvalidParams, NotFound, Overloaded, RateLimited
+from conduit.daemon.config import LimitsConfig, LimitValues, SessionsConfig
 from conduit.daemon.dispatcher import Dispatcher
 from conduit.daemon.events import EventBus
 from conduit.daemon.executions import ExecutionRequest
@@ -248,7 +248,7 @@ async def test_files_go_into_a_session_and_come_out_as_its_own() -> None:
     put = {"session_id": session.session_id, "files": [{"path": "d/a.csv", "text": "a\n1\n"}]}
     assert (await rpc("files/put", put, principal=ALICE))["put"] == [{"path": "d/a.csv", "size": 4}]
     listed = await rpc("files/list", {"session_id": session.session_id}, principal=ALICE)
-    assert listed == {"files": [{"path": "d/a.csv", "size": 4}]}
+    assert listed == {"files": [{"path": "d/a.csv", "size": 4}], "truncated": False}
     got = await rpc(
         "files/get", {"session_id": session.session_id, "path": "d/a.csv"}, principal=ALICE
     )
@@ -266,3 +266,39 @@ async def test_files_go_into_a_session_and_come_out_as_its_own() -> None:
             "files/put", {"session_id": session.session_id, "files": [too_big]}, principal=ALICE
         )
     assert list(fx.executor.sandboxes[0].files) == ["d/a.csv"]
+
+
+async def test_creating_sessions_spends_the_principals_rate() -> None:
+    charged: list[str] = []
+
+    def charge(principal: str) -> None:
+        charged.append(principal)
+        if len(charged) > 2:
+            raise RateLimited("rate limited", {"retry_after_s": 1})
+
+    fx = fixture()
+    fx.sessions._charge = charge
+    await fx.sessions.create("alice", "python", name="a")
+    await fx.sessions.create("alice", "python", name="a")  # answered again: no charge
+    await fx.sessions.create("alice", "python")
+    with pytest.raises(RateLimited):
+        await fx.sessions.create("alice", "python")
+    assert len(fx.executor.sandboxes) == 2
+
+
+async def test_a_step_is_held_to_todays_maxima_after_a_reload() -> None:
+    fx = fixture()
+    session, _ = await fx.sessions.create("alice", "python", limits={"timeout_ms": 60_000})
+    lowered = LimitsConfig(maxima=LimitValues(timeout_ms=5_000))
+    fx.executions.reconfigure(lowered, fx.executions.policy)
+    await fx.executions.execute(step(session), ALICE)
+    assert fx.executor.sandboxes[0].jobs[-1].limits.timeout_ms == 5_000
+
+
+async def test_moving_files_is_use(autojump_clock: trio.testing.MockClock) -> None:
+    fx = fixture()
+    session, _ = await fx.sessions.create("alice", "python", idle_timeout_s=10)
+    await trio.sleep(8)
+    async with session.turn(1.0):
+        pass
+    assert session.expires_at() == pytest.approx(trio.current_time() + 10)

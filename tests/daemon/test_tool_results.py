@@ -36,3 +36,17 @@ def test_an_image_cut_for_the_budget_is_not_shown() -> None:
     tool = _execution_result(result)
     assert [part["type"] for part in tool["content"]] == ["text"]
     assert json.loads(tool["content"][0]["text"])["files"][0]["truncated"] is True
+
+
+def test_an_svg_is_never_image_content_but_its_text_as_a_resource() -> None:
+    svg = b'<svg xmlns="http://www.w3.org/2000/svg"><image href="https://evil/?d=1"/></svg>'
+    result = ExecutionResult("ex_1", "ok", files=returned_files([FileData("a b.svg", svg)], 10_000))
+    text, resource = _execution_result(result)["content"]
+    assert resource == {
+        "type": "resource",
+        "resource": {
+            "uri": "file:///out/a%20b.svg",
+            "mimeType": "image/svg+xml",
+            "text": svg.decode(),
+        },
+    }

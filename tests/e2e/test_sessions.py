@@ -286,3 +286,20 @@ async def test_the_execute_tools_tell_the_model_about_sessions(
     for name in ("execute_python", "execute_typescript", "execute_javascript"):
         assert "session" in tools[name]["inputSchema"]["properties"]
         assert "session" in tools[name]["description"]
+
+
+async def test_two_mcp_calls_naming_a_new_session_at_once_open_one(
+    shared: Served[ServingInfo], connect: Any
+) -> None:
+    mcp = await connect(shared.value)
+    params = {"name": "execute_python", "arguments": {"code": "1", "session": "raced"}}
+    for ident in range(3):  # pipelined: the daemon handles them at once
+        await mcp.send({"jsonrpc": "2.0", "id": ident, "method": "tools/call", "params": params})
+    replies = [await mcp.recv() for _ in range(3)]
+    assert all(r["result"]["structuredContent"]["status"] == "ok" for r in replies), replies
+    watcher = await connect(shared.value)
+    assert len((await watcher.call("sessions/list"))["sessions"]) == 1
+    await mcp.aclose()
+    with trio.fail_after(WAIT_S):
+        while (await watcher.call("sessions/list"))["sessions"]:
+            await trio.sleep(0.05)

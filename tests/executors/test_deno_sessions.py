@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from conduit.core.errors import Overloaded, SandboxCrashed
+from conduit.executors import deno as deno_module
 from conduit.executors.base import CallbackAddress, Job, Limits, Outcome, SessionSpec, Status
 from conduit.executors.deno import INLINE_PREPARE_CHARS, DenoExecutor
 from conduit.executors.deno_session import DenoSession
@@ -244,6 +245,20 @@ async def test_a_sandbox_that_died_between_steps_is_replaced(deno: DenoExecutor)
         True,
     )
     assert await results(session, "1") == [1]
+
+
+async def test_a_timer_left_computing_between_steps_ends_the_sandbox(
+    deno: DenoExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One second of CPU between steps, not five: the test waits for it to be spent.
+    monkeypatch.setattr(deno_module, "SESSION_IDLE_CPU_S", 1)
+    session = await open_session(deno)
+    spinning = "setTimeout(function spin() { for (;;) {} }, 0);\nDeno.pid"
+    [pid] = await results(session, spinning, language="javascript")
+    # The step's own budget (timeout_ms 300 s) is not the timer's: the system ends it.
+    await wait_for(lambda: pid not in deno_children())
+    outcome = await step(session, "1")
+    assert (outcome.status, outcome.result, outcome.session_reset) == (Status.OK, 1, True)
 
 
 # -- sessions apart, and closed -----------------------------------------------------------

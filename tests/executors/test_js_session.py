@@ -32,6 +32,14 @@ REWRITTEN = [
     ("var v;", "{ globalThis.v = globalThis.v;}"),
     ("let a = 1 /* c */, b = 2;", "{ globalThis.a = 1 /* c */; globalThis.b = 2;}"),
     ("const v = await f();", "{ globalThis.v = await f();}"),
+    # A comment after a declaration with no semicolon stays outside the block.
+    ("const n = 3 // three\nn", "{ globalThis.n = 3} // three\nn"),
+    ("class C {} // x\nC", "{globalThis.C = class C {}} // x\nC"),
+    # Functions are assigned after the directives, which stay directives.
+    (
+        '"use strict";\nfunction f() {}',
+        '"use strict";\n{globalThis.f = f;}function f() {}',
+    ),
     # Destructuring: the targets become globals; keys, defaults and holes stay.
     (
         "const {a, b: c = 1, ...r} = o;",
