@@ -26,10 +26,11 @@ CANNOT_USE = {
         "or the network (fetch is denied; call tools instead)"
     ),
     "wasm-js": (
-        "TypeScript syntax, imports (there is no module loader), files or the network "
-        "(no fetch; call tools instead), or Intl (a program using Intl, toLocaleString or "
-        "localeCompare runs on deno instead when deno is enabled, unless it names "
-        "executor 'wasm-js')"
+        "TypeScript syntax, imports or require (there is no module loader; for files "
+        "use the global `fs`: readFileSync, writeFileSync, existsSync, mkdirSync, "
+        "readdirSync, rmSync), the network (no fetch; call tools instead), or Intl (a "
+        "program using Intl, toLocaleString or localeCompare runs on deno instead when "
+        "deno is enabled, unless it names executor 'wasm-js')"
     ),
 }
 

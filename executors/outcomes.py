@@ -97,13 +97,13 @@ def memory_limit(outcome: Outcome, limits: Limits, traceback: str = "") -> Outco
 
 
 def files_limit(outcome: Outcome, limits: Limits) -> Outcome:
-    """The program's files took more than its memory limit (they count against it)."""
+    """The program's working directory came to hold more than `limits.disk_mb`."""
     return failed(
         outcome,
-        Status.MEMORY_LIMIT,
-        "MemoryLimit",
-        f"the program's files took more than its memory limit ({limits.memory_mb} MB); "
-        "write less, or raise limits.memory_mb",
+        Status.DISK_LIMIT,
+        "DiskLimit",
+        f"the program's files took more than limits.disk_mb ({limits.disk_mb} MB) and "
+        "it was stopped; write less, or raise limits.disk_mb",
     )
 
 

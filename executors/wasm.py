@@ -10,11 +10,19 @@ Every execution gets a brand-new instance in a brand-new `Store`, closed after i
 one program: nothing survives from one execution to the next. The instances are made
 ahead (`wasm_instances`) by runner threads (`wasm_runners`), each of which keeps one
 ready and runs the execution handed to it in its own thread. The store has no
-preopened directory, no environment, no arguments, no sockets; its linear memory is
+preopened directory but its working directory, no environment, no arguments, no
+sockets; its linear memory is
 capped by the store's limits; its stdout and stderr go into an `OutputCapture` as the
 guest writes them. WASI's clocks and random numbers are Wasmtime's defaults: wall and
 monotonic clocks (a program can time itself; it can already count epoch ticks by
 looping) and a random source (what `random`, `uuid` and `Math.random` seed from).
+
+Each instance has a working directory of its own (`scratch`), empty when made and
+deleted with the store: the guest sees it as its current directory (preopened), or
+reaches it through `fs/*` host calls the runner serves itself (`wasm_fs`). A job's
+input files are written there (`workdir`, never through a link) just before its guest
+runs, and what it left under `out/` is read back just after, before the answer is
+handed over; what the directory holds is capped by `limits.disk_mb`.
 
 Each execution takes a ready runner, then a CPU slot (`wasm_slots`: one per core,
 held only while the guest runs code, not while it waits on a tool or a timer), and
@@ -55,7 +63,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +73,8 @@ import wasmtime.component
 
 from conduit.core import jsontext
 from conduit.core.errors import Overloaded, RpcError, RuntimeMissing, SandboxCrashed
-from conduit.executors import _wasmtime, outcomes, thread_priority
+from conduit.core.files import FileData
+from conduit.executors import _wasmtime, outcomes, thread_priority, workdir
 from conduit.executors.base import (
     ErrorInfo,
     ExecutorInfo,
@@ -88,6 +97,7 @@ from conduit.executors.wasm_build import (
 )
 from conduit.executors.wasm_calls import add_string_import
 from conduit.executors.wasm_clock import BoundedClock, StoreClock
+from conduit.executors.wasm_fs import METHOD_PREFIX, FsError, GuestFiles
 from conduit.executors.wasm_instances import MIB, Instance, Instances
 from conduit.executors.wasm_lingering import LingerBudget
 from conduit.executors.wasm_runners import Runner, Runners
@@ -207,6 +217,13 @@ class _Execution:
     clock: StoreClock | None = None
     # When the guest returned its answer (`time.monotonic`, set by the thread).
     answered_at: float = 0.0
+    # What its working directory may hold; the files placed there before it runs, and
+    # those it left under out/ (read by the thread before it answers).
+    disk_bytes: int = 0
+    placing: tuple[FileData, ...] = ()
+    files: list[FileData] = field(default_factory=list)
+    # Serves the guest's `fs/*` calls, while it runs (a guest without WASI files).
+    guest_files: GuestFiles | None = None
 
     @property
     def queue_left_s(self) -> float:
@@ -278,9 +295,10 @@ class WasmExecutor:
     # Whether the host bounds the guest's clock waits (`wasm_clock`): needed where a
     # program can reach a raw WASI wait, as Python can.
     host_bounds_waits: bool = True
-    # Whether a program may write files: in a directory of its own (`scratch`), whose
-    # contents count against its memory limit.
+    # Whether a program has a working directory (`scratch`), capped by limits.disk_mb;
+    # and whether the guest sees it through WASI (else through `fs/*` host calls).
     files: bool = False
+    preopen_files: bool = True
 
     def __init__(self, *, cache_dir: str | os.PathLike[str], fuel: int | None = None) -> None:
         self._cache_dir = Path(cache_dir)
@@ -438,6 +456,7 @@ class WasmExecutor:
         options = {
             "read_only": read_only,
             "scratch": self._scratch,
+            "preopen_scratch": self.preopen_files,
             "fuel": fuel,
             "base_memory_mib": base_memory_mib,
         }
@@ -579,6 +598,8 @@ class WasmExecutor:
             principal=job.principal,
             memory_mb=memory_mb,
             queue_limit_s=job.queue_timeout_s,
+            disk_bytes=limits.disk_mb * MIB,
+            placing=job.files,
         )
         interrupt.regain = functools.partial(_regain_slot, execution)
         self._runs += 1
@@ -642,6 +663,7 @@ class WasmExecutor:
             )
         outcome.tool_calls = execution.tool_calls
         outcome.queue_s = execution.queue_s
+        outcome.files = execution.files
         return outcome
 
     def _let_go(self, runner: Runner, execution: _Execution) -> None:
@@ -870,6 +892,10 @@ class WasmExecutor:
         """Run the guest in `instance` and hand `run` its answer or trap (runner thread)."""
         answer: _Answer | BaseException
         try:
+            refused = _place_files(instance, execution)
+            if refused is not None:
+                self._hand_answer(execution, (refused, None))
+                return
             output = self._run_guest(instance, memory_bytes, request, execution, capture)
             execution.answered_at = time.monotonic()
             answer = (output, None)
@@ -877,6 +903,10 @@ class WasmExecutor:
             answer = (None, str(exc))
         except Exception as exc:  # a fault of ours: `run` raises it
             answer = exc
+        finally:
+            execution.guest_files = None
+        if instance.scratch is not None and not execution.abandoned:
+            execution.files = workdir.collect(instance.scratch.path, execution.disk_bytes)
         self._hand_answer(execution, answer)
 
     def _hand_answer(self, execution: _Execution, answer: _Answer | BaseException) -> None:
@@ -905,7 +935,14 @@ class WasmExecutor:
         store.set_limits(memory_size=memory_bytes)
         if self._fuel is not None:
             store.set_fuel(self._fuel)
-        instance.install(execution.interrupt, files_bytes=memory_bytes)
+        watched = execution.disk_bytes if self.preopen_files else None
+        instance.install(execution.interrupt, disk_bytes=watched)
+        if instance.scratch is not None and not self.preopen_files:
+            execution.guest_files = GuestFiles(
+                instance.scratch,
+                execution.disk_bytes,
+                functools.partial(execution.interrupt.stop, _wasmtime.StopReason.FILES_LIMIT),
+            )
         # Chosen once here, so a run nobody streams does no work for streaming.
         record = _record if execution.live is None else _record_live
         instance.output.attach(lambda stream, data: record(execution, capture, stream, data))
@@ -956,6 +993,24 @@ class WasmExecutor:
         self._hold(session, runner)
         return session
 
+    async def _files_sandbox(self, session: WasmSession, *, hold: bool) -> SessionSandbox | None:
+        """The sandbox whose directory `session`'s files are in; if its last step's
+        guest took the runner with it, None, or, if `hold`, a runner taken now (its
+        directory empty). Raises `SandboxCrashed` once closed, `Overloaded` if no
+        runner came within SESSION_OPEN_WAIT_S."""
+        if session.closed:
+            raise SandboxCrashed(f"session {session.spec.session_id} is closed")
+        if session.sandbox is not None or not hold:
+            return session.sandbox
+        runner = await self._runner_within(SESSION_OPEN_WAIT_S)
+        if runner is None:
+            raise Overloaded(f"the {self.name} executor is busy: no sandbox came free; retry later")
+        if session.closed:
+            if self._runners is not None:
+                self._runners.give_back(runner)
+            raise SandboxCrashed(f"session {session.spec.session_id} is closed")
+        return self._hold(session, runner)
+
     def _hold(self, session: WasmSession, runner: Runner) -> SessionSandbox:
         """Give `session` the taken `runner`, and start another in its place."""
         sandbox = session.hold(runner)
@@ -968,6 +1023,7 @@ class WasmExecutor:
         cap, with the job's own time, output and tool limits."""
         self._check(job)
         execution, capture = self._execution_for(job, bridge, session.spec.memory_mb)
+        session.disk_bytes = execution.disk_bytes
         if session.spec.principal is not None:
             execution.principal = session.spec.principal
         # From here on, closing the session stops the step.
@@ -1149,6 +1205,8 @@ def _host_call(method: str, params: str) -> str:
     execution: _Execution | None = getattr(_RUNNING, "execution", None)
     if execution is None or execution.interrupt.reason is not None:
         return _rpc_error(INTERNAL_ERROR, "the execution is being stopped")
+    if method.startswith(METHOD_PREFIX):
+        return _file_call(execution, method, params)
     if method == "tools/call":
         execution.tool_calls += 1
     try:
@@ -1176,6 +1234,37 @@ def _host_call(method: str, params: str) -> str:
         return _rpc_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
     # jsontext: a lone surrogate in a tool's result would fail to cross into the guest.
     return jsontext.dumps({"result": result})
+
+
+def _file_call(execution: _Execution, method: str, params: str) -> str:
+    """A guest's `fs/*` call, served in its runner thread on its working directory."""
+    files = execution.guest_files
+    if files is None:
+        return _rpc_error(-32601, f"method not found: {method} (this guest has WASI files)")
+    try:
+        decoded = jsontext.loads(params, lenient_numbers=True)
+        if not isinstance(decoded, dict):
+            raise FsError("ERR_INVALID_ARG_TYPE", "params must be an object")
+        return jsontext.dumps({"result": files.call(method, decoded)})
+    except jsontext.JsonTextError as exc:
+        return _rpc_error(-32700, f"parse error: {exc}")
+    except FsError as exc:
+        return _rpc_error(INTERNAL_ERROR, exc.message, {"code": exc.code})
+
+
+def _place_files(instance: Instance, execution: _Execution) -> str | None:
+    """Write the job's files into the instance's working directory (runner thread);
+    None, or the guest's error answer if one cannot be placed (in a session's
+    directory, a path the program made a directory or a link)."""
+    if not execution.placing or instance.scratch is None:
+        return None
+    for file in execution.placing:
+        try:
+            workdir.write(instance.scratch.path, file.path, file.data)
+        except OSError as exc:
+            message = f"file {file.path!r} could not be placed: {exc.strerror or exc}"
+            return jsontext.dumps({"error": {"type": "FilesRefused", "message": message}})
+    return None
 
 
 def _trap_message(trap: str) -> str:

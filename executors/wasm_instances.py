@@ -116,16 +116,17 @@ class Instance:
     # The directory its files go to, if it may write any.
     scratch: Scratch | None = None
 
-    def install(self, interrupt: _wasmtime.Interrupt, *, files_bytes: int = 0) -> None:
+    def install(self, interrupt: _wasmtime.Interrupt, *, disk_bytes: int | None = None) -> None:
         """Stop the guest by `interrupt` from now on (the execution's, when taken), and
-        once its files take more than `files_bytes` (if it has a scratch directory)."""
+        once its files take more than `disk_bytes` (if given and it has a scratch
+        directory: a guest whose files go through the host is checked there instead)."""
         self.interrupt.uninstall()
         interrupt.install(self.store, self.engine)
         self.interrupt = interrupt
         if self.clock is not None:
             self.clock.interrupt = interrupt
-        if self.scratch is not None:
-            interrupt.watch(functools.partial(_files_over, self.scratch, files_bytes))
+        if self.scratch is not None and disk_bytes is not None:
+            interrupt.watch(functools.partial(_files_over, self.scratch, disk_bytes))
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
@@ -153,8 +154,9 @@ def _files_over(scratch: Scratch, max_bytes: int) -> _wasmtime.StopReason | None
 class Instances:
     """Makes instances of `component` with `linker`, whose waits `clock` bounds (when
     it does: see `BoundedClock.install`), each seeing the host directories of
-    `read_only` (host path, guest path), a fresh directory of `scratch` at SCRATCH_GUEST
-    to write its files in (if given), and nothing else of the host.
+    `read_only` (host path, guest path), a fresh directory of `scratch` to write its
+    files in (if given: at SCRATCH_GUEST if `preopen_scratch`, else the guest reaches
+    it only through the host, see `wasm_fs`), and nothing else of the host.
 
     Creating it makes a first instance, then finds `base_memory_mib` by instantiating
     under shrinking limits (a few milliseconds up to ~50 for CPython, once), unless
@@ -172,9 +174,11 @@ class Instances:
         clock: BoundedClock | None = None,
         read_only: Sequence[tuple[Path, str]] = (),
         scratch: ScratchDirs | None = None,
+        preopen_scratch: bool = True,
         base_memory_mib: int | None = None,
     ) -> None:
         self._engine = engine
+        self._preopen_scratch = preopen_scratch
         self._clock = clock
         self._read_only = tuple(read_only)
         self._scratch = scratch
@@ -212,7 +216,7 @@ class Instances:
             wasi.stderr_custom = output.stderr
             for host, guest in self._read_only:
                 wasi.preopen_dir(str(host), guest, fs_mutable=False)
-            if scratch is not None:
+            if scratch is not None and self._preopen_scratch:
                 wasi.preopen_dir(str(scratch.path), SCRATCH_GUEST, fs_mutable=True)
             store.set_wasi(wasi)
             interrupt = _wasmtime.Interrupt(INSTANTIATE_TIMEOUT_S)
@@ -224,7 +228,7 @@ class Instances:
                 if run is None:
                     raise wasmtime.WasmtimeError(f"the component exports no {RUN_EXPORT!r}")
                 export = StringExport(run)
-                if scratch is not None:
+                if scratch is not None and self._preopen_scratch:
                     export(store, PREPARE_REQUEST)
         except BaseException:
             if interrupt is not None:

@@ -114,6 +114,10 @@ class WasmJsExecutor(WasmExecutor):
     # `wasm_lingering`'s caps. SpiderMonkey reads the clock ~9 times a run, and each
     # read through the host's bounded clock is a Python call: 20% of a trivial run.
     host_bounds_waits = False
+    # Its programs' `fs` (shims/wasm_js/fs.js) reaches the working directory through
+    # host calls (`wasm_fs`): SpiderMonkey's guest has no file API over WASI.
+    files = True
+    preopen_files = False
 
     @staticmethod
     def lacks(code: str, syntax: SyntaxMemo | None = None) -> str | None:

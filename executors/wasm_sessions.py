@@ -22,21 +22,37 @@ store (and with it the scratch directory), and the runner goes back to the pool.
 `WasmSession` is the Trio side handed to the daemon (`ExecutorSession`): which runner
 and sandbox the session holds, the step under way, and the one-step-at-a-time lock;
 the executor does the rest (`WasmExecutor._run_step`, `_close_session`).
+
+The session's working directory is its instance's scratch directory: it lasts as long
+as the instance, so across steps, and a reset starts an empty one. `files/put`, `get`
+and `list` run in the session's thread too (`SessionSandbox.on_files`), between steps
+and under the same lock, on that directory (`workdir`, never through a link).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import queue
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 import trio
 
 from conduit.core.errors import SandboxCrashed
-from conduit.executors import thread_priority
-from conduit.executors.base import Job, Outcome, SessionSpec, ToolBridge
+from conduit.core.files import FileData
+from conduit.executors import thread_priority, workdir
+from conduit.executors.base import (
+    FileInfo,
+    FilesRefused,
+    Job,
+    Limits,
+    Outcome,
+    SessionSpec,
+    ToolBridge,
+)
 from conduit.executors.wasm_instances import MIB, Instance, Instances
 from conduit.executors.wasm_runners import Runner
 
@@ -48,6 +64,7 @@ log = logging.getLogger(__name__)
 # (None if it has none), the instance to keep from then on and whether the runner may
 # go on (not if the step's guest outlived it).
 Step = Callable[[Instance | None], tuple[Instance | None, bool]]
+T = TypeVar("T")
 
 
 class _Reset:
@@ -79,6 +96,38 @@ class SessionSandbox:
 
     def close(self) -> None:
         self._mailbox.put(None)
+
+    async def on_files(self, work: Callable[[Path | None], T]) -> T:
+        """`work(directory)` in the session's thread, between steps: on its instance's
+        working directory (an instance is made if it has none; None if none could be).
+        Raises what `work` raises; `SandboxCrashed` if the session closed first."""
+        done = trio.Event()
+        outcome: list[Any] = []
+
+        def step(instance: Instance | None) -> tuple[Instance | None, bool]:
+            if instance is None:
+                instance = self.instances.standby()
+            directory = (
+                None if instance is None or instance.scratch is None else instance.scratch.path
+            )
+            try:
+                outcome.append((True, work(directory)))
+            except Exception as exc:
+                outcome.append((False, exc))
+            with contextlib.suppress(trio.RunFinishedError):
+                self._token.run_sync_soon(done.set)
+            return instance, True
+
+        self.hand(step)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_cancel_when, done, nursery.cancel_scope)
+            nursery.start_soon(_cancel_when, self.closed, nursery.cancel_scope)
+        if not outcome:
+            raise SandboxCrashed("the session was closed")
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        return value  # type: ignore[no-any-return]
 
     def serve(self, instance: Instance | None) -> bool:
         """The runner's work: run steps in `instance` until closed; whether the runner
@@ -118,6 +167,10 @@ class _Host(Protocol):
 
     async def _close_session(self, session: WasmSession) -> None: ...
 
+    async def _files_sandbox(
+        self, session: WasmSession, *, hold: bool
+    ) -> SessionSandbox | None: ...
+
 
 class WasmSession:
     """The daemon's handle on a session of a Wasmtime executor (`ExecutorSession`).
@@ -135,6 +188,9 @@ class WasmSession:
         self.sandbox: SessionSandbox | None = None
         self.stop_step: Callable[[], None] | None = None
         self.closed = False
+        # What its working directory may hold: the last step's or put's disk_mb, which
+        # bounds what `get_file` reads (a sparse file may claim any size).
+        self.disk_bytes = Limits().disk_mb * MIB
         self._host = host
         self._steps = trio.StrictFIFOLock()
 
@@ -167,7 +223,57 @@ class WasmSession:
                 raise SandboxCrashed(f"session {self.spec.session_id} is closed")
             return await self._host._run_step(self, job, bridge)
 
+    async def put_files(self, files: Sequence[FileData], disk_bytes: int) -> None:
+        """Place `files` in the working directory (see `ExecutorSession.put_files`)."""
+        async with self._steps:
+            self.disk_bytes = disk_bytes
+            sandbox = await self._host._files_sandbox(self, hold=True)
+            assert sandbox is not None  # held
+            await sandbox.on_files(functools.partial(_put, files, disk_bytes))
+
+    async def get_file(self, path: str) -> bytes | None:
+        """The regular file at `path` in the working directory, or None."""
+        async with self._steps:
+            sandbox = await self._host._files_sandbox(self, hold=False)
+            if sandbox is None:
+                return None
+            return await sandbox.on_files(functools.partial(_get, path, self.disk_bytes))
+
+    async def list_files(self) -> list[FileInfo]:
+        """Every regular file in the working directory, in path order."""
+        async with self._steps:
+            sandbox = await self._host._files_sandbox(self, hold=False)
+            if sandbox is None:
+                return []
+            return await sandbox.on_files(_list)
+
     async def aclose(self) -> None:
         """Stop the step under way, if any, and free the store, the runner and the
         scratch directory; idempotent, never raises, and bounded under cancellation."""
         await self._host._close_session(self)
+
+
+def _put(files: Sequence[FileData], disk_bytes: int, directory: Path | None) -> None:
+    if directory is None:
+        raise FilesRefused("the session's sandbox could not be made; try again")
+    workdir.put(directory, files, disk_bytes)
+
+
+def _get(path: str, max_bytes: int, directory: Path | None) -> bytes | None:
+    if directory is None:
+        return None
+    try:
+        return workdir.read(directory, path, max_bytes)
+    except OSError:  # larger than the directory may hold: a sparse file
+        return None
+
+
+def _list(directory: Path | None) -> list[FileInfo]:
+    if directory is None:
+        return []
+    return [FileInfo(entry.path, entry.size) for entry in workdir.regular_files(directory)]
+
+
+async def _cancel_when(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()

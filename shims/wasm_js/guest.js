@@ -22,8 +22,11 @@
 // timers still pending when it settles never fire. The program reaches the daemon
 // only through `tools`, which send `tools/call` and `tools/list` through the
 // `host-call` import; the host dispatches them under the execution's session token.
+// Its files go through the same import as `fs/*` calls, which the host serves itself
+// on the execution's working directory (see fs.js).
 
 import hostCall from "host-call";
+import { makeFs } from "./fs.js";
 import { ToolError, encodeResult, makeTools } from "./sandbox_sdk.js";
 
 // Captured before any program code runs: the program may replace globals and
@@ -58,6 +61,8 @@ function request(method, params, tool) {
 }
 
 const tools = makeTools(request);
+// Files in the execution's working directory, served by the host (see fs.js).
+const fs = makeFs(hostCall, stringify, parse);
 
 // Only the program's own frames, at the user's own line numbers. Built as a string,
 // not an array: pushing onto an array sets its indices through whatever accessors a
@@ -144,6 +149,7 @@ abortSignal.timeout = (delay) => abortSignalTimeout(abortSignal, bound(delay));
 globalThis.fetch = noFetch;
 defineProperty(globalThis, "tools", { value: tools, enumerable: true });
 defineProperty(globalThis, "ToolError", { value: ToolError, enumerable: true });
+defineProperty(globalThis, "fs", { value: fs, enumerable: true });
 
 export function run(requestText) {
   const job = parse(requestText);

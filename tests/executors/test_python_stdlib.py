@@ -173,13 +173,13 @@ async def test_wasm_python_files_are_the_executions_own(wasm: Any) -> None:
     assert len(leftovers) <= 8  # the instances made ahead; each execution's went with it
 
 
-async def test_wasm_python_files_count_against_the_memory_limit(wasm: Any) -> None:
+async def test_wasm_python_files_count_against_the_disk_limit(wasm: Any) -> None:
     code = "chunk = bytes(1 << 20)\nwith open('big', 'wb') as f:\n    while True: f.write(chunk)"
     with trio.fail_after(LOAD_WAIT_S):
-        job = Job("ex_files", "python", code, Limits(timeout_ms=60_000, memory_mb=64))
-        outcome = await wasm.run(job, NoBridge())
-    assert outcome.status is Status.MEMORY_LIMIT, outcome
-    assert "files" in outcome.error.message
+        limits = Limits(timeout_ms=60_000, memory_mb=256, disk_mb=8)
+        outcome = await wasm.run(Job("ex_files", "python", code, limits), NoBridge())
+    assert outcome.status is Status.DISK_LIMIT, outcome
+    assert "limits.disk_mb (8 MB)" in outcome.error.message
     assert (await run(wasm, "import os\nos.listdir('.')")).result == []
 
 

@@ -1,0 +1,253 @@
+"""The host side of the wasm-js guest's `fs` (shims/wasm_js/fs.js): `fs/*` calls.
+
+The JavaScript guest has no WASI directory: its programs' file calls arrive through
+the `host-call` import, in the runner thread, and are served here on the execution's
+scratch directory with `workdir` (never through a link, never blocking on a special
+file). Paths are Node's relative paths ("./out/a.png", "data//x.csv" and "." are
+taken), normalised, then checked as `core.files` paths: nothing outside the working
+directory can be named.
+
+Writes count against the execution's disk cap as they happen: the directory's usage
+is measured once, then kept up to date by each write's change, and measured again
+after a removal. A write that takes it past the cap fails with ENOSPC and stops the
+program (`on_full`), which then ends as `Status.DISK_LIMIT`, whatever it catches.
+
+A failure is an `FsError` with Node's code ("ENOENT", "EISDIR", ...): the host answers
+it as a JSON-RPC error whose data holds the code, and the guest throws it as Node does.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import errno
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from conduit.core.files import PathRefused, checked_path
+from conduit.executors import workdir
+from conduit.executors.scratch import Scratch
+
+__all__ = ["METHOD_PREFIX", "FsError", "GuestFiles"]
+
+# The host-call methods served here rather than by the daemon.
+METHOD_PREFIX = "fs/"
+# Text encodings a read may be asked for, by Node's names, as Python's codecs.
+TEXT_ENCODINGS = {
+    "utf8": "utf-8",
+    "utf-8": "utf-8",
+    "latin1": "latin-1",
+    "binary": "latin-1",
+    "ascii": "ascii",
+}
+
+
+class FsError(Exception):
+    """A file call that failed, with Node's code for it."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(slots=True)
+class GuestFiles:
+    """One execution's file calls on `scratch`, within `disk_bytes`; `on_full` is
+    called when a write takes the directory past it."""
+
+    scratch: Scratch
+    disk_bytes: int
+    on_full: Callable[[], None]
+    usage: int | None = None  # what the directory takes, if known
+
+    def call(self, method: str, params: dict[str, Any]) -> Any:
+        """Serve `fs/<operation>`; its result, or FsError."""
+        operation = _OPERATIONS.get(method.removeprefix(METHOD_PREFIX))
+        if operation is None:
+            raise FsError("ENOSYS", f"no such file operation: {method}")
+        path = params.get("path")
+        try:
+            return operation(self, _relative(path), params)
+        except OSError as exc:
+            code = errno.errorcode.get(exc.errno or errno.EIO, "EIO")
+            raise FsError(code, f"{code}: {exc.strerror or exc}, {path!r}") from None
+
+    def _read(self, path: str, params: dict[str, Any]) -> dict[str, str]:
+        data = workdir.read(self.scratch.path, _file(path), self.disk_bytes)
+        if data is None:
+            raise _missing_or_not_a_file(self, path)
+        encoding = params.get("encoding")
+        if encoding is None:
+            return {"data": base64.b64encode(data).decode("ascii")}
+        if encoding == "base64":
+            return {"data": base64.b64encode(data).decode("ascii")}
+        if encoding == "hex":
+            return {"data": data.hex()}
+        codec = TEXT_ENCODINGS.get(str(encoding).lower())
+        if codec is None:
+            raise FsError("ERR_INVALID_ARG_VALUE", f"unknown encoding {encoding!r}")
+        return {"data": data.decode(codec, errors="replace")}
+
+    def _write(self, path: str, params: dict[str, Any]) -> None:
+        data = _data_of(params)
+        append = bool(params.get("append"))
+        usage = self._usage()
+        existing = workdir.stat_at(self.scratch.path, _file(path))
+        replaced = workdir.cost(existing) if existing is not None and not append else 0
+        if usage - replaced + len(data) > self.disk_bytes:  # refused before it is written
+            self._full()
+        change = workdir.write(self.scratch.path, path, data, append=append)
+        self.usage = usage + change
+        if self.usage > self.disk_bytes:
+            self._full()
+
+    def _stat(self, path: str, _params: dict[str, Any]) -> dict[str, Any] | None:
+        info = os.stat(self.scratch.path) if not path else workdir.stat_at(self.scratch.path, path)
+        if info is None:
+            return None
+        kind = (
+            "file"
+            if stat.S_ISREG(info.st_mode)
+            else "directory"
+            if stat.S_ISDIR(info.st_mode)
+            else "link"
+            if stat.S_ISLNK(info.st_mode)
+            else "other"
+        )
+        return {"size": info.st_size, "kind": kind}
+
+    def _mkdir(self, path: str, params: dict[str, Any]) -> None:
+        parts = _file(path).split("/")
+        usage = self._usage()
+        made: list[int] = []
+        if params.get("recursive"):
+            os.close(workdir.open_dir(self.scratch.path, parts, create=True, made=made))
+        else:
+            fd = workdir.open_dir(self.scratch.path, parts[:-1])
+            try:
+                os.mkdir(parts[-1], 0o700, dir_fd=fd)
+                made.append(workdir.cost(os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)))
+            finally:
+                os.close(fd)
+        self.usage = usage + sum(made)
+        if self.usage > self.disk_bytes:
+            self._full()
+
+    def _readdir(self, path: str, _params: dict[str, Any]) -> list[str]:
+        fd = workdir.open_dir(self.scratch.path, path.split("/") if path else ())
+        try:
+            return sorted(os.listdir(fd))
+        finally:
+            os.close(fd)
+
+    def _rm(self, path: str, params: dict[str, Any]) -> None:
+        *parents, name = _file(path).split("/")
+        try:
+            fd = workdir.open_dir(self.scratch.path, parents)
+        except FileNotFoundError:
+            if params.get("force"):
+                return
+            raise
+        try:
+            removed = _remove(fd, name, params)
+        finally:
+            os.close(fd)
+        if removed is not None and self.usage is not None:
+            self.usage -= removed
+            return
+        self.usage = None  # measured again at the next write
+        if removed is None:
+            # Every directory on the way was just opened without following a link,
+            # and the guest, blocked in this call, cannot change them meanwhile.
+            Scratch(self.scratch.path / path).remove()
+
+    def _usage(self) -> int:
+        if self.usage is None:
+            self.usage = self.scratch.usage(stop_past=self.disk_bytes)
+        return self.usage
+
+    def _full(self) -> None:
+        self.on_full()
+        raise FsError(
+            "ENOSPC",
+            f"ENOSPC: the working directory would hold more than limits.disk_mb "
+            f"({self.disk_bytes // (1024 * 1024)} MB)",
+        )
+
+
+_OPERATIONS: dict[str, Callable[[GuestFiles, str, dict[str, Any]], Any]] = {
+    "read": GuestFiles._read,
+    "write": GuestFiles._write,
+    "stat": GuestFiles._stat,
+    "mkdir": GuestFiles._mkdir,
+    "readdir": GuestFiles._readdir,
+    "rm": GuestFiles._rm,
+}
+
+
+def _relative(path: object) -> str:
+    """A Node path as a `core.files` path; "" for the working directory itself."""
+    if not isinstance(path, str):
+        raise FsError("ERR_INVALID_ARG_TYPE", 'the "path" argument must be a string')
+    if path.startswith("/"):
+        raise FsError(
+            "EACCES", f"EACCES: {path!r} is absolute; only the working directory is reachable"
+        )
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if not parts:
+        return ""
+    try:
+        return checked_path("/".join(parts))
+    except PathRefused as exc:
+        raise FsError("EACCES", f"EACCES: {exc}") from None
+
+
+def _file(path: str) -> str:
+    """`path`, which must name something in the working directory, not itself."""
+    if not path:
+        raise FsError("EISDIR", "EISDIR: the working directory itself is a directory")
+    return path
+
+
+def _data_of(params: dict[str, Any]) -> bytes:
+    text = params.get("text")
+    if isinstance(text, str):
+        return text.encode("utf-8", errors="replace")
+    encoded = params.get("base64")
+    if not isinstance(encoded, str):
+        raise FsError("ERR_INVALID_ARG_TYPE", "nothing to write")
+    try:
+        return base64.b64decode(encoded, validate=True)
+    except binascii.Error:
+        raise FsError("ERR_INVALID_ARG_TYPE", "the data is not base64") from None
+
+
+def _missing_or_not_a_file(files: GuestFiles, path: str) -> FsError:
+    info = workdir.stat_at(files.scratch.path, path)
+    if info is None:
+        return FsError("ENOENT", f"ENOENT: no such file or directory, open {path!r}")
+    if stat.S_ISDIR(info.st_mode):
+        return FsError("EISDIR", f"EISDIR: illegal operation on a directory, read {path!r}")
+    return FsError("EINVAL", f"EINVAL: not a regular file, open {path!r}")
+
+
+def _remove(dir_fd: int, name: str, params: dict[str, Any]) -> int | None:
+    """Remove `name` in `dir_fd` if it is a file or a link (never its target), and
+    return what it counted for (0 if `force` and there was none); None if it is a
+    directory, for the caller to remove (only if `recursive`)."""
+    try:
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        if params.get("force"):
+            return 0
+        raise
+    if not stat.S_ISDIR(info.st_mode):
+        os.unlink(name, dir_fd=dir_fd)
+        return workdir.cost(info)
+    if params.get("file") or not params.get("recursive"):
+        raise IsADirectoryError(errno.EISDIR, "is a directory")
+    return None
