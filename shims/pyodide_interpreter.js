@@ -183,6 +183,7 @@ function fileOp(FS, { op, path, files, diskBytes }) {
   try {
     enterWorkDir(FS);
     if (op === "put") {
+      quota.begin(diskBytes); // the writes are bounded as the check before them says
       placeFiles(FS, quota, files, diskBytes);
       return { ok: true };
     }
