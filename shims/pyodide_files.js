@@ -132,16 +132,19 @@ function childOf(dir, name) {
   return hasOwn(dir.contents, name) ? dir.contents[name] : null;
 }
 
-// A file's place in the working directory: the node at the path, if any, its
-// directories made as needed. Throws a refusal naming the path if a directory on the
-// way is not one, or the path itself is a directory or a link.
-function placeOf(FS, path) {
+// A file's place in the working directory: its full path, the node there (null if
+// none) and how many directories on the way are missing; with `make`, they are made.
+// Throws a refusal naming the path if a directory on the way is not one, or the path
+// itself is a directory or a link.
+function placeOf(FS, path, make) {
   const names = splitPath(path, "/");
+  const full = `${WORK_DIR}/${path}`;
   let dir = workNode(FS);
   let where = WORK_DIR;
   for (let i = 0; i < names.length - 1; i++) {
     where += `/${names[i]}`;
     const node = childOf(dir, names[i]);
+    if (node === null && !make) return { full, node: null, missing: names.length - 1 - i };
     if (node === null) dir = FS.mkdir(where);
     else if (isDirMode(node.mode)) dir = node;
     else throw new Refused(`file path '${path}' is under '${where.slice(WORK_DIR.length + 1)}', which is not a directory`);
@@ -150,26 +153,24 @@ function placeOf(FS, path) {
   if (node !== null && !isFileMode(node.mode)) {
     throw new Refused(`file path '${path}' is taken by a directory, a link or a special file`);
   }
-  return { full: `${WORK_DIR}/${path}`, node };
+  return { full, node, missing: 0 };
 }
 
 export class Refused extends Error {}
 
 // Places `files` ({path, data}) in the working directory, replacing files by the same
-// path. With `limit`, first checks that the written files then take at most that.
+// path; or none of them, if one may not be placed or, with `limit`, if what was
+// written in the interpreter would then take more than that.
 export function placeFiles(FS, quota, files, limit = null) {
-  for (const { path } of files) placeOf(FS, path);
-  if (limit !== null) {
-    let total = quota.usage();
-    for (const { path, data } of files) {
-      const { node } = placeOf(FS, path);
-      total += node === null ? data.length + ENTRY_BYTES : data.length - node.usedBytes;
-    }
-    if (total > limit) {
-      throw new Refused(`the files would take ${total} bytes in all, more than limits.disk_mb allows (${limit} bytes)`);
-    }
+  let total = quota.usage();
+  for (const { path, data } of files) {
+    const { node, missing } = placeOf(FS, path, false);
+    total += node === null ? data.length + (missing + 1) * ENTRY_BYTES : data.length - node.usedBytes;
   }
-  for (const { path, data } of files) FS.writeFile(placeOf(FS, path).full, data);
+  if (limit !== null && total > limit) {
+    throw new Refused(`the files would take ${total} bytes in all, more than limits.disk_mb allows (${limit} bytes)`);
+  }
+  for (const { path, data } of files) FS.writeFile(placeOf(FS, path, true).full, data);
 }
 
 // Every regular file under `root` (a path relative to the working directory, "" for

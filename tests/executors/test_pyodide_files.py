@@ -255,9 +255,13 @@ async def test_put_refuses_directories_links_and_too_much(
     assert await files.call(session.get_file, "link/t") is None
     with pytest.raises(FilesRefused, match=r"limits\.disk_mb"):
         await files.call(session.put_files, [FileData("big", b"x" * 2000)], 1000)
+    # A put is placed whole or not at all: no directory is made for a refused one.
+    with pytest.raises(FilesRefused, match="'dir'"):
+        await files.call(session.put_files, [FileData("new/a", b"x"), FileData("dir", b"x")], MIB)
     listed = await files.call(session.list_files)
-    assert [f.path for f in listed] == []  # nothing was placed
-    assert (await files.step(session, "open('/tmp/t').read()")).result == "t"
+    assert [f.path for f in listed] == []
+    looked = await files.step(session, "import os\n[os.path.exists('new'), open('/tmp/t').read()]")
+    assert looked.result == [False, "t"], looked
 
 
 async def test_a_session_reset_starts_with_an_empty_directory(
