@@ -94,7 +94,12 @@ WORKER_SCRIPT = "pyodide_worker.js"
 SNAPSHOT_SCRIPT = "pyodide_snapshot.js"
 # The interpreter's own scripts, read each time one starts (a Web Worker's modules need
 # read permission; the worker process's own, imported as it starts, do not).
-INTERPRETER_SCRIPTS = ("pyodide_interpreter.js", "pyodide_boot.js", "worker_io.js")
+INTERPRETER_SCRIPTS = (
+    "pyodide_interpreter.js",
+    "pyodide_boot.js",
+    "pyodide_files.js",
+    "worker_io.js",
+)
 # The IANA time-zone database, a pinned dependency, zipped for the interpreters.
 TIME_ZONES = "tzdata"
 # Deno flags beyond the Deno executor's sandbox: an interpreter is a Web Worker started

@@ -22,6 +22,10 @@ What one program could leave for the next, and why it cannot:
   program's own `import("data:...")`; a program after which it has grown takes its
   process with it, so no program finds what another cached (or fills the disk).
 
+Files: a job carries its input files and `limits.disk_mb`; the answer line is followed
+by a line of the files the program left under `out/` and whether it hit that limit
+(`pyodide_files`), which the interpreter enforces as the program writes.
+
 Limits: the process's CPU and data limits are per program, set before each job and
 lifted between jobs (`set_soft_limit`); the wall-clock timeout counts from the moment
 the program is handed to its interpreter.
@@ -59,10 +63,16 @@ from conduit.executors.process import (
     set_soft_limit,
     signal_process_group,
 )
+from conduit.executors.pyodide_files import (
+    MIB,
+    OutFiles,
+    disk_limit,
+    files_line_bytes,
+    on_the_wire,
+    out_files,
+)
 
 __all__ = ["READY", "HostBroken", "Kept", "PyodideHost", "set_soft_limit", "worker_threads"]
-
-MIB = 1024 * 1024
 
 # Written by the host once its first interpreter is ready, and after each `prepare`.
 READY = b"\x1econduit-ready\n"
@@ -306,10 +316,12 @@ class PyodideHost:
             on_limit=self.kill,
             on_output=job.on_output,
         )
-        reading = _JobReading(self, capture, nonce, limits.result_bytes)
+        reading = _JobReading(self, capture, nonce, limits)
         message = {"nonce": nonce, "program": program, "session_token": session_token or ""}
         message["tools"] = session_token is not None
         message["keep"] = kept is not None
+        message["files"] = on_the_wire(job.files)
+        message["disk_bytes"] = limits.disk_mb * MIB
         try:
             self._limit(limits, kept)
         except ProcessLookupError:
@@ -359,6 +371,38 @@ class PyodideHost:
         except ProcessLookupError:
             return False
         return self.alive and not self._cache_grew()
+
+    async def file_op(
+        self, operation: dict[str, Any], timeout_s: float, max_bytes: int
+    ) -> dict[str, Any] | None:
+        """One operation on a kept interpreter's working directory, between a session's
+        steps (see the shim): its answer, or None if the host did not give one within
+        `timeout_s` and `max_bytes` (it is then killed: it cannot be trusted with the
+        next step)."""
+        nonce = os.urandom(NONCE_BYTES).hex()
+        answer: Any = None
+        with trio.move_on_after(timeout_s):
+            if await self.send({"files": {**operation, "nonce": nonce}}):
+                answer = await self._read_file_answer(nonce.encode("ascii"), max_bytes)
+        if not isinstance(answer, dict):
+            self.kill()
+            return None
+        return answer
+
+    async def _read_file_answer(self, nonce: bytes, max_bytes: int) -> Any:
+        stray = bytearray()
+
+        async def keep_stray(data: bytes) -> None:
+            stray.extend(data)
+
+        found = await self.stdout.read_until(RESULT_MARK + nonce, keep_stray)
+        line = await self.stdout.read_line(max_bytes) if found else None
+        if stray or line is None:
+            return None
+        try:
+            return jsontext.loads(line)
+        except jsontext.JsonTextError:
+            return None
 
     def _cache_grew(self) -> bool:
         return _tree_bytes(self.deno_dir) != self.cache_bytes
@@ -417,19 +461,21 @@ class PyodideHost:
 class _JobReading:
     """Reading one job's output and answer from a host's pipes."""
 
-    def __init__(self, host: PyodideHost, capture: OutputCapture, nonce: str, max_result: int):
+    def __init__(self, host: PyodideHost, capture: OutputCapture, nonce: str, limits: Limits):
         self._host = host
         self._capture = capture
         self._nonce = nonce.encode("ascii")
-        self._max_result = max_result
+        self._max_result = limits.result_bytes
+        self._max_files = files_line_bytes(limits)
         self.payload: bytes | None = None
+        self.files: OutFiles | None = None
         self.payload_too_large = False
         self._stderr_done = False
 
     @property
     def complete(self) -> bool:
-        """Both pipes reached their end-of-job lines, and the answer was read."""
-        return self.payload is not None and self._stderr_done
+        """Both pipes reached their end-of-job lines, and the answer and files were read."""
+        return self.payload is not None and self.files is not None and self._stderr_done
 
     async def read(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -445,7 +491,17 @@ class _JobReading:
             if self.payload is None:
                 self.payload_too_large = True
                 self._host.kill()
+            else:
+                await self._read_files()
         await self._capture.finish("stdout")
+
+    async def _read_files(self) -> None:
+        """The line after the answer: the files the program left, within what its
+        limits allow; the host is killed if it sent none."""
+        line = await self._host.stdout.read_line(self._max_files)
+        self.files = None if line is None else out_files(line)
+        if self.files is None:
+            self._host.kill()
 
     async def _read_stderr(self) -> None:
         marker = RESULT_MARK + self._nonce + b"\n"
@@ -472,8 +528,10 @@ class _JobReading:
             return outcomes.result_too_large(outcome, limits)
         if timed_out:
             return outcomes.timed_out(outcome, limits)
-        if self.payload is not None:
-            return outcomes.answered(outcome, self.payload, is_out_of_memory, "Pyodide worker")
+        if self.payload is not None and self.files is not None:
+            outcome = outcomes.answered(outcome, self.payload, is_out_of_memory, "Pyodide worker")
+            outcome.files = self.files.files
+            return disk_limit(outcome, limits) if self.files.disk_full else outcome
         returncode = self._host.process.returncode
         return outcomes.process_ended(outcome, returncode, limits, "Pyodide worker")
 

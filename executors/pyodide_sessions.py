@@ -17,6 +17,13 @@ first step (`pyodide_host.Kept`), so the session's `memory_mb` bounds all its st
 together, and an interpreter that hit it is not trusted with more. A program's own
 exception leaves the session as it was.
 
+The session's working directory is its interpreter's (`shims/pyodide_files.js`):
+kept from step to step, empty again after a reset. Between steps the daemon may
+place, read and list its files (`put_files`, `get_file`, `list_files`): each is a
+message to the session's process, answered by its interpreter, which walks paths
+name by name and never follows a link. Files put before the first step take the
+session's process then, so its first step finds them.
+
 `SessionRegistry` bounds how many sessions an executor holds: each may hold a process
 (~0.25 GB) beyond the pool's, so past the bound opening one is `Overloaded` rather
 than a squeeze on fresh executions. An idle session runs no task and its process may
@@ -25,18 +32,34 @@ use almost no CPU (`PyodideHost.rest`).
 
 from __future__ import annotations
 
+import base64
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import trio
 
 from conduit.core.errors import Overloaded, SandboxCrashed
+from conduit.core.files import FileData
 from conduit.executors import outcomes
-from conduit.executors.base import Job, Outcome, SessionSpec, Status, ToolBridge
-from conduit.executors.pyodide_host import Kept, PyodideHost
+from conduit.executors.base import (
+    FileInfo,
+    FilesRefused,
+    Job,
+    Outcome,
+    SessionSpec,
+    Status,
+    ToolBridge,
+)
+from conduit.executors.pyodide_files import MIB, on_the_wire, stored_files
+from conduit.executors.pyodide_host import DATA_SLACK_BYTES, Kept, PyodideHost
 
 __all__ = ["PyodideSession", "SessionRegistry", "StepRunner"]
+
+# A file operation is a copy in memory; past this the interpreter is not answering.
+FILE_OP_TIMEOUT_S = 30.0
+# Listing's share of an answer beyond the files' bytes.
+LISTING_BYTES = 16 * MIB
 
 
 class StepRunner(Protocol):
@@ -155,6 +178,54 @@ class PyodideSession:
         outcome.session_reset = not going_on
         return outcome
 
+    async def put_files(self, files: Sequence[FileData], disk_bytes: int) -> None:
+        """Place `files` in the working directory (see `ExecutorSession.put_files`);
+        before the first step, this takes the session's process."""
+        operation = {"op": "put", "files": on_the_wire(files), "disk_bytes": disk_bytes}
+        async with self._stepping:
+            self._check_open()
+            if self._host is None:
+                await self._take(Job("files", self.spec.language, ""))
+            answer = await self._file_op(operation)
+        if answer.get("ok") is not True:
+            raise FilesRefused(str(answer.get("refused") or "the files could not be placed"))
+
+    async def get_file(self, path: str) -> bytes | None:
+        """The regular file at `path` in the working directory, or None."""
+        async with self._stepping:
+            self._check_open()
+            if self._host is None:
+                return None
+            answer = await self._file_op({"op": "get", "path": path})
+        encoded = answer.get("base64")
+        return base64.b64decode(encoded) if isinstance(encoded, str) else None
+
+    async def list_files(self) -> list[FileInfo]:
+        """Every regular file in the working directory, in path order."""
+        async with self._stepping:
+            self._check_open()
+            if self._host is None:
+                return []
+            answer = await self._file_op({"op": "list"})
+        return stored_files(answer.get("files"))
+
+    async def _file_op(self, operation: dict[str, Any]) -> dict[str, Any]:
+        """`operation` answered by the session's interpreter, between steps. Raises
+        SandboxCrashed if it is gone or does not answer (the next step starts afresh)."""
+        host = self._host
+        assert host is not None
+        if not host.alive:
+            raise SandboxCrashed(_ENDED_BETWEEN_STEPS)  # the next step says so too
+        max_bytes = (self.spec.memory_mb * MIB + DATA_SLACK_BYTES) * 4 // 3 + LISTING_BYTES
+        answer = await host.file_op(operation, FILE_OP_TIMEOUT_S, max_bytes)
+        if answer is None or not host.rest():
+            host.kill()  # the next step finds it gone, and reports the reset
+            raise SandboxCrashed(
+                "the session's interpreter did not answer a file operation; the next step "
+                "starts afresh"
+            )
+        return answer
+
     def _drop(self) -> None:
         """Kill the session's process, if it holds one; the next step takes another."""
         host, self._host, self._kept = self._host, None, None
@@ -176,12 +247,16 @@ class PyodideSession:
             self._drop()
 
 
+_ENDED_BETWEEN_STEPS = (
+    "the session's interpreter ended between steps (its process was killed, or code a "
+    "step left running used up its CPU time)"
+)
+
+
 def _ended_between_steps() -> Outcome:
     return outcomes.failed(
         Outcome(Status.CRASHED, session_reset=True),
         Status.CRASHED,
         "Crashed",
-        "the session's interpreter ended between steps (its process was killed, or code "
-        "a step left running used up its CPU time); this step did not run, and the next "
-        "starts afresh",
+        f"{_ENDED_BETWEEN_STEPS}; this step did not run, and the next starts afresh",
     )

@@ -9,8 +9,13 @@
 //       (the bytes it was lent), or {failed: why}.
 //   {load: {..., programText}} (the snapshot's builder) start Pyodide from scratch,
 //       prepare it and answer {snapshot: bytes}.
-//   {job: request} run python_program's request; answers {answer: json}. Meanwhile
-//       each tool call is {call: id, method, params} out and {reply: id, answer} back.
+//   {job: request, files, diskBytes} place `files` ([{path, data}]) in the working
+//       directory, run python_program's request there with its files' bytes bounded
+//       by `diskBytes`, and answer {answer: json, files, diskFull}: what it left under
+//       out/, and whether it hit the bound. Meanwhile each tool call is {call: id,
+//       method, params} out and {reply: id, answer} back.
+//   {fileOp: {op, ...}} between a session's steps (see pyodide_files.js): "put"
+//       {files, diskBytes}, "get" {path} or "list"; answers {filed: {...}}.
 //
 // The program's output goes straight to the process's stdout and stderr, as it is
 // written; the host marks where each program's output ends. Whatever the program does
@@ -18,6 +23,7 @@
 // every program gets a new one.
 
 import { boot } from "./pyodide_boot.js";
+import { collectOut, enterWorkDir, FileQuota, listFiles, placeFiles, readFile, Refused } from "./pyodide_files.js";
 import { writeAll } from "./worker_io.js";
 
 // Captured first: nothing below may be reached or replaced by the program.
@@ -31,6 +37,7 @@ const permissions = Deno.permissions;
 const WARM_UP = "import sys\nprint('warm')\nprint('warm', file=sys.stderr)\nsum([1, 2])";
 
 let interpreter = null;
+let quota = null;
 let nextCall = 1;
 const calls = new Map();
 
@@ -39,7 +46,13 @@ globalThis.onmessage = async ({ data }) => {
     calls.get(data.reply)?.(data.answer);
     calls.delete(data.reply);
   } else if (data?.job && interpreter) {
-    post({ answer: await answer(data.job) });
+    const { FS } = interpreter.pyodide;
+    const placed = prepareFiles(FS, data.files ?? [], data.diskBytes);
+    const json = placed ?? (await answer(data.job));
+    postAnswer(json, FS);
+  } else if (data?.fileOp && interpreter) {
+    const filed = fileOp(interpreter.pyodide.FS, data.fileOp);
+    post({ filed }, filed.data ? [filed.data.buffer] : []);
   } else if (data?.load && !interpreter) {
     await load(data.load);
   }
@@ -53,6 +66,9 @@ async function load(what) {
       post({ snapshot }, [snapshot.buffer]);
       return;
     }
+    // The working directory is there before the quota: it is not the program's.
+    enterWorkDir(interpreter.pyodide.FS);
+    quota = new FileQuota(interpreter.pyodide.FS);
     await warmUp();
     // The borrowed bytes go back before any program exists (see startInterpreter).
     const returned = { stdlib: what.stdlib, timeZones: what.timeZones, snapshot: what.snapshot };
@@ -130,6 +146,54 @@ function trackTimers() {
 function clearTimers() {
   for (const id of timers) clearTimer(id);
   timers.clear();
+}
+
+// The program's answer, with what it left under out/; the answer alone if the files
+// cannot be read (the program broke what reading them needs).
+function postAnswer(json, FS) {
+  const diskFull = quota.hit;
+  try {
+    const files = collectOut(FS);
+    const buffers = [];
+    for (let i = 0; i < files.length; i++) buffers[i] = files[i].data.buffer;
+    post({ answer: json, files, diskFull }, buffers);
+  } catch {
+    post({ answer: json, files: [], diskFull });
+  }
+}
+
+// A job's working directory entered, its input files placed (the daemon saw that they
+// fit) and its quota set: null, or the answer that the files could not be placed.
+function prepareFiles(FS, files, diskBytes) {
+  quota.begin(Infinity);
+  try {
+    enterWorkDir(FS);
+    placeFiles(FS, quota, files);
+    quota.begin(typeof diskBytes === "number" ? diskBytes : Infinity);
+    return null;
+  } catch (error) {
+    const message = `the input files could not be placed: ${error?.message ?? error}`;
+    return stringify({ error: { type: "OSError", message, traceback: "" } });
+  }
+}
+
+// One operation on a session's working directory between its steps: {ok: true}
+// (with `data` for "get", `files` for "list"), or {refused: why}.
+function fileOp(FS, { op, path, files, diskBytes }) {
+  try {
+    enterWorkDir(FS);
+    if (op === "put") {
+      quota.begin(diskBytes); // the writes are bounded as the check before them says
+      placeFiles(FS, quota, files, diskBytes);
+      return { ok: true };
+    }
+    if (op === "get") return { ok: true, data: readFile(FS, path) };
+    if (op === "list") return { ok: true, files: listFiles(FS) };
+    return { refused: `no file operation ${op}` };
+  } catch (error) {
+    if (error instanceof Refused) return { refused: error.message };
+    return { refused: `the files could not be placed: ${error?.message ?? error}` };
+  }
 }
 
 // One JSON-RPC call to the daemon through the host, for python_program's `host_call`:

@@ -17,13 +17,20 @@
 //   {"callback": address or null}    first: the worker connects to the daemon's
 //       callback address, gives up every permission but reading the interpreters'
 //       modules, starts an interpreter and writes READY on stdout.
-//   {"job": {nonce, program, session_token, tools, keep}}    the interpreter runs
-//       `program` (python_program's request). Its output goes straight to stdout and
-//       stderr; then this process writes "\x1e" + nonce + "\n" on stderr and "\x1e" +
-//       nonce + ANSWER + "\n" on stdout, where ANSWER is python_program's JSON answer.
+//   {"job": {nonce, program, session_token, tools, keep, files, disk_bytes}}    the
+//       interpreter places `files` ([{path, base64}]) in its working directory and
+//       runs `program` (python_program's request) there, its files bounded by
+//       `disk_bytes`. Its output goes straight to stdout and stderr; then this process
+//       writes "\x1e" + nonce + "\n" on stderr and "\x1e" + nonce + ANSWER + "\n" +
+//       FILES + "\n" on stdout, where ANSWER is python_program's JSON answer and FILES
+//       is {"files": [{path, base64}], "disk_full": bool}: what the program left under
+//       out/, and whether its files hit the bound.
 //       With `keep` (a session's step) the interpreter is not ended: it takes the next
 //       job, with all the program left in it, and no READY is written.
 //   {"prepare": true}    start the next interpreter; READY on stdout once it is.
+//   {"files": {nonce, op, ...}}    between a session's steps, an operation on the
+//       kept interpreter's working directory ("put" {files, disk_bytes}, "get"
+//       {path}, "list"); answered "\x1e" + nonce + JSON + "\n" on stdout.
 // Tool calls go through this process, under the job's session token, on its one
 // connection: the program never holds the token, the connection or the nonce.
 // A job that did not end with its answer ends with this process: the daemon kills it.
@@ -61,6 +68,8 @@ for (;;) {
     const worker = warm;
     warm = null;
     if (await runJob(worker, message.job)) warm = worker;
+  } else if (message.files && warm) {
+    await fileOp(warm, message.files);
   } else if (message.prepare && !warm) {
     if (request.broken) fail(request.broken);
     warm = await prepare();
@@ -102,12 +111,12 @@ function giveUp(callback) {
 }
 
 // Runs one job; whether its interpreter is kept for the next (a session's).
-async function runJob(worker, { nonce, program, session_token: token, tools, keep }) {
+async function runJob(worker, { nonce, program, session_token: token, tools, keep, files, disk_bytes }) {
   const pending = new Set();
   const answer = await new Promise((resolve) => {
     worker.onmessage = ({ data }) => {
       if (typeof data?.answer === "string") {
-        resolve(data.answer);
+        resolve(data);
       } else if (data?.call !== undefined) {
         const call = relay(worker, data, tools ? token : null);
         pending.add(call);
@@ -116,19 +125,44 @@ async function runJob(worker, { nonce, program, session_token: token, tools, kee
     };
     // A program's stray error is its own business, never this process's end.
     worker.onerror = (event) => event.preventDefault();
-    worker.postMessage({ job: program });
+    const placed = (files ?? []).map(({ path, base64 }) => ({ path, data: Uint8Array.fromBase64(base64) }));
+    const message = { job: program, files: placed, diskBytes: disk_bytes };
+    worker.postMessage(message, placed.map(({ data }) => data.buffer));
   });
   worker.onmessage = null;
   // A session's interpreter stays; its messages between steps are dropped.
   if (keep !== true) worker.terminate();
   // Calls the program started are its own: answered under its token, before its end.
   await Promise.allSettled([...pending]);
-  const line = answer.includes("\n")
+  const line = answer.answer.includes("\n")
     ? stringify({ error: { type: "InternalError", message: "the interpreter sent a broken answer", traceback: "" } })
-    : answer;
+    : answer.answer;
+  const out = stringify({ files: encodeFiles(answer.files), disk_full: answer.diskFull === true });
   writeAll(stderrWrite, encode(RESULT_MARK + nonce + "\n"));
-  writeAll(stdoutWrite, encode(RESULT_MARK + nonce + line + "\n"));
+  writeAll(stdoutWrite, encode(RESULT_MARK + nonce + line + "\n" + out + "\n"));
   return keep === true;
+}
+
+function encodeFiles(files) {
+  const ok = Array.isArray(files) ? files.filter((file) => file?.data instanceof Uint8Array) : [];
+  return ok.map(({ path, data }) => ({ path: String(path), base64: data.toBase64() }));
+}
+
+// One operation on a session's working directory, between its steps: the kept
+// interpreter answers {ok, data?, files?} or {refused}; bytes go out as base64.
+async function fileOp(worker, { nonce, op, path, files, disk_bytes }) {
+  const placed = (files ?? []).map((file) => ({ path: file.path, data: Uint8Array.fromBase64(file.base64) }));
+  const filed = await new Promise((resolve) => {
+    worker.onmessage = ({ data }) => {
+      if (data?.filed) resolve(data.filed);
+    };
+    const fileOp = { op, path, files: placed, diskBytes: disk_bytes };
+    worker.postMessage({ fileOp }, placed.map(({ data }) => data.buffer));
+  });
+  worker.onmessage = null;
+  const answer = { ok: filed.ok === true, refused: filed.refused ?? null, files: filed.files ?? null };
+  if (filed.data instanceof Uint8Array) answer.base64 = filed.data.toBase64();
+  writeAll(stdoutWrite, encode(RESULT_MARK + nonce + stringify(answer) + "\n"));
 }
 
 // One tool call of the running program, answered to its interpreter as JSON text:

@@ -1,0 +1,64 @@
+"""The files line a Pyodide worker sends after a program's answer, read as the program
+wrote it: bytes exact, paths checked (a path the program chose that may not cross the
+boundary is dropped), and a hit disk limit reported as `disk_limit`."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+
+from conduit.core.files import FileData
+from conduit.executors.base import Limits, Outcome, Status
+from conduit.executors.pyodide_files import (
+    disk_limit,
+    files_line_bytes,
+    on_the_wire,
+    out_files,
+    stored_files,
+)
+
+
+def line(files: Sequence[Mapping[str, object]], disk_full: bool = False) -> bytes:
+    return json.dumps({"files": files, "disk_full": disk_full}).encode()
+
+
+def test_files_round_trip_byte_exact() -> None:
+    files = [FileData("a/b.bin", bytes(range(256))), FileData("c.txt", b"")]
+    decoded = out_files(line(on_the_wire(files)))
+    assert decoded is not None
+    assert (decoded.files, decoded.disk_full) == (files, False)
+
+
+def test_paths_that_may_not_cross_are_dropped() -> None:
+    data = base64.b64encode(b"x").decode()
+    bad = ["../up", "/abs", "a//b", "a\\b", "ctl\x01", "", 7]
+    entries: list[dict[str, object]] = [{"path": path, "base64": data} for path in bad]
+    entries += [{"path": "ok", "base64": "not base64!"}, {"path": "fine", "base64": data}]
+    decoded = out_files(line(entries, disk_full=True))
+    assert decoded is not None
+    assert decoded.files == [FileData("fine", b"x")]
+    assert decoded.disk_full
+
+
+def test_a_line_that_is_not_a_files_line_is_none() -> None:
+    assert out_files(b"not json") is None
+    assert out_files(b'{"result": 1}') is None
+
+
+def test_the_line_bound_holds_what_disk_mb_allows() -> None:
+    limits = Limits(disk_mb=1)
+    whole = [FileData("f", b"x" * (1024 * 1024))]
+    assert len(line(on_the_wire(whole))) <= files_line_bytes(limits)
+
+
+def test_a_listing_keeps_only_files_in_path_order() -> None:
+    listed = [{"path": "b", "size": 2}, {"path": "a", "size": 1}, {"path": 3}, "x"]
+    assert [(f.path, f.size) for f in stored_files(listed)] == [("a", 1), ("b", 2)]
+    assert stored_files(None) == []
+
+
+def test_disk_limit_names_the_limit() -> None:
+    outcome = disk_limit(Outcome(Status.OK), Limits(disk_mb=3))
+    assert outcome.status is Status.DISK_LIMIT
+    assert outcome.error is not None and "limits.disk_mb (3 MB)" in outcome.error.message
