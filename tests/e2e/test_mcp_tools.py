@@ -100,6 +100,7 @@ async def test_input_schema_is_flat_and_output_schema_describes_every_result(
         "limits",
         "allowed_tools",
         "inputs",
+        "files",
         "session",
     }
     assert schema["properties"]["limits"]["properties"]["timeout_ms"] == {
