@@ -21,6 +21,7 @@ __all__ = [
     "V8_OUT_OF_MEMORY",
     "answered",
     "captured",
+    "disk_limit",
     "error_exit_code",
     "error_info",
     "failed",
@@ -104,6 +105,17 @@ def files_limit(outcome: Outcome, limits: Limits) -> Outcome:
         "MemoryLimit",
         f"the program's files took more than its memory limit ({limits.memory_mb} MB); "
         "write less, or raise limits.memory_mb",
+    )
+
+
+def disk_limit(outcome: Outcome, limits: Limits) -> Outcome:
+    """The program's working directory took more than `limits.disk_mb`."""
+    return failed(
+        outcome,
+        Status.DISK_LIMIT,
+        "DiskLimit",
+        f"the program's files took more than limits.disk_mb ({limits.disk_mb} MB) and it "
+        "was stopped; write less, or raise limits.disk_mb",
     )
 
 
