@@ -186,7 +186,8 @@ async def test_a_burst_past_the_limit_before_the_watch_looks_is_caught(
     deno: DenoExecutor,
 ) -> None:
     code = (
-        "for (let i = 0; i < 400; i++) Deno.writeFileSync(`out/f${i}`, new Uint8Array(8192));\n"
+        # Two files, each under the per-file cap, written within a millisecond.
+        "for (let i = 0; i < 2; i++) Deno.writeFileSync(`out/f${i}`, new Uint8Array(700_000));\n"
         "return 'done'"
     )
     outcome = await run(deno, code, disk_mb=1)
