@@ -45,7 +45,9 @@ def build_registry(config: Config, callback: CallbackAddress | None) -> Executor
     if config.executors.deno.enabled:
         from conduit.executors.deno import DenoExecutor
 
-        executors.append(_deno_hosted(DenoExecutor, config, callback))
+        # Its workers' file size cap until a job's own disk limit replaces it.
+        max_disk_mb = config.limits.maxima.disk_mb
+        executors.append(_deno_hosted(DenoExecutor, config, callback, max_disk_mb=max_disk_mb))
     wasm_cache = Path(config.server.state_dir) / "wasm"
     wasm_python = config.executors.wasm_python
     if wasm_python.enabled:
@@ -68,8 +70,10 @@ def _deno_hosted(
     kind: type[DenoExecutor] | type[PyodideExecutor],
     config: Config,
     callback: CallbackAddress | None,
+    **options: int,
 ) -> DenoExecutor | PyodideExecutor:
-    """A Deno-process executor (deno, pyodide) from its `[executors.<name>]` section."""
+    """A Deno-process executor (deno, pyodide) from its `[executors.<name>]` section,
+    with `options` of its own kind."""
     section = getattr(config.executors, kind.name)
     return kind(
         binary=section.binary or None,
@@ -78,6 +82,7 @@ def _deno_hosted(
         memory_mb=config.limits.defaults.memory_mb,
         cache_dir=Path(config.server.state_dir) / kind.name,
         callback=callback,
+        **options,
     )
 
 

@@ -12,10 +12,23 @@ is queueing (`Outcome.queue_s`), not the program's time.
 The process is the sandbox: Deno's permissions deny everything (no --allow-* flag
 unless a callback address is configured, and then only that address), remote, npm
 and config-file loading are off, the environment holds only what Deno needs, the
-process runs in its own process group under rlimits, with an empty working directory
-and a private DENO_DIR that is deleted with it (Deno keeps localStorage, the Web Cache
-and per-module analysis under DENO_DIR, which would otherwise carry state and
-programs from one execution to the next).
+process runs in its own process group under rlimits, with a private DENO_DIR that is
+deleted with it (Deno keeps localStorage, the Web Cache and per-module analysis under
+DENO_DIR, which would otherwise carry state and programs from one execution to the
+next).
+
+Files: each worker is born with a working directory of its own (a `scratch.Scratch`,
+holding only an empty `out/`), and reading and writing there is the one permission it
+keeps (`--allow-read` and `--allow-write` name that directory alone, and the shim
+checks nothing else is left). Deno's permissions are fixed when a process starts,
+long before its job is known, so the directory belongs to the worker, not the job:
+a worker runs one program, so it is still one directory per execution, deleted with
+the worker. The job's input files are written in host-side before the program is
+handed over, what the program left under `out/` is read back after it (`workdir`,
+never through a link), and its size is watched while it runs: past
+`limits.disk_mb` the process is killed and the execution ends in `disk_limit`.
+RLIMIT_FSIZE caps any one file at the same size, should a file grow faster than the
+watch looks.
 
 Inside the process `shims/deno_worker.js` runs the program; the protocol is described
 there. The daemon's side: write one JSON job to stdin and close it; read stdout and
@@ -57,6 +70,7 @@ import os
 import resource
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -68,11 +82,13 @@ import trio
 
 from conduit.core import jsontext
 from conduit.core.errors import ExecutorError, RuntimeMissing, SandboxCrashed
-from conduit.executors import outcomes
+from conduit.core.files import OUT_DIR
+from conduit.executors import outcomes, workdir
 from conduit.executors.base import (
     CallbackAddress,
     ErrorInfo,
     ExecutorInfo,
+    FilesRefused,
     Job,
     Limits,
     Outcome,
@@ -86,6 +102,7 @@ from conduit.executors.deno_session import (
     SessionSlots,
     SessionWorker,
 )
+from conduit.executors.disk_watch import DiskWatch
 from conduit.executors.file_digest import file_version
 from conduit.executors.js_session import rewrite_step
 from conduit.executors.js_syntax import Dialect, prepare_parsed
@@ -105,6 +122,7 @@ from conduit.executors.process import (
     set_soft_limit,
     signal_process_group,
 )
+from conduit.executors.scratch import Scratch, ScratchDirs
 
 __all__ = ["DenoExecutor", "DenoWorker", "find_deno", "permission_flags", "read_version"]
 
@@ -172,6 +190,11 @@ DATA_SLACK_BYTES = 64 * MIB
 SESSION_CPU_S = 3600
 # Two warm workers cover back-to-back requests while a refill (~30 ms) is under way.
 DEFAULT_POOL_SIZE = 2
+# Under the cache directory: the workers' working directories (see `ScratchDirs`).
+SCRATCH_DIR = "scratch"
+# The largest file a worker may write before its job is known: the daemon's largest
+# `limits.disk_mb`; a job's own limit replaces it at hand-out.
+DEFAULT_MAX_DISK_MB = 1024
 
 # What Deno prints when it dies of memory: V8's fatal heap OOM, a failed Rust allocation.
 OOM_SIGNS = outcomes.V8_OUT_OF_MEMORY
@@ -250,26 +273,39 @@ async def _ask_version(deno: str, cwd: Path) -> str:
     return lines[0].removeprefix("deno ")
 
 
-def permission_flags(callback: CallbackAddress | None) -> list[str]:
-    """The --allow-* flags that let a sandbox reach exactly `callback`, and nothing else.
+def permission_flags(callback: CallbackAddress | None, workdir: Path | None = None) -> list[str]:
+    """The --allow-* flags that let a sandbox reach exactly `callback` and read and
+    write in `workdir`, and nothing else.
 
-    None gives no permission at all. A TCP address allows that host and port only; a
-    Unix socket needs net access to the socket plus read and write access to its path.
-    The shim uses them once, to connect, and revokes them all before the program runs.
+    None for both gives no permission at all. A TCP address allows that host and port
+    only; a Unix socket needs net access to the socket plus read and write access to
+    its path. The shim uses the callback's once, to connect, and revokes them before
+    the program runs; `workdir`'s are the program's (see `shims/permissions.js`).
     """
-    if callback is None:
-        return []
-    if callback.unix_path is not None:
-        path = callback.unix_path
-        if not os.path.isabs(path) or "," in path:
-            raise ValueError(f"callback socket path {path!r} must be absolute, without commas")
-        return [f"--allow-net=unix:{path}", f"--allow-read={path}", f"--allow-write={path}"]
-    if callback.tcp_host is None or callback.tcp_port is None:
-        raise ValueError("a callback address needs a unix_path, or a tcp_host and tcp_port")
-    host = callback.tcp_host
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"  # IPv6 literal
-    return [f"--allow-net={host}:{callback.tcp_port}"]
+    files = [] if workdir is None else [_flag_path(str(workdir), "working directory")]
+    net = []
+    if callback is not None and callback.unix_path is not None:
+        path = _flag_path(callback.unix_path, "callback socket path")
+        net = [f"--allow-net=unix:{path}"]
+        files.insert(0, path)
+    elif callback is not None:
+        if callback.tcp_host is None or callback.tcp_port is None:
+            raise ValueError("a callback address needs a unix_path, or a tcp_host and tcp_port")
+        host = callback.tcp_host
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"  # IPv6 literal
+        net = [f"--allow-net={host}:{callback.tcp_port}"]
+    if not files:
+        return net
+    paths = ",".join(files)
+    return [*net, f"--allow-read={paths}", f"--allow-write={paths}"]
+
+
+def _flag_path(path: str, what: str) -> str:
+    """`path` as a permission flag may list it: absolute, without the list's commas."""
+    if not os.path.isabs(path) or "," in path:
+        raise ValueError(f"{what} {path!r} must be absolute, without commas")
+    return path
 
 
 @dataclasses.dataclass(eq=False)
@@ -278,8 +314,14 @@ class DenoWorker:
 
     process: trio.Process
     heap_mb: int
+    # Its working directory, its own from its start to its end.
+    scratch: Scratch
     # Whether it was told to die: a session's worker so told cannot take another step.
     killed: bool = False
+    # Whether a job or session has it: its directory is then kept past the process's
+    # exit until `aclose` (`released`), so what the program left can still be read.
+    taken: bool = False
+    released: trio.Event = dataclasses.field(default_factory=trio.Event)
 
     def kill(self) -> None:
         """SIGKILL the worker's process group now; its task reaps it."""
@@ -291,13 +333,19 @@ class DenoWorker:
         """Whether it may still take a job: neither killed nor exited."""
         return not self.killed and self.process.returncode is None
 
+    @property
+    def workdir(self) -> Path:
+        return self.scratch.path
+
     async def aclose(self) -> None:
         """Kill the worker and close its pipes. Idempotent; safe when cancelled.
 
         Does not wait for the exit: the task running the worker reaps the process
-        (the pool's nursery for a warm worker, the caller's for a cold one).
+        (the pool's nursery for a warm worker, the caller's for a cold one), then
+        deletes its directories.
         """
         self.kill()
+        self.released.set()
         with trio.CancelScope(shield=True):
             for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
                 if stream is not None:
@@ -308,8 +356,10 @@ class DenoExecutor:
     """Runs TypeScript and JavaScript programs in one-shot Deno sandboxes.
 
     `cache_dir` is a directory the daemon owns: each worker gets a private DENO_DIR
-    under it, deleted when the worker exits (a tmpfs makes that cheaper). `work_dir`,
-    every worker's empty working directory, defaults to `cache_dir / "work"`. `binary`
+    and a working directory under it, deleted when the worker exits (a tmpfs makes
+    that cheaper). `work_dir`, where `deno --version` runs, defaults to
+    `cache_dir / "work"`. `max_disk_mb` is the largest `limits.disk_mb` a job may
+    have (a warm worker's file size cap until its job comes). `binary`
     overrides where Deno is looked for (see `find_deno`). `pool_size` warm workers are
     kept with a V8 heap limit of `memory_mb`; a job asking for another `memory_mb`
     starts a worker cold. `callback`, when set, is the one address sandboxes may
@@ -333,15 +383,17 @@ class DenoExecutor:
         callback: CallbackAddress | None = None,
         start_timeout_s: float = START_TIMEOUT_S,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
+        max_disk_mb: int = DEFAULT_MAX_DISK_MB,
     ) -> None:
         self._cache_dir = Path(cache_dir)
         self._work_dir = Path(work_dir) if work_dir is not None else self._cache_dir / "work"
         self._configured_binary = binary
         self._deno = find_deno(binary)
         self._memory_mb = memory_mb
-        self._permission_flags = permission_flags(callback)
-        self._prelude = _encode_prelude(callback)
-        self._session_prelude = _encode_prelude(callback, session=True)
+        permission_flags(callback)  # a ValueError now, rather than at each start
+        self._callback = callback
+        self._max_file_bytes = max_disk_mb * MIB
+        self._scratch: ScratchDirs | None = None
         self._start_timeout_s = start_timeout_s
         self._shim = Path(str(importlib.resources.files("conduit.shims") / self.shim))
         self._pool: WarmPool[DenoWorker] = WarmPool(
@@ -371,15 +423,23 @@ class DenoExecutor:
         self._settled.set()
         if self._reason is not None:
             log.warning("deno executor unavailable: %s", self._reason)
+            if self._scratch is not None:
+                self._scratch.close()
+                self._scratch = None
             task_status.started()
             await trio.sleep_forever()
-        async with trio.open_nursery() as nursery:
-            # Session workers outlive the task that opened them: they run here.
-            self._sessions.nursery = nursery
-            try:
-                await self._pool.run(task_status=task_status)
-            finally:
-                self._sessions.nursery = None
+        try:
+            async with trio.open_nursery() as nursery:
+                # Session workers outlive the task that opened them: they run here.
+                self._sessions.nursery = nursery
+                try:
+                    await self._pool.run(task_status=task_status)
+                finally:
+                    self._sessions.nursery = None
+        finally:
+            if self._scratch is not None:
+                self._scratch.close()
+                self._scratch = None
 
     async def wait_ready(self) -> bool:
         """Wait until `serve` knows whether the executor can run jobs; whether it can."""
@@ -401,7 +461,7 @@ class DenoExecutor:
             return f"the worker shim {self._shim} is missing; reinstall conduit"
         try:
             await trio.to_thread.run_sync(self._prepare_dirs)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             return f"cannot prepare the Deno directories: {exc}"
         try:
             self._version = await read_version(self._deno, self._work_dir)
@@ -415,6 +475,9 @@ class DenoExecutor:
         # Left behind if the daemon died with workers running: nothing may survive.
         for stale in self._cache_dir.glob("worker-*"):
             shutil.rmtree(stale, ignore_errors=True)
+        if self._scratch is None:
+            self._scratch = ScratchDirs(self._cache_dir / SCRATCH_DIR)
+        permission_flags(None, self._scratch.root)  # a path a flag can name
 
     @property
     def unavailable_reason(self) -> str | None:
@@ -440,13 +503,13 @@ class DenoExecutor:
 
     # -- workers -----------------------------------------------------------------------
 
-    def _command(self, heap_mb: int) -> list[str]:
+    def _command(self, heap_mb: int, workdir: Path) -> list[str]:
         assert self._deno is not None
         return [
             self._deno,
             "run",
             *SANDBOX_FLAGS,
-            *self._permission_flags,
+            *permission_flags(self._callback, workdir),
             *self.extra_flags(),
             f"--v8-flags=--max-old-space-size={heap_mb}",
             str(self._shim),
@@ -488,19 +551,19 @@ class DenoExecutor:
         Calls `task_status.started(worker)` once the worker waits for its job (or, for
         a `session`, its steps, one after another). Raises
         RuntimeMissing if Deno cannot be run, SandboxCrashed if the worker does not
-        start. Its private DENO_DIR is deleted after the process has exited.
+        start. Its private DENO_DIR and working directory are deleted after the process
+        has exited, and the working directory once whoever took the worker is done
+        with it.
         """
         deno_dir = self._cache_dir / f"worker-{secrets.token_hex(8)}"
-        try:
-            deno_dir.mkdir(mode=0o700)
-        except OSError as exc:
-            raise SandboxCrashed(f"cannot create a DENO_DIR for a worker: {exc}") from exc
+        scratch = await trio.to_thread.run_sync(self._new_dirs, deno_dir)
+        worker: DenoWorker | None = None
         try:
             failure: ExecutorError | None = None
             async with trio.open_nursery() as nursery:
                 try:
                     worker = await self._start_worker(
-                        nursery, heap_mb, cpu_s, deno_dir, session=session
+                        nursery, heap_mb, cpu_s, deno_dir, scratch, session=session
                     )
                 except ExecutorError as exc:
                     failure = exc  # raised below, outside the nursery's exception group
@@ -508,22 +571,48 @@ class DenoExecutor:
                     task_status.started(worker)
             if failure is not None:
                 raise failure
+            if worker is not None and worker.taken:
+                await worker.released.wait()
         finally:
             # In a thread: unlinking Deno's SQLite files takes milliseconds on a
             # journaling filesystem, which would stall every other task.
             with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(partial(shutil.rmtree, deno_dir, ignore_errors=True))
+                await trio.to_thread.run_sync(_remove_dirs, deno_dir, scratch)
+
+    def _new_dirs(self, deno_dir: Path) -> Scratch:
+        """Make a worker's DENO_DIR and its working directory (holding an empty
+        `out/`); SandboxCrashed if they cannot be made."""
+        if self._scratch is None:
+            raise SandboxCrashed("the deno executor is not serving")
+        try:
+            deno_dir.mkdir(mode=0o700)
+        except OSError as exc:
+            raise SandboxCrashed(f"cannot create a DENO_DIR for a worker: {exc}") from exc
+        try:
+            scratch = self._scratch.new()
+            (scratch.path / OUT_DIR).mkdir(mode=0o700)
+        except OSError as exc:
+            shutil.rmtree(deno_dir, ignore_errors=True)
+            raise SandboxCrashed(f"cannot create a working directory for a worker: {exc}") from exc
+        return scratch
 
     async def _start_worker(
-        self, nursery: trio.Nursery, heap_mb: int, cpu_s: int, deno_dir: Path, *, session: bool
+        self,
+        nursery: trio.Nursery,
+        heap_mb: int,
+        cpu_s: int,
+        deno_dir: Path,
+        scratch: Scratch,
+        *,
+        session: bool,
     ) -> DenoWorker:
         env = minimal_env({**DENO_ENV, "DENO_DIR": str(deno_dir)})
-        options = sandbox_process_options(cwd=self._work_dir, env=env)
+        options = sandbox_process_options(cwd=scratch.path, env=env)
         try:
             process: trio.Process = await nursery.start(
                 partial(
                     trio.run_process,
-                    self._command(heap_mb),
+                    self._command(heap_mb, scratch.path),
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
@@ -534,10 +623,10 @@ class DenoExecutor:
             )
         except OSError as exc:
             raise RuntimeMissing(f"cannot start Deno ({self._deno}): {exc}") from exc
-        worker = DenoWorker(process, heap_mb)
+        worker = DenoWorker(process, heap_mb, scratch, taken=session)
         try:
-            _limit(worker, ProcessLimits(cpu_s=cpu_s))
-            prelude = self._session_prelude if session else self._prelude
+            _limit(worker, ProcessLimits(cpu_s=cpu_s, file_bytes=self._max_file_bytes))
+            prelude = _encode_prelude(self._callback, scratch.path, session=session)
             await _send_prelude(process, prelude)
             await self._wait_ready(worker)
             self._limit_memory(worker)
@@ -718,15 +807,33 @@ class DenoExecutor:
         left as the job left it. None if it died before taking the job.
 
         `one_shot`: the worker's only job, after which it is killed; otherwise a
-        session's step, after which a worker that answered waits for the next."""
+        session's step, after which a worker that answered waits for the next.
+
+        The job's files are placed in the worker's directory first; what the program
+        left under `out/` comes back in the outcome's `files`."""
+        worker.taken = True
+        if not worker.alive:
+            return None
+        disk = DiskWatch(worker.scratch, job.limits.disk_mb * MIB, worker.kill)
+        if (refused := await _place_inputs(worker, job, disk.max_bytes)) is not None:
+            return refused
         with job.stop.calling(worker.kill):
-            outcome = await self._execute(worker, job, request, nonce, one_shot=one_shot)
-        if outcome is not None and job.stop.is_set() and outcome.status is Status.CRASHED:
+            outcome = await self._execute(worker, job, request, nonce, disk, one_shot=one_shot)
+        if outcome is None:
+            return None
+        if job.stop.is_set() and outcome.status is Status.CRASHED:
             return outcomes.stopped(outcome)
-        return outcome
+        return await _with_files(worker, job.limits, outcome, disk)
 
     async def _execute(
-        self, worker: DenoWorker, job: Job, request: bytes, nonce: str, *, one_shot: bool
+        self,
+        worker: DenoWorker,
+        job: Job,
+        request: bytes,
+        nonce: str,
+        disk: DiskWatch,
+        *,
+        one_shot: bool,
     ) -> Outcome | None:
         limits = job.limits
         process = worker.process
@@ -734,6 +841,7 @@ class DenoExecutor:
         assert process.stderr is not None
         try:
             _limit_cpu(process, cpu_backstop_s(limits.timeout_ms / 1000), one_shot=one_shot)
+            _limit_file_size(process, disk.max_bytes, one_shot=one_shot)
         except ProcessLookupError:
             return None
         # Limits are enforced by killing the sandbox the moment they are hit.
@@ -763,10 +871,12 @@ class DenoExecutor:
         with trio.move_on_after(limits.timeout_ms / 1000) as deadline:
             async with trio.open_nursery() as io:
                 io.start_soon(capture.pump, "stderr", process.stderr)
+                io.start_soon(disk.run)
                 if not await _send(process, request, close=one_shot):
                     died_before_job = True
                     worker.kill()
                 await capture.pump("stdout", stdout)
+                disk.done()
                 if stdout.payload is not None:
                     # The shim wrote its stderr before the result, with synchronous
                     # writes: all of it is in the pipe now, so the killed sandbox's
@@ -788,6 +898,7 @@ class DenoExecutor:
             capture,
             stdout,
             timed_out=deadline.cancelled_caught,
+            disk_hit=disk.hit,
             returncode=process.returncode,
             is_out_of_memory=self.is_out_of_memory,
         )
@@ -808,6 +919,44 @@ def _limit_cpu(process: trio.Process, cpu_s: int, *, one_shot: bool) -> None:
         set_soft_limit(process, resource.RLIMIT_CPU, used + cpu_s)
 
 
+def _limit_file_size(process: trio.Process, max_bytes: int, *, one_shot: bool) -> None:
+    """No file the job writes may take more than its whole disk limit: a backstop for
+    one that grows faster than `DiskWatch` looks. A session's worker keeps the hard
+    limit it started with, under which each step sets its own."""
+    if one_shot:
+        lower_rlimit(process, resource.RLIMIT_FSIZE, max_bytes, max_bytes)
+    else:
+        set_soft_limit(process, resource.RLIMIT_FSIZE, max_bytes)
+
+
+async def _place_inputs(worker: DenoWorker, job: Job, max_bytes: int) -> Outcome | None:
+    """Write the job's files into the worker's directory; an error outcome naming the
+    path if they cannot be (in a session, a directory or link of an earlier step's
+    may hold it), else None."""
+    if not job.files:
+        return None
+    try:
+        await trio.to_thread.run_sync(workdir.put, worker.workdir, job.files, max_bytes)
+    except FilesRefused as exc:
+        return outcomes.failed(Outcome(Status.ERROR), Status.ERROR, "FilesRefused", str(exc))
+    return None
+
+
+async def _with_files(
+    worker: DenoWorker, limits: Limits, outcome: Outcome, disk: DiskWatch
+) -> Outcome:
+    """The outcome with the files the program left under `out/`, or `disk_limit` if
+    its directory went past the limit after the watch's last look (the worker is then
+    killed: a session starts afresh rather than keep the excess)."""
+    if outcome.status is not Status.DISK_LIMIT and await disk.check():
+        return outcomes.disk_limit(outcome, limits)
+    if outcome.status is not Status.DISK_LIMIT:
+        outcome.files = await trio.to_thread.run_sync(
+            workdir.collect, worker.workdir, disk.max_bytes
+        )
+    return outcome
+
+
 def _limit(worker: DenoWorker, limits: ProcessLimits) -> None:
     try:
         apply_limits(worker.process, limits)
@@ -815,12 +964,21 @@ def _limit(worker: DenoWorker, limits: ProcessLimits) -> None:
         raise SandboxCrashed("a Deno worker exited right after starting") from exc
 
 
-def _encode_prelude(callback: CallbackAddress | None, *, session: bool = False) -> bytes:
+def _encode_prelude(
+    callback: CallbackAddress | None, workdir: Path, *, session: bool = False
+) -> bytes:
     """The line a worker reads as it starts: the one address it connects to before it
-    gives up every permission (see the module docstring), and whether it will run a
-    session's steps (one job per line) rather than one job."""
+    gives up every permission but its working directory's (see the module
+    docstring), that directory, and whether it will run a session's steps (one job
+    per line) rather than one job."""
     address = dataclasses.asdict(callback) if callback is not None else None
-    return jsontext.encode({"callback": address, "session": session}) + b"\n"
+    message = {"callback": address, "session": session, "workdir": str(workdir)}
+    return jsontext.encode(message) + b"\n"
+
+
+def _remove_dirs(deno_dir: Path, scratch: Scratch) -> None:
+    shutil.rmtree(deno_dir, ignore_errors=True)
+    scratch.remove()
 
 
 async def _send_prelude(process: trio.Process, prelude: bytes) -> None:
@@ -877,6 +1035,7 @@ def _outcome(
     stdout: ResultSplitter,
     *,
     timed_out: bool,
+    disk_hit: bool,
     returncode: int | None,
     is_out_of_memory: Callable[[ErrorInfo], bool],
 ) -> Outcome:
@@ -885,6 +1044,8 @@ def _outcome(
     outcome = outcomes.captured(capture)
     if capture.limit_hit:
         return outcomes.output_limit(outcome, limits)
+    if disk_hit:
+        return outcomes.disk_limit(outcome, limits)
     if stdout.payload_too_large:
         return outcomes.result_too_large(outcome, limits)
     if timed_out:
@@ -906,6 +1067,8 @@ def _from_exit(outcome: Outcome, returncode: int | None, limits: Limits) -> Outc
             "Exit",
             f"the program exited with code {returncode} before returning a result",
         )
+    if returncode == -signal.SIGXFSZ:  # a file past `_limit_file_size`
+        return outcomes.disk_limit(outcome, limits)
     if returncode is not None and any(sign in outcome.stderr for sign in OOM_SIGNS):
         outcome.stderr = _cut_oom_report(outcome.stderr)
         return outcomes.memory_limit(outcome, limits)

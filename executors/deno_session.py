@@ -18,24 +18,45 @@ earlier steps left, by design, and a timer or promise of one step may still run 
 call tools, under the running step's token) in a later one; an error it throws
 between steps is the next step's stderr.
 
+The worker's working directory is the session's: files a step writes, or
+`put_files` places between steps, are there for the next step, and go with the
+worker (a reset starts with an empty directory). The daemon reads and writes it
+host-side (`workdir`), never through a link the programs made.
+
 The executor bounds how many sessions are open at once (`SessionSlots`): each holds a
 process, which unlike the warm pool's is not freed when a program ends.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import trio
 
 from conduit.core.errors import Overloaded, SandboxCrashed
-from conduit.executors.base import ErrorInfo, Job, Outcome, SessionSpec, Status, ToolBridge
+from conduit.core.files import FileData
+from conduit.executors import workdir
+from conduit.executors.base import (
+    ErrorInfo,
+    FileInfo,
+    Job,
+    Outcome,
+    SessionSpec,
+    Status,
+    ToolBridge,
+)
 
 __all__ = ["DEFAULT_MAX_SESSIONS", "DenoSession", "SessionHost", "SessionSlots", "SessionWorker"]
 
 # Each open session holds a Deno process (~40 MB idle, up to its heap cap).
 DEFAULT_MAX_SESSIONS = 16
+
+# The most `get_file` reads: past any working directory's limit (the daemon's
+# largest limits.disk_mb), so only a sparse file claiming more is refused.
+READ_MAX_BYTES = 1 << 31
 
 
 @dataclass(slots=True)
@@ -63,6 +84,11 @@ class SessionWorker(Protocol):
     @property
     def alive(self) -> bool:
         """Whether it may still take a step: neither killed nor exited."""
+        ...
+
+    @property
+    def workdir(self) -> Path:
+        """Its working directory, which lives as long as it does."""
         ...
 
     async def aclose(self) -> None:
@@ -98,8 +124,8 @@ class DenoSession:
         self._worker: SessionWorker | None = worker
         self._slots = slots
         self._closed = False
-        # A step was cancelled (or failed) half-way and its worker killed, which no
-        # outcome has said: the next step does.
+        # The worker was lost in a way no outcome has said (a step cancelled or failed
+        # half-way, a death between steps): the next step does.
         self._lost = False
         self._lock = trio.Lock()  # one step at a time, whoever calls
 
@@ -110,14 +136,9 @@ class DenoSession:
     async def run(self, job: Job, bridge: ToolBridge) -> Outcome:
         """Run `job` as the session's next step (see the module docstring)."""
         async with self._lock:
-            if self._closed:
-                raise SandboxCrashed(f"session {self.spec.session_id} is closed")
-            starting_s, reset = 0.0, False
-            if self._worker is None or not self._worker.alive:
-                # None: dropped after a step that said so, unless lost; else it died idle.
-                reset = self._worker is not None or self._lost
-                starting_s += await self._start()
-                self._lost = False
+            self._check_open()
+            starting_s = await self._ensure_worker()
+            reset, self._lost = self._lost, False
             outcome = await self._step(job, bridge)
             if outcome is None:  # it died as the step came: once more, afresh
                 reset = True
@@ -131,6 +152,42 @@ class DenoSession:
             outcome.queue_s += starting_s
             outcome.session_reset = reset or self._worker is None
             return outcome
+
+    async def put_files(self, files: Sequence[FileData], disk_bytes: int) -> None:
+        """Place `files` in the worker's directory (a fresh worker's, if the last one
+        is gone); `FilesRefused` naming the path, or past `disk_bytes` in all."""
+        async with self._lock:
+            self._check_open()
+            await self._ensure_worker()
+            assert self._worker is not None
+            root = self._worker.workdir
+            await trio.to_thread.run_sync(workdir.put, root, files, disk_bytes)
+
+    async def get_file(self, path: str) -> bytes | None:
+        async with self._lock:
+            if self._worker is None:
+                return None
+            return await trio.to_thread.run_sync(_read, self._worker.workdir, path)
+
+    async def list_files(self) -> list[FileInfo]:
+        async with self._lock:
+            if self._worker is None:
+                return []
+            return await trio.to_thread.run_sync(_list, self._worker.workdir)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxCrashed(f"session {self.spec.session_id} is closed")
+
+    async def _ensure_worker(self) -> float:
+        """A live worker for the session, started afresh if there is none (dropped
+        after a step that said so) or it died idle, which the next step reports
+        (`_lost`); the seconds starting took."""
+        if self._worker is not None and self._worker.alive:
+            return 0.0
+        if self._worker is not None:
+            self._lost = True
+        return await self._start()
 
     async def _start(self) -> float:
         """Replace the worker with a fresh one; the seconds that took (queueing)."""
@@ -172,3 +229,14 @@ class DenoSession:
         self._closed = True
         self._slots.give_back()
         await self._drop()
+
+
+def _read(directory: Path, path: str) -> bytes | None:
+    try:
+        return workdir.read(directory, path, READ_MAX_BYTES)
+    except OSError:  # larger than any working directory may hold: a sparse file
+        return None
+
+
+def _list(directory: Path) -> list[FileInfo]:
+    return [FileInfo(entry.path, entry.size) for entry in workdir.regular_files(directory)]

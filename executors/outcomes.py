@@ -21,6 +21,7 @@ __all__ = [
     "V8_OUT_OF_MEMORY",
     "answered",
     "captured",
+    "disk_limit",
     "error_exit_code",
     "error_info",
     "failed",
@@ -96,14 +97,15 @@ def memory_limit(outcome: Outcome, limits: Limits, traceback: str = "") -> Outco
     return outcome
 
 
-def files_limit(outcome: Outcome, limits: Limits) -> Outcome:
-    """The program's working directory came to hold more than `limits.disk_mb`."""
+def disk_limit(outcome: Outcome, limits: Limits) -> Outcome:
+    """The program's working directory took, or would have taken, more than
+    `limits.disk_mb` (a write refused as a full disk's counts, even if it went on)."""
     return failed(
         outcome,
         Status.DISK_LIMIT,
         "DiskLimit",
-        f"the program's files took more than limits.disk_mb ({limits.disk_mb} MB) and "
-        "it was stopped; write less, or raise limits.disk_mb",
+        f"the program's files took more than limits.disk_mb ({limits.disk_mb} MB) and it "
+        "was stopped; write less, or raise limits.disk_mb",
     )
 
 

@@ -50,9 +50,9 @@ __all__ = [
 CPU_BACKSTOP_FACTOR = 2
 CPU_BACKSTOP_SLACK_S = 5
 
-# Sandboxes get no write permission of their own; the only files written are the
-# runtime's own caches (a transpiled program, small SQLite files), so a file larger
-# than this is a runaway.
+# Unless a sandbox may write files of its own (the Deno executor sets its own cap from
+# `limits.disk_mb`), the only files written are the runtime's caches (a transpiled
+# program, small SQLite files), so a file larger than this is a runaway.
 DEFAULT_FILE_BYTES = 16 * 1024 * 1024
 
 # An idle Deno worker holds about 25 descriptors (stdio, epoll, SQLite caches); this

@@ -22,13 +22,11 @@ from typing import Any
 from conduit.core import jsontext
 from conduit.core.files import MAX_FILES, MAX_PATH_CHARS, FileData, PathRefused, checked_path
 from conduit.core.jsontext import JsonTextError
-from conduit.executors import outcomes
-from conduit.executors.base import FileInfo, Limits, Outcome, Status
+from conduit.executors.base import FileInfo, Limits
 
 __all__ = [
     "MIB",
     "OutFiles",
-    "disk_limit",
     "files_line_bytes",
     "on_the_wire",
     "out_files",
@@ -97,15 +95,3 @@ def stored_files(listed: Any) -> list[FileInfo]:
             if type(size) is int and size >= 0:
                 infos.append(FileInfo(entry["path"], size))
     return sorted(infos, key=lambda info: info.path)
-
-
-def disk_limit(outcome: Outcome, limits: Limits) -> Outcome:
-    """The program's files would have taken more than `limits.disk_mb`: a write was
-    refused as a full disk's, and the run is reported so even if it went on."""
-    return outcomes.failed(
-        outcome,
-        Status.DISK_LIMIT,
-        "DiskLimit",
-        f"the program's files took more than limits.disk_mb ({limits.disk_mb} MB); "
-        "write less, or raise limits.disk_mb",
-    )

@@ -66,7 +66,6 @@ from conduit.executors.process import (
 from conduit.executors.pyodide_files import (
     MIB,
     OutFiles,
-    disk_limit,
     files_line_bytes,
     on_the_wire,
     out_files,
@@ -531,7 +530,7 @@ class _JobReading:
         if self.payload is not None and self.files is not None:
             outcome = outcomes.answered(outcome, self.payload, is_out_of_memory, "Pyodide worker")
             outcome.files = self.files.files
-            return disk_limit(outcome, limits) if self.files.disk_full else outcome
+            return outcomes.disk_limit(outcome, limits) if self.files.disk_full else outcome
         returncode = self._host.process.returncode
         return outcomes.process_ended(outcome, returncode, limits, "Pyodide worker")
 

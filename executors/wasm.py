@@ -1149,7 +1149,7 @@ class WasmExecutor:
         if stopped is _wasmtime.StopReason.TIMEOUT:
             return outcomes.timed_out(outcome, limits)
         if stopped is _wasmtime.StopReason.FILES_LIMIT:
-            return outcomes.files_limit(outcome, limits)
+            return outcomes.disk_limit(outcome, limits)
         if stopped is _wasmtime.StopReason.CANCELLED and answer is None:
             return outcomes.stopped(outcome)
         if answer is None:

@@ -4,10 +4,11 @@
 //
 // Protocol (the daemon side lives in conduit/executors/deno.py):
 //   1. On start the daemon writes a one-line prelude,
-//      {"callback": <address or null>, "session": <bool>}.
+//      {"callback": <address or null>, "session": <bool>, "workdir": <path or null>}.
 //      The worker connects to that address (if any), revokes every permission it was
-//      started with (see permissions.js), writes READY to stdout and blocks reading
-//      stdin: the connection is made, and given up, before any job exists.
+//      started with but reading and writing `workdir`, its working directory (see
+//      permissions.js), writes READY to stdout and blocks reading stdin: the
+//      connection is made, and given up, before any job exists.
 //   2. The daemon writes one JSON object and closes stdin:
 //        {nonce, module, line_offset, inputs, lang, session_token, callback}
 //   3. The worker sets the global `inputs`, imports `module` from a data: URL, awaits
@@ -204,10 +205,10 @@ await import("data:application/javascript;base64," + toBase64.call(encode("expor
 // own token, and no way to reach the address itself. Done while the worker is warming,
 // so no execution waits for it.
 const stdin = stdinReader(stdinRead);
-const { callback, session } = await stdin.prelude();
+const { callback, session, workdir } = await stdin.prelude();
 if (session) endStdin();
 const channel = await openChannel(callback, connect);
-dropPermissions(permissions, callback);
+dropPermissions(permissions, callback, workdir ?? null);
 installTools(channel);
 
 writeText(READY);

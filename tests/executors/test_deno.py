@@ -412,6 +412,18 @@ def test_permission_flags_allow_only_the_callback() -> None:
         permission_flags(CallbackAddress(unix_path="relative.sock"))
 
 
+def test_permission_flags_add_the_working_directory_alone() -> None:
+    work = Path("/state/deno/scratch/run-1/x1")
+    assert permission_flags(None, work) == [f"--allow-read={work}", f"--allow-write={work}"]
+    assert permission_flags(CallbackAddress(unix_path="/run/c.sock"), work) == [
+        "--allow-net=unix:/run/c.sock",
+        f"--allow-read=/run/c.sock,{work}",
+        f"--allow-write=/run/c.sock,{work}",
+    ]
+    with pytest.raises(ValueError, match="commas"):
+        permission_flags(None, Path("/state/a,b"))
+
+
 async def test_output_capture_keeps_whole_lines_and_stops_once() -> None:
     hits: list[str] = []
     seen: list[tuple[str, str]] = []

@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 
 from conduit.core.files import FileData
 from conduit.executors.base import Limits, Outcome, Status
+from conduit.executors.outcomes import disk_limit
 from conduit.executors.pyodide_files import (
-    disk_limit,
     files_line_bytes,
     on_the_wire,
     out_files,

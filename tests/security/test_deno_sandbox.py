@@ -123,10 +123,49 @@ async def test_writing_a_file_is_refused(deno: DenoExecutor, tmp_path: Path) -> 
     target = tmp_path / "written"
     outcome = await refused(deno, f"await Deno.writeTextFile('{target}', 'x')")
     assert "write access" in error_text(outcome)
-    relative = await refused(deno, "await Deno.writeTextFile('here.txt', 'x')")
-    assert relative.status is Status.ERROR
+    for escape in ("../here.txt", "out/../../here.txt"):
+        relative = await refused(deno, f"await Deno.writeTextFile('{escape}', 'x')")
+        assert "write access" in error_text(relative)
     assert not target.exists()
     assert list((tmp_path / "deno" / "work").iterdir()) == []
+
+
+# Paths around a program's working directory, each refused: what the program is told
+# is its working directory (`cwd`), and the executor's state directory (`state`).
+OUTSIDE_THE_WORKING_DIRECTORY = [
+    "`${cwd}/..`",
+    "`${cwd}/../..`",
+    "'..'",
+    "'/etc/passwd'",
+    "state",
+    "`${state}/scratch`",
+]
+
+
+@pytest.mark.parametrize("where", OUTSIDE_THE_WORKING_DIRECTORY)
+async def test_only_the_working_directory_is_reachable(
+    deno: DenoExecutor, tmp_path: Path, where: str
+) -> None:
+    state = tmp_path / "deno"
+    code = (
+        f"const cwd = Deno.cwd(); const state = {json.dumps(str(state))};\n"
+        "Deno.writeTextFileSync('mine.txt', 'ok');\n"
+        "const tried = {};\n"
+        "for (const [name, act] of Object.entries({\n"
+        f"  read: () => Deno.readDirSync({where}),\n"
+        f"  stat: () => Deno.statSync({where}),\n"
+        f"  write: () => Deno.writeTextFileSync({where} + '/planted', 'x'),\n"
+        f"  node: () => process.getBuiltinModule('node:fs').readdirSync({where}),\n"
+        "})) {\n"
+        "  try { act(); tried[name] = 'allowed'; } catch (e) { tried[name] = e.name; }\n"
+        "}\n"
+        "return {tried, mine: Deno.readTextFileSync('mine.txt')}"
+    )
+    outcome = await run(deno, code)
+    assert outcome.status is Status.OK, outcome
+    assert outcome.result["mine"] == "ok"
+    assert outcome.result["tried"] == dict.fromkeys(["read", "stat", "write", "node"], "NotCapable")
+    assert not list(state.rglob("planted"))
 
 
 async def test_permissions_cannot_be_requested(deno: DenoExecutor) -> None:
@@ -155,6 +194,15 @@ HOST_ATTACKS = [
     ("mkdir", "Deno.mkdirSync('/tmp/conduit-attack-dir')", "write access"),
     ("symlink", "Deno.symlinkSync('/etc/passwd', '/tmp/conduit-attack-link')", "NotCapable"),
     ("hard_link", "Deno.linkSync('/etc/passwd', '/tmp/conduit-attack-link')", "access"),
+    # into the working directory, where the daemon collects `out/`
+    ("symlink_in", "Deno.symlinkSync('/etc/passwd', 'out/passwd')", "NotCapable"),
+    ("relative_symlink_in", "Deno.symlinkSync('..', 'out/up')", "NotCapable"),
+    ("hard_link_in", "Deno.linkSync('/etc/passwd', 'out/passwd')", "read access"),
+    (
+        "node_symlink_in",
+        "import fs from 'node:fs';\nfs.symlinkSync('/etc', 'out/etc')",
+        "NotCapable",
+    ),
     ("truncate", "Deno.truncateSync('/etc/hostname', 0)", "write access"),
     ("utime", "Deno.utimeSync('/etc/hostname', 0, 0)", "write access"),
     ("chown", "Deno.chownSync('/tmp', 0, 0)", "write access"),
