@@ -33,6 +33,7 @@ async def test_result_output_and_shape(client: Any) -> None:
     assert set(result) == {
         "execution_id", "status", "result", "stdout", "stderr", "exit_code", "error",
         "truncated", "tool_calls", "duration_ms", "queue_ms", "executor", "memory_peak_bytes",
+        "session_id", "session_reset", "files",
     }  # fmt: skip
 
 

@@ -58,6 +58,9 @@ def refused(result: dict[str, Any], executor: str, rule: str, line: int, column:
         "queue_ms": 0.0,
         "executor": executor,
         "memory_peak_bytes": None,
+        "session_id": None,
+        "session_reset": False,
+        "files": [],
     }
     assert result["execution_id"].startswith("ex_")
     assert error["message"].startswith(f"line {line}, column {column}: ")

@@ -83,12 +83,16 @@ REQUEST = (
     "    raise PermissionError(s.state)"
 )
 
+# This checkout, on the host: no path of it is in the sandbox's file system.
+REPO = Path(__file__).resolve().parents[2]
+
 ATTACKS = [
     # the virtual file system holds none of the host's files
     ("open_passwd", "return open('/etc/passwd').read()", "FileNotFoundError"),
     ("open_environ", "return open('/proc/self/environ').read()", "FileNotFoundError"),
-    ("open_project", "return open('/work/main/pyproject.toml').read()", "FileNotFoundError"),
-    ("listdir_tmp_host", "import os\nreturn os.listdir('/work')", "FileNotFoundError"),
+    ("open_project", f"return open({str(REPO / 'pyproject.toml')!r}).read()", "FileNotFoundError"),
+    # the program's own working directory is /work, in memory: the host's repo is not there
+    ("listdir_host_repo", f"import os\nreturn os.listdir({str(REPO)!r})", "FileNotFoundError"),
     ("env_secret", "import os\nreturn os.environ['CONDUIT_TEST_SECRET']", "KeyError"),
     # files through Deno
     ("deno_read", js_call("js.Deno.readTextFileSync('/etc/passwd')"), "read access"),
