@@ -69,6 +69,7 @@ from conduit.client.results import (
     ToolSchema,
 )
 from conduit.client.routing import Router
+from conduit.client.sessions import SessionHandle
 from conduit.client.wire import (
     MAX_MESSAGE_BYTES,
     LineBuffer,
@@ -659,20 +660,10 @@ class AsyncClient:
         return await anyio.connect_unix(str(self.endpoint.unix_path))
 
 
-class AsyncSession:
+class AsyncSession(SessionHandle):
     """A session's steps, through the client that opened it (`AsyncClient.session`)."""
 
-    def __init__(self, client: AsyncClient, info: SessionInfo) -> None:
-        self.client = client
-        self.info = info
-        self.closed = False
-
-    @property
-    def session_id(self) -> str:
-        return self.info.session_id
-
-    def __repr__(self) -> str:
-        return f"<AsyncSession {self.session_id} {self.info.language}>"
+    client: AsyncClient
 
     async def execute(
         self,
@@ -703,27 +694,6 @@ class AsyncSession:
         `AsyncClient.stream`."""
         call = self._step(code, limits, allowed_tools, inputs, files, stream=True)
         return AsyncRun(self.client, call, self.client._timeout(call, timeout_s))
-
-    def _step(
-        self,
-        code: str,
-        limits: Mapping[str, int] | None,
-        allowed_tools: Iterable[str] | None,
-        inputs: Any,
-        files: Mapping[str, bytes | str] | None = None,
-        *,
-        stream: bool,
-    ) -> Call[ExecutionResult]:
-        return calls.execute(
-            code,
-            language=None,
-            limits=limits,
-            allowed_tools=allowed_tools,
-            inputs=inputs,
-            stream=stream,
-            session_id=self.session_id,
-            files=files,
-        )
 
     async def aclose(self) -> None:
         """End the session on the daemon. Idempotent; one already ended, or a

@@ -58,6 +58,7 @@ from conduit.client.results import (
     ToolSchema,
 )
 from conduit.client.routing import Router
+from conduit.client.sessions import SessionHandle
 from conduit.client.wire import (
     MAX_MESSAGE_BYTES,
     LineBuffer,
@@ -606,20 +607,10 @@ class Client:
         return sock
 
 
-class Session:
+class Session(SessionHandle):
     """A session's steps, blocking (`Client.session`); see `AsyncSession`."""
 
-    def __init__(self, client: Client, info: SessionInfo) -> None:
-        self.client = client
-        self.info = info
-        self.closed = False
-
-    @property
-    def session_id(self) -> str:
-        return self.info.session_id
-
-    def __repr__(self) -> str:
-        return f"<Session {self.session_id} {self.info.language}>"
+    client: Client
 
     def execute(
         self,
@@ -649,27 +640,6 @@ class Session:
         `Client.stream`."""
         call = self._step(code, limits, allowed_tools, inputs, files, stream=True)
         return Run(self.client, call, self.client._timeout(call, timeout_s))
-
-    def _step(
-        self,
-        code: str,
-        limits: Mapping[str, int] | None,
-        allowed_tools: Iterable[str] | None,
-        inputs: Any,
-        files: Mapping[str, bytes | str] | None = None,
-        *,
-        stream: bool,
-    ) -> Call[ExecutionResult]:
-        return calls.execute(
-            code,
-            language=None,
-            limits=limits,
-            allowed_tools=allowed_tools,
-            inputs=inputs,
-            stream=stream,
-            session_id=self.session_id,
-            files=files,
-        )
 
     def close(self) -> None:
         """End the session on the daemon; see `AsyncSession.aclose`."""
