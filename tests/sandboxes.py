@@ -3,6 +3,7 @@ wait, how an attack is run and judged, and the limits resource attacks are given
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,11 +92,20 @@ def each_attack(rows: list[tuple[str, str, str]]) -> pytest.MarkDecorator:
     )
 
 
+async def wait_for(condition: Callable[[], bool]) -> None:
+    """Poll `condition` until true (a pool refilling, a process ending), within WAIT_S."""
+    with trio.fail_after(WAIT_S):
+        while not condition():
+            await trio.sleep(0.01)
+
+
 async def start_pyodide(
-    nursery: trio.Nursery, tmp_path: Path, install_dir: Path
+    nursery: trio.Nursery, cache_dir: Path, install_dir: Path, *, max_sessions: int = 4
 ) -> PyodideExecutor:
     """A Pyodide executor with one worker, served in `nursery`, once it is ready."""
-    executor = PyodideExecutor(cache_dir=tmp_path / "pyodide", install_dir=install_dir, pool_size=1)
+    executor = PyodideExecutor(
+        cache_dir=cache_dir, install_dir=install_dir, pool_size=1, max_sessions=max_sessions
+    )
     await nursery.start(executor.serve)
     with trio.fail_after(LOAD_WAIT_S):
         assert await executor.wait_ready(), executor.info().reason

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +21,7 @@ from conduit.executors.outcomes import answered
 from conduit.executors.output import OutputCapture, ResultSplitter
 from conduit.executors.pool import PoolState
 from tests.processes import deno_children
-from tests.sandboxes import WAIT_S, NoBridge
-
-
-async def wait_for(condition: Callable[[], bool]) -> None:
-    """Poll `condition` until true (the pool refills in the background)."""
-    with trio.fail_after(WAIT_S):
-        while not condition():
-            await trio.sleep(0.01)
+from tests.sandboxes import WAIT_S, NoBridge, wait_for
 
 
 async def start(nursery: trio.Nursery, tmp_path: Path, **options: Any) -> DenoExecutor:

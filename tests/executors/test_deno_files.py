@@ -11,7 +11,6 @@ import os
 import re
 import struct
 import zlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from conduit.core.files import FileData
 from conduit.executors.base import FileInfo, FilesRefused, Job, Limits, Outcome, SessionSpec, Status
 from conduit.executors.deno import DenoExecutor
 from conduit.executors.deno_session import DenoSession
-from tests.sandboxes import WAIT_S, NoBridge
+from tests.sandboxes import WAIT_S, NoBridge, wait_for
 
 MIB = 1024 * 1024
 
@@ -42,12 +41,6 @@ def png(width: int, height: int) -> bytes:
         + chunk(b"IDAT", zlib.compress(rows))
         + chunk(b"IEND", b"")
     )
-
-
-async def wait_for(condition: Callable[[], bool]) -> None:
-    with trio.fail_after(WAIT_S):
-        while not condition():
-            await trio.sleep(0.01)
 
 
 @pytest.fixture

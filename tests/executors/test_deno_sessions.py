@@ -7,7 +7,6 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,13 +20,7 @@ from conduit.executors.base import CallbackAddress, Job, Limits, Outcome, Sessio
 from conduit.executors.deno import INLINE_PREPARE_CHARS, DenoExecutor
 from conduit.executors.deno_session import DenoSession
 from tests.processes import deno_children
-from tests.sandboxes import WAIT_S, NoBridge
-
-
-async def wait_for(condition: Callable[[], bool]) -> None:
-    with trio.fail_after(WAIT_S):
-        while not condition():
-            await trio.sleep(0.01)
+from tests.sandboxes import WAIT_S, NoBridge, wait_for
 
 
 @pytest.fixture

@@ -86,7 +86,7 @@ async def test_wasm_python_exits_as_cpython_does(wasm: Executor) -> None:
 async def test_pyodide_exits_as_cpython_does(
     nursery: trio.Nursery, tmp_path: Path, pyodide_install: Path
 ) -> None:
-    await check_python_exits(await start_pyodide(nursery, tmp_path, pyodide_install))
+    await check_python_exits(await start_pyodide(nursery, tmp_path / "pyodide", pyodide_install))
 
 
 async def test_deno_exits_with_the_program_s_code(nursery: trio.Nursery, tmp_path: Path) -> None:

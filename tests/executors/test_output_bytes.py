@@ -215,6 +215,6 @@ async def test_deno_keeps_every_byte_of_each_write(nursery: trio.Nursery, tmp_pa
 async def test_pyodide_keeps_every_byte_of_each_write(
     nursery: trio.Nursery, tmp_path: Path, pyodide_install: Path
 ) -> None:
-    pyodide = await start_pyodide(nursery, tmp_path, pyodide_install)
+    pyodide = await start_pyodide(nursery, tmp_path / "pyodide", pyodide_install)
     await check_every_byte(pyodide, "python", PYTHON)
     await check_the_budget_cuts(pyodide, "python", PYTHON)

@@ -13,6 +13,7 @@ import json
 import struct
 import zlib
 from collections.abc import AsyncIterator, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from conduit.executors.base import FilesRefused, Job, Limits, Outcome, SessionSp
 from conduit.executors.pyodide import PyodideExecutor
 from conduit.executors.pyodide_sessions import PyodideSession
 from tests.executors.test_pyodide import pyodide_workers
-from tests.sandboxes import LOAD_WAIT_S, NoBridge
+from tests.sandboxes import LOAD_WAIT_S, NoBridge, start_pyodide
 from tests.served import Served, serving_in_a_thread
 
 pytestmark = pytest.mark.slow
@@ -85,15 +86,7 @@ class Files:
 def files(tmp_path_factory: pytest.TempPathFactory, pyodide_install: Path) -> Iterator[Files]:
     cache_dir = tmp_path_factory.mktemp("pyodide-files")
 
-    async def start(nursery: trio.Nursery) -> PyodideExecutor:
-        executor = PyodideExecutor(
-            cache_dir=cache_dir, install_dir=pyodide_install, pool_size=1, max_sessions=2
-        )
-        await nursery.start(executor.serve)
-        with trio.fail_after(LOAD_WAIT_S):
-            assert await executor.wait_ready(), executor.info().reason
-        return executor
-
+    start = partial(start_pyodide, cache_dir=cache_dir, install_dir=pyodide_install, max_sessions=2)
     with serving_in_a_thread(start) as served:
         yield Files(served)
 

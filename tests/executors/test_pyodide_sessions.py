@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import AsyncIterator, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from conduit.executors.base import Job, Limits, Outcome, SessionSpec, Status, St
 from conduit.executors.pyodide import PyodideExecutor
 from conduit.executors.pyodide_sessions import PyodideSession
 from tests.executors.test_pyodide import pyodide_workers
-from tests.sandboxes import LOAD_WAIT_S, WAIT_S, NoBridge
+from tests.sandboxes import LOAD_WAIT_S, WAIT_S, NoBridge, start_pyodide
 from tests.served import Served, serving_in_a_thread
 
 pytestmark = [pytest.mark.slow, pytest.mark.no_wasm]
@@ -83,18 +84,9 @@ class Sessions:
 def sessions(tmp_path_factory: pytest.TempPathFactory, pyodide_install: Path) -> Iterator[Sessions]:
     cache_dir = tmp_path_factory.mktemp("pyodide-sessions")
 
-    async def start(nursery: trio.Nursery) -> PyodideExecutor:
-        executor = PyodideExecutor(
-            cache_dir=cache_dir,
-            install_dir=pyodide_install,
-            pool_size=1,
-            max_sessions=MAX_SESSIONS,
-        )
-        await nursery.start(executor.serve)
-        with trio.fail_after(LOAD_WAIT_S):
-            assert await executor.wait_ready(), executor.info().reason
-        return executor
-
+    start = partial(
+        start_pyodide, cache_dir=cache_dir, install_dir=pyodide_install, max_sessions=MAX_SESSIONS
+    )
     with serving_in_a_thread(start) as served:
         yield Sessions(served)
 
