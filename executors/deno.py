@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib.resources
 import logging
 import math
@@ -948,12 +949,13 @@ async def _with_files(
     """The outcome with the files the program left under `out/`, or `disk_limit` if
     its directory went past the limit after the watch's last look (the worker is then
     killed: a session starts afresh rather than keep the excess)."""
-    if outcome.status is not Status.DISK_LIMIT and await disk.check():
+    if outcome.status is Status.DISK_LIMIT:
+        return outcome
+    collect = functools.partial(workdir.collect, worker.workdir, disk.max_bytes)
+    files = await trio.to_thread.run_sync(disk.settle, collect)
+    if files is None:
         return outcomes.disk_limit(outcome, limits)
-    if outcome.status is not Status.DISK_LIMIT:
-        outcome.files = await trio.to_thread.run_sync(
-            workdir.collect, worker.workdir, disk.max_bytes
-        )
+    outcome.files = files
     return outcome
 
 

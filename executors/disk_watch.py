@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from conduit.core.files import FileData
 from conduit.executors.scratch import Scratch
 
 __all__ = ["DISK_CHECK_S", "DiskWatch"]
@@ -41,11 +42,22 @@ class DiskWatch:
         return self.hit
 
     async def run(self) -> None:
+        """Look every DISK_CHECK_S, from one interval in: the directory starts within
+        its limit, and a program done sooner is measured once, after it (`settle`)."""
         with self._scope:
             while True:  # polling: a directory cannot be waited on for its size
+                await trio.sleep(DISK_CHECK_S)
                 if await self.check():
                     return
-                await trio.sleep(DISK_CHECK_S)
+
+    def settle(self, collect: Callable[[], list[FileData]]) -> list[FileData] | None:
+        """After the program, in a worker thread: `collect()`'s files, or None if the
+        directory is (or was) past the limit (then `stop` has been called). One
+        thread hop for both, as every execution pays it."""
+        if not self.hit and self.scratch.over(self.max_bytes):
+            self.hit = True
+            self.stop()
+        return None if self.hit else collect()
 
     def done(self) -> None:
         self._scope.cancel()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import trio
 
+from conduit.core.files import FileData
 from conduit.executors.disk_watch import DiskWatch
 from conduit.executors.scratch import Scratch
 
@@ -25,3 +26,12 @@ async def test_the_disk_watch_stops_a_directory_past_its_limit(tmp_path: Path) -
     assert stopped == [True]
     assert await watch.check()
     assert stopped == [True]  # once
+
+
+def test_settling_collects_within_the_limit_and_stops_past_it(tmp_path: Path) -> None:
+    stopped: list[bool] = []
+    watch = DiskWatch(Scratch(tmp_path), 10_000, lambda: stopped.append(True))
+    assert watch.settle(lambda: [FileData("a", b"1")]) == [FileData("a", b"1")]
+    (tmp_path / "big").write_bytes(os.urandom(20_000))
+    assert watch.settle(lambda: [FileData("a", b"1")]) is None
+    assert watch.hit and stopped == [True]
