@@ -954,6 +954,7 @@ async def _with_files(
     collect = functools.partial(workdir.collect, worker.workdir, disk.max_bytes)
     files = await trio.to_thread.run_sync(disk.settle, collect)
     if files is None:
+        disk.stop()
         return outcomes.disk_limit(outcome, limits)
     outcome.files = files
     return outcome

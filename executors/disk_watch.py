@@ -52,11 +52,11 @@ class DiskWatch:
 
     def settle(self, collect: Callable[[], list[FileData]]) -> list[FileData] | None:
         """After the program, in a worker thread: `collect()`'s files, or None if the
-        directory is (or was) past the limit (then `stop` has been called). One
-        thread hop for both, as every execution pays it."""
+        directory is (or was) past the limit; the caller then calls `stop` (on the
+        Trio thread: stopping may touch the process). One thread hop for both, as
+        every execution pays it."""
         if not self.hit and self.scratch.over(self.max_bytes):
             self.hit = True
-            self.stop()
         return None if self.hit else collect()
 
     def done(self) -> None:
