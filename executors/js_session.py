@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import tree_sitter
 
-from conduit.executors.js_syntax import Dialect, parse
+from conduit.executors.js_syntax import Dialect, children, parse
 
 __all__ = ["KEPT_LOCAL", "rewrite_step"]
 
@@ -98,7 +98,7 @@ def rewrite_step(code: str, dialect: Dialect) -> str:
     plan = _Plan(syntax.data)
     first: int | None = None
     prologue = True  # "use strict" and other directives come first, untouched
-    for statement in _children(syntax.root):
+    for statement in children(syntax.root):
         if statement.is_extra or statement.type == "hash_bang_line":
             continue
         prologue = prologue and _is_directive(statement)
@@ -135,7 +135,7 @@ def _export(plan: _Plan, node: tree_sitter.Node) -> None:
     declaration = node.child_by_field_name("declaration")
     if declaration is None:
         return
-    if any(child.type == "default" for child in _children(node)):
+    if any(child.type == "default" for child in children(node)):
         if declaration.type in _FUNCTIONS:
             _function(plan, declaration)
         return
@@ -160,7 +160,7 @@ def _class(plan: _Plan, node: tree_sitter.Node) -> None:
     name = node.child_by_field_name("name")
     if name is None or plan.text(name) in KEPT_LOCAL:
         return
-    if any(child.type == "decorator" for child in _children(node)):
+    if any(child.type == "decorator" for child in children(node)):
         _assigned_after(plan, node)
         return
     plan.insert(node.start_byte, b"{" + GLOBAL + plan.text(name) + b" = ")
@@ -169,7 +169,7 @@ def _class(plan: _Plan, node: tree_sitter.Node) -> None:
 
 def _is_const_enum(node: tree_sitter.Node) -> bool:
     """A `const enum` has no value at run time: its uses are inlined, it is erased."""
-    return node.type == "enum_declaration" and any(c.type == "const" for c in _children(node))
+    return node.type == "enum_declaration" and any(c.type == "const" for c in children(node))
 
 
 def _assigned_after(plan: _Plan, node: tree_sitter.Node) -> None:
@@ -189,21 +189,21 @@ def _import(plan: _Plan, node: tree_sitter.Node) -> None:
 
 
 def _imported_names(plan: _Plan, node: tree_sitter.Node) -> Iterator[bytes]:
-    if any(child.type == "type" for child in _children(node)):
+    if any(child.type == "type" for child in children(node)):
         return  # `import type …`
-    clause = next((c for c in _children(node) if c.type == "import_clause"), None)
+    clause = next((c for c in children(node) if c.type == "import_clause"), None)
     if clause is None:
         return  # `import "m"`, or TypeScript's `import x = require(…)`
-    for part in _children(clause):
+    for part in children(clause):
         if part.type == "identifier":
             yield plan.text(part)
         elif part.type == "namespace_import":
-            yield from (plan.text(c) for c in _children(part) if c.type == "identifier")
+            yield from (plan.text(c) for c in children(part) if c.type == "identifier")
         elif part.type == "named_imports":
-            for specifier in _children(part):
+            for specifier in children(part):
                 if specifier.type != "import_specifier":
                     continue
-                if any(child.type == "type" for child in _children(specifier)):
+                if any(child.type == "type" for child in children(specifier)):
                     continue  # `import {type T}`
                 local = specifier.child_by_field_name("alias") or specifier.child_by_field_name(
                     "name"
@@ -222,7 +222,7 @@ def _declaration(plan: _Plan, node: tree_sitter.Node) -> None:
         return
     is_var = keyword.type == "var"
     edits: list[_Edit] = [_Edit(keyword.start_byte, keyword.end_byte, b"{")]
-    for child in _children(node):
+    for child in children(node):
         if child.type == ",":
             edits.append(_Edit(child.start_byte, child.end_byte, b";"))
         elif child.type == "variable_declarator":
@@ -284,7 +284,7 @@ def _targets(plan: _Plan, pattern: tree_sitter.Node) -> tuple[list[_Edit], list[
             names.append(name)
             edits.append(_Edit(node.end_byte, node.end_byte, b": " + GLOBAL + name))
         elif kind in ("object_pattern", "array_pattern", "rest_pattern"):
-            stack += (child for child in _children(node) if child.is_named)
+            stack += (child for child in children(node) if child.is_named)
         elif kind == "pair_pattern":
             stack.append(_field(node, "value"))
         elif kind in ("assignment_pattern", "object_assignment_pattern"):
@@ -322,24 +322,10 @@ def _code_end(node: tree_sitter.Node) -> int:
     """Where `node`'s code ends: before a comment the parser counted in it (a line
     comment after a declaration with no semicolon), so a brace put there is code."""
     end = node.end_byte
-    for child in _children(node):
+    for child in children(node):
         if child.type != "comment":
             end = child.end_byte
     return end
-
-
-def _children(node: tree_sitter.Node) -> Iterator[tree_sitter.Node]:
-    """`node`'s children one at a time, by cursor: `node.children` builds them all in one
-    call that holds the GIL (see `js_syntax`), which a hostile program makes long."""
-    cursor = node.walk()
-    if not cursor.goto_first_child():
-        return
-    while True:
-        child = cursor.node
-        assert child is not None
-        yield child
-        if not cursor.goto_next_sibling():
-            return
 
 
 def _apply(data: bytes, edits: list[_Edit]) -> bytes:

@@ -61,6 +61,7 @@ __all__ = [
     "MentionKind",
     "PreparedModule",
     "Syntax",
+    "children",
     "may_await",
     "parse",
     "prepare_module",
@@ -407,7 +408,7 @@ class Syntax:
         return None if key is None else self._literal(MentionKind.GLOBAL_PROPERTY, key)
 
     def _call(self, callee: tree_sitter.Node, arguments: tree_sitter.Node) -> Mention | None:
-        first = next((c for c in _children(arguments) if c.is_named and not c.is_extra), None)
+        first = next((c for c in children(arguments) if c.is_named and not c.is_extra), None)
         if callee.type == "member_expression":
             method = callee.child_by_field_name("property")
             if method is None or method.type != "property_identifier":
@@ -424,7 +425,7 @@ class Syntax:
         """A mention of a string literal's value (or a template's without substitutions)."""
         if node.type == "string" or (
             node.type == "template_string"
-            and not any(child.type == "template_substitution" for child in _children(node))
+            and not any(child.type == "template_substitution" for child in children(node))
         ):
             return self._at(kind, _unescape(self._text(node)[1:-1]), node)
         return None
@@ -435,7 +436,7 @@ class Syntax:
         return Mention(kind, value, self.offset(node.start_byte), has_arguments)
 
 
-def _children(node: tree_sitter.Node) -> Iterator[tree_sitter.Node]:
+def children(node: tree_sitter.Node) -> Iterator[tree_sitter.Node]:
     """`node`'s children one at a time. `node.children` makes them all in one call that
     holds the GIL throughout: tens of milliseconds of a stalled event loop for a program
     of many thousand statements, or a call with as many arguments."""
@@ -581,7 +582,7 @@ def _plan(data: bytes, root: tree_sitter.Node, imports: list[str]) -> list[_Edit
     """
     edits: list[_Edit] = []
     last: tuple[tree_sitter.Node, str] | None = None
-    for statement in _children(root):
+    for statement in children(root):
         if statement.has_error:
             return edits
         if statement.is_extra or statement.type == "hash_bang_line":
