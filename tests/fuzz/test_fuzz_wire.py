@@ -77,6 +77,24 @@ def test_anything_the_daemon_holds_encodes_as_strict_json_and_reads_back(example
     prop()
 
 
+@pytest.mark.parametrize("examples", run_counts(20_000))
+def test_no_text_decodes_to_a_lone_surrogate_from_bytes_or_str(examples: int) -> None:
+    @settings(max_examples=examples, **QUIET)
+    @given(st.text(), st.booleans())
+    def prop(text: str, as_escapes: bool) -> None:
+        sent = json.dumps({"t": text}, ensure_ascii=as_escapes)
+        decoded = jsontext.loads(sent)["t"]
+        if as_escapes or jsontext.clean_text(text) == text:  # else no UTF-8 form
+            assert jsontext.loads(sent.encode())["t"] == decoded
+        decoded.encode("utf-8")  # raises on a surrogate left in
+        cleaned = jsontext.clean_text(text)
+        cleaned.encode("utf-8")
+        assert (cleaned is text) == (cleaned == text)
+        assert decoded == cleaned
+
+    prop()
+
+
 def reference_lines(data: bytes, limit: int) -> list[bytes | object]:
     """What `LineReader` must yield for `data`, whatever the chunking."""
     out: list[bytes | object] = []
