@@ -214,9 +214,6 @@ def _file(path: str) -> str:
 
 
 def _data_of(params: dict[str, Any]) -> bytes:
-    text = params.get("text")
-    if isinstance(text, str):
-        return text.encode("utf-8", errors="replace")
     encoded = params.get("base64")
     if not isinstance(encoded, str):
         raise FsError("ERR_INVALID_ARG_TYPE", "nothing to write")

@@ -6,21 +6,26 @@
 // are relative to it, links are never followed, writes count against limits.disk_mb.
 // A failure throws an Error whose `code` is Node's ("ENOENT", "EISDIR", ...).
 //
-// Data crosses as text (UTF-8) or base64: `atob`/`btoa` are native, so binary files
-// cost no JavaScript loop but the one turning bytes into a binary string and back.
+// Data crosses as base64 (or, read as text, as the text), turned into bytes and back by
+// the engine's own `TextEncoder`, `Uint8Array.fromBase64` and `toBase64`: a loop over
+// the bytes in JavaScript runs in the interpreter, hundreds of times slower. A write's
+// base64 is put into its JSON by hand, not by `JSON.stringify`, which runs out of
+// memory on a string of a megabyte or so here.
 
 export function makeFs(hostCall, stringify, parse) {
-  const fromCharCode = String.fromCharCode;
-  const charCodeAt = Function.prototype.call.bind(String.prototype.charCodeAt);
-  const encode = btoa;
-  const decode = atob;
   const U8 = Uint8Array;
+  // Taken now: a program may replace them later, not change what `fs` does.
+  const toBase64 = Function.prototype.call.bind(U8.prototype.toBase64);
+  const fromBase64 = U8.fromBase64.bind(U8);
+  const utf8 = TextEncoder.prototype.encode.bind(new TextEncoder());
   const isView = ArrayBuffer.isView;
   const ErrorClass = Error;
-  const CHUNK = 0x8000;
 
-  function call(method, params) {
-    const answer = parse(hostCall(method, stringify(params)));
+  // `params` (never empty), with `bytes` if given as its `base64`.
+  function call(method, params, bytes) {
+    let text = stringify(params);
+    if (bytes !== undefined) text = `${text.slice(0, -1)},"base64":"${toBase64(bytes)}"}`;
+    const answer = parse(hostCall(method, text));
     if (answer.error) {
       const { message, data } = answer.error;
       const error = new ErrorClass(message);
@@ -42,29 +47,12 @@ export function makeFs(hostCall, stringify, parse) {
     return options?.encoding ?? null;
   }
 
-  function bytesToBase64(bytes) {
-    let binary = "";
-    for (let i = 0; i < bytes.length; i += CHUNK) {
-      binary += fromCharCode(...bytes.subarray(i, i + CHUNK));
-    }
-    return encode(binary);
-  }
-
-  function base64ToBytes(text) {
-    const binary = decode(text);
-    const bytes = new U8(binary.length);
-    for (let i = 0; i < binary.length; i++) bytes[i] = charCodeAt(binary, i);
-    return bytes;
-  }
-
-  // What a write sends: text as it is, anything else as base64 of its bytes.
-  function dataParams(data) {
-    if (typeof data === "string") return { text: data };
-    if (isView(data)) {
-      return { base64: bytesToBase64(new U8(data.buffer, data.byteOffset, data.byteLength)) };
-    }
-    if (data instanceof ArrayBuffer) return { base64: bytesToBase64(new U8(data)) };
-    return { text: String(data) };
+  // What a write sends: the bytes of a buffer or view, else of the text as UTF-8 (a
+  // lone surrogate written as U+FFFD, as Node does).
+  function bytesOf(data) {
+    if (isView(data)) return new U8(data.buffer, data.byteOffset, data.byteLength);
+    if (data instanceof ArrayBuffer) return new U8(data);
+    return utf8(typeof data === "string" ? data : String(data));
   }
 
   function stats(info) {
@@ -80,15 +68,15 @@ export function makeFs(hostCall, stringify, parse) {
     readFileSync(path, options) {
       const encoding = encodingOf(options);
       const answer = call("fs/read", { path: pathOf(path), encoding });
-      return encoding === null ? base64ToBytes(answer.data) : answer.data;
+      return encoding === null ? fromBase64(answer.data) : answer.data;
     },
     writeFileSync(path, data, options) {
       const flag = typeof options === "object" && options !== null ? options.flag : undefined;
       const append = flag === "a" || flag === "a+";
-      call("fs/write", { path: pathOf(path), append, ...dataParams(data) });
+      call("fs/write", { path: pathOf(path), append }, bytesOf(data));
     },
     appendFileSync(path, data) {
-      call("fs/write", { path: pathOf(path), append: true, ...dataParams(data) });
+      call("fs/write", { path: pathOf(path), append: true }, bytesOf(data));
     },
     existsSync(path) {
       try {

@@ -230,6 +230,24 @@ async def test_js_binary_out_file_is_byte_exact(wasm_js: WasmJsExecutor) -> None
     assert outcome.files == [FileData("all.bin", bytes(range(256))), FileData("chart.png", png)]
 
 
+async def test_js_copies_a_megabyte_within_the_default_limits(wasm_js: WasmJsExecutor) -> None:
+    # Bytes cross as base64, turned by the engine: a loop in JavaScript took seconds
+    # and ran out of memory here. A program that replaces the engine's functions
+    # changes nothing of what `fs` does.
+    data = os.urandom(MIB)
+    code = (
+        "Uint8Array.prototype.toBase64 = () => 'AAAA';\n"
+        "Uint8Array.fromBase64 = () => new Uint8Array(1);\n"
+        "fs.mkdirSync('out');\n"
+        "fs.writeFileSync('out/copy.bin', fs.readFileSync('in.bin'));\n"
+        "fs.readFileSync('out/copy.bin').length"
+    )
+    outcome = await run(wasm_js, code, (FileData("in.bin", data),), result_bytes=4 * MIB)
+    assert outcome.status is Status.OK, outcome.error
+    assert outcome.result == MIB
+    assert outcome.files == [FileData("copy.bin", data)]
+
+
 async def test_js_cannot_reach_outside_its_directory(wasm_js: WasmJsExecutor) -> None:
     code = """
 const codes = {};
