@@ -6,9 +6,9 @@ threads or signal handlers; WASI has no `socketpair`, so `asyncio.run` failed wi
 PermissionError. The guest has neither threads nor signals to wake it, so the loop
 does without: it wakes on its own timers and on the host's answers alone.
 
-`install` patches `asyncio.selector_events` when a program first imports asyncio,
-rather than importing asyncio into every instance (dozens of modules most programs
-never use). Where a platform does give a socket pair, the loop keeps it.
+`install` patches `asyncio.selector_events` whenever it is imported: the guest
+imports asyncio at build time (see PRELOADED), and the patch goes with it into every
+instance. Where a platform does give a socket pair, the loop keeps it.
 """
 
 import importlib.machinery
