@@ -5,7 +5,9 @@ Both target the one WIT world in `shims/world.wit`:
 - `PYTHON_GUEST`: CPython 3.14 plus `shims/wasm_python/guest.py`, built and
   pre-initialised by componentize-py (a pinned Python dependency of Conduit). The
   guest's top level, which imports the standard-library modules it lists in
-  PRELOADED, runs at build time.
+  PRELOADED, runs at build time. `python_guest(requirements)` is the same guest with
+  the operator's pure-Python packages (see `packages`): a recipe of its own name, so
+  that it and the plain one, in one cache directory, never replace each other.
 - `JS_GUEST`: SpiderMonkey plus `shims/wasm_js/guest.js`, built by npm's
   `@bytecodealliance/componentize-js`. Its exact version and every transitive
   dependency are pinned, with integrity hashes, by `shims/wasm_js/package-lock.json`;
@@ -18,23 +20,34 @@ Both target the one WIT world in `shims/world.wit`:
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata
 import importlib.resources
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from conduit.executors.npm import install_locked, locked_version, node_tools
+from conduit.executors.packages import (
+    LOCK_FILE,
+    download,
+    extract_wheels,
+    requirements_key,
+    write_lock,
+)
 from conduit.executors.wasm_build import BuildError, GuestRecipe, run_tool, shim_path
 
 __all__ = [
     "JS_GUEST",
+    "PACKAGES_DIR",
     "PYTHON_GUEST",
     "STDLIB_DIR",
     "componentize_js_version",
     "preloaded_modules",
+    "python_guest",
 ]
 
 WORLD_FILE = "world.wit"
@@ -50,6 +63,13 @@ PYTHON_STDLIB_EXPORT = "wasm_python/stdlib_export.py"
 # asyncio's event loop without the socket pair WASI cannot make.
 PYTHON_ASYNCIO = "wasm_python/guest_asyncio.py"
 STDLIB_DIR = "stdlib"
+# The entry module of a guest with packages (it imports `guest`), the directory their
+# files are unpacked into, kept beside the component, and the Python they are for.
+PYTHON_PACKAGES_SOURCE = "wasm_python/guest_packages.py"
+PACKAGES_DIR = "packages"
+GUEST_PYTHON_VERSION = "3.14"
+# Enough of the requirements' digest in a recipe's name to tell package lists apart.
+PACKAGES_KEY_CHARS = 12
 # The IANA time-zone package (a pinned dependency), copied into the guest's library.
 TIME_ZONES = "tzdata"
 _NOT_DATA = shutil.ignore_patterns("__pycache__")
@@ -73,9 +93,12 @@ def _python_tool_versions() -> dict[str, str]:
 
 
 def _build_python(work: Path, _cache_dir: Path) -> None:
+    _componentize_python(work, Path(PYTHON_SOURCE).stem)
+
+
+def _componentize_python(work: Path, module: str) -> None:
     # No VIRTUAL_ENV: componentize-py would add its site-packages to the guest's path.
     env = {key: value for key, value in os.environ.items() if key != "VIRTUAL_ENV"}
-    module = Path(PYTHON_SOURCE).stem
     command = [sys.executable, "-c", COMPONENTIZE_PY, "-q", "-d", WORLD_FILE, "-w", WORLD]
     command += ["componentize", "-p", ".", module, "-o", "guest.wasm"]
     run_tool("componentize-py", command, cwd=work, env=env, timeout_s=BUILD_TIMEOUT_S)
@@ -92,6 +115,40 @@ PYTHON_GUEST = GuestRecipe(
     build=_build_python,
     outputs=(STDLIB_DIR,),
 )
+
+
+def python_guest(requirements: Sequence[str] = ()) -> GuestRecipe:
+    """The Python guest with the pure-Python packages `requirements` name (canonical,
+    see `packages.parse_requirement`); `PYTHON_GUEST` itself for none.
+
+    Its build inputs add the requirements to the plain guest's, and its name carries
+    their digest: a changed list builds once, and pruning superseded builds of one
+    list never touches another's (two daemons may share a cache directory)."""
+    if not requirements:
+        return PYTHON_GUEST
+    wanted = tuple(sorted(set(requirements)))
+    key = requirements_key(wanted, GUEST_PYTHON_VERSION)[:PACKAGES_KEY_CHARS]
+
+    def tool_versions() -> dict[str, str]:
+        return {**_python_tool_versions(), "packages": " ".join(wanted)}
+
+    return GuestRecipe(
+        name=f"{PYTHON_GUEST.name}-packages-{key}",
+        sources=(*PYTHON_GUEST.sources, PYTHON_PACKAGES_SOURCE),
+        tool_versions=tool_versions,
+        build=functools.partial(_build_python_packages, wanted),
+        outputs=(*PYTHON_GUEST.outputs, PACKAGES_DIR, LOCK_FILE),
+    )
+
+
+def _build_python_packages(requirements: tuple[str, ...], work: Path, _cache_dir: Path) -> None:
+    wheels = work / "wheels"
+    wheels.mkdir()
+    packages = download(requirements, GUEST_PYTHON_VERSION, wheels)
+    write_lock(work / LOCK_FILE, requirements, GUEST_PYTHON_VERSION, packages)
+    extract_wheels(wheels, packages, work / PACKAGES_DIR)
+    shutil.rmtree(wheels)
+    _componentize_python(work, Path(PYTHON_PACKAGES_SOURCE).stem)
 
 
 def preloaded_modules() -> tuple[str, ...]:
