@@ -68,6 +68,8 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 _VERSION = re.compile(r"^[A-Za-z0-9.+!_-]{1,100}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _WHEEL = re.compile(r"^[A-Za-z0-9._+!-]{1,250}\.whl$")
+# What to do about a package that cannot be installed (it may be a dependency).
+_REMOVE = "remove it, or the package that requires it, from the executor's packages"
 # Parts of a wheel that are not importable code: scripts, headers, data files.
 _IMPORTABLE_DATA = frozenset({"purelib", "platlib"})
 
@@ -122,7 +124,10 @@ def download(requirements: Sequence[str], python_version: str, dest: Path) -> li
     Raises BuildError naming the package when one has no pure-Python wheel, or when
     pip fails (its output's tail says why).
     """
-    canonical = [parse_requirement(text) for text in requirements]
+    try:
+        canonical = [parse_requirement(text) for text in requirements]
+    except ValueError as exc:
+        raise BuildError(str(exc)) from None
     dest = dest.resolve()
     command = [sys.executable, "-m", "pip", "download", "--only-binary=:all:"]
     command += ["--platform", "any", "--abi", "none", "--python-version", python_version]
@@ -145,7 +150,7 @@ def _explained(error: BuildError, python_version: str) -> BuildError:
         return BuildError(
             f"package {requirement} cannot be installed: it has compiled code (no version "
             f"has a pure-Python wheel for Python {python_version}), and only pure-Python "
-            "wheels can run in the sandbox; remove it from the executor's packages"
+            f"wheels can run in the sandbox; {_REMOVE}"
         )
     return BuildError(
         f"package {requirement} cannot be installed: no version it allows has a "
@@ -166,7 +171,7 @@ def _locked(path: Path) -> LockedPackage:
     if any(tag.abi != "none" or tag.platform != "any" for tag in tags):
         raise BuildError(
             f"package {name} has compiled code ({path.name}), and only pure-Python "
-            "wheels can run in the sandbox; remove it from the executor's packages"
+            f"wheels can run in the sandbox; {_REMOVE}"
         )
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     return LockedPackage(str(name), str(version), digest, path.name)

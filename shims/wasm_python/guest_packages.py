@@ -36,8 +36,12 @@ def _compile(source_dir):
 _compile(os.path.join(os.path.dirname(os.path.abspath(__file__)), "packages"))
 
 
-class WitWorld(guest.WitWorld):
+class PackagesWorld(guest.WitWorld):
     def run(self, request: str) -> str:
         if not request and PACKAGES not in sys.path:
             sys.path.append(PACKAGES)
         return super().run(request)
+
+
+# The name componentize-py looks the world's exports up by.
+WitWorld = PackagesWorld
