@@ -11,10 +11,10 @@ version and SHA-256 are written to a lock file kept with what was built, and rea
 build cached needs no network. The builds are keyed by the requested requirements
 (`requirements_key`), not by what they resolved to.
 
-The wheels' files reach the guest through `extract_wheels` (a directory) or
-`zip_wheels` (a zip for `zipimport`); both take only the importable part of a wheel
-(its top level and `*.data/purelib`, `platlib`) and refuse a member whose path could
-land outside (absolute, `..`, backslashes) or that is a link.
+The wheels' files reach the guest through `extract_wheels`, then as that directory or
+zipped (`zip_directory`, for `zipimport`); it takes only the importable part of a
+wheel (its top level and `*.data/purelib`, `platlib`) and refuses a member whose path
+could land outside (absolute, `..`, backslashes) or that is a link.
 
 Requirements come from the trusted configuration but end up on pip's command line:
 `parse_requirement` (the configuration's validator) lets through only a name, extras
@@ -48,7 +48,7 @@ __all__ = [
     "read_lock",
     "requirements_key",
     "write_lock",
-    "zip_wheels",
+    "zip_directory",
 ]
 
 LOCK_FILE = "packages.lock.json"
@@ -233,20 +233,19 @@ def extract_wheels(wheels: Path, packages: Sequence[LockedPackage], target: Path
             handle.write(data)
 
 
-def zip_wheels(
-    wheels: Path,
-    packages: Sequence[LockedPackage],
-    out: zipfile.ZipFile,
-    *,
-    taken: frozenset[str] = frozenset(),
+def zip_directory(
+    directory: Path, out: zipfile.ZipFile, *, taken: frozenset[str] = frozenset()
 ) -> None:
-    """Add the importable part of each wheel in `wheels` to `out`, with fixed times
-    (the same wheels make the same zip). Raises BuildError for an unsafe member, or
-    one at a path of `taken` (what `out` holds already)."""
-    for _member, relative, data in _members(wheels, packages):
-        if relative.as_posix() in taken:
-            raise BuildError(f"a package holds {relative}, which the sandbox has already")
-        out.writestr(zipfile.ZipInfo(relative.as_posix()), data, zipfile.ZIP_DEFLATED)
+    """Add every file under `directory` (unpacked by `extract_wheels`) to `out`, in
+    order and with fixed times: the same packages make the same zip. Raises BuildError
+    for a file at a path of `taken` (what `out` holds already)."""
+    for path in sorted(directory.rglob("*")):
+        if not path.is_file() or path.is_symlink():
+            continue
+        name = path.relative_to(directory).as_posix()
+        if name in taken:
+            raise BuildError(f"a package holds {name}, which the sandbox has already")
+        out.writestr(zipfile.ZipInfo(name), path.read_bytes(), zipfile.ZIP_DEFLATED)
 
 
 def _members(

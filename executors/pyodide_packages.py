@@ -2,13 +2,15 @@
 
 Pyodide's interpreters read no file: the host hands each one, as bytes, the zip of the
 time-zone data that `PREPARE` puts on `sys.path` (see shims/pyodide_boot.js). With
-packages configured, that zip also holds their files (see `packages`), so they are
-imported with `zipimport` from the interpreter's memory, and the memory snapshot,
-keyed by the zip's bytes, is built again for them. Without packages the plain
+packages configured, that zip also holds their files (see `packages`), compiled by
+CPython 3.14 as the wasm-python guest's are (`wasm_guests.compile_packages`: Pyodide's
+bytecode is the same version's), so they are imported with `zipimport` from the
+interpreter's memory without compiling, and the memory snapshot, keyed by the zip's
+bytes, is built again for them. Without packages the plain
 time-zone zip is used as it always was.
 
 The zip is `packages-<key>.zip` beside Pyodide, keyed by the requirements, the Python
-version and the time-zone zip, with its lock file beside it; made once, in a temporary
+version, the time-zone zip and the compiler, with its lock file beside it; made once, in a temporary
 directory renamed into place. Zips of other lists are left alone: another daemon may
 share the directory.
 
@@ -29,17 +31,21 @@ from pathlib import Path
 from conduit.executors.packages import (
     LockedPackage,
     download,
+    extract_wheels,
     read_lock,
     requirements_key,
     write_lock,
-    zip_wheels,
+    zip_directory,
 )
 from conduit.executors.wasm_build import BuildError
+from conduit.executors.wasm_guests import PACKAGES_DIR, compile_packages, packages_compiler
 
 __all__ = ["ensure_packages_zip", "python_version"]
 
 # Enough of the key's digest in a file name to tell builds apart.
 KEY_CHARS = 16
+# Where an interpreter finds the zip (shims/pyodide_boot.js): what tracebacks name.
+SITE_ZIP = "/lib/site-packages.zip"
 _PYTHON = re.compile(r"^(\d+\.\d+)(\.\d+)?$")
 
 
@@ -66,7 +72,8 @@ def ensure_packages_zip(
     Raises BuildError as `packages.download` does, or if a package's files clash with
     the time zones'.
     """
-    key = requirements_key(requirements, python, time_zones.name)[:KEY_CHARS]
+    inputs = (python, time_zones.name, *packages_compiler())
+    key = requirements_key(requirements, *inputs)[:KEY_CHARS]
     target = install_dir / f"packages-{key}.zip"
     lock = target.with_suffix(".lock.json")
     if target.is_file() and lock.is_file():
@@ -76,11 +83,14 @@ def ensure_packages_zip(
         wheels = work / "wheels"
         wheels.mkdir()
         packages = download(requirements, python, wheels)
+        extract_wheels(wheels, packages, work / PACKAGES_DIR)
+        # Imported from a zip, modules would be compiled in every interpreter, each time.
+        compile_packages(work, SITE_ZIP, legacy=True)
         staged = work / "site.zip"
         with zipfile.ZipFile(time_zones) as zones, zipfile.ZipFile(staged, "w") as out:
             for entry in zones.infolist():
                 out.writestr(entry, zones.read(entry))
-            zip_wheels(wheels, packages, out, taken=frozenset(zones.namelist()))
+            zip_directory(work / PACKAGES_DIR, out, taken=frozenset(zones.namelist()))
         write_lock(work / "lock.json", requirements, python, packages)
         # The zip first: a lock names a zip that is complete.
         os.replace(staged, target)

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
 import importlib.metadata
 import importlib.resources
+import json
 import os
 import shutil
 import subprocess
@@ -41,11 +43,14 @@ from conduit.executors.packages import (
 from conduit.executors.wasm_build import BuildError, GuestRecipe, run_tool, shim_path
 
 __all__ = [
+    "GUEST_PACKAGES",
     "JS_GUEST",
     "PACKAGES_DIR",
     "PYTHON_GUEST",
     "STDLIB_DIR",
+    "compile_packages",
     "componentize_js_version",
+    "packages_compiler",
     "preloaded_modules",
     "python_guest",
 ]
@@ -66,6 +71,12 @@ STDLIB_DIR = "stdlib"
 # The entry module of a guest with packages (it imports `guest`), the directory their
 # files are unpacked into, kept beside the component, and the Python they are for.
 PYTHON_PACKAGES_SOURCE = "wasm_python/guest_packages.py"
+# Where the guest with packages sees them (shims/wasm_python/guest_packages.py).
+GUEST_PACKAGES = "/packages"
+# The app of a throwaway build that compiles packages (see its docstring), and its
+# options, written beside it.
+PYTHON_PACKAGES_COMPILE = "wasm_python/packages_compile.py"
+PACKAGES_COMPILE_OPTIONS = "packages_compile.json"
 PACKAGES_DIR = "packages"
 GUEST_PYTHON_VERSION = "3.14"
 # Enough of the requirements' digest in a recipe's name to tell package lists apart.
@@ -94,14 +105,20 @@ def _python_tool_versions() -> dict[str, str]:
 
 def _build_python(work: Path, _cache_dir: Path) -> None:
     _componentize_python(work, Path(PYTHON_SOURCE).stem)
+    _add_time_zones(work)
 
 
-def _componentize_python(work: Path, module: str) -> None:
+def _componentize_python(
+    work: Path, module: str, output: str = "guest.wasm", what: str = "componentize-py"
+) -> None:
     # No VIRTUAL_ENV: componentize-py would add its site-packages to the guest's path.
     env = {key: value for key, value in os.environ.items() if key != "VIRTUAL_ENV"}
     command = [sys.executable, "-c", COMPONENTIZE_PY, "-q", "-d", WORLD_FILE, "-w", WORLD]
-    command += ["componentize", "-p", ".", module, "-o", "guest.wasm"]
-    run_tool("componentize-py", command, cwd=work, env=env, timeout_s=BUILD_TIMEOUT_S)
+    command += ["componentize", "-p", ".", module, "-o", output]
+    run_tool(what, command, cwd=work, env=env, timeout_s=BUILD_TIMEOUT_S)
+
+
+def _add_time_zones(work: Path) -> None:
     # The time-zone database `zoneinfo` falls back on: the guest has no /usr/share.
     zones = importlib.resources.files(TIME_ZONES)
     with importlib.resources.as_file(zones) as source:
@@ -134,7 +151,7 @@ def python_guest(requirements: Sequence[str] = ()) -> GuestRecipe:
 
     return GuestRecipe(
         name=f"{PYTHON_GUEST.name}-packages-{key}",
-        sources=(*PYTHON_GUEST.sources, PYTHON_PACKAGES_SOURCE),
+        sources=(*PYTHON_GUEST.sources, PYTHON_PACKAGES_SOURCE, PYTHON_PACKAGES_COMPILE),
         tool_versions=tool_versions,
         build=functools.partial(_build_python_packages, wanted),
         outputs=(*PYTHON_GUEST.outputs, PACKAGES_DIR, LOCK_FILE),
@@ -148,7 +165,33 @@ def _build_python_packages(requirements: tuple[str, ...], work: Path, _cache_dir
     write_lock(work / LOCK_FILE, requirements, GUEST_PYTHON_VERSION, packages)
     extract_wheels(wheels, packages, work / PACKAGES_DIR)
     shutil.rmtree(wheels)
+    compile_packages(work, GUEST_PACKAGES)
     _componentize_python(work, Path(PYTHON_PACKAGES_SOURCE).stem)
+    _add_time_zones(work)
+
+
+def packages_compiler() -> tuple[str, ...]:
+    """What `compile_packages` makes its bytecode with (its app's hash, componentize-py's
+    version): inputs of whatever is built from that bytecode."""
+    app = hashlib.sha256(shim_path(PYTHON_PACKAGES_COMPILE).read_bytes()).hexdigest()
+    return (app, _python_tool_versions()["componentize-py"])
+
+
+def compile_packages(work: Path, guest_dir: str, *, legacy: bool = False) -> None:
+    """Compile the modules under `work/packages` with the guest's CPython 3.14, in a
+    throwaway componentize-py build in `work` (see `packages_compile`): hash-based
+    pycs, never checked, naming their sources under `guest_dir`; with `legacy`, each
+    beside its source, where `zipimport` looks. Raises BuildError if the build fails.
+    """
+    for source in (WORLD_FILE, PYTHON_PACKAGES_COMPILE):
+        if not (work / Path(source).name).exists():
+            shutil.copyfile(shim_path(source), work / Path(source).name)
+    options = {"guest_dir": guest_dir, "legacy": legacy}
+    (work / PACKAGES_COMPILE_OPTIONS).write_text(json.dumps(options), encoding="utf-8")
+    compiler = Path(PYTHON_PACKAGES_COMPILE).stem
+    _componentize_python(work, compiler, f"{compiler}.wasm", "compiling the packages")
+    (work / f"{compiler}.wasm").unlink()
+    (work / PACKAGES_COMPILE_OPTIONS).unlink()
 
 
 def preloaded_modules() -> tuple[str, ...]:

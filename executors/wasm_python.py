@@ -17,13 +17,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from conduit.executors.wasm import WasmExecutor
-from conduit.executors.wasm_guests import PACKAGES_DIR, PYTHON_GUEST, STDLIB_DIR, python_guest
+from conduit.executors.wasm_guests import (
+    GUEST_PACKAGES,
+    PACKAGES_DIR,
+    PYTHON_GUEST,
+    STDLIB_DIR,
+    python_guest,
+)
 
 __all__ = ["WasmPythonExecutor"]
 
 GUEST_STDLIB = ("/python", "/python/lib/python3.14")
-# Where the guest with packages looks for them (shims/wasm_python/guest_packages.py).
-GUEST_PACKAGES = "/packages"
 
 
 class WasmPythonExecutor(WasmExecutor):
