@@ -10,6 +10,7 @@ component cache like the plain one, so later runs only load it.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -119,3 +120,15 @@ async def test_a_package_with_compiled_code_makes_the_executor_unavailable(
     config = make_config(executors=_with_packages("msgpack==1.1.0"))
     done = await conduit("doctor", "--config", config.source, env=base_env(tmp_path / "state"))
     assert why in done.stdout.decode()
+
+
+async def test_a_reload_says_a_changed_list_needs_a_restart(
+    start_daemon: Any, make_config: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    off = {**ONLY_WASM_PYTHON, "wasm_python": {"enabled": False}}
+    daemon, _ = await start_daemon(executors=off)
+    make_config(executors={**off, "pyodide": {"packages": ["tabulate==0.9.0"]}})
+    with caplog.at_level(logging.WARNING, logger="conduit.daemon.server"):
+        new = await daemon.reload()
+    assert new.executors.pyodide.packages == ("tabulate==0.9.0",)
+    assert "executor package changes take effect on restart" in caplog.text
