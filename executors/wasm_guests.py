@@ -71,14 +71,14 @@ STDLIB_DIR = "stdlib"
 # The entry module of a guest with packages (it imports `guest`), the directory their
 # files are unpacked into, kept beside the component, and the Python they are for.
 PYTHON_PACKAGES_SOURCE = "wasm_python/guest_packages.py"
+PACKAGES_DIR = "packages"
+GUEST_PYTHON_VERSION = "3.14"
 # Where the guest with packages sees them (shims/wasm_python/guest_packages.py).
 GUEST_PACKAGES = "/packages"
 # The app of a throwaway build that compiles packages (see its docstring), and its
 # options, written beside it.
 PYTHON_PACKAGES_COMPILE = "wasm_python/packages_compile.py"
 PACKAGES_COMPILE_OPTIONS = "packages_compile.json"
-PACKAGES_DIR = "packages"
-GUEST_PYTHON_VERSION = "3.14"
 # Enough of the requirements' digest in a recipe's name to tell package lists apart.
 PACKAGES_KEY_CHARS = 12
 # The IANA time-zone package (a pinned dependency), copied into the guest's library.
