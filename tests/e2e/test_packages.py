@@ -30,7 +30,12 @@ import datetime, importlib.metadata
 import dateutil, six
 from dateutil.relativedelta import relativedelta
 day = datetime.date(2024, 1, 31) + relativedelta(months=1)
-[day.isoformat(), dateutil.__file__, importlib.metadata.version("six")]
+try:
+    open(dateutil.__file__, "a").close()
+    written = "written"
+except OSError as exc:
+    written = type(exc).__name__
+[day.isoformat(), dateutil.__file__, importlib.metadata.version("six"), written]
 """
 # What the guest's entry module for packages adds to the component (~150 KB).
 MAX_GROWTH_BYTES = 384 * 1024
@@ -79,9 +84,10 @@ async def test_programs_import_the_packages_and_the_daemon_lists_them(
     client = await connect(info)
     result = await client.call("execute", {"language": "python", "code": PROGRAM})
     assert result["status"] == "ok", result
-    day, where, six_version = result["result"]
+    day, where, six_version, written = result["result"]
     assert day == "2024-02-29"
-    assert where == "/packages/dateutil/__init__.py"  # the mounted, read-only copy
+    assert where == "/packages/dateutil/__init__.py"
+    assert written == "PermissionError"  # mounted read-only for every program
     listed = await client.call("executors/list")
     (wasm_python,) = [e for e in listed["executors"] if e["name"] == "wasm-python"]
     assert wasm_python["packages"] == {"python-dateutil": "2.9.0.post0", "six": six_version}
