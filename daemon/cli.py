@@ -624,6 +624,9 @@ def _doctor(args: argparse.Namespace) -> int:
         print(f"executor {info.name:12} {','.join(info.languages):22} {state}")
         for label, value in _component_details(info.pool or {}):
             print(f"{'':9}{label:15} {value}")
+        if info.packages:
+            installed = ", ".join(f"{name} {version}" for name, version in info.packages.items())
+            print(f"{'':9}{'packages':15} {escape(installed)}")
     for language, name in registry.defaults().items():
         usable = any(i.name == name and i.available for i in infos)
         healthy &= usable

@@ -13,7 +13,14 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
 from conduit.core.addresses import (
     default_socket_path,
@@ -22,6 +29,7 @@ from conduit.core.addresses import (
     parse_tcp_address,
 )
 from conduit.core.errors import ConfigError
+from conduit.executors.packages import parse_requirement
 from conduit.gateway.fetch_config import FetchConfig
 from conduit.gateway.settings import UpstreamList
 
@@ -40,9 +48,12 @@ __all__ = [
     "LimitsConfig",
     "MetricsConfig",
     "PolicyConfig",
+    "PyodideConfig",
     "PythonPolicy",
     "ServerConfig",
     "SessionsConfig",
+    "WasmConfig",
+    "WasmPythonConfig",
     "default_socket_path",
     "default_state_dir",
     "load_config",
@@ -170,6 +181,17 @@ class WasmConfig(_Section):
     fuel: Annotated[int, Field(ge=0)] = 0
 
 
+# A pure-Python package for the Python sandboxes (`sympy==1.14.0`): a name, extras and
+# version specifiers only, since it ends up on pip's command line (see
+# `executors.packages`); kept in its canonical form.
+_Requirement = Annotated[str, AfterValidator(parse_requirement)]
+
+
+class WasmPythonConfig(WasmConfig):
+    # Resolved with pip and built into the component once per list (docs/packages.md).
+    packages: tuple[_Requirement, ...] = ()
+
+
 class PyodideConfig(_Section):
     # Off by default: each worker process holds ~0.25 GB; wasm-python runs Python's
     # default. Turn it on for programs that need the whole standard library or
@@ -184,6 +206,8 @@ class PyodideConfig(_Section):
     # Sessions on this executor at once: each holds a worker process of its own
     # (~0.25 GB), so few.
     max_sessions: Annotated[int, Field(ge=0, le=256)] = 4
+    # As for wasm_python: resolved once, zipped into the interpreters' sys.path.
+    packages: tuple[_Requirement, ...] = ()
 
 
 class ExecutorsConfig(_Section):
@@ -191,7 +215,7 @@ class ExecutorsConfig(_Section):
     typescript: str = "deno"
     javascript: str = "wasm-js"
     deno: DenoConfig = DenoConfig()
-    wasm_python: WasmConfig = WasmConfig()
+    wasm_python: WasmPythonConfig = WasmPythonConfig()
     wasm_js: WasmConfig = WasmConfig()
     pyodide: PyodideConfig = PyodideConfig()
 

@@ -511,6 +511,8 @@ class Daemon:
             self.config.metrics,
         ):
             log.warning("listener changes take effect on restart")
+        if _packages(new) != _packages(self.config):
+            log.warning("executor package changes take effect on restart (and build once)")
         self.config = new
 
     def metrics_url(self) -> str | None:
@@ -620,6 +622,11 @@ def _raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         except (OSError, ValueError) as exc:
             log.warning("open-file limit not raised", extra={"soft": soft, "error": str(exc)})
+
+
+def _packages(config: Config) -> tuple[tuple[str, ...], ...]:
+    """The packages each Python executor installs: built as it starts, never on reload."""
+    return (config.executors.wasm_python.packages, config.executors.pyodide.packages)
 
 
 def _budget_caps(config: Config) -> dict[str, tuple[int, int | None]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from conduit.daemon.config import Config
 from conduit.executors.base import CallbackAddress
@@ -53,7 +53,11 @@ def build_registry(config: Config, callback: CallbackAddress | None) -> Executor
     if wasm_python.enabled:
         from conduit.executors.wasm_python import WasmPythonExecutor
 
-        executors.append(WasmPythonExecutor(cache_dir=wasm_cache, fuel=wasm_python.fuel or None))
+        executors.append(
+            WasmPythonExecutor(
+                cache_dir=wasm_cache, fuel=wasm_python.fuel or None, packages=wasm_python.packages
+            )
+        )
     wasm_js = config.executors.wasm_js
     if wasm_js.enabled:
         from conduit.executors.wasm_js import WasmJsExecutor
@@ -62,7 +66,8 @@ def build_registry(config: Config, callback: CallbackAddress | None) -> Executor
     if config.executors.pyodide.enabled:
         from conduit.executors.pyodide import PyodideExecutor
 
-        executors.append(_deno_hosted(PyodideExecutor, config, callback))
+        packages = config.executors.pyodide.packages
+        executors.append(_deno_hosted(PyodideExecutor, config, callback, packages=packages))
     return ExecutorRegistry(executors, language_defaults(config))
 
 
@@ -70,7 +75,7 @@ def _deno_hosted(
     kind: type[DenoExecutor] | type[PyodideExecutor],
     config: Config,
     callback: CallbackAddress | None,
-    **options: int,
+    **options: Any,
 ) -> DenoExecutor | PyodideExecutor:
     """A Deno-process executor (deno, pyodide) from its `[executors.<name>]` section,
     with `options` of its own kind."""

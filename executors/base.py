@@ -294,6 +294,8 @@ class ExecutorInfo:
 
     `progress` is what the executor's start-up is building, step by step, with the
     elapsed seconds (`wasm_build.BuildProgress.snapshot`), or None if it builds nothing.
+    `packages` are the versions of the packages installed for its programs beyond the
+    language's own library, by name (the operator's choice, see `packages`).
     """
 
     name: str
@@ -303,6 +305,7 @@ class ExecutorInfo:
     reason: str | None = None
     pool: dict[str, Any] | None = None
     progress: dict[str, Any] | None = None
+    packages: dict[str, str] = field(default_factory=dict)
 
 
 class Executor(Protocol):

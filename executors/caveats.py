@@ -1,14 +1,21 @@
 """What a program cannot use on each executor, one line each, for the model writing it.
 
 The execute tools' descriptions and `sdk/get` show the line of the executor that runs
-a language's programs by default, so that a model learns it before it writes a
+a language's programs by default (the descriptions also name the packages the operator
+installed on it, `installed_packages`), so that a model learns it before it writes a
 program rather than by failing. This is the one place each line lives: change it with
 its executor (docs/executors.md says the same at length).
 """
 
 from __future__ import annotations
 
-__all__ = ["CANNOT_USE", "cannot_use"]
+from collections.abc import Mapping
+
+__all__ = ["CANNOT_USE", "cannot_use", "installed_packages"]
+
+# Packages named in a description at most; a long list would crowd the model's context
+# (a package's dependencies are installed and listed too).
+MAX_LISTED_PACKAGES = 30
 
 # By executor name: what follows "Programs on <executor> cannot use".
 CANNOT_USE = {
@@ -39,3 +46,14 @@ def cannot_use(executor: str | None) -> str:
     """One sentence saying what programs cannot use on `executor`; "" if unknown."""
     line = CANNOT_USE.get(executor or "")
     return f"Programs on {executor} cannot use {line}." if line else ""
+
+
+def installed_packages(packages: Mapping[str, str]) -> str:
+    """One sentence naming the packages installed beyond the standard library, with
+    their versions (`packages`, by name); "" if none."""
+    if not packages:
+        return ""
+    listed = [f"{name} {version}" for name, version in list(packages.items())[:MAX_LISTED_PACKAGES]]
+    if len(packages) > MAX_LISTED_PACKAGES:
+        listed.append(f"and {len(packages) - MAX_LISTED_PACKAGES} more")
+    return f"Besides the standard library, these packages are installed: {', '.join(listed)}."

@@ -24,8 +24,9 @@ fresh program (`host_for`, `run_on`), with the interpreter kept after each step.
 
 Pyodide comes from npm, pinned with integrity by `shims/pyodide/package-lock.json`,
 installed once with the machine's npm into `<cache_dir>` (see `npm.install_locked`);
-the time-zone database is the pinned `tzdata` package, zipped once beside it; and the
-memory snapshot is built once from both. The executor is unavailable, with the reason,
+the time-zone database is the pinned `tzdata` package, zipped once beside it, with the
+operator's packages added when there are any (`pyodide_packages`); and the memory
+snapshot is built once from both. The executor is unavailable, with the reason,
 until that is done or if it fails.
 """
 
@@ -36,11 +37,13 @@ import importlib.metadata
 import importlib.resources
 import logging
 import os
+import re
 import resource
 import secrets
 import shutil
 import subprocess
 import zipfile
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -67,6 +70,7 @@ from conduit.executors.deno import (
     read_version,
 )
 from conduit.executors.npm import install_locked, locked_version
+from conduit.executors.packages import project_names, requirements_key
 from conduit.executors.process import (
     DEFAULT_FILE_BYTES,
     DEFAULT_OPEN_FILES,
@@ -75,6 +79,7 @@ from conduit.executors.process import (
     sandbox_process_options,
 )
 from conduit.executors.pyodide_host import IDLE_CPU_S, Kept, PyodideHost, set_soft_limit
+from conduit.executors.pyodide_packages import ensure_packages_zip, python_version
 from conduit.executors.pyodide_pool import HostPool
 from conduit.executors.pyodide_sessions import PyodideSession, SessionRegistry
 from conduit.executors.wasm_build import BuildError, shim_path
@@ -115,6 +120,8 @@ FLAGS = (
 # WebAssembly still tiers up); a 32 MB young generation holds what loading allocates
 # without a dozen collections. Together a sixth of an interpreter's CPU.
 V8_FLAGS = "--no-lazy,--no-opt,--no-maglev,--min-semi-space-size=32"
+# Enough of the requirements' digest in a snapshot's name to tell package lists apart.
+PACKAGES_KEY_CHARS = 12
 # Building the snapshot loads Pyodide once (seconds); past this it is hung.
 SNAPSHOT_TIMEOUT_S = 180
 # A worker process compiles Pyodide and makes its first interpreter in ~1 s on an idle
@@ -140,6 +147,8 @@ class PyodideExecutor:
     each program's own `memory_mb` bounds the memory it may add (a session's, all its
     steps together). `callback`, when set, is the one address the processes may connect
     to. At most `max_sessions` sessions are open at once (see `pyodide_sessions`).
+    `packages` are requirements of pure-Python packages the programs may import,
+    canonical (see `packages.parse_requirement`), resolved once (`pyodide_packages`).
     """
 
     name = "pyodide"
@@ -157,8 +166,12 @@ class PyodideExecutor:
         callback: CallbackAddress | None = None,
         start_timeout_s: float = START_TIMEOUT_S,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
+        packages: Sequence[str] = (),
     ) -> None:
         self._cache_dir = Path(cache_dir)
+        self._requirements = tuple(sorted(set(packages)))
+        # The packages installed for the programs, by name, once resolved.
+        self._packages: dict[str, str] = {}
         self._install_dir = Path(install_dir) if install_dir is not None else self._cache_dir
         self._work_dir = Path(work_dir) if work_dir is not None else self._cache_dir / "work"
         self._configured_binary = binary
@@ -234,9 +247,13 @@ class PyodideExecutor:
                 )
             )
             self._pyodide_dir = (installed / "node_modules" / PACKAGE).resolve()
-            self._time_zones = await trio.to_thread.run_sync(_zip_time_zones, self._install_dir)
+            time_zones = await trio.to_thread.run_sync(_zip_time_zones, self._install_dir)
         except (BuildError, OSError) as exc:
             return f"Pyodide could not be installed: {exc}"
+        try:
+            self._time_zones = await trio.to_thread.run_sync(self._add_packages, time_zones)
+        except (BuildError, OSError) as exc:
+            return f"the pyodide packages could not be installed: {exc}"
         try:
             self._deno_version = await read_version(deno, self._work_dir)
             self._snapshot = await self._ensure_snapshot(deno)
@@ -245,6 +262,19 @@ class PyodideExecutor:
         except OSError as exc:
             return f"the Pyodide snapshot could not be built: {exc}"
         return None
+
+    def _add_packages(self, time_zones: Path) -> Path:
+        """The zip the interpreters import from: `time_zones`, plus the packages when
+        there are any (blocking: pip may run)."""
+        if not self._requirements:
+            return time_zones
+        assert self._pyodide_dir is not None
+        python = python_version(self._pyodide_dir)
+        zipped, packages = ensure_packages_zip(
+            self._install_dir, self._requirements, python, time_zones
+        )
+        self._packages = project_names(packages)
+        return zipped
 
     def _prepare_dirs(self) -> None:
         self._cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -255,7 +285,8 @@ class PyodideExecutor:
 
     async def _ensure_snapshot(self, deno: str) -> Path:
         """The memory snapshot interpreters start from, built once; keyed by everything
-        it holds (Pyodide, the contract, the scripts that load it, the time zones).
+        it holds (Pyodide, the contract, the scripts that load it, the time zones and
+        packages). A new one deletes those it supersedes: of the same package list.
 
         Built by a trusted Deno process that may write only the new file. Raises
         RuntimeMissing if it cannot be built.
@@ -267,7 +298,10 @@ class PyodideExecutor:
         sources += [shim_path(name) for name in (SNAPSHOT_SCRIPT, *INTERPRETER_SCRIPTS)]
         for part in (*sources, self._time_zones):
             digest.update(part.read_bytes())
-        target = self._install_dir / f"snapshot-{digest.hexdigest()[:16]}.bin"
+        group = "snapshot"
+        if self._requirements:
+            group += f"-packages-{requirements_key(self._requirements)[:PACKAGES_KEY_CHARS]}"
+        target = self._install_dir / f"{group}-{digest.hexdigest()[:16]}.bin"
         if target.is_file():
             return target.resolve()
         partial_file = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -292,9 +326,10 @@ class PyodideExecutor:
         except (OSError, trio.TooSlowError) as exc:
             partial_file.unlink(missing_ok=True)
             raise RuntimeMissing(f"the Pyodide snapshot could not be built: {exc}") from exc
-        for superseded in self._install_dir.glob("snapshot-*.bin"):
-            if superseded != target:
-                superseded.unlink(missing_ok=True)
+        superseded = re.compile(rf"{re.escape(group)}-[0-9a-f]{{16}}\.bin")
+        for old in self._install_dir.iterdir():
+            if old != target and superseded.fullmatch(old.name):
+                old.unlink(missing_ok=True)
         log.info("Pyodide snapshot built in %.1f s", trio.current_time() - started)
         return target.resolve()
 
@@ -334,6 +369,7 @@ class PyodideExecutor:
             version=f"Pyodide {self._pyodide_version}{deno}",
             reason=self._reason,
             pool=pool,
+            packages=dict(self._packages),
         )
 
     # -- worker processes --------------------------------------------------------------

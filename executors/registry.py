@@ -217,6 +217,13 @@ class ExecutorRegistry:
     def defaults(self) -> dict[str, str]:
         return dict(self._defaults)
 
+    def packages(self, name: str) -> dict[str, str]:
+        """The versions of the packages executor `name` installed for its programs
+        beyond its language's own library, by package name; {} for none or no such
+        executor."""
+        executor = self._executors.get(name)
+        return executor.info().packages if executor is not None else {}
+
 
 def _disabled_error(name: str) -> InvalidParams | ExecutorUnavailable:
     """The error for an executor the configuration does not run: disabled, or unknown."""

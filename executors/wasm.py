@@ -87,6 +87,7 @@ from conduit.executors.base import (
     ToolBridge,
 )
 from conduit.executors.output import OutputCapture, StreamName
+from conduit.executors.packages import LOCK_FILE, project_names, read_lock
 from conduit.executors.scratch import ScratchDirs
 from conduit.executors.wasm_build import (
     BuildError,
@@ -315,6 +316,8 @@ class WasmExecutor:
         self._built: BuiltComponent | None = None
         self._loaded: _wasmtime.LoadedComponent | None = None
         self._compiled_cache: str | None = None
+        # The packages built into the component, by name (its lock file, if any).
+        self._packages: dict[str, str] = {}
         self._timings: dict[str, float] = {}
         self._progress = BuildProgress(self.name)
         self._state = _State.NOT_STARTED
@@ -422,6 +425,8 @@ class WasmExecutor:
     def _load(self) -> None:
         self._built = None  # set once built: then a failure is one of loading
         built = ensure_component(self.recipe, self._cache_dir, self._progress)
+        lock = built.path.parent / LOCK_FILE
+        self._packages = project_names(read_lock(lock)) if lock.is_file() else {}
         self._built = built
         with self._progress.step("compile" if built.built else "load"):
             loaded = _wasmtime.load_component(
@@ -544,6 +549,7 @@ class WasmExecutor:
             reason=self._reason,
             pool=details,
             progress=self._progress.snapshot(),
+            packages=dict(self._packages),
         )
 
     # -- jobs --------------------------------------------------------------------------

@@ -5,7 +5,9 @@ Both target the one WIT world in `shims/world.wit`:
 - `PYTHON_GUEST`: CPython 3.14 plus `shims/wasm_python/guest.py`, built and
   pre-initialised by componentize-py (a pinned Python dependency of Conduit). The
   guest's top level, which imports the standard-library modules it lists in
-  PRELOADED, runs at build time.
+  PRELOADED, runs at build time. `python_guest(requirements)` is the same guest with
+  the operator's pure-Python packages (see `packages`): a recipe of its own name, so
+  that it and the plain one, in one cache directory, never replace each other.
 - `JS_GUEST`: SpiderMonkey plus `shims/wasm_js/guest.js`, built by npm's
   `@bytecodealliance/componentize-js`. Its exact version and every transitive
   dependency are pinned, with integrity hashes, by `shims/wasm_js/package-lock.json`;
@@ -18,23 +20,39 @@ Both target the one WIT world in `shims/world.wit`:
 from __future__ import annotations
 
 import ast
+import functools
+import hashlib
 import importlib.metadata
 import importlib.resources
+import json
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from conduit.executors.npm import install_locked, locked_version, node_tools
+from conduit.executors.packages import (
+    LOCK_FILE,
+    download,
+    extract_wheels,
+    requirements_key,
+    write_lock,
+)
 from conduit.executors.wasm_build import BuildError, GuestRecipe, run_tool, shim_path
 
 __all__ = [
+    "GUEST_PACKAGES",
     "JS_GUEST",
+    "PACKAGES_DIR",
     "PYTHON_GUEST",
     "STDLIB_DIR",
+    "compile_packages",
     "componentize_js_version",
+    "packages_compiler",
     "preloaded_modules",
+    "python_guest",
 ]
 
 WORLD_FILE = "world.wit"
@@ -50,6 +68,19 @@ PYTHON_STDLIB_EXPORT = "wasm_python/stdlib_export.py"
 # asyncio's event loop without the socket pair WASI cannot make.
 PYTHON_ASYNCIO = "wasm_python/guest_asyncio.py"
 STDLIB_DIR = "stdlib"
+# The entry module of a guest with packages (it imports `guest`), the directory their
+# files are unpacked into, kept beside the component, and the Python they are for.
+PYTHON_PACKAGES_SOURCE = "wasm_python/guest_packages.py"
+PACKAGES_DIR = "packages"
+GUEST_PYTHON_VERSION = "3.14"
+# Where the guest with packages sees them (shims/wasm_python/guest_packages.py).
+GUEST_PACKAGES = "/packages"
+# The app of a throwaway build that compiles packages (see its docstring), and its
+# options, written beside it.
+PYTHON_PACKAGES_COMPILE = "wasm_python/packages_compile.py"
+PACKAGES_COMPILE_OPTIONS = "packages_compile.json"
+# Enough of the requirements' digest in a recipe's name to tell package lists apart.
+PACKAGES_KEY_CHARS = 12
 # The IANA time-zone package (a pinned dependency), copied into the guest's library.
 TIME_ZONES = "tzdata"
 _NOT_DATA = shutil.ignore_patterns("__pycache__")
@@ -73,12 +104,21 @@ def _python_tool_versions() -> dict[str, str]:
 
 
 def _build_python(work: Path, _cache_dir: Path) -> None:
+    _componentize_python(work, Path(PYTHON_SOURCE).stem)
+    _add_time_zones(work)
+
+
+def _componentize_python(
+    work: Path, module: str, output: str = "guest.wasm", what: str = "componentize-py"
+) -> None:
     # No VIRTUAL_ENV: componentize-py would add its site-packages to the guest's path.
     env = {key: value for key, value in os.environ.items() if key != "VIRTUAL_ENV"}
-    module = Path(PYTHON_SOURCE).stem
     command = [sys.executable, "-c", COMPONENTIZE_PY, "-q", "-d", WORLD_FILE, "-w", WORLD]
-    command += ["componentize", "-p", ".", module, "-o", "guest.wasm"]
-    run_tool("componentize-py", command, cwd=work, env=env, timeout_s=BUILD_TIMEOUT_S)
+    command += ["componentize", "-p", ".", module, "-o", output]
+    run_tool(what, command, cwd=work, env=env, timeout_s=BUILD_TIMEOUT_S)
+
+
+def _add_time_zones(work: Path) -> None:
     # The time-zone database `zoneinfo` falls back on: the guest has no /usr/share.
     zones = importlib.resources.files(TIME_ZONES)
     with importlib.resources.as_file(zones) as source:
@@ -92,6 +132,66 @@ PYTHON_GUEST = GuestRecipe(
     build=_build_python,
     outputs=(STDLIB_DIR,),
 )
+
+
+def python_guest(requirements: Sequence[str] = ()) -> GuestRecipe:
+    """The Python guest with the pure-Python packages `requirements` name (canonical,
+    see `packages.parse_requirement`); `PYTHON_GUEST` itself for none.
+
+    Its build inputs add the requirements to the plain guest's, and its name carries
+    their digest: a changed list builds once, and pruning superseded builds of one
+    list never touches another's (two daemons may share a cache directory)."""
+    if not requirements:
+        return PYTHON_GUEST
+    wanted = tuple(sorted(set(requirements)))
+    key = requirements_key(wanted, GUEST_PYTHON_VERSION)[:PACKAGES_KEY_CHARS]
+
+    def tool_versions() -> dict[str, str]:
+        return {**_python_tool_versions(), "packages": " ".join(wanted)}
+
+    return GuestRecipe(
+        name=f"{PYTHON_GUEST.name}-packages-{key}",
+        sources=(*PYTHON_GUEST.sources, PYTHON_PACKAGES_SOURCE, PYTHON_PACKAGES_COMPILE),
+        tool_versions=tool_versions,
+        build=functools.partial(_build_python_packages, wanted),
+        outputs=(*PYTHON_GUEST.outputs, PACKAGES_DIR, LOCK_FILE),
+    )
+
+
+def _build_python_packages(requirements: tuple[str, ...], work: Path, _cache_dir: Path) -> None:
+    wheels = work / "wheels"
+    wheels.mkdir()
+    packages = download(requirements, GUEST_PYTHON_VERSION, wheels)
+    write_lock(work / LOCK_FILE, requirements, GUEST_PYTHON_VERSION, packages)
+    extract_wheels(wheels, packages, work / PACKAGES_DIR)
+    shutil.rmtree(wheels)
+    compile_packages(work, GUEST_PACKAGES)
+    _componentize_python(work, Path(PYTHON_PACKAGES_SOURCE).stem)
+    _add_time_zones(work)
+
+
+def packages_compiler() -> tuple[str, ...]:
+    """What `compile_packages` makes its bytecode with (its app's hash, componentize-py's
+    version): inputs of whatever is built from that bytecode."""
+    app = hashlib.sha256(shim_path(PYTHON_PACKAGES_COMPILE).read_bytes()).hexdigest()
+    return (app, _python_tool_versions()["componentize-py"])
+
+
+def compile_packages(work: Path, guest_dir: str, *, legacy: bool = False) -> None:
+    """Compile the modules under `work/packages` with the guest's CPython 3.14, in a
+    throwaway componentize-py build in `work` (see `packages_compile`): hash-based
+    pycs, never checked, naming their sources under `guest_dir`; with `legacy`, each
+    beside its source, where `zipimport` looks. Raises BuildError if the build fails.
+    """
+    for source in (WORLD_FILE, PYTHON_PACKAGES_COMPILE):
+        if not (work / Path(source).name).exists():
+            shutil.copyfile(shim_path(source), work / Path(source).name)
+    options = {"guest_dir": guest_dir, "legacy": legacy}
+    (work / PACKAGES_COMPILE_OPTIONS).write_text(json.dumps(options), encoding="utf-8")
+    compiler = Path(PYTHON_PACKAGES_COMPILE).stem
+    _componentize_python(work, compiler, f"{compiler}.wasm", "compiling the packages")
+    (work / f"{compiler}.wasm").unlink()
+    (work / PACKAGES_COMPILE_OPTIONS).unlink()
 
 
 def preloaded_modules() -> tuple[str, ...]:

@@ -5,15 +5,25 @@ and pre-initialised, so the interpreter and the chosen standard-library modules 
 already loaded when an instance starts (`wasm_guests.PYTHON_GUEST`); the rest of the
 standard library, which the build leaves beside the component, is mounted read-only
 where the guest's interpreter looks for it. Everything about running it is shared
-with the other Wasmtime executors (`wasm.WasmExecutor`).
+with the other Wasmtime executors (`wasm.WasmExecutor`). The operator's packages, if
+any, are built into a component of their own (`wasm_guests.python_guest`) and their
+files, left beside it too, are mounted read-only at /packages.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from conduit.executors.wasm import WasmExecutor
-from conduit.executors.wasm_guests import PYTHON_GUEST, STDLIB_DIR
+from conduit.executors.wasm_guests import (
+    GUEST_PACKAGES,
+    PACKAGES_DIR,
+    PYTHON_GUEST,
+    STDLIB_DIR,
+    python_guest,
+)
 
 __all__ = ["WasmPythonExecutor"]
 
@@ -21,7 +31,12 @@ GUEST_STDLIB = ("/python", "/python/lib/python3.14")
 
 
 class WasmPythonExecutor(WasmExecutor):
-    """Runs Python programs in fresh CPython-on-Wasmtime instances."""
+    """Runs Python programs in fresh CPython-on-Wasmtime instances.
+
+    `packages` are requirements of pure-Python packages the programs may import,
+    canonical (see `packages.parse_requirement`); they are resolved and built into the
+    component once (see `wasm_guests.python_guest`).
+    """
 
     name = "wasm-python"
     languages = frozenset({"python"})
@@ -34,8 +49,22 @@ class WasmPythonExecutor(WasmExecutor):
     # touches less than this).
     keep_resident_bytes = 16 * 1024 * 1024
 
+    def __init__(
+        self,
+        *,
+        cache_dir: str | os.PathLike[str],
+        fuel: int | None = None,
+        packages: Sequence[str] = (),
+    ) -> None:
+        super().__init__(cache_dir=cache_dir, fuel=fuel)
+        self.recipe = python_guest(packages)
+
     def read_only_dirs(self, component_dir: Path) -> tuple[tuple[Path, str], ...]:
         # Where the guest's interpreter finds its standard library (its sys.prefix), and
         # where its frozen modules (os, codecs, ...) say their sources are.
         stdlib = component_dir / STDLIB_DIR
-        return tuple((stdlib, guest) for guest in GUEST_STDLIB)
+        dirs = tuple((stdlib, guest) for guest in GUEST_STDLIB)
+        packages = component_dir / PACKAGES_DIR
+        if packages.is_dir():
+            dirs += ((packages, GUEST_PACKAGES),)
+        return dirs

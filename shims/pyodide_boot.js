@@ -32,8 +32,9 @@ async def conduit_run(request_json, js_host_call):
     return await python_program.execute_async(request, host_call, scope=scope)
 `;
 
-// The tzdata package, zipped; zoneinfo falls back on it (there is no /usr/share here).
-const TIME_ZONES = "/lib/tzdata.zip";
+// The tzdata package, zipped, which zoneinfo falls back on (there is no /usr/share
+// here), with the operator's packages if any (executors/pyodide_packages.py).
+const TIME_ZONES = "/lib/site-packages.zip";
 
 // Pyodide's directory (a file: URL, with its trailing slash) and what is in it.
 function fileResponses({ dir, stdlib }) {

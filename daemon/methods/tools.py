@@ -8,7 +8,8 @@ session tokens and see only what their execution's allowlist permits.
 
 What an MCP client's model reads about the execution tools is built here, per caller:
 each description says in one line what programs cannot use on the language's default
-executor (`executors.caveats`), then declares the `tools.*` that caller's programs may
+executor (`executors.caveats`) and in another which packages the operator installed
+there, if any, then declares the `tools.*` that caller's programs may
 call (Python stubs for Python, TypeScript declarations for TypeScript and JavaScript),
 cut down to a list of names past `MAX_DECLARATIONS_CHARS`. Their input schema is the
 `execute` params model flattened to what strict clients accept (no `$ref`, no nullable
@@ -22,6 +23,7 @@ import dataclasses
 import json
 import urllib.parse
 import weakref
+from collections.abc import Mapping
 from functools import partial
 from typing import Any, Literal
 
@@ -43,7 +45,7 @@ from conduit.daemon.methods.executions import ExecuteParams
 from conduit.daemon.methods.sdk import render_declarations
 from conduit.daemon.methods.sessions import MAX_NAME_CHARS, connection_session
 from conduit.daemon.tool_access import allowlists_for, hides_catalogue, shaped, unavailable
-from conduit.executors.caveats import cannot_use
+from conduit.executors.caveats import cannot_use, installed_packages
 from conduit.gateway.catalogue import Catalogue
 from conduit.gateway.model import UpstreamTool
 
@@ -224,15 +226,22 @@ async def _section(language: str, tools: list[UpstreamTool], catalogue: Catalogu
 
 
 async def builtin_tool_list(
-    tools: list[UpstreamTool], catalogue: Catalogue, defaults: dict[str, str]
+    tools: list[UpstreamTool],
+    catalogue: Catalogue,
+    defaults: dict[str, str],
+    packages: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
     """The execute tools as MCP `Tool`s, their descriptions declaring `tools` and
-    saying what programs cannot use on each language's default executor (`defaults`)."""
+    saying what programs cannot use on each language's default executor (`defaults`),
+    and which packages it has installed (`packages`: versions by name, by language)."""
     listed = []
     for name, language in BUILTIN_TOOLS.items():
         section = await _section(language, tools, catalogue)
-        caveat = cannot_use(defaults.get(language))
-        summary = f"{_DESCRIPTIONS[language]} {caveat}" if caveat else _DESCRIPTIONS[language]
+        notes = (
+            cannot_use(defaults.get(language)),
+            installed_packages((packages or {}).get(language, {})),
+        )
+        summary = " ".join([_DESCRIPTIONS[language], *(note for note in notes if note)])
         tool = Tool(
             name=name,
             description=f"{summary}\n\n{section}",
@@ -264,8 +273,10 @@ async def list_tools(params: ToolListParams, ctx: CallContext) -> dict[str, Any]
     upstream_tools = [tool.listed().to_wire() for tool in visible]
     if principal.kind == "session" or "execute" not in principal.scopes:
         return {"tools": upstream_tools}
-    defaults = ctx.executions.registry.defaults()
-    builtin = await builtin_tool_list(visible, ctx.tools.catalogue, defaults)
+    registry = ctx.executions.registry
+    defaults = registry.defaults()
+    packages = {language: registry.packages(name) for language, name in defaults.items()}
+    builtin = await builtin_tool_list(visible, ctx.tools.catalogue, defaults, packages)
     return {"tools": builtin + upstream_tools}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -102,3 +103,37 @@ def test_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
     # on a ConfigError, and stop the daemon.
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(tmp_path, environ={})
+
+
+def test_packages_are_kept_canonical(tmp_path: Path) -> None:
+    text = (
+        "[executors.wasm_python]\npackages = ['Tabulate == 0.9.0', 'sympy[dev]>=1.14,<2']\n"
+        "[executors.pyodide]\npackages = ['humanize']\n"
+    )
+    config = load_config(_write(tmp_path, text), environ={})
+    assert config.executors.wasm_python.packages == ("Tabulate==0.9.0", "sympy[dev]<2,>=1.14")
+    assert config.executors.pyodide.packages == ("humanize",)
+    assert config.executors.wasm_js.model_dump() == {"enabled": True, "fuel": 0}
+
+
+@pytest.mark.parametrize(
+    ("requirement", "why"),
+    [
+        ("tabulate @ https://example.com/tabulate.whl", "URL"),
+        ("./vendor/tabulate", "not a requirement"),
+        ("/tmp/tabulate-0.9.0-py3-none-any.whl", "not a requirement"),
+        ("--index-url=https://evil.example/simple", "pip option"),
+        ("-r requirements.txt", "pip option"),
+        ("tabulate --extra-index-url https://evil.example", "not a requirement"),
+        ("tabulate\n--pre", "not a requirement"),
+        ("tabulate; python_version > '3'", "environment marker"),
+        ("x" * 300, "at most"),
+    ],
+)
+def test_packages_other_than_requirements_are_refused(
+    tmp_path: Path, requirement: str, why: str
+) -> None:
+    text = f"[executors.pyodide]\npackages = [{json.dumps(requirement)}]\n"
+    with pytest.raises(ConfigError, match=r"executors\.pyodide\.packages\.0") as refused:
+        load_config(_write(tmp_path, text), environ={})
+    assert why in str(refused.value)

@@ -1,0 +1,309 @@
+"""Operator-chosen Python packages for the Python sandboxes: resolved, checked, locked.
+
+`[executors.wasm_python] packages` and `[executors.pyodide] packages` list
+requirements (`sympy==1.14.0`). When the executor builds its component or snapshot,
+`download` runs pip on the host, with the guest's Python version and nothing but
+pure-Python wheels allowed (tags `none-any`), dependencies included; a package that
+has only compiled wheels or a source distribution fails the build with a `BuildError`
+naming it, since no compiled extension can load in the sandbox. Each wheel's name,
+version and SHA-256 are written to a lock file kept with what was built, and read back
+(`read_lock`) for `conduit doctor` and the tools' descriptions: a restart with the
+build cached needs no network. The builds are keyed by the requested requirements
+(`requirements_key`), not by what they resolved to.
+
+The wheels' files reach the guest through `extract_wheels`, then as that directory or
+zipped (`zip_directory`, for `zipimport`); it takes only the importable part of a
+wheel (its top level and `*.data/purelib`, `platlib`) and refuses a member whose path
+could land outside (absolute, `..`, backslashes) or that is a link.
+
+Requirements come from the trusted configuration but end up on pip's command line:
+`parse_requirement` (the configuration's validator) lets through only a name, extras
+and version specifiers, and pip is handed them after `--`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import stat
+import sys
+import zipfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path, PurePosixPath
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+
+from conduit.executors.wasm_build import BuildError, run_tool
+
+__all__ = [
+    "LOCK_FILE",
+    "LockedPackage",
+    "download",
+    "extract_wheels",
+    "parse_requirement",
+    "project_names",
+    "read_lock",
+    "requirements_key",
+    "write_lock",
+    "zip_directory",
+]
+
+LOCK_FILE = "packages.lock.json"
+LOCK_FORMAT = 1
+# Longer than any real requirement with a few specifiers.
+MAX_REQUIREMENT_CHARS = 200
+# What the unpacked packages may take in all: sympy, among the largest pure-Python
+# packages, takes ~70 MB; past this something is wrong (a zip bomb).
+MAX_UNPACKED_BYTES = 512 * 1024 * 1024
+# pip resolves and downloads in seconds; sympy's ~6 MB wheel on a slow link in a minute.
+PIP_TIMEOUT_S = 600
+# How pip says a requirement has no distribution it may take, and which versions have.
+_NOT_FOUND = re.compile(
+    r"Could not find a version that satisfies the requirement (\S+) \(from versions: ([^)]*)\)"
+)
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+_VERSION = re.compile(r"^[A-Za-z0-9.+!_-]{1,100}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_WHEEL = re.compile(r"^[A-Za-z0-9._+!-]{1,250}\.whl$")
+# What to do about a package that cannot be installed (it may be a dependency).
+_REMOVE = "remove it, or the package that requires it, from the executor's packages"
+# Parts of a wheel that are not importable code: scripts, headers, data files.
+_IMPORTABLE_DATA = frozenset({"purelib", "platlib"})
+
+
+@dataclass(frozen=True, slots=True)
+class LockedPackage:
+    """One wheel the build installed: its project name, version and SHA-256."""
+
+    name: str
+    version: str
+    sha256: str
+    wheel: str
+
+
+def parse_requirement(text: str) -> str:
+    """`text` as a canonical requirement (a name, extras and version specifiers).
+
+    Raises ValueError, saying why, for anything else: a URL or a path, an
+    environment marker, a pip option, text that is no requirement at all.
+    """
+    if len(text) > MAX_REQUIREMENT_CHARS:
+        raise ValueError(f"a requirement is at most {MAX_REQUIREMENT_CHARS} characters")
+    if text.lstrip().startswith("-"):
+        raise ValueError(f"{text!r} is a pip option, not a requirement")
+    try:
+        requirement = Requirement(text)
+    except InvalidRequirement as exc:
+        raise ValueError(f"{text!r} is not a requirement such as 'sympy==1.14.0': {exc}") from None
+    if requirement.url:
+        raise ValueError(f"{text!r} names a URL or a file: name a package on the index instead")
+    if requirement.marker is not None:
+        raise ValueError(f"{text!r} has an environment marker: list the package without it")
+    return str(requirement)
+
+
+def requirements_key(requirements: Iterable[str], *parts: str) -> str:
+    """A hex digest of the requirements (order and repeats aside) and `parts`: what a
+    build of them is keyed by."""
+    digest = hashlib.sha256()
+    for line in (*sorted(set(requirements)), *parts):
+        digest.update(f"{line}\n".encode())
+    return digest.hexdigest()
+
+
+# -- resolving --------------------------------------------------------------------------
+
+
+def download(requirements: Sequence[str], python_version: str, dest: Path) -> list[LockedPackage]:
+    """Download the pure-Python wheels of `requirements` and their dependencies for
+    Python `python_version` ("3.14") into `dest`; what was downloaded, by name.
+
+    Raises BuildError naming the package when one has no pure-Python wheel, or when
+    pip fails (its output's tail says why).
+    """
+    try:
+        canonical = [parse_requirement(text) for text in requirements]
+    except ValueError as exc:
+        raise BuildError(str(exc)) from None
+    dest = dest.resolve()
+    command = [sys.executable, "-m", "pip", "download", "--only-binary=:all:"]
+    command += ["--platform", "any", "--abi", "none", "--python-version", python_version]
+    command += ["--no-input", "--disable-pip-version-check", "--progress-bar", "off"]
+    command += ["--dest", str(dest), "--", *canonical]
+    try:
+        run_tool("pip download", command, cwd=dest, timeout_s=PIP_TIMEOUT_S)
+    except BuildError as exc:
+        raise _explained(exc, python_version) from None
+    return sorted((_locked(wheel) for wheel in dest.iterdir()), key=lambda p: p.name)
+
+
+def _explained(error: BuildError, python_version: str) -> BuildError:
+    """pip's failure to find a distribution, said in the sandbox's terms."""
+    found = _NOT_FOUND.search(str(error))
+    if found is None:
+        return error
+    requirement, versions = found.group(1), found.group(2).strip()
+    if versions == "none":
+        return BuildError(
+            f"package {requirement} cannot be installed: it has compiled code (no version "
+            f"has a pure-Python wheel for Python {python_version}), and only pure-Python "
+            f"wheels can run in the sandbox; {_REMOVE}"
+        )
+    return BuildError(
+        f"package {requirement} cannot be installed: no version it allows has a "
+        f"pure-Python wheel for Python {python_version}, and only pure-Python wheels can "
+        f"run in the sandbox; versions that have one: {versions}"
+    )
+
+
+def _locked(path: Path) -> LockedPackage:
+    """What one downloaded file is; BuildError unless it is a pure-Python wheel."""
+    try:
+        name, version, _build, tags = parse_wheel_filename(path.name)
+    except InvalidWheelFilename:
+        raise BuildError(
+            f"pip downloaded {path.name}, which is no wheel: only pure-Python wheels "
+            "can run in the sandbox"
+        ) from None
+    if any(tag.abi != "none" or tag.platform != "any" for tag in tags):
+        raise BuildError(
+            f"package {name} has compiled code ({path.name}), and only pure-Python "
+            f"wheels can run in the sandbox; {_REMOVE}"
+        )
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return LockedPackage(str(name), str(version), digest, path.name)
+
+
+# -- the lock file ----------------------------------------------------------------------
+
+
+def write_lock(
+    path: Path, requirements: Sequence[str], python_version: str, packages: Sequence[LockedPackage]
+) -> None:
+    """Record what `requirements` resolved to, for `read_lock`."""
+    lock = {
+        "format": LOCK_FORMAT,
+        "python": python_version,
+        "requested": sorted(set(requirements)),
+        "packages": [asdict(package) for package in packages],
+    }
+    path.write_text(json.dumps(lock, indent=1) + "\n", encoding="utf-8")
+
+
+def read_lock(path: Path) -> tuple[LockedPackage, ...]:
+    """The packages a lock file records. Raises BuildError if it is unreadable or
+    holds anything but well-formed names, versions and digests."""
+    try:
+        lock = json.loads(path.read_text(encoding="utf-8"))
+        entries = lock["packages"] if lock.get("format") == LOCK_FORMAT else None
+        if not isinstance(entries, list):
+            raise ValueError("no packages of a known format")
+        packages = tuple(LockedPackage(**entry) for entry in entries)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise BuildError(f"the package lock {path} is unreadable ({exc}): delete it") from None
+    for package in packages:
+        if not (
+            isinstance(package.name, str)
+            and _NAME.match(package.name)
+            and isinstance(package.version, str)
+            and _VERSION.match(package.version)
+            and isinstance(package.sha256, str)
+            and _SHA256.match(package.sha256)
+            and isinstance(package.wheel, str)
+            and _WHEEL.match(package.wheel)
+        ):
+            raise BuildError(f"the package lock {path} holds a malformed entry: delete it")
+    return packages
+
+
+# -- unpacking --------------------------------------------------------------------------
+
+
+def extract_wheels(wheels: Path, packages: Sequence[LockedPackage], target: Path) -> None:
+    """Unpack the importable part of each wheel in `wheels` into `target`, as pip
+    would install it into site-packages. Raises BuildError for an unsafe member."""
+    target.mkdir(parents=True, exist_ok=True)
+    for _member, relative, data in _members(wheels, packages):
+        out = target.joinpath(*relative.parts)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("xb") as handle:
+            handle.write(data)
+
+
+def zip_directory(
+    directory: Path, out: zipfile.ZipFile, *, taken: frozenset[str] = frozenset()
+) -> None:
+    """Add every file under `directory` (unpacked by `extract_wheels`) to `out`, in
+    order and with fixed times: the same packages make the same zip. Raises BuildError
+    for a file at a path of `taken` (what `out` holds already)."""
+    for path in sorted(directory.rglob("*")):
+        if not path.is_file() or path.is_symlink():
+            continue
+        name = path.relative_to(directory).as_posix()
+        if name in taken:
+            raise BuildError(f"a package holds {name}, which the sandbox has already")
+        out.writestr(zipfile.ZipInfo(name), path.read_bytes(), zipfile.ZIP_DEFLATED)
+
+
+def _members(
+    wheels: Path, packages: Sequence[LockedPackage]
+) -> Iterator[tuple[zipfile.ZipInfo, PurePosixPath, bytes]]:
+    """Each importable file of the wheels: its entry, where it goes, its bytes."""
+    seen: dict[PurePosixPath, str] = {}
+    total = 0
+    for package in packages:
+        with zipfile.ZipFile(wheels / package.wheel) as wheel:
+            for member in wheel.infolist():
+                relative = _destination(member, package.wheel)
+                if relative is None:
+                    continue
+                if relative in seen:
+                    raise BuildError(
+                        f"wheels {seen[relative]} and {package.wheel} both hold {relative}"
+                    )
+                seen[relative] = package.wheel
+                total += member.file_size
+                if total > MAX_UNPACKED_BYTES:
+                    raise BuildError(
+                        f"the packages unpack to over {MAX_UNPACKED_BYTES // 2**20} MiB"
+                    )
+                yield member, relative, wheel.read(member)
+
+
+def _destination(member: zipfile.ZipInfo, wheel: str) -> PurePosixPath | None:
+    """Where a wheel's member is installed, relative to site-packages; None for a
+    directory or a part that is not importable. Raises BuildError for an unsafe one."""
+    name = member.filename
+    if member.is_dir():
+        return None
+    path = PurePosixPath(name)
+    unsafe = (
+        path.is_absolute()
+        or "\\" in name
+        or "\0" in name
+        or ":" in path.parts[0]
+        or any(part in ("", ".", "..") for part in name.split("/"))
+        or stat.S_ISLNK(member.external_attr >> 16)
+    )
+    if unsafe:
+        raise BuildError(f"wheel {wheel} holds an unsafe member {name!r}: refused")
+    first = path.parts[0]
+    if first.endswith(".data") and len(path.parts) > 2:
+        if path.parts[1] not in _IMPORTABLE_DATA:
+            return None
+        return PurePosixPath(*path.parts[2:])
+    if first.endswith(".data"):
+        return None
+    return path
+
+
+def project_names(packages: Iterable[LockedPackage]) -> dict[str, str]:
+    """The packages' versions by canonical project name, sorted, for display."""
+    return {str(canonicalize_name(p.name)): p.version for p in sorted(packages, key=_by_name)}
+
+
+def _by_name(package: LockedPackage) -> str:
+    return str(canonicalize_name(package.name))

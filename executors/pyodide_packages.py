@@ -1,0 +1,100 @@
+"""The zip the Pyodide interpreters import the operator's packages from.
+
+Pyodide's interpreters read no file: the host hands each one, as bytes, the zip of the
+time-zone data that `PREPARE` puts on `sys.path` (see shims/pyodide_boot.js). With
+packages configured, that zip also holds their files (see `packages`), compiled by
+CPython 3.14 as the wasm-python guest's are (`wasm_guests.compile_packages`: Pyodide's
+bytecode is the same version's), so they are imported with `zipimport` from the
+interpreter's memory without compiling, and the memory snapshot, keyed by the zip's
+bytes, is built again for them. Without packages the plain
+time-zone zip is used as it always was.
+
+The zip is `packages-<key>.zip` beside Pyodide, keyed by the requirements, the Python
+version, the time-zone zip and the compiler, with its lock file beside it; made once, in a temporary
+directory renamed into place. Zips of other lists are left alone: another daemon may
+share the directory.
+
+Blocking (pip runs): call `ensure_packages_zip` in a worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from conduit.executors.packages import (
+    LockedPackage,
+    download,
+    extract_wheels,
+    read_lock,
+    requirements_key,
+    write_lock,
+    zip_directory,
+)
+from conduit.executors.wasm_build import BuildError
+from conduit.executors.wasm_guests import PACKAGES_DIR, compile_packages, packages_compiler
+
+__all__ = ["ensure_packages_zip", "python_version"]
+
+# Enough of the key's digest in a file name to tell builds apart.
+KEY_CHARS = 16
+# Where an interpreter finds the zip (shims/pyodide_boot.js): what tracebacks name.
+SITE_ZIP = "/lib/site-packages.zip"
+_PYTHON = re.compile(r"^(\d+\.\d+)(\.\d+)?$")
+
+
+def python_version(pyodide_dir: Path) -> str:
+    """The Python version ("3.14") of the Pyodide in `pyodide_dir`, from its lock file.
+
+    Raises BuildError if it does not say."""
+    try:
+        info = json.loads((pyodide_dir / "pyodide-lock.json").read_text(encoding="utf-8"))["info"]
+        found = _PYTHON.match(info["python"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BuildError(f"Pyodide's lock file gives no Python version: {exc}") from None
+    if found is None:
+        raise BuildError(f"Pyodide's lock file gives no Python version: {info['python']!r}")
+    return found.group(1)
+
+
+def ensure_packages_zip(
+    install_dir: Path, requirements: Sequence[str], python: str, time_zones: Path
+) -> tuple[Path, tuple[LockedPackage, ...]]:
+    """The zip of the time zones and the packages `requirements` resolve to, and those
+    packages; made in `install_dir` if it is not there yet.
+
+    Raises BuildError as `packages.download` does, or if a package's files clash with
+    the time zones'.
+    """
+    inputs = (python, time_zones.name, *packages_compiler())
+    key = requirements_key(requirements, *inputs)[:KEY_CHARS]
+    target = install_dir / f"packages-{key}.zip"
+    lock = target.with_suffix(".lock.json")
+    if target.is_file() and lock.is_file():
+        return target.resolve(), read_lock(lock)
+    work = Path(tempfile.mkdtemp(prefix=".packages-", dir=install_dir))
+    try:
+        wheels = work / "wheels"
+        wheels.mkdir()
+        packages = download(requirements, python, wheels)
+        extract_wheels(wheels, packages, work / PACKAGES_DIR)
+        # Imported from a zip, modules would be compiled in every interpreter, each time.
+        compile_packages(work, SITE_ZIP, legacy=True)
+        staged = work / "site.zip"
+        with zipfile.ZipFile(time_zones) as zones, zipfile.ZipFile(staged, "w") as out:
+            for entry in zones.infolist():
+                out.writestr(entry, zones.read(entry))
+            zip_directory(work / PACKAGES_DIR, out, taken=frozenset(zones.namelist()))
+        write_lock(work / "lock.json", requirements, python, packages)
+        # The zip first: a lock names a zip that is complete.
+        os.replace(staged, target)
+        os.replace(work / "lock.json", lock)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target.resolve(), tuple(packages)
