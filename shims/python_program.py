@@ -32,6 +32,7 @@ import ast
 import contextlib
 import errno
 import io
+import itertools
 import json
 import linecache
 import sys
@@ -39,8 +40,13 @@ import time
 import traceback
 
 # The file name the program's code is compiled under: its frames are the ones a
-# traceback keeps.
+# traceback keeps. A session's steps are "<step N>" instead: a function an earlier
+# step defined shows that step's lines, as a notebook shows its cells.
 PROGRAM_FILE = "<program>"
+STEP_FILE = "<step {}>"
+# A session keeps the sources of its last STEPS_KEPT steps for its tracebacks; an
+# older step's frames are shown without their lines.
+STEPS_KEPT = 64
 PROGRAM_FUNCTION = "__conduit_program__"
 # Where the value of the last expression goes when the program has no `return`.
 RESULT_NAME = "__conduit_result__"
@@ -55,6 +61,10 @@ SLEEP_SLACK_S = 0.05
 _SLEEP = time.sleep
 # The module namespace every session step runs in (see the docstring).
 _SESSION_SCOPE = {}
+# The session's step numbers, and the file names of the steps whose sources are in
+# linecache, oldest first.
+_STEPS = itertools.count(1)
+_STEP_FILES = []
 # The exit codes a process can report (a C int); a code beyond them is reported as
 # EXIT_CODE_UNFIT, as CPython reports one it cannot convert.
 EXIT_CODE_MIN, EXIT_CODE_MAX = -(2**31), 2**31 - 1
@@ -244,7 +254,7 @@ def _returns_at_top(body):
     return False
 
 
-def _prepare(code, allow_await):
+def _prepare(code, allow_await, filename=PROGRAM_FILE):
     """The program compiled so its result can be read back.
 
     Without a top-level `return`, it runs as a module whose last expression is
@@ -252,7 +262,7 @@ def _prepare(code, allow_await):
     where `await` is allowed), the last expression becomes a `return`, and the module
     calls it. Nodes keep their locations, so tracebacks show the user's own lines.
     """
-    tree = ast.parse(code, PROGRAM_FILE, "exec")
+    tree = ast.parse(code, filename, "exec")
     body = tree.body
     last = body[-1] if body else None
     if _returns_at_top(body):
@@ -276,12 +286,12 @@ def _prepare(code, allow_await):
         body[-1] = ast.copy_location(assign, last)
     ast.fix_missing_locations(tree)
     flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT if allow_await else 0
-    return compile(tree, PROGRAM_FILE, "exec", flags=flags, dont_inherit=True)
+    return compile(tree, filename, "exec", flags=flags, dont_inherit=True)
 
 
 def _user_traceback(exc):
     """The traceback of `exc` with only the program's own frames."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == PROGRAM_FILE]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if _is_program(f.filename)]
     if any(f.name == PROGRAM_FUNCTION for f in frames):
         # The call that wraps a program with a top-level `return` is not the user's.
         frames = [f for f in frames if f.name != "<module>"]
@@ -289,6 +299,24 @@ def _user_traceback(exc):
     lines += traceback.format_list(frames)
     lines += traceback.format_exception_only(type(exc), exc)
     return "".join(lines)
+
+
+def _is_program(filename):
+    return filename == PROGRAM_FILE or (filename.startswith("<step ") and filename.endswith(">"))
+
+
+def _program_file(code, *, session):
+    """The file name to compile `code` under, its source kept for tracebacks: a
+    session's next step file (forgetting the oldest past STEPS_KEPT), else
+    PROGRAM_FILE."""
+    filename = PROGRAM_FILE
+    if session:
+        filename = STEP_FILE.format(next(_STEPS))
+        _STEP_FILES.append(filename)
+        if len(_STEP_FILES) > STEPS_KEPT:
+            linecache.cache.pop(_STEP_FILES.pop(0), None)
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    return filename
 
 
 def error_answer(exc, *, syntax=False):
@@ -348,13 +376,13 @@ def _result_answer(value):
 def _start(request, host_call, allow_await, scope):
     """The compiled program and its globals, or the answer reporting why it cannot run."""
     code = request["code"]
-    linecache.cache[PROGRAM_FILE] = (len(code), None, code.splitlines(True), PROGRAM_FILE)
+    filename = _program_file(code, session=bool(request.get("session")))
     write_whole()
     if request.get("live_output"):
         _flush_lines()
     bound_sleep(request.get("timeout_ms", 0) / 1000)
     try:
-        program = _prepare(code, allow_await)
+        program = _prepare(code, allow_await, filename)
     except SyntaxError as exc:
         return None, None, error_answer(exc, syntax=True)
     if scope is None:

@@ -158,6 +158,24 @@ async def test_an_exception_keeps_the_session_and_a_timeout_says_whether_it_rese
         await client.call("sessions/close", {"session_id": session_id})
 
 
+@pytest.mark.parametrize("executor", ["wasm-python", "pyodide"])
+async def test_a_python_traceback_shows_each_frames_own_step(
+    shared: Served[ServingInfo], connect: Any, executor: str
+) -> None:
+    client = await connect(shared.value)
+    session_id = await create(client, executor)
+    try:
+        await step(client, session_id, "def fail(n):\n    raise ValueError(f'bad {n}')\n")
+        await step(client, session_id, "x = 1")
+        failed = await step(client, session_id, "# the third step\nfail(3)")
+        assert failed["status"] == "error", failed
+        traceback = failed["error"]["traceback"]
+        assert 'File "<step 3>", line 2, in <module>\n    fail(3)' in traceback, traceback
+        assert 'File "<step 1>", line 2, in fail\n    raise ValueError' in traceback, traceback
+    finally:
+        await client.call("sessions/close", {"session_id": session_id})
+
+
 @pytest.mark.parametrize("executor", ["wasm-python", "deno"])
 async def test_sessions_do_not_see_each_other(
     shared: Served[ServingInfo], connect: Any, executor: str
