@@ -225,6 +225,10 @@ class _Execution:
     files: list[FileData] = field(default_factory=list)
     # Serves the guest's `fs/*` calls, while it runs (a guest without WASI files).
     guest_files: GuestFiles | None = None
+    # Whether what its runner does after the answer is work nobody waits for (closing
+    # a fresh instance: see `thread_priority`); a session's runner only waits for its
+    # next step, which it would then start in the idle class, a syscall later.
+    idle_after: bool = True
 
     @property
     def queue_left_s(self) -> float:
@@ -920,7 +924,8 @@ class WasmExecutor:
         execution.output_closed = True
         with contextlib.suppress(trio.RunFinishedError):
             execution.token.run_sync_soon(execution.answer, answer)
-        thread_priority.background()  # nobody waits for the rest
+        if execution.idle_after:
+            thread_priority.background()  # nobody waits for the rest
 
     def _close(self, instance: Instance) -> None:
         try:
@@ -1029,6 +1034,7 @@ class WasmExecutor:
         cap, with the job's own time, output and tool limits."""
         self._check(job)
         execution, capture = self._execution_for(job, bridge, session.spec.memory_mb)
+        execution.idle_after = False
         session.disk_bytes = execution.disk_bytes
         if session.spec.principal is not None:
             execution.principal = session.spec.principal

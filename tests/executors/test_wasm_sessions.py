@@ -326,3 +326,17 @@ async def test_stopping_the_executor_ends_its_open_sessions(
             session = await _open(executor)
             assert (await step(session, "x = 1\nx")).result == 1
             nursery.cancel_scope.cancel()
+
+
+async def test_a_sessions_runner_waits_for_its_next_step_in_the_usual_class(
+    py_session: ExecutorSession,
+) -> None:
+    # Idling a runner is for the teardown after a fresh execution's answer; a session's
+    # runner has none, and would start its next step from the idle class.
+    assert isinstance(py_session, WasmSession)
+    for _ in range(2):
+        outcome = await step(py_session, "x = 1")
+        assert outcome.status is Status.OK, outcome.error
+        assert py_session.runner is not None
+        priority = py_session.runner._priority
+        assert priority is not None and not priority.lowered
