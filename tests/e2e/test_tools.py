@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,9 +15,12 @@ import trio
 
 from conduit.core.errors import Forbidden, InvalidParams, NotFound, Unauthenticated
 from conduit.daemon.auth import hash_token
-from tests.conftest import MASTER_TOKEN, RawClient
+from conduit.daemon.config import load_config
+from conduit.daemon.server import Daemon, ServingInfo
+from tests.conftest import MASTER_TOKEN, WAIT_S, RawClient, link_wasm_cache
 from tests.e2e.helpers import execute, wait_upstreams
 from tests.fixtures.mcp_echo_server import command as echo_command
+from tests.served import Served, serving_in_a_thread
 
 ECHO = {
     "name": "echo",
@@ -42,8 +48,50 @@ async def tooled(start_daemon: Any, connect: Any) -> Callable[..., Any]:
     return start
 
 
-async def test_programs_call_upstream_tools_through_the_sdk(tooled: Any) -> None:
-    _, _, client = await tooled()
+@pytest.fixture(scope="module")
+def shared_daemon(
+    tmp_path_factory: pytest.TempPathFactory, wasm_cache: Path
+) -> Iterator[Served[ServingInfo]]:
+    """One daemon with both upstreams for a module's tests that change nothing of it
+    (no config of their own, no upstream killed): each starts ~3 s of CPU, upstreams
+    and sandboxes included. Served in a thread of its own."""
+    root = tmp_path_factory.mktemp("tools")
+    link_wasm_cache(root / "state", wasm_cache)
+    socket_dir = Path(tempfile.mkdtemp(prefix="cd-", dir="/tmp"))  # socket paths are short
+    settings = {
+        "server.socket": str(socket_dir / "conduit.sock"),
+        "server.state_dir": str(root / "state"),
+        "auth.token": MASTER_TOKEN,
+        "executors.deno.pool_size": 1,
+        "metrics.listen": "127.0.0.1:0",
+        "upstreams": [ECHO, TIME],
+    }
+    config = load_config(environ={}, overrides=settings)
+
+    async def start(nursery: trio.Nursery) -> ServingInfo:
+        daemon = Daemon(config)
+        with trio.fail_after(WAIT_S):
+            info: ServingInfo = await nursery.start(daemon.serve)
+            await daemon.registry.wait_ready()
+            await wait_upstreams(daemon, "echo", "time")
+        return info
+
+    try:
+        with serving_in_a_thread(start) as served:
+            yield served
+    finally:
+        shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+@pytest.fixture
+async def shared(shared_daemon: Served[ServingInfo], connect: Any) -> RawClient:
+    """A connection of the test's own to the module's `shared_daemon`."""
+    client: RawClient = await connect(shared_daemon.value)
+    return client
+
+
+async def test_programs_call_upstream_tools_through_the_sdk(shared: RawClient) -> None:
+    client = shared
     code = """
 const said = await tools.echo.echo({ text: "hi" });
 const sum = await tools.echo.add({ a: 2, b: 3 });
@@ -56,8 +104,8 @@ return { said, sum, tz: now.timezone };
     assert result["tool_calls"] == 3
 
 
-async def test_tool_errors_throw_tool_error_with_code_and_tool(tooled: Any) -> None:
-    _, _, client = await tooled()
+async def test_tool_errors_throw_tool_error_with_code_and_tool(shared: RawClient) -> None:
+    client = shared
     code = """
 const caught = [];
 for (const attempt of [
@@ -79,8 +127,8 @@ return caught;
     assert "echo.no_such_tool" in missing["message"]
 
 
-async def test_allowlist_limits_what_a_program_sees_and_calls(tooled: Any) -> None:
-    _, _, client = await tooled()
+async def test_allowlist_limits_what_a_program_sees_and_calls(shared: RawClient) -> None:
+    client = shared
     code = """
 const listed = (await tools.$discover()).map((t) => [t.id, t.path]);
 let refused;
@@ -95,8 +143,8 @@ return { listed, echoed: await tools.echo.echo({ text: "ok" }), refused };
     }
 
 
-async def test_bad_allowlist_pattern_is_a_params_error(tooled: Any) -> None:
-    _, _, client = await tooled()
+async def test_bad_allowlist_pattern_is_a_params_error(shared: RawClient) -> None:
+    client = shared
     reply = await client.request(
         "execute", {"language": "typescript", "code": "1", "allowed_tools": ["ech*"]}
     )
@@ -122,8 +170,8 @@ async def test_rate_limit_never_applies_to_tool_calls(tooled: Any) -> None:
     assert (await execute(client, code))["result"] == "done"
 
 
-async def test_tool_call_limit_stops_the_program_and_keeps_its_output(tooled: Any) -> None:
-    _, _, client = await tooled()
+async def test_tool_call_limit_stops_the_program_and_keeps_its_output(shared: RawClient) -> None:
+    client = shared
     code = "for (let i = 0; ; i++) { console.log(i); await tools.echo.echo({ text: 'x' }); }"
     result = await execute(client, code, limits={"tool_calls": 3})
     assert result["status"] == "tool_limit", result
@@ -152,8 +200,8 @@ async def test_upstreams_do_not_see_the_daemons_environment(
     assert "s3cret-value" not in json.dumps(result)
 
 
-async def test_discovery_methods_for_agents(tooled: Any) -> None:
-    _, _, client = await tooled()
+async def test_discovery_methods_for_agents(shared: RawClient) -> None:
+    client = shared
     listed = await client.call("tools/list")
     names = {tool["name"] for tool in listed["tools"]}
     assert {"execute_typescript", "echo__echo", "echo__add", "time__get_current_time"} <= names
@@ -175,8 +223,8 @@ async def test_discovery_methods_for_agents(tooled: Any) -> None:
     }
 
 
-async def test_clients_call_upstream_tools_directly(tooled: Any) -> None:
-    _, _, client = await tooled()
+async def test_clients_call_upstream_tools_directly(shared: RawClient) -> None:
+    client = shared
     result = await client.call("tools/call", {"name": "echo__add", "arguments": {"a": 1, "b": 2}})
     assert result["structuredContent"] == {"sum": 3}
     seed = await client.call("mcp.callTool", {"name": "echo.echo", "arguments": {"text": "s"}})
@@ -260,8 +308,10 @@ catch (e) {{ return e.name; }}
     assert (await execute(client, code))["result"] == "NotCapable"
 
 
-async def test_concurrent_calls_share_one_connection_and_come_back_matched(tooled: Any) -> None:
-    _, _, client = await tooled()
+async def test_concurrent_calls_share_one_connection_and_come_back_matched(
+    shared: RawClient,
+) -> None:
+    client = shared
     code = "await Promise.all([...Array(20).keys()].map((i) => tools.echo.add({ a: i, b: 100 })))"
     result = await execute(client, code)
     assert [item["sum"] for item in result["result"]] == [100 + i for i in range(20)]
@@ -281,8 +331,8 @@ return {"said": said, "sum": summed, "failed": failed, "has_echo": "echo.echo" i
 """
 
 
-async def test_python_programs_call_tools_synchronously(tooled: Any) -> None:
-    _, _, client = await tooled()
+async def test_python_programs_call_tools_synchronously(shared: RawClient) -> None:
+    client = shared
     result = await client.call("execute", {"language": "python", "code": PYTHON_TOOLS_PROGRAM})
     assert result["status"] == "ok", result
     assert result["result"] == {

@@ -11,7 +11,8 @@ import pytest
 import trio
 
 from conduit.core.errors import Forbidden
-from tests.e2e.test_tools import tooled  # noqa: F401 (a fixture)
+from tests.conftest import RawClient
+from tests.e2e.test_tools import shared, shared_daemon, tooled  # noqa: F401 (fixtures)
 
 ON_BOTH = [
     # Tool calls and their values.
@@ -51,8 +52,8 @@ async def run(client: Any, code: str, executor: str, **params: Any) -> dict[str,
 
 
 @pytest.mark.parametrize("code", ON_BOTH)
-async def test_programs_get_the_same_answers_as_on_deno(tooled: Any, code: str) -> None:  # noqa: F811
-    _, _, client = await tooled()
+async def test_programs_get_the_same_answers_as_on_deno(shared: RawClient, code: str) -> None:  # noqa: F811
+    client = shared
     on_wasm = await run(client, code, "wasm-js")
     on_deno = await run(client, code, "deno")
     assert on_wasm["status"] == "ok", on_wasm
@@ -61,23 +62,23 @@ async def test_programs_get_the_same_answers_as_on_deno(tooled: Any, code: str) 
     assert on_wasm["tool_calls"] == on_deno["tool_calls"]
 
 
-async def test_javascript_defaults_to_wasm_js_and_calls_tools(tooled: Any) -> None:  # noqa: F811
-    _, _, client = await tooled()
+async def test_javascript_defaults_to_wasm_js_and_calls_tools(shared: RawClient) -> None:  # noqa: F811
+    client = shared
     code = "const r = await tools.echo.add({ a: 40, b: 2 });\nr.sum"
     result = await client.call("execute", {"language": "javascript", "code": code})
     assert (result["executor"], result["result"], result["tool_calls"]) == ("wasm-js", 42, 1)
 
 
-async def test_tool_errors_carry_the_daemon_codes(tooled: Any) -> None:  # noqa: F811
-    _, _, client = await tooled()
+async def test_tool_errors_carry_the_daemon_codes(shared: RawClient) -> None:  # noqa: F811
+    client = shared
     result = await run(client, ON_BOTH[1], "wasm-js")
     failed, missing = result["result"]
     assert failed["code"] == -32007 and failed["tool"] == "echo__fail"
     assert missing["code"] == Forbidden.code and missing["name"] == "ToolError"
 
 
-async def test_the_allowlist_binds_the_program(tooled: Any) -> None:  # noqa: F811
-    _, _, client = await tooled()
+async def test_the_allowlist_binds_the_program(shared: RawClient) -> None:  # noqa: F811
+    client = shared
     code = """
 const listed = (await tools.$discover()).map((t) => t.path);
 let refused;
@@ -89,9 +90,9 @@ return { listed, echoed: await tools.echo.echo({ text: "ok" }), refused };
 
 
 async def test_the_tool_call_limit_stops_the_program_and_keeps_its_output(
-    tooled: Any,  # noqa: F811
+    shared: RawClient,  # noqa: F811
 ) -> None:
-    _, _, client = await tooled()
+    client = shared
     code = "for (let i = 0; ; i++) { console.log(i); await tools.echo.echo({ text: 'x' }); }"
     result = await run(client, code, "wasm-js", limits={"tool_calls": 3})
     assert result["status"] == "tool_limit", result
