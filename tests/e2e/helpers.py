@@ -8,18 +8,23 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from tests.conftest import RawClient
+from conduit.daemon.config import load_config
+from conduit.daemon.server import Daemon, ServingInfo
+from tests.conftest import MASTER_TOKEN, WAIT_S, RawClient
+from tests.served import Served, serving_in_a_thread
 
 CONDUIT = str(Path(sys.executable).parent / "conduit")
 START_TIMEOUT_S = 30
@@ -161,3 +166,39 @@ async def wait_upstreams(
             if set(names) <= reached.keys():
                 return [reached[name] for name in names]
             await trio.sleep(0.05)  # nothing announces a state change to the daemon's owner
+
+
+@contextmanager
+def daemon_in_a_thread(
+    state_dir: Path, settings: dict[str, Any], *, upstreams: tuple[str, ...] = ()
+) -> Iterator[Served[ServingInfo]]:
+    """A real daemon for a module's tests, served in a thread of its own: its state in
+    `state_dir` (give it the session's builds first), its socket in a short directory
+    of its own, the master token, a free metrics port, and `settings` (dotted keys) on
+    top. Yields once its executors are ready and the `upstreams` named are up."""
+    socket_dir = Path(tempfile.mkdtemp(prefix="cd-", dir="/tmp"))  # socket paths are short
+    config = load_config(
+        environ={},
+        overrides={
+            "server.socket": str(socket_dir / "conduit.sock"),
+            "server.state_dir": str(state_dir),
+            "auth.token": MASTER_TOKEN,
+            "metrics.listen": "127.0.0.1:0",
+            **settings,
+        },
+    )
+
+    async def start(nursery: trio.Nursery) -> ServingInfo:
+        daemon = Daemon(config)
+        with trio.fail_after(WAIT_S):
+            info: ServingInfo = await nursery.start(daemon.serve)
+            await daemon.registry.wait_ready()
+        if upstreams:
+            await wait_upstreams(daemon, *upstreams)
+        return info
+
+    try:
+        with serving_in_a_thread(start) as served:
+            yield served
+    finally:
+        shutil.rmtree(socket_dir, ignore_errors=True)

@@ -7,8 +7,6 @@ daemon, served in a thread of its own; each talks to it on connections of its ow
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,12 +14,11 @@ from typing import Any
 import pytest
 import trio
 
-from conduit.daemon.config import load_config
-from conduit.daemon.server import Daemon, ServingInfo
-from tests.conftest import MASTER_TOKEN, WAIT_S, link_wasm_cache
-from tests.e2e.helpers import wait_upstreams
+from conduit.daemon.server import ServingInfo
+from tests.conftest import WAIT_S, link_wasm_cache
+from tests.e2e.helpers import daemon_in_a_thread
 from tests.e2e.test_tools import ECHO, PYTHON_TOOLS_PROGRAM, TIME
-from tests.served import Served, serving_in_a_thread
+from tests.served import Served
 
 pytestmark = pytest.mark.slow
 
@@ -42,34 +39,16 @@ def shared(
 ) -> Iterator[Served[ServingInfo]]:
     """A daemon with the echo and time upstreams and one Pyodide worker process, as the
     `start_daemon` fixture makes them; what it serves is where it listens."""
-    root = tmp_path_factory.mktemp("pyodide-tools")
-    link_wasm_cache(root / "state", wasm_cache)
-    share_install(root / "state", pyodide_install)
-    socket_dir = Path(tempfile.mkdtemp(prefix="cd-", dir="/tmp"))  # socket paths are short
+    state = tmp_path_factory.mktemp("pyodide-tools") / "state"
+    link_wasm_cache(state, wasm_cache)
+    share_install(state, pyodide_install)
     settings = {
-        "server.socket": str(socket_dir / "conduit.sock"),
-        "server.state_dir": str(root / "state"),
-        "auth.token": MASTER_TOKEN,
         "executors.deno.pool_size": 1,
         "executors.pyodide": {"enabled": True, "pool_size": 1},
-        "metrics.listen": "127.0.0.1:0",
         "upstreams": [ECHO, TIME],
     }
-    config = load_config(environ={}, overrides=settings)
-
-    async def start(nursery: trio.Nursery) -> ServingInfo:
-        daemon = Daemon(config)
-        with trio.fail_after(WAIT_S):
-            info: ServingInfo = await nursery.start(daemon.serve)
-            await daemon.registry.wait_ready()
-        await wait_upstreams(daemon, "echo", "time")
-        return info
-
-    try:
-        with serving_in_a_thread(start) as served:
-            yield served
-    finally:
-        shutil.rmtree(socket_dir, ignore_errors=True)
+    with daemon_in_a_thread(state, settings, upstreams=("echo", "time")) as served:
+        yield served
 
 
 async def test_the_same_python_source_runs_unchanged_on_pyodide(

@@ -8,8 +8,6 @@ of its own; each test talks to it on connections of its own.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,11 +17,11 @@ import trio
 
 from conduit.core.errors import InvalidParams, NotFound, Overloaded
 from conduit.daemon.auth import hash_token, new_token
-from conduit.daemon.config import load_config
-from conduit.daemon.server import Daemon, ServingInfo
-from tests.conftest import MASTER_TOKEN, WAIT_S, RawClient, link_wasm_cache
+from conduit.daemon.server import ServingInfo
+from tests.conftest import WAIT_S, RawClient, link_wasm_cache
+from tests.e2e.helpers import daemon_in_a_thread
 from tests.e2e.test_pyodide_tools import share_install
-from tests.served import Served, serving_in_a_thread
+from tests.served import Served
 
 PER_PRINCIPAL = 4
 BOB_TOKEN = new_token()
@@ -62,34 +60,17 @@ SPIN["typescript"] = SPIN["javascript"]
 def shared(
     tmp_path_factory: pytest.TempPathFactory, wasm_cache: Path, pyodide_install: Path
 ) -> Iterator[Served[ServingInfo]]:
-    root = tmp_path_factory.mktemp("sessions")
-    link_wasm_cache(root / "state", wasm_cache)
-    share_install(root / "state", pyodide_install)
-    socket_dir = Path(tempfile.mkdtemp(prefix="cd-", dir="/tmp"))  # socket paths are short
+    state = tmp_path_factory.mktemp("sessions") / "state"
+    link_wasm_cache(state, wasm_cache)
+    share_install(state, pyodide_install)
     settings = {
-        "server.socket": str(socket_dir / "conduit.sock"),
-        "server.state_dir": str(root / "state"),
-        "auth.token": MASTER_TOKEN,
         "auth.clients": [BOB],
         "executors.deno.pool_size": 1,
         "executors.pyodide": {"enabled": True, "pool_size": 1},
         "sessions.max_per_principal": PER_PRINCIPAL,
-        "metrics.listen": "127.0.0.1:0",
     }
-    config = load_config(environ={}, overrides=settings)
-
-    async def start(nursery: trio.Nursery) -> ServingInfo:
-        daemon = Daemon(config)
-        with trio.fail_after(WAIT_S):
-            info: ServingInfo = await nursery.start(daemon.serve)
-            await daemon.registry.wait_ready()
-        return info
-
-    try:
-        with serving_in_a_thread(start) as served:
-            yield served
-    finally:
-        shutil.rmtree(socket_dir, ignore_errors=True)
+    with daemon_in_a_thread(state, settings) as served:
+        yield served
 
 
 async def create(client: RawClient, executor: str, **params: Any) -> str:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,12 +13,11 @@ import trio
 
 from conduit.core.errors import Forbidden, InvalidParams, NotFound, Unauthenticated
 from conduit.daemon.auth import hash_token
-from conduit.daemon.config import load_config
-from conduit.daemon.server import Daemon, ServingInfo
-from tests.conftest import MASTER_TOKEN, WAIT_S, RawClient, link_wasm_cache
-from tests.e2e.helpers import execute, wait_upstreams
+from conduit.daemon.server import ServingInfo
+from tests.conftest import MASTER_TOKEN, RawClient, link_wasm_cache
+from tests.e2e.helpers import daemon_in_a_thread, execute, wait_upstreams
 from tests.fixtures.mcp_echo_server import command as echo_command
-from tests.served import Served, serving_in_a_thread
+from tests.served import Served
 
 ECHO = {
     "name": "echo",
@@ -54,33 +51,12 @@ def shared_daemon(
 ) -> Iterator[Served[ServingInfo]]:
     """One daemon with both upstreams for a module's tests that change nothing of it
     (no config of their own, no upstream killed): each starts ~3 s of CPU, upstreams
-    and sandboxes included. Served in a thread of its own."""
-    root = tmp_path_factory.mktemp("tools")
-    link_wasm_cache(root / "state", wasm_cache)
-    socket_dir = Path(tempfile.mkdtemp(prefix="cd-", dir="/tmp"))  # socket paths are short
-    settings = {
-        "server.socket": str(socket_dir / "conduit.sock"),
-        "server.state_dir": str(root / "state"),
-        "auth.token": MASTER_TOKEN,
-        "executors.deno.pool_size": 1,
-        "metrics.listen": "127.0.0.1:0",
-        "upstreams": [ECHO, TIME],
-    }
-    config = load_config(environ={}, overrides=settings)
-
-    async def start(nursery: trio.Nursery) -> ServingInfo:
-        daemon = Daemon(config)
-        with trio.fail_after(WAIT_S):
-            info: ServingInfo = await nursery.start(daemon.serve)
-            await daemon.registry.wait_ready()
-            await wait_upstreams(daemon, "echo", "time")
-        return info
-
-    try:
-        with serving_in_a_thread(start) as served:
-            yield served
-    finally:
-        shutil.rmtree(socket_dir, ignore_errors=True)
+    and sandboxes included."""
+    state = tmp_path_factory.mktemp("tools") / "state"
+    link_wasm_cache(state, wasm_cache)
+    settings = {"executors.deno.pool_size": 1, "upstreams": [ECHO, TIME]}
+    with daemon_in_a_thread(state, settings, upstreams=("echo", "time")) as served:
+        yield served
 
 
 @pytest.fixture
