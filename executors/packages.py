@@ -36,6 +36,7 @@ import lzma
 import re
 import stat
 import sys
+import tempfile
 import zipfile
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
@@ -59,6 +60,7 @@ __all__ = [
     "RESOLUTION",
     "LockedPackage",
     "download",
+    "download_pinned",
     "extract_wheels",
     "parse_requirement",
     "project_names",
@@ -201,11 +203,34 @@ def download(
     raise _unsatisfied(needed[0], guest)
 
 
-def _pip_download(requirements: Sequence[str], python_version: str, dest: Path) -> None:
+def download_pinned(
+    pinned: Sequence[LockedPackage], python_version: str, dest: Path
+) -> list[LockedPackage]:
+    """Download exactly the wheels `pinned` names (a lock of an earlier resolution,
+    dependencies included) into `dest`, each checked against its SHA-256 by pip
+    (`--require-hashes`); what was downloaded. Raises BuildError if pip fails or
+    hands over anything else."""
+    dest = dest.resolve()
+    with tempfile.TemporaryDirectory(prefix="conduit-pins-") as directory:
+        pins = Path(directory) / "requirements.txt"
+        lines = [f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n" for p in pinned]
+        pins.write_text("".join(lines), encoding="utf-8")
+        options = ["--no-deps", "--require-hashes", "-r", str(pins)]
+        _pip_download([], python_version, dest, options)
+    packages = sorted((_locked(path) for path in dest.iterdir()), key=lambda p: p.name)
+    if packages != sorted(pinned, key=lambda p: p.name):
+        got = ", ".join(p.wheel for p in packages)
+        raise BuildError(f"pip downloaded {got}, which is not what the packages are pinned to")
+    return packages
+
+
+def _pip_download(
+    requirements: Sequence[str], python_version: str, dest: Path, options: Sequence[str] = ()
+) -> None:
     command = [sys.executable, "-m", "pip", "download", "--only-binary=:all:"]
     command += ["--platform", "any", "--abi", "none", "--python-version", python_version]
     command += ["--no-input", "--disable-pip-version-check", "--progress-bar", "off"]
-    command += ["--dest", str(dest), "--", *requirements]
+    command += ["--dest", str(dest), *options, "--", *requirements]
     try:
         run_tool("pip download", command, cwd=dest, timeout_s=PIP_TIMEOUT_S)
     except BuildError as exc:
@@ -281,6 +306,7 @@ def write_lock(
     lock = {
         "format": LOCK_FORMAT,
         "python": python_version,
+        "resolution": RESOLUTION,
         "requested": sorted(set(requirements)),
         "packages": [asdict(package) for package in packages],
     }

@@ -30,10 +30,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from conduit.executors.package_markers import GuestEnvironment
+from conduit.executors.package_pins import pins_path, resolve
 from conduit.executors.packages import (
     RESOLUTION,
     LockedPackage,
-    download,
     extract_wheels,
     read_lock,
     requirements_key,
@@ -95,7 +95,8 @@ def ensure_packages_zip(
         remove_abandoned(install_dir, WORK_PREFIX)
         work = Path(tempfile.mkdtemp(prefix=WORK_PREFIX, dir=install_dir))
         try:
-            packages = _build_zip(work, requirements, guest, time_zones)
+            pins = pins_path(install_dir, requirements, python)
+            packages = _build_zip(work, requirements, guest, time_zones, pins)
             # The zip first: a lock names a zip that is complete.
             os.replace(work / "site.zip", target)
             os.replace(work / "lock.json", lock)
@@ -105,13 +106,17 @@ def ensure_packages_zip(
 
 
 def _build_zip(
-    work: Path, requirements: Sequence[str], guest: GuestEnvironment, time_zones: Path
+    work: Path,
+    requirements: Sequence[str],
+    guest: GuestEnvironment,
+    time_zones: Path,
+    pins: Path,
 ) -> list[LockedPackage]:
-    """Make `work/site.zip` (the time zones and the packages) and `work/lock.json`;
-    what was downloaded."""
+    """Make `work/site.zip` (the time zones and the packages, downloaded as `pins`
+    says: see `package_pins`) and `work/lock.json`; what was downloaded."""
     wheels = work / "wheels"
     wheels.mkdir()
-    packages = download(requirements, guest, wheels)
+    packages = resolve(requirements, guest, wheels, pins)
     with zipfile.ZipFile(time_zones) as zones:
         taken = frozenset(zones.namelist())
     extract_wheels(wheels, packages, work / PACKAGES_DIR, taken=taken)

@@ -35,11 +35,11 @@ from pathlib import Path
 
 from conduit.executors.npm import install_locked, locked_version, node_tools
 from conduit.executors.package_markers import GuestEnvironment
+from conduit.executors.package_pins import pins_path, resolve
 from conduit.executors.packages import (
     LOCK_FILE,
     RESOLUTION,
     LockedPackage,
-    download,
     extract_wheels,
     requirements_key,
     write_lock,
@@ -190,7 +190,8 @@ def _build_python_packages(requirements: tuple[str, ...], work: Path, cache_dir:
         only_build_errors("building the packages"),
         tempfile.TemporaryDirectory(prefix=BUILD_PREFIX, dir=cache_dir) as staging,
     ):
-        unpacked, packages = _unpack_packages(requirements, Path(staging))
+        pins = pins_path(cache_dir, requirements, GUEST_PYTHON_VERSION)
+        unpacked, packages = _unpack_packages(requirements, Path(staging), pins)
         write_lock(work / LOCK_FILE, requirements, GUEST_PYTHON_VERSION, packages)
         _componentize_python(work, Path(PYTHON_PACKAGES_SOURCE).stem)
         _add_time_zones(work)
@@ -198,13 +199,13 @@ def _build_python_packages(requirements: tuple[str, ...], work: Path, cache_dir:
 
 
 def _unpack_packages(
-    requirements: tuple[str, ...], staging: Path
+    requirements: tuple[str, ...], staging: Path, pins: Path
 ) -> tuple[Path, list[LockedPackage]]:
-    """Download, unpack and compile the packages in `staging`: their directory, and
-    what was downloaded."""
+    """Download (as `pins` says, see `package_pins`), unpack and compile the packages
+    in `staging`: their directory, and what was downloaded."""
     wheels = staging / "wheels"
     wheels.mkdir()
-    packages = download(requirements, GUEST_PYTHON, wheels)
+    packages = resolve(requirements, GUEST_PYTHON, wheels, pins)
     extract_wheels(wheels, packages, staging / PACKAGES_DIR)
     shutil.rmtree(wheels)
     compile_packages(staging, GUEST_PACKAGES)

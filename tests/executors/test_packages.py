@@ -7,6 +7,7 @@ of a package with compiled code is what the refusal is made of.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.metadata
 import json
@@ -20,11 +21,12 @@ from packaging.markers import Marker
 from packaging.requirements import Requirement
 
 from conduit.core.errors import ExecutorUnavailable
+from conduit.executors import package_pins, wasm_guests
 from conduit.executors import packages as package_tools
-from conduit.executors import wasm_guests
 from conduit.executors.base import Job, Limits, Status
 from conduit.executors.caveats import MAX_LISTED_PACKAGES, installed_packages
 from conduit.executors.package_markers import GuestEnvironment, missing, read_installed
+from conduit.executors.package_pins import pins_path, resolve
 from conduit.executors.packages import (
     LockedPackage,
     download,
@@ -43,7 +45,12 @@ from conduit.executors.wasm_build import (
     only_build_errors,
     prune_superseded,
 )
-from conduit.executors.wasm_guests import GUEST_PYTHON, PYTHON_GUEST, python_guest
+from conduit.executors.wasm_guests import (
+    GUEST_PYTHON,
+    GUEST_PYTHON_VERSION,
+    PYTHON_GUEST,
+    python_guest,
+)
 from conduit.executors.wasm_python import WasmPythonExecutor
 from tests.daemon.fakes import FakeExecutor
 from tests.sandboxes import NoBridge
@@ -268,10 +275,10 @@ def _serve_a_spoilt_wheel(monkeypatch: pytest.MonkeyPatch) -> None:
     """The wasm-python build's pip download, replaced by one that hands over a wheel
     with a bad CRC."""
 
-    def download(requirements: object, guest: object, dest: Path) -> list[LockedPackage]:
+    def resolve(requirements: object, guest: object, dest: Path, pins: Path) -> list[LockedPackage]:
         return [spoilt_wheel(dest / EVIL_WHEEL, "crc")]
 
-    monkeypatch.setattr(wasm_guests, "download", download)
+    monkeypatch.setattr(wasm_guests, "resolve", resolve)
 
 
 async def test_a_malformed_wheel_leaves_one_executor_unavailable_and_the_rest_serving(
@@ -300,14 +307,14 @@ async def test_the_guest_build_never_has_the_packages_on_its_path(
     the build directory): the packages are unpacked elsewhere and moved in after."""
     seen: list[bool] = []
 
-    def download(requirements: object, guest: object, dest: Path) -> list[LockedPackage]:
+    def resolve(requirements: object, guest: object, dest: Path, pins: Path) -> list[LockedPackage]:
         return [make_wheel(dest / EVIL_WHEEL, {"evil/__init__.py": b""})]
 
     def componentize(work: Path, module: str, *args: str) -> None:
         seen.append((work / wasm_guests.PACKAGES_DIR).exists())
         (work / "guest.wasm").write_bytes(b"")
 
-    monkeypatch.setattr(wasm_guests, "download", download)
+    monkeypatch.setattr(wasm_guests, "resolve", resolve)
     monkeypatch.setattr(wasm_guests, "compile_packages", lambda *args, **kwargs: None)
     monkeypatch.setattr(wasm_guests, "_componentize_python", componentize)
     work = tmp_path / "work"
@@ -368,3 +375,37 @@ def test_a_source_only_package_is_not_said_to_have_compiled_code(tmp_path: Path)
     assert "package docopt==0.6.2 cannot be installed: it has no pure-Python wheel" in message
     assert "(only compiled wheels or a source distribution)" in message
     assert "compiled code" not in message
+
+
+# -- a rebuild gets the same wheels ------------------------------------------------------
+
+
+def test_a_rebuild_downloads_the_wheels_the_list_first_resolved_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unpinned requirement resolved once stays what it resolved to: a rebuild (new
+    build inputs) downloads the pinned wheels, by hash, and resolves nothing."""
+    pins = pins_path(tmp_path, ["six"], GUEST_PYTHON_VERSION)
+    first = _resolved_into(tmp_path / "first", ["six"], pins)
+    assert pins.is_file() and [p.name for p in first] == ["six"]
+
+    def resolved_again(*args: object) -> list[LockedPackage]:
+        raise AssertionError("resolved again")
+
+    monkeypatch.setattr(package_pins, "download", resolved_again)
+    assert _resolved_into(tmp_path / "again", ["six"], pins) == first
+    assert pins_path(tmp_path, ["six==1.17.0"], GUEST_PYTHON_VERSION) != pins
+
+
+def test_a_pinned_wheel_that_changed_fails_the_build(tmp_path: Path) -> None:
+    pins = pins_path(tmp_path, ["six"], GUEST_PYTHON_VERSION)
+    (six,) = _resolved_into(tmp_path / "first", ["six"], pins)
+    write_lock(pins, ["six"], GUEST_PYTHON_VERSION, [dataclasses.replace(six, sha256="0" * 64)])
+    with pytest.raises(BuildError, match="delete it to resolve the list afresh") as refused:
+        _resolved_into(tmp_path / "again", ["six"], pins)
+    assert "hash" in str(refused.value).lower()
+
+
+def _resolved_into(wheels: Path, requirements: list[str], pins: Path) -> list[LockedPackage]:
+    wheels.mkdir()
+    return resolve(requirements, GUEST_PYTHON, wheels, pins)

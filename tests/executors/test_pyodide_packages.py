@@ -79,10 +79,10 @@ async def test_a_package_with_compiled_code_makes_the_executor_unavailable(
 async def test_a_malformed_wheel_makes_the_executor_unavailable_naming_it(
     nursery: trio.Nursery, pyodide_install: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def download(requirements: object, guest: object, dest: Path) -> list[LockedPackage]:
+    def resolve(requirements: object, guest: object, dest: Path, pins: Path) -> list[LockedPackage]:
         return [spoilt_wheel(dest / EVIL_WHEEL, "crc")]
 
-    monkeypatch.setattr(pyodide_packages, "download", download)
+    monkeypatch.setattr(pyodide_packages, "resolve", resolve)
     executor = _executor(tmp_path, pyodide_install, "evil==1.0")
     await nursery.start(executor.serve)
     with trio.fail_after(LOAD_WAIT_S):
@@ -97,10 +97,10 @@ def test_a_killed_builds_directory_is_removed_by_the_next(
     """A build killed halfway leaves its `.packages-*` directory (up to the unpacked
     packages' limit); the next build removes it, and leaves a live build's alone."""
 
-    def download(requirements: object, guest: object, dest: Path) -> list[LockedPackage]:
+    def resolve(requirements: object, guest: object, dest: Path, pins: Path) -> list[LockedPackage]:
         raise BuildError("no index")
 
-    monkeypatch.setattr(pyodide_packages, "download", download)
+    monkeypatch.setattr(pyodide_packages, "resolve", resolve)
     abandoned, live = tmp_path / ".packages-killed", tmp_path / ".packages-live"
     for directory in (abandoned, live):
         (directory / "packages").mkdir(parents=True)
