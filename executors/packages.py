@@ -11,7 +11,8 @@ guest's (`package_markers`) and what pip left out is asked for. Each wheel's nam
 version and SHA-256 are written to a lock file kept with what was built, and read back
 (`read_lock`) for `conduit doctor` and the tools' descriptions: a restart with the
 build cached needs no network. The builds are keyed by the requested requirements
-(`requirements_key`), not by what they resolved to.
+(`requirements_key`), not by what they resolved to; `package_pins` keeps a list's
+first resolution so that a rebuild downloads the same wheels (`download_pinned`).
 
 The wheels' files reach the guest through `extract_wheels`, then as that directory or
 zipped (`zip_directory`, for `zipimport`); it takes only the importable part of a
@@ -108,7 +109,7 @@ _IMPORTABLE_DATA = frozenset({"purelib", "platlib"})
 # that compiles the packages has them in: a config that changes the build, native
 # libraries it links in. No pure-Python wheel needs them.
 _BUILD_CONFIG = "componentize-py.toml"
-_NATIVE = re.compile(r".*\.(so(\..*)?|pyd|dylib)", re.IGNORECASE)
+_NATIVE = re.compile(r".*\.(so(\.[0-9][0-9.]*)?|pyd|dylib)", re.IGNORECASE)
 # What reading a malformed or unsupported zip raises.
 _ZIP_ERRORS = (
     zipfile.BadZipFile,
@@ -391,7 +392,7 @@ def _members(
             total_members += len(members)
             if total_members > MAX_MEMBERS:
                 raise BuildError(
-                    f"wheel {package.wheel} takes the packages past {MAX_MEMBERS} files: refused"
+                    f"wheel {package.wheel} takes the packages past {MAX_MEMBERS} members: refused"
                 )
             for member in members:
                 relative = _destination(member, package.wheel)

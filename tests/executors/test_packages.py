@@ -232,6 +232,7 @@ def test_a_malformed_wheel_is_refused_by_name(tmp_path: Path, how: str) -> None:
         "componentize-py.toml",
         "evil/_speedups.cpython-314-wasm32-wasi.so",
         "evil/libz.so.1",
+        "evil/libz.so.1.2.13",
         "evil/_speedups.pyd",
         "evil/_speedups.dylib",
         "evil-1.0.data/purelib/evil/Componentize-Py.toml",
@@ -246,13 +247,22 @@ def test_a_build_config_or_native_library_is_refused(tmp_path: Path, member: str
     assert not any((tmp_path / "site").rglob("*.toml"))
 
 
+def test_a_module_named_like_a_library_is_not(tmp_path: Path) -> None:
+    members = {"evil/iso.so.py": b"", "evil/also.py": b"", "evil/sopy.py": b""}
+    package = make_wheel(tmp_path / EVIL_WHEEL, members)
+    extract_wheels(tmp_path, [package], tmp_path / "site")
+    assert sorted(p.name for p in (tmp_path / "site" / "evil").iterdir()) == sorted(
+        name.split("/")[1] for name in members
+    )
+
+
 def test_a_wheel_of_too_many_members_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(package_tools, "MAX_MEMBERS", 3)
     members = {f"evil/m{i}.py": b"" for i in range(5)}
     package = make_wheel(tmp_path / EVIL_WHEEL, members)
-    with pytest.raises(BuildError, match=rf"wheel {EVIL_WHEEL} takes the packages past 3 files"):
+    with pytest.raises(BuildError, match=rf"wheel {EVIL_WHEEL} takes the packages past 3 members"):
         extract_wheels(tmp_path, [package], tmp_path / "site")
     assert not (tmp_path / "site" / "evil").exists()
 
