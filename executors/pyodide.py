@@ -79,7 +79,7 @@ from conduit.executors.process import (
     sandbox_process_options,
 )
 from conduit.executors.pyodide_host import IDLE_CPU_S, Kept, PyodideHost, set_soft_limit
-from conduit.executors.pyodide_packages import ensure_packages_zip, python_version
+from conduit.executors.pyodide_packages import ensure_packages_zip, guest_environment
 from conduit.executors.pyodide_pool import HostPool
 from conduit.executors.pyodide_sessions import PyodideSession, SessionRegistry
 from conduit.executors.wasm_build import BuildError, shim_path
@@ -269,9 +269,9 @@ class PyodideExecutor:
         if not self._requirements:
             return time_zones
         assert self._pyodide_dir is not None
-        python = python_version(self._pyodide_dir)
+        guest = guest_environment(self._pyodide_dir)
         zipped, packages = ensure_packages_zip(
-            self._install_dir, self._requirements, python, time_zones
+            self._install_dir, self._requirements, guest, time_zones
         )
         self._packages = project_names(packages)
         return zipped

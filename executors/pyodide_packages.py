@@ -10,9 +10,10 @@ bytes, is built again for them. Without packages the plain
 time-zone zip is used as it always was.
 
 The zip is `packages-<key>.zip` beside Pyodide, keyed by the requirements, the Python
-version, the time-zone zip and the compiler, with its lock file beside it; made once, in a temporary
-directory renamed into place. Zips of other lists are left alone: another daemon may
-share the directory.
+version, the time-zone zip and the compiler, with its lock file beside it; made once, in
+a temporary directory (`.packages-*`, removed by a later build if a killed one left it)
+renamed into place. Zips of other lists are left alone: another daemon may share the
+directory. A package the time zones hold already (tzdata) is locked, not unpacked.
 
 Blocking (pip runs): call `ensure_packages_zip` in a worker thread.
 """
@@ -28,31 +29,36 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from conduit.executors.package_markers import GuestEnvironment
+from conduit.executors.package_pins import pins_path, resolve
 from conduit.executors.packages import (
+    RESOLUTION,
     LockedPackage,
-    download,
     extract_wheels,
     read_lock,
     requirements_key,
     write_lock,
     zip_directory,
 )
-from conduit.executors.wasm_build import BuildError
+from conduit.executors.wasm_build import BuildError, only_build_errors, remove_abandoned
 from conduit.executors.wasm_guests import PACKAGES_DIR, compile_packages, packages_compiler
 
-__all__ = ["ensure_packages_zip", "python_version"]
+__all__ = ["ensure_packages_zip", "guest_environment"]
 
 # Enough of the key's digest in a file name to tell builds apart.
 KEY_CHARS = 16
 # Where an interpreter finds the zip (shims/pyodide_boot.js): what tracebacks name.
 SITE_ZIP = "/lib/site-packages.zip"
+# Prefix of a build's temporary directory in the install directory: one untouched for
+# long is a killed build's, removed by the next (see `wasm_build.remove_abandoned`).
+WORK_PREFIX = ".packages-"
 _PYTHON = re.compile(r"^(\d+\.\d+)(\.\d+)?$")
 
 
-def python_version(pyodide_dir: Path) -> str:
-    """The Python version ("3.14") of the Pyodide in `pyodide_dir`, from its lock file.
-
-    Raises BuildError if it does not say."""
+def guest_environment(pyodide_dir: Path) -> GuestEnvironment:
+    """The interpreter of the Pyodide in `pyodide_dir` as environment markers see it,
+    with its Python version from Pyodide's lock file. Raises BuildError if it does not
+    say."""
     try:
         info = json.loads((pyodide_dir / "pyodide-lock.json").read_text(encoding="utf-8"))["info"]
         found = _PYTHON.match(info["python"])
@@ -60,41 +66,66 @@ def python_version(pyodide_dir: Path) -> str:
         raise BuildError(f"Pyodide's lock file gives no Python version: {exc}") from None
     if found is None:
         raise BuildError(f"Pyodide's lock file gives no Python version: {info['python']!r}")
-    return found.group(1)
+    version = found.group(1)
+    return GuestEnvironment(
+        python_version=version,
+        python_full_version=version + (found.group(2) or ".0"),
+        sys_platform="emscripten",
+        platform_system="Emscripten",
+    )
 
 
 def ensure_packages_zip(
-    install_dir: Path, requirements: Sequence[str], python: str, time_zones: Path
+    install_dir: Path, requirements: Sequence[str], guest: GuestEnvironment, time_zones: Path
 ) -> tuple[Path, tuple[LockedPackage, ...]]:
     """The zip of the time zones and the packages `requirements` resolve to, and those
     packages; made in `install_dir` if it is not there yet.
 
-    Raises BuildError as `packages.download` does, or if a package's files clash with
-    the time zones'.
+    Raises BuildError as `packages.download` does, if a package's files clash with
+    the time zones', and for anything else that fails (see `only_build_errors`).
     """
-    inputs = (python, time_zones.name, *packages_compiler())
+    python = guest.python_version
+    inputs = (python, time_zones.name, RESOLUTION, *packages_compiler())
     key = requirements_key(requirements, *inputs)[:KEY_CHARS]
     target = install_dir / f"packages-{key}.zip"
     lock = target.with_suffix(".lock.json")
     if target.is_file() and lock.is_file():
         return target.resolve(), read_lock(lock)
-    work = Path(tempfile.mkdtemp(prefix=".packages-", dir=install_dir))
-    try:
-        wheels = work / "wheels"
-        wheels.mkdir()
-        packages = download(requirements, python, wheels)
-        extract_wheels(wheels, packages, work / PACKAGES_DIR)
-        # Imported from a zip, modules would be compiled in every interpreter, each time.
-        compile_packages(work, SITE_ZIP, legacy=True)
-        staged = work / "site.zip"
-        with zipfile.ZipFile(time_zones) as zones, zipfile.ZipFile(staged, "w") as out:
-            for entry in zones.infolist():
-                out.writestr(entry, zones.read(entry))
-            zip_directory(work / PACKAGES_DIR, out, taken=frozenset(zones.namelist()))
-        write_lock(work / "lock.json", requirements, python, packages)
-        # The zip first: a lock names a zip that is complete.
-        os.replace(staged, target)
-        os.replace(work / "lock.json", lock)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with only_build_errors("building the pyodide packages"):
+        remove_abandoned(install_dir, WORK_PREFIX)
+        work = Path(tempfile.mkdtemp(prefix=WORK_PREFIX, dir=install_dir))
+        try:
+            pins = pins_path(install_dir, requirements, python)
+            packages = _build_zip(work, requirements, guest, time_zones, pins)
+            # The zip first: a lock names a zip that is complete.
+            os.replace(work / "site.zip", target)
+            os.replace(work / "lock.json", lock)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     return target.resolve(), tuple(packages)
+
+
+def _build_zip(
+    work: Path,
+    requirements: Sequence[str],
+    guest: GuestEnvironment,
+    time_zones: Path,
+    pins: Path,
+) -> list[LockedPackage]:
+    """Make `work/site.zip` (the time zones and the packages, downloaded as `pins`
+    says: see `package_pins`) and `work/lock.json`; what was downloaded."""
+    wheels = work / "wheels"
+    wheels.mkdir()
+    packages = resolve(requirements, guest, wheels, pins)
+    with zipfile.ZipFile(time_zones) as zones:
+        taken = frozenset(zones.namelist())
+    extract_wheels(wheels, packages, work / PACKAGES_DIR, taken=taken)
+    shutil.rmtree(wheels)
+    # Imported from a zip, modules would be compiled in every interpreter, each time.
+    compile_packages(work, SITE_ZIP, legacy=True)
+    with zipfile.ZipFile(time_zones) as zones, zipfile.ZipFile(work / "site.zip", "w") as out:
+        for entry in zones.infolist():
+            out.writestr(entry, zones.read(entry))
+        zip_directory(work / PACKAGES_DIR, out, taken=taken)
+    write_lock(work / "lock.json", requirements, guest.python_version, packages)
+    return packages

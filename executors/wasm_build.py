@@ -46,6 +46,7 @@ __all__ = [
     "current_progress",
     "ensure_component",
     "move_into_place",
+    "only_build_errors",
     "prune_superseded",
     "remove_abandoned",
     "run_tool",
@@ -67,6 +68,21 @@ log = logging.getLogger(__name__)
 
 class BuildError(Exception):
     """The component could not be built; the message says why and what to do."""
+
+
+@contextlib.contextmanager
+def only_build_errors(what: str) -> Iterator[None]:
+    """Let nothing but BuildError out of the block: anything else (a bug, or an input
+    no check foresaw) is logged with its traceback and raised as a BuildError saying
+    `what` failed and how. Executors catch BuildError: one is then unavailable, with
+    the reason, rather than the daemon down."""
+    try:
+        yield
+    except BuildError:
+        raise
+    except Exception as exc:
+        log.exception("%s failed unexpectedly", what)
+        raise BuildError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
 
 
 class BuildProgress:

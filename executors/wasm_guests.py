@@ -29,21 +29,33 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from conduit.executors.npm import install_locked, locked_version, node_tools
+from conduit.executors.package_markers import GuestEnvironment
+from conduit.executors.package_pins import pins_path, resolve
 from conduit.executors.packages import (
     LOCK_FILE,
-    download,
+    RESOLUTION,
+    LockedPackage,
     extract_wheels,
     requirements_key,
     write_lock,
 )
-from conduit.executors.wasm_build import BuildError, GuestRecipe, run_tool, shim_path
+from conduit.executors.wasm_build import (
+    BUILD_PREFIX,
+    BuildError,
+    GuestRecipe,
+    only_build_errors,
+    run_tool,
+    shim_path,
+)
 
 __all__ = [
     "GUEST_PACKAGES",
+    "GUEST_PYTHON",
     "JS_GUEST",
     "PACKAGES_DIR",
     "PYTHON_GUEST",
@@ -73,6 +85,15 @@ STDLIB_DIR = "stdlib"
 PYTHON_PACKAGES_SOURCE = "wasm_python/guest_packages.py"
 PACKAGES_DIR = "packages"
 GUEST_PYTHON_VERSION = "3.14"
+# The guest's interpreter as dependencies' environment markers see it (what its `sys`
+# and `platform` say: CPython 3.14.0, built with wasi-sdk).
+GUEST_PYTHON = GuestEnvironment(
+    python_version=GUEST_PYTHON_VERSION,
+    python_full_version="3.14.0",
+    sys_platform="wasi",
+    platform_system="wasi",
+    platform_release="0.0.0",
+)
 # Where the guest with packages sees them (shims/wasm_python/guest_packages.py).
 GUEST_PACKAGES = "/packages"
 # The app of a throwaway build that compiles packages (see its docstring), and its
@@ -147,7 +168,8 @@ def python_guest(requirements: Sequence[str] = ()) -> GuestRecipe:
     key = requirements_key(wanted, GUEST_PYTHON_VERSION)[:PACKAGES_KEY_CHARS]
 
     def tool_versions() -> dict[str, str]:
-        return {**_python_tool_versions(), "packages": " ".join(wanted)}
+        versions = _python_tool_versions()
+        return {**versions, "packages": " ".join(wanted), "packages_resolution": RESOLUTION}
 
     return GuestRecipe(
         name=f"{PYTHON_GUEST.name}-packages-{key}",
@@ -158,16 +180,36 @@ def python_guest(requirements: Sequence[str] = ()) -> GuestRecipe:
     )
 
 
-def _build_python_packages(requirements: tuple[str, ...], work: Path, _cache_dir: Path) -> None:
-    wheels = work / "wheels"
+def _build_python_packages(requirements: tuple[str, ...], work: Path, cache_dir: Path) -> None:
+    """The guest with packages: their files are unpacked and compiled in a directory
+    of their own, outside `work`, and moved in once the component is built, so the
+    guest's componentize-py build never has them on its Python path (it would read
+    any `componentize-py.toml` or native library among them). Raises only BuildError.
+    """
+    with (
+        only_build_errors("building the packages"),
+        tempfile.TemporaryDirectory(prefix=BUILD_PREFIX, dir=cache_dir) as staging,
+    ):
+        pins = pins_path(cache_dir, requirements, GUEST_PYTHON_VERSION)
+        unpacked, packages = _unpack_packages(requirements, Path(staging), pins)
+        write_lock(work / LOCK_FILE, requirements, GUEST_PYTHON_VERSION, packages)
+        _componentize_python(work, Path(PYTHON_PACKAGES_SOURCE).stem)
+        _add_time_zones(work)
+        os.replace(unpacked, work / PACKAGES_DIR)
+
+
+def _unpack_packages(
+    requirements: tuple[str, ...], staging: Path, pins: Path
+) -> tuple[Path, list[LockedPackage]]:
+    """Download (as `pins` says, see `package_pins`), unpack and compile the packages
+    in `staging`: their directory, and what was downloaded."""
+    wheels = staging / "wheels"
     wheels.mkdir()
-    packages = download(requirements, GUEST_PYTHON_VERSION, wheels)
-    write_lock(work / LOCK_FILE, requirements, GUEST_PYTHON_VERSION, packages)
-    extract_wheels(wheels, packages, work / PACKAGES_DIR)
+    packages = resolve(requirements, GUEST_PYTHON, wheels, pins)
+    extract_wheels(wheels, packages, staging / PACKAGES_DIR)
     shutil.rmtree(wheels)
-    compile_packages(work, GUEST_PACKAGES)
-    _componentize_python(work, Path(PYTHON_PACKAGES_SOURCE).stem)
-    _add_time_zones(work)
+    compile_packages(staging, GUEST_PACKAGES)
+    return staging / PACKAGES_DIR, packages
 
 
 def packages_compiler() -> tuple[str, ...]:

@@ -113,7 +113,7 @@ async def test_doctor_lists_the_packages_with_their_versions(
 async def test_a_package_with_compiled_code_makes_the_executor_unavailable(
     start_daemon: Any, connect: Any, make_config: Any, tmp_path: Path
 ) -> None:
-    why = "package msgpack==1.1.0 cannot be installed: it has compiled code"
+    why = "package msgpack==1.1.0 cannot be installed: it has no pure-Python wheel"
     _, info = await start_daemon(executors=_with_packages("tabulate==0.9.0", "msgpack==1.1.0"))
     client = await connect(info)
     listed = await client.call("executors/list")

@@ -7,16 +7,26 @@ of a package with compiled code is what the refusal is made of.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import importlib.metadata
 import json
-import stat
+import re
 import zipfile
 from pathlib import Path
 
 import pytest
+import trio
+from packaging.markers import Marker
+from packaging.requirements import Requirement
 
+from conduit.core.errors import ExecutorUnavailable
+from conduit.executors import package_pins, wasm_guests
 from conduit.executors import packages as package_tools
+from conduit.executors.base import Job, Limits, Status
 from conduit.executors.caveats import MAX_LISTED_PACKAGES, installed_packages
+from conduit.executors.package_markers import GuestEnvironment, missing, read_installed
+from conduit.executors.package_pins import pins_path, resolve
 from conduit.executors.packages import (
     LockedPackage,
     download,
@@ -28,13 +38,30 @@ from conduit.executors.packages import (
     write_lock,
     zip_directory,
 )
-from conduit.executors.wasm_build import BuildError, build_inputs, prune_superseded
-from conduit.executors.wasm_guests import PYTHON_GUEST, python_guest
+from conduit.executors.registry import ExecutorRegistry
+from conduit.executors.wasm_build import (
+    BuildError,
+    build_inputs,
+    only_build_errors,
+    prune_superseded,
+)
+from conduit.executors.wasm_guests import (
+    GUEST_PYTHON,
+    GUEST_PYTHON_VERSION,
+    PYTHON_GUEST,
+    python_guest,
+)
+from conduit.executors.wasm_python import WasmPythonExecutor
+from tests.daemon.fakes import FakeExecutor
+from tests.sandboxes import NoBridge
+from tests.wheels import EVIL_WHEEL, make_wheel, spoilt_wheel
 
 pytestmark = pytest.mark.no_wasm
 
 # A pure-Python package with a pure-Python dependency (six).
 DATEUTIL = "python-dateutil==2.9.0.post0"
+# What the sandboxes' time-zone zip holds, in part.
+SANDBOX_ZONES = frozenset({"tzdata/__init__.py", "tzdata/zoneinfo/UTC"})
 
 
 def test_requirements_are_canonical_and_their_key_ignores_order() -> None:
@@ -60,7 +87,7 @@ def test_the_plain_guest_keeps_its_recipe_and_key() -> None:
     assert packaged.name != python_guest(("tabulate==0.8.10",)).name
     plain_hash, plain = build_inputs(PYTHON_GUEST)
     packaged_hash, inputs = build_inputs(packaged)
-    added = {"guest_packages.py", "packages_compile.py", "packages"}
+    added = {"guest_packages.py", "packages_compile.py", "packages", "packages_resolution"}
     assert inputs.keys() == plain.keys() | added
     assert {name: inputs[name] for name in plain} == plain
     assert inputs["packages"] == "tabulate==0.9.0"
@@ -84,7 +111,7 @@ def test_builds_of_other_package_lists_are_not_pruned(tmp_path: Path) -> None:
 def test_pip_resolves_dependencies_and_the_lock_records_them(tmp_path: Path) -> None:
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    packages = download([DATEUTIL], "3.14", wheels)
+    packages = download([DATEUTIL], GUEST_PYTHON, wheels)
     assert [p.name for p in packages] == ["python-dateutil", "six"]
     for package in packages:
         data = (wheels / package.wheel).read_bytes()
@@ -102,9 +129,10 @@ def test_pip_resolves_dependencies_and_the_lock_records_them(tmp_path: Path) -> 
 
 def test_a_package_with_compiled_code_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(BuildError) as refused:
-        download(["msgpack==1.1.0"], "3.14", tmp_path)
+        download(["msgpack==1.1.0"], GUEST_PYTHON, tmp_path)
     message = str(refused.value)
-    assert "package msgpack==1.1.0 cannot be installed: it has compiled code" in message
+    assert "package msgpack==1.1.0 cannot be installed: it has no pure-Python wheel" in message
+    assert "(only compiled wheels or a source distribution)" in message
     assert "only pure-Python wheels can run in the sandbox" in message
 
 
@@ -136,29 +164,18 @@ def test_a_malformed_lock_is_refused(tmp_path: Path, bad: str) -> None:
         read_lock(path)
 
 
-def _wheel(path: Path, members: dict[str, bytes], links: tuple[str, ...] = ()) -> LockedPackage:
-    with zipfile.ZipFile(path, "w") as wheel:
-        for name, data in members.items():
-            wheel.writestr(name, data)
-        for name in links:
-            info = zipfile.ZipInfo(name)
-            info.external_attr = (stat.S_IFLNK | 0o777) << 16
-            wheel.writestr(info, "/etc/passwd")
-    return LockedPackage("evil", "1.0", "0" * 64, path.name)
-
-
 @pytest.mark.parametrize(
     "member", ["../evil.py", "/etc/evil.py", "pkg/../../evil.py", "pkg\\evil.py", "C:/evil.py"]
 )
 def test_a_member_that_could_land_outside_is_refused(tmp_path: Path, member: str) -> None:
-    package = _wheel(tmp_path / "evil-1.0-py3-none-any.whl", {member: b"x = 1"})
+    package = make_wheel(tmp_path / "evil-1.0-py3-none-any.whl", {member: b"x = 1"})
     with pytest.raises(BuildError, match="unsafe member"):
         extract_wheels(tmp_path, [package], tmp_path / "site")
     assert not (tmp_path / "evil.py").exists()
 
 
 def test_a_link_is_refused(tmp_path: Path) -> None:
-    package = _wheel(tmp_path / "evil-1.0-py3-none-any.whl", {}, links=("evil/passwd",))
+    package = make_wheel(tmp_path / "evil-1.0-py3-none-any.whl", {}, links=("evil/passwd",))
     with pytest.raises(BuildError, match="unsafe member"):
         extract_wheels(tmp_path, [package], tmp_path / "site")
 
@@ -170,7 +187,7 @@ def test_only_the_importable_part_of_a_wheel_is_taken(tmp_path: Path) -> None:
         "evil-1.0.data/scripts/evil": b"#!/bin/sh",
         "evil-1.0.data/data/etc/evil.conf": b"",
     }
-    package = _wheel(tmp_path / "evil-1.0-py3-none-any.whl", members)
+    package = make_wheel(tmp_path / "evil-1.0-py3-none-any.whl", members)
     extract_wheels(tmp_path, [package], tmp_path / "site")
     found = sorted(p.relative_to(tmp_path / "site").as_posix() for p in tmp_path.rglob("site/**/*"))
     assert found == ["evil", "evil/__init__.py", "evil_extra.py"]
@@ -194,3 +211,211 @@ def test_the_description_names_the_packages_briefly() -> None:
     )
     many = installed_packages({f"p{i}": "1" for i in range(MAX_LISTED_PACKAGES + 5)})
     assert many.endswith(f"p{MAX_LISTED_PACKAGES - 1} 1, and 5 more.")
+
+
+# -- what a malformed or hostile wheel cannot do ------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["crc", "method", "encrypted", "not a zip"])
+def test_a_malformed_wheel_is_refused_by_name(tmp_path: Path, how: str) -> None:
+    """zipfile raises BadZipFile, NotImplementedError or RuntimeError for these, which
+    no executor catches: each must become a BuildError naming the wheel."""
+    package = spoilt_wheel(tmp_path / EVIL_WHEEL, how)
+    with pytest.raises(BuildError, match=rf"wheel {EVIL_WHEEL} is malformed"):
+        extract_wheels(tmp_path, [package], tmp_path / "site")
+
+
+@pytest.mark.parametrize(
+    "member",
+    [
+        "evil/componentize-py.toml",
+        "componentize-py.toml",
+        "evil/_speedups.cpython-314-wasm32-wasi.so",
+        "evil/libz.so.1",
+        "evil/libz.so.1.2.13",
+        "evil/_speedups.pyd",
+        "evil/_speedups.dylib",
+        "evil-1.0.data/purelib/evil/Componentize-Py.toml",
+    ],
+)
+def test_a_build_config_or_native_library_is_refused(tmp_path: Path, member: str) -> None:
+    """componentize-py searches its Python path for these, and the build that compiles
+    the packages has them on it: a wheel must not steer the host's build."""
+    package = make_wheel(tmp_path / EVIL_WHEEL, {"evil/__init__.py": b"", member: b""})
+    with pytest.raises(BuildError, match=rf"wheel {EVIL_WHEEL} holds '{re.escape(member)}'"):
+        extract_wheels(tmp_path, [package], tmp_path / "site")
+    assert not any((tmp_path / "site").rglob("*.toml"))
+
+
+def test_a_module_named_like_a_library_is_not(tmp_path: Path) -> None:
+    members = {"evil/iso.so.py": b"", "evil/also.py": b"", "evil/sopy.py": b""}
+    package = make_wheel(tmp_path / EVIL_WHEEL, members)
+    extract_wheels(tmp_path, [package], tmp_path / "site")
+    assert sorted(p.name for p in (tmp_path / "site" / "evil").iterdir()) == sorted(
+        name.split("/")[1] for name in members
+    )
+
+
+def test_a_wheel_of_too_many_members_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(package_tools, "MAX_MEMBERS", 3)
+    members = {f"evil/m{i}.py": b"" for i in range(5)}
+    package = make_wheel(tmp_path / EVIL_WHEEL, members)
+    with pytest.raises(BuildError, match=rf"wheel {EVIL_WHEEL} takes the packages past 3 members"):
+        extract_wheels(tmp_path, [package], tmp_path / "site")
+    assert not (tmp_path / "site" / "evil").exists()
+
+
+def test_a_clash_with_the_sandbox_names_the_wheel(tmp_path: Path) -> None:
+    package = make_wheel(tmp_path / EVIL_WHEEL, {"tzdata/__init__.py": b""})
+    with pytest.raises(BuildError, match=rf"wheel {EVIL_WHEEL} holds tzdata/__init__.py, which"):
+        extract_wheels(tmp_path, [package], tmp_path / "site", taken=SANDBOX_ZONES)
+
+
+def test_anything_unexpected_in_a_build_step_becomes_a_build_error() -> None:
+    with (
+        pytest.raises(BuildError, match="building the packages failed: KeyError: 'x'"),
+        only_build_errors("building the packages"),
+    ):
+        raise KeyError("x")
+
+
+def _serve_a_spoilt_wheel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wasm-python build's pip download, replaced by one that hands over a wheel
+    with a bad CRC."""
+
+    def resolve(requirements: object, guest: object, dest: Path, pins: Path) -> list[LockedPackage]:
+        return [spoilt_wheel(dest / EVIL_WHEEL, "crc")]
+
+    monkeypatch.setattr(wasm_guests, "resolve", resolve)
+
+
+async def test_a_malformed_wheel_leaves_one_executor_unavailable_and_the_rest_serving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nursery: trio.Nursery
+) -> None:
+    _serve_a_spoilt_wheel(monkeypatch)
+    python = WasmPythonExecutor(cache_dir=tmp_path / "cache", packages=("evil==1.0",))
+    other = FakeExecutor(name="deno", languages=frozenset({"javascript"}))
+    registry = ExecutorRegistry([python, other], {"python": "wasm-python", "javascript": "deno"})
+    await nursery.start(registry.serve)
+    with trio.fail_after(60):
+        await registry.wait_ready()
+    reason = python.info().reason or ""
+    assert f"wheel {EVIL_WHEEL} is malformed" in reason and "BadZipFile" in reason, reason
+    with pytest.raises(ExecutorUnavailable, match=EVIL_WHEEL):
+        registry.pick("python")
+    job = Job("ex_other", "javascript", "1", Limits())
+    outcome = await registry.pick("javascript").run(job, NoBridge())
+    assert outcome.status is Status.OK
+
+
+async def test_the_guest_build_never_has_the_packages_on_its_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """componentize-py reads every `componentize-py.toml` under its Python path (`-p .`,
+    the build directory): the packages are unpacked elsewhere and moved in after."""
+    seen: list[bool] = []
+
+    def resolve(requirements: object, guest: object, dest: Path, pins: Path) -> list[LockedPackage]:
+        return [make_wheel(dest / EVIL_WHEEL, {"evil/__init__.py": b""})]
+
+    def componentize(work: Path, module: str, *args: str) -> None:
+        seen.append((work / wasm_guests.PACKAGES_DIR).exists())
+        (work / "guest.wasm").write_bytes(b"")
+
+    monkeypatch.setattr(wasm_guests, "resolve", resolve)
+    monkeypatch.setattr(wasm_guests, "compile_packages", lambda *args, **kwargs: None)
+    monkeypatch.setattr(wasm_guests, "_componentize_python", componentize)
+    work = tmp_path / "work"
+    work.mkdir()
+    wasm_guests._build_python_packages(("evil==1.0",), work, tmp_path)
+    assert seen == [False]
+    assert (work / wasm_guests.PACKAGES_DIR / "evil" / "__init__.py").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]  # the staging is gone
+
+
+# -- what is resolved --------------------------------------------------------------------
+
+
+def test_dependencies_are_judged_by_the_guests_markers(tmp_path: Path) -> None:
+    """webob 1.8.9 requires `legacy-cgi; python_version >= "3.13"`: pip on an older
+    host leaves it out, and `import webob` fails in the 3.14 guest without it."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    packages = download(["webob==1.8.9"], GUEST_PYTHON, wheels)
+    write_lock(tmp_path / "lock.json", ["webob==1.8.9"], "3.14", packages)
+    assert set(project_names(read_lock(tmp_path / "lock.json"))) == {"legacy-cgi", "webob"}
+    installed = read_installed(wheels, [p.wheel for p in packages])
+    assert missing([Requirement("webob==1.8.9")], installed, GUEST_PYTHON) == []
+
+
+def test_markers_see_the_guest_not_the_host() -> None:
+    marker = Marker('python_version >= "3.13" and sys_platform == "wasi"')
+    assert marker.evaluate(GUEST_PYTHON.markers())
+    pyodide = GuestEnvironment("3.14", "3.14.2", "emscripten", "Emscripten")
+    assert Marker('sys_platform == "emscripten"').evaluate(pyodide.markers())
+    assert not Marker('extra == "speedups"').evaluate(pyodide.markers())
+    assert Marker('extra == "speedups"').evaluate(pyodide.markers("speedups"))
+
+
+def test_tzdata_is_locked_but_the_sandboxes_own_is_kept(tmp_path: Path) -> None:
+    """icalendar requires tzdata, which both sandboxes have already: its wheel is
+    locked, listed with the sandbox's version, and never unpacked over theirs."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    packages = download(["icalendar==6.1.0"], GUEST_PYTHON, wheels)
+    (tzdata,) = [p for p in packages if p.name == "tzdata"]
+    assert tzdata.provided
+    site = tmp_path / "site"
+    extract_wheels(wheels, packages, site, taken=SANDBOX_ZONES)
+    assert (site / "icalendar" / "__init__.py").is_file()
+    assert not (site / "tzdata").exists()
+    write_lock(tmp_path / "lock.json", ["icalendar==6.1.0"], "3.14", packages)
+    assert read_lock(tmp_path / "lock.json") == tuple(packages)
+    own = importlib.metadata.version("tzdata")
+    assert project_names(packages)["tzdata"] == f"{own} (the sandbox's own)"
+
+
+def test_a_source_only_package_is_not_said_to_have_compiled_code(tmp_path: Path) -> None:
+    """docopt 0.6.2 is pure Python, published as a source distribution only."""
+    with pytest.raises(BuildError) as refused:
+        download(["docopt==0.6.2"], GUEST_PYTHON, tmp_path)
+    message = str(refused.value)
+    assert "package docopt==0.6.2 cannot be installed: it has no pure-Python wheel" in message
+    assert "(only compiled wheels or a source distribution)" in message
+    assert "compiled code" not in message
+
+
+# -- a rebuild gets the same wheels ------------------------------------------------------
+
+
+def test_a_rebuild_downloads_the_wheels_the_list_first_resolved_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unpinned requirement resolved once stays what it resolved to: a rebuild (new
+    build inputs) downloads the pinned wheels, by hash, and resolves nothing."""
+    pins = pins_path(tmp_path, ["six"], GUEST_PYTHON_VERSION)
+    first = _resolved_into(tmp_path / "first", ["six"], pins)
+    assert pins.is_file() and [p.name for p in first] == ["six"]
+
+    def resolved_again(*args: object) -> list[LockedPackage]:
+        raise AssertionError("resolved again")
+
+    monkeypatch.setattr(package_pins, "download", resolved_again)
+    assert _resolved_into(tmp_path / "again", ["six"], pins) == first
+    assert pins_path(tmp_path, ["six==1.17.0"], GUEST_PYTHON_VERSION) != pins
+
+
+def test_a_pinned_wheel_that_changed_fails_the_build(tmp_path: Path) -> None:
+    pins = pins_path(tmp_path, ["six"], GUEST_PYTHON_VERSION)
+    (six,) = _resolved_into(tmp_path / "first", ["six"], pins)
+    write_lock(pins, ["six"], GUEST_PYTHON_VERSION, [dataclasses.replace(six, sha256="0" * 64)])
+    with pytest.raises(BuildError, match="delete it to resolve the list afresh") as refused:
+        _resolved_into(tmp_path / "again", ["six"], pins)
+    assert "hash" in str(refused.value).lower()
+
+
+def _resolved_into(wheels: Path, requirements: list[str], pins: Path) -> list[LockedPackage]:
+    wheels.mkdir()
+    return resolve(requirements, GUEST_PYTHON, wheels, pins)

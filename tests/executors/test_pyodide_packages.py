@@ -4,15 +4,23 @@ a package with compiled code leaves the executor unavailable, saying why."""
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from pathlib import Path
 
 import pytest
 import trio
 
+from conduit.executors import pyodide_packages
 from conduit.executors.base import Job, Limits, Status
+from conduit.executors.package_markers import GuestEnvironment
+from conduit.executors.packages import LockedPackage
 from conduit.executors.pyodide import PyodideExecutor
+from conduit.executors.pyodide_packages import ensure_packages_zip
+from conduit.executors.wasm_build import ABANDONED_AFTER_S, BuildError
 from tests.sandboxes import LOAD_WAIT_S, NoBridge
+from tests.wheels import EVIL_WHEEL, spoilt_wheel
 
 # Pyodide alone: no test here waits for the wasm components to be built.
 pytestmark = pytest.mark.no_wasm
@@ -64,5 +72,41 @@ async def test_a_package_with_compiled_code_makes_the_executor_unavailable(
     with trio.fail_after(LOAD_WAIT_S):
         assert not await executor.wait_ready()
     reason = executor.info().reason or ""
-    assert "package msgpack==1.1.0 cannot be installed: it has compiled code" in reason
+    assert "package msgpack==1.1.0 cannot be installed: it has no pure-Python wheel" in reason
     assert "only pure-Python wheels can run in the sandbox" in reason
+
+
+async def test_a_malformed_wheel_makes_the_executor_unavailable_naming_it(
+    nursery: trio.Nursery, pyodide_install: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def resolve(requirements: object, guest: object, dest: Path, pins: Path) -> list[LockedPackage]:
+        return [spoilt_wheel(dest / EVIL_WHEEL, "crc")]
+
+    monkeypatch.setattr(pyodide_packages, "resolve", resolve)
+    executor = _executor(tmp_path, pyodide_install, "evil==1.0")
+    await nursery.start(executor.serve)
+    with trio.fail_after(LOAD_WAIT_S):
+        assert not await executor.wait_ready()
+    reason = executor.info().reason or ""
+    assert f"wheel {EVIL_WHEEL} is malformed" in reason, reason
+
+
+def test_a_killed_builds_directory_is_removed_by_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build killed halfway leaves its `.packages-*` directory (up to the unpacked
+    packages' limit); the next build removes it, and leaves a live build's alone."""
+
+    def resolve(requirements: object, guest: object, dest: Path, pins: Path) -> list[LockedPackage]:
+        raise BuildError("no index")
+
+    monkeypatch.setattr(pyodide_packages, "resolve", resolve)
+    abandoned, live = tmp_path / ".packages-killed", tmp_path / ".packages-live"
+    for directory in (abandoned, live):
+        (directory / "packages").mkdir(parents=True)
+    old = time.time() - ABANDONED_AFTER_S - 60
+    os.utime(abandoned, (old, old))
+    guest = GuestEnvironment("3.14", "3.14.2", "emscripten", "Emscripten")
+    with pytest.raises(BuildError, match="no index"):
+        ensure_packages_zip(tmp_path, ["evil==1.0"], guest, tmp_path / "zones.zip")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".packages-live"]
