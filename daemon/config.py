@@ -29,7 +29,7 @@ from conduit.core.addresses import (
     parse_tcp_address,
 )
 from conduit.core.errors import ConfigError
-from conduit.executors.packages import parse_requirement
+from conduit.core.requirements import parse_requirement
 from conduit.gateway.fetch_config import FetchConfig
 from conduit.gateway.settings import UpstreamList
 

@@ -23,8 +23,8 @@ malformed wheel, each with a `BuildError` naming the wheel. A package the sandbo
 already (`PROVIDED`: tzdata) is locked but not unpacked: the sandbox's own is used.
 
 Requirements come from the trusted configuration but end up on pip's command line:
-`parse_requirement` (the configuration's validator) lets through only a name, extras
-and version specifiers, and pip is handed them after `--`.
+`core.requirements.parse_requirement` (the configuration's validator) lets through only a
+name, extras and version specifiers, and pip is handed them after `--`.
 """
 
 from __future__ import annotations
@@ -44,9 +44,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
+from conduit.core.requirements import parse_requirement
 from conduit.executors.package_markers import (
     GuestEnvironment,
     MissingDependency,
@@ -63,7 +64,6 @@ __all__ = [
     "download",
     "download_pinned",
     "extract_wheels",
-    "parse_requirement",
     "project_names",
     "read_lock",
     "requirements_key",
@@ -77,8 +77,6 @@ LOCK_FILE = "packages.lock.json"
 # guest's markers), so that builds resolved the old way are made again.
 RESOLUTION = "2"
 LOCK_FORMAT = 1
-# Longer than any real requirement with a few specifiers.
-MAX_REQUIREMENT_CHARS = 200
 # What the unpacked packages may take in all: sympy, among the largest pure-Python
 # packages, takes ~70 MB; past this something is wrong (a zip bomb).
 MAX_UNPACKED_BYTES = 512 * 1024 * 1024
@@ -133,27 +131,6 @@ class LockedPackage:
     sha256: str
     wheel: str
     provided: bool = False  # the sandbox's own copy is used (see PROVIDED)
-
-
-def parse_requirement(text: str) -> str:
-    """`text` as a canonical requirement (a name, extras and version specifiers).
-
-    Raises ValueError, saying why, for anything else: a URL or a path, an
-    environment marker, a pip option, text that is no requirement at all.
-    """
-    if len(text) > MAX_REQUIREMENT_CHARS:
-        raise ValueError(f"a requirement is at most {MAX_REQUIREMENT_CHARS} characters")
-    if text.lstrip().startswith("-"):
-        raise ValueError(f"{text!r} is a pip option, not a requirement")
-    try:
-        requirement = Requirement(text)
-    except InvalidRequirement as exc:
-        raise ValueError(f"{text!r} is not a requirement such as 'sympy==1.14.0': {exc}") from None
-    if requirement.url:
-        raise ValueError(f"{text!r} names a URL or a file: name a package on the index instead")
-    if requirement.marker is not None:
-        raise ValueError(f"{text!r} has an environment marker: list the package without it")
-    return str(requirement)
 
 
 def requirements_key(requirements: Iterable[str], *parts: str) -> str:

@@ -148,7 +148,7 @@ class PyodideExecutor:
     steps together). `callback`, when set, is the one address the processes may connect
     to. At most `max_sessions` sessions are open at once (see `pyodide_sessions`).
     `packages` are requirements of pure-Python packages the programs may import,
-    canonical (see `packages.parse_requirement`), resolved once (`pyodide_packages`).
+    canonical (see `core.requirements.parse_requirement`), resolved once (`pyodide_packages`).
     """
 
     name = "pyodide"

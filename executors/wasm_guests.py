@@ -157,7 +157,7 @@ PYTHON_GUEST = GuestRecipe(
 
 def python_guest(requirements: Sequence[str] = ()) -> GuestRecipe:
     """The Python guest with the pure-Python packages `requirements` name (canonical,
-    see `packages.parse_requirement`); `PYTHON_GUEST` itself for none.
+    see `core.requirements.parse_requirement`); `PYTHON_GUEST` itself for none.
 
     Its build inputs add the requirements to the plain guest's, and its name carries
     their digest: a changed list builds once, and pruning superseded builds of one

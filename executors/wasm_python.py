@@ -34,7 +34,7 @@ class WasmPythonExecutor(WasmExecutor):
     """Runs Python programs in fresh CPython-on-Wasmtime instances.
 
     `packages` are requirements of pure-Python packages the programs may import,
-    canonical (see `packages.parse_requirement`); they are resolved and built into the
+    canonical (see `core.requirements.parse_requirement`); they are resolved and built into the
     component once (see `wasm_guests.python_guest`).
     """
 

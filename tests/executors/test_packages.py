@@ -21,6 +21,7 @@ from packaging.markers import Marker
 from packaging.requirements import Requirement
 
 from conduit.core.errors import ExecutorUnavailable
+from conduit.core.requirements import parse_requirement
 from conduit.executors import package_pins, wasm_guests
 from conduit.executors import packages as package_tools
 from conduit.executors.base import Job, Limits, Status
@@ -31,7 +32,6 @@ from conduit.executors.packages import (
     LockedPackage,
     download,
     extract_wheels,
-    parse_requirement,
     project_names,
     read_lock,
     requirements_key,

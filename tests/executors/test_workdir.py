@@ -4,6 +4,7 @@ on or read past the cap."""
 
 from __future__ import annotations
 
+import base64
 import os
 from pathlib import Path
 
@@ -14,6 +15,12 @@ from conduit.executors import workdir
 from conduit.executors.base import FilesRefused
 from conduit.executors.scratch import Scratch
 from conduit.executors.wasm_fs import FsError, GuestFiles
+
+
+def _b64(data: bytes) -> str:
+    """A write's data as the wasm-js guest sends it."""
+    return base64.b64encode(data).decode("ascii")
+
 
 MIB = 1024 * 1024
 
@@ -123,7 +130,7 @@ def _guest_files(root: Path, disk_bytes: int = MIB) -> tuple[GuestFiles, list[bo
 
 def test_guest_paths_are_relative_and_checked(root: Path) -> None:
     files, _ = _guest_files(root)
-    files.call("fs/write", {"path": "./a//b.txt", "text": "x"})
+    files.call("fs/write", {"path": "./a//b.txt", "base64": _b64(b"x")})
     assert (root / "a" / "b.txt").read_text() == "x"
     assert files.call("fs/readdir", {"path": "."}) == ["a"]
     for path in ("/etc/passwd", "../x", "a/../../x", "a\\b"):
@@ -136,10 +143,10 @@ def test_guest_writes_stop_the_program_past_the_cap(root: Path) -> None:
     files, stopped = _guest_files(root, disk_bytes=64 * 1024)
     files.call("fs/write", {"path": "a", "base64": "AAAA"})
     for _ in range(3):  # rewriting the same file does not add up
-        files.call("fs/write", {"path": "b", "text": "x" * 30_000})
+        files.call("fs/write", {"path": "b", "base64": _b64(b"x" * 30_000)})
     assert stopped == []
     with pytest.raises(FsError) as full:
-        files.call("fs/write", {"path": "c", "text": "x" * 60_000})
+        files.call("fs/write", {"path": "c", "base64": _b64(b"x" * 60_000)})
     assert full.value.code == "ENOSPC" and stopped == [True]
 
 
@@ -154,11 +161,11 @@ def test_guest_rm_does_not_follow_links_inside(root: Path, outside: Path) -> Non
 
 def test_guest_usage_follows_mkdir_and_rm(root: Path) -> None:
     files, stopped = _guest_files(root, disk_bytes=64 * 1024)
-    files.call("fs/write", {"path": "a", "text": "x" * 40_000})
+    files.call("fs/write", {"path": "a", "base64": _b64(b"x" * 40_000)})
     with pytest.raises(FsError):  # a second one does not fit
-        files.call("fs/write", {"path": "b", "text": "x" * 40_000})
+        files.call("fs/write", {"path": "b", "base64": _b64(b"x" * 40_000)})
     files.call("fs/rm", {"path": "a"})  # it does once the first is gone
-    files.call("fs/write", {"path": "b", "text": "x" * 40_000})
+    files.call("fs/write", {"path": "b", "base64": _b64(b"x" * 40_000)})
     assert files.usage == Scratch(root).usage()
     codes = []
     for i in range(10):  # each directory counts too
