@@ -43,7 +43,7 @@ def main() -> int:
             if not isinstance(reply, AIMessage) or not reply.tool_calls:
                 break
             for call in reply.tool_calls:
-                messages.append(execute.invoke({**call, "type": "tool_call"}))
+                messages.append(execute.invoke(call))
     (tool_message,) = [m for m in messages if isinstance(m, ToolMessage)]
     print(f"{tool_message.artifact.status} ({tool_message.artifact.tool_calls} tool calls)")
     print(json.dumps(json.loads(tool_message.content)["result"], sort_keys=True))
