@@ -27,8 +27,13 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from langchain_core.tools import BaseTool
-from pydantic import BaseModel, Field
+try:
+    from langchain_core.tools import BaseTool
+    from pydantic import BaseModel, Field
+except ModuleNotFoundError as exc:  # say which extra brings it
+    raise ModuleNotFoundError(
+        "conduit.integrations.langchain needs langchain-core: pip install 'conduit[langchain]'"
+    ) from exc
 
 from conduit.client import AsyncClient, Client, ExecutionResult
 from conduit.integrations._programs import LANGUAGES, describe_tool, outcome

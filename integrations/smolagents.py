@@ -33,12 +33,17 @@ import inspect
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from smolagents.local_python_executor import CodeOutput
-from smolagents.monitoring import AgentLogger, LogLevel
-from smolagents.remote_executors import RemotePythonExecutor
-from smolagents.serialization import SafeSerializer
-from smolagents.tools import Tool, get_tools_definition_code
-from smolagents.utils import AgentError
+try:
+    from smolagents.local_python_executor import CodeOutput
+    from smolagents.monitoring import AgentLogger, LogLevel
+    from smolagents.remote_executors import RemotePythonExecutor
+    from smolagents.serialization import SafeSerializer
+    from smolagents.tools import Tool, get_tools_definition_code
+    from smolagents.utils import AgentError
+except ModuleNotFoundError as exc:  # say which extra brings it
+    raise ModuleNotFoundError(
+        "conduit.integrations.smolagents needs smolagents: pip install 'conduit[smolagents]'"
+    ) from exc
 
 from conduit.client import Client, ExecutionResult, MethodNotFound, NotFound, Session
 
