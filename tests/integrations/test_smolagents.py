@@ -111,3 +111,22 @@ def test_a_step_that_times_out_is_shown_with_its_status_and_the_state_is_sent_ag
             assert executor("seed * 6").output == 42
         finally:
             executor.cleanup()
+
+
+def test_a_session_that_ended_is_replaced_and_given_the_definitions_again(
+    socket_path: str,
+) -> None:
+    with Client(unix_path=socket_path) as client:
+        executor = ConduitExecutor(client)
+        try:
+            executor.send_variables({"seed": 7})
+            assert executor("seed").output == 7
+            (first,) = client.sessions()
+            # As if it had expired while the agent was thinking.
+            client.call("sessions/close", {"session_id": first.session_id})
+            assert executor("seed + 1").output == 8
+            (second,) = client.sessions()
+            assert second.session_id != first.session_id
+        finally:
+            executor.cleanup()
+        assert client.sessions() == []
