@@ -119,6 +119,8 @@ class ConduitExecutor(RemotePythonExecutor):
         but with a `forward` that imports only `json`: smolagents moves every import of
         the method it sends to the top of the tool's source, and its own `forward`
         imports PIL and numpy, which a Conduit sandbox does not have."""
+        if getattr(final_answer_tool, "_forward", None) is not None:
+            return  # patched for an earlier run: patching again would make it call itself
         original = final_answer_tool.forward.__func__
 
         # A class statement, not type(), with its methods set afterwards: smolagents reads
@@ -191,16 +193,18 @@ class ConduitExecutor(RemotePythonExecutor):
             self._sandbox_is_new = True
         return self._session
 
-    def _step(self, session: Session, code: str) -> ExecutionResult:
-        if self._sandbox_is_new:
-            self._sandbox_is_new = False
-            self._redefine(session)
+    def _step(self, session: Session, code: str, *, replace: bool = True) -> ExecutionResult:
         try:
+            if self._sandbox_is_new:
+                self._redefine(session)
+                self._sandbox_is_new = False
             result = session.execute(code, allowed_tools=self.allowed_tools)
         except NotFound:
+            if not replace:
+                raise
             # It expired while the agent was thinking: a new one, with the definitions.
             self._session = None
-            return self._step(self._open_session() or session, code)
+            return self._step(self._open_session() or session, code, replace=False)
         self._sandbox_is_new = result.session_reset
         return result
 

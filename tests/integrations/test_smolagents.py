@@ -73,8 +73,13 @@ def test_a_code_agent_runs_its_steps_in_one_session_with_both_kinds_of_tools(
             answer = agent.run("Add 2 and 3, then double it")
             (session,) = client.sessions()
             assert session.steps == 4  # the tools' definitions, then the three steps
+            # A second run goes on in the same session, its tools sent again.
+            model.steps = ["final_answer(double(total) + 1)"]
+            again = agent.run("Once more", reset=False)
+            assert [s.session_id for s in client.sessions()] == [session.session_id]
         assert client.sessions() == []  # closed with the agent
     assert answer == {"sum": 5, "doubled": 10, "where": "wasi"}
+    assert again == 11
     assert "invalid arguments for echo__add" in model.shown[1]
     assert "sum 5" in model.shown[2]  # the step's print() came back as its logs
 
