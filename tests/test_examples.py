@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
-from tests.conftest import WAIT_S, RawClient
-from tests.e2e.helpers import wait_upstreams
+from conduit.daemon.server import ServingInfo
+from tests.conftest import WAIT_S, RawClient, link_wasm_cache
+from tests.e2e.helpers import daemon_in_a_thread, wait_upstreams
 from tests.e2e.test_tools import ECHO, TIME
+from tests.served import Served
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 # What differs from one run to the next, and so is compared by presence only.
@@ -101,3 +106,44 @@ async def test_the_agent_loop_feeds_a_failure_back_and_ends_with_two_upstreams_a
     assert "'a' is a required property" in lines[1], lines[1]
     assert lines[2] == "turn 2: ok (3 tool calls)"
     assert json.loads(lines[3]) == {"said": "hello from the sandbox", "sum": 5, "timezone": "UTC"}
+
+
+@pytest.fixture(scope="module")
+def echo_daemon(
+    tmp_path_factory: pytest.TempPathFactory, wasm_cache: Path
+) -> Iterator[Served[ServingInfo]]:
+    """One daemon with the echo upstream for the agent frameworks' examples."""
+    state = tmp_path_factory.mktemp("frameworks") / "state"
+    link_wasm_cache(state, wasm_cache)
+    settings = {"executors.deno.pool_size": 1, "gateway.strict": True, "upstreams": [ECHO]}
+    with daemon_in_a_thread(state, settings, upstreams=("echo",)) as served:
+        yield served
+
+
+# Each framework's example, and the last lines it prints: what its scripted model's
+# program computed in the sandbox, through the echo upstream.
+FRAMEWORK_EXAMPLES = {
+    "smolagents_agent.py": ['{"doubled": 10, "sum": 5}'],
+    "pydantic_ai_agent.py": ['{"said": "hello from the sandbox", "sum": 5}'],
+    "openai_agents_agent.py": ['{"sum": 5}'],
+    "langchain_agent.py": ["ok (2 tool calls)", '{"said": "hi", "sum": 5}'],
+}
+
+
+@pytest.mark.parametrize("example", sorted(FRAMEWORK_EXAMPLES))
+def test_each_frameworks_example_runs_its_agent_in_conduit(
+    echo_daemon: Served[ServingInfo], example: str
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONDUIT_")}
+    env["CONDUIT_SOCKET"] = str(echo_daemon.value.unix_path)
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / example)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S * 2,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    expected = FRAMEWORK_EXAMPLES[example]
+    assert done.stdout.splitlines()[-len(expected) :] == expected, done.stdout

@@ -23,6 +23,8 @@ LAYERS: dict[str, set[str]] = {
     "executors": {"core"},
     "gateway": {"core"},
     "daemon": {"core", "client", "executors", "gateway"},
+    # The agent frameworks' adapters: users of the client, like any agent.
+    "integrations": {"client"},
 }
 # Modules that import cycles still run through, counting imports made only for type
 # checking (a cycle of types is a cycle of design). None do: each part of the daemon is
