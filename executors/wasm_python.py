@@ -47,7 +47,7 @@ class WasmPythonExecutor(WasmExecutor):
     # quarter as long, the reset longer but off the request path (instances are made
     # ahead), and less CPU is spent in all. It covers the pages a trivial program
     # touches, which reach higher since asyncio, logging and the rest are preloaded
-    # (16 MB left a trivial run ~35% slower); more would only lengthen the reset.
+    # (16 MB no longer did); more would only lengthen the reset.
     keep_resident_bytes = 24 * 1024 * 1024
 
     def __init__(
