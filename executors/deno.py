@@ -951,6 +951,8 @@ async def _with_files(
     killed: a session starts afresh rather than keep the excess)."""
     if outcome.status is Status.DISK_LIMIT:
         return outcome
+    if not disk.hit and workdir.untouched(worker.workdir):
+        return outcome  # most programs write no file: no thread for nothing to read
     collect = functools.partial(workdir.collect, worker.workdir, disk.max_bytes)
     files = await trio.to_thread.run_sync(disk.settle, collect)
     if files is None:

@@ -38,6 +38,7 @@ __all__ = [
     "read",
     "regular_files",
     "stat_at",
+    "untouched",
     "write",
 ]
 
@@ -56,6 +57,32 @@ class Entry:
 def cost(info: os.stat_result) -> int:
     """What an entry counts for against the disk cap (as `Scratch.usage` counts it)."""
     return ENTRY_BYTES + info.st_blocks * BLOCK_BYTES
+
+
+def untouched(root: Path) -> bool:
+    """Whether `root` holds nothing but an empty `out/` (or nothing at all), as a
+    program that wrote no file leaves it: then there is nothing to collect and
+    nothing over any cap. Reads at most one batch of entries of each of the two
+    directories, so it may run on the event loop; False when in doubt."""
+    try:
+        fd = os.open(root, OPEN_DIR)
+        try:
+            with os.scandir(fd) as entries:
+                first, second = next(entries, None), next(entries, None)
+            if first is None or second is not None:
+                return first is None and second is None
+            if first.name != OUT_DIR:
+                return False
+            inside = os.open(OUT_DIR, OPEN_DIR, dir_fd=fd)  # never through a link
+        finally:
+            os.close(fd)
+        try:
+            with os.scandir(inside) as entries:
+                return next(entries, None) is None
+        finally:
+            os.close(inside)
+    except OSError:
+        return False
 
 
 def open_dir(

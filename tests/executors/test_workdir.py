@@ -176,3 +176,29 @@ def test_guest_usage_follows_mkdir_and_rm(root: Path) -> None:
     assert codes and set(codes) == {"ENOSPC"}, codes
     assert stopped[:2] == [True, True]
     assert files.usage == Scratch(root).usage()
+
+
+def test_untouched_is_only_an_empty_out(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    assert workdir.untouched(root)
+    (root / "out").mkdir()
+    assert workdir.untouched(root)
+    (root / "out" / "a.txt").write_text("x")
+    assert not workdir.untouched(root)
+    (root / "out" / "a.txt").unlink()
+    (root / "b.txt").write_text("")  # an empty file still counts against the cap
+    assert not workdir.untouched(root)
+    assert not workdir.untouched(tmp_path / "missing")
+
+
+def test_untouched_never_follows_a_link_named_out(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "out").symlink_to(elsewhere, target_is_directory=True)
+    assert not workdir.untouched(root)
+    (root / "out").unlink()
+    (root / "out").write_text("a file named out")
+    assert not workdir.untouched(root)
