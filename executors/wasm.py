@@ -87,7 +87,6 @@ from conduit.executors.base import (
     ToolBridge,
 )
 from conduit.executors.output import OutputCapture, StreamName
-from conduit.executors.packages import LOCK_FILE, project_names, read_lock
 from conduit.executors.scratch import ScratchDirs
 from conduit.executors.wasm_build import (
     BuildError,
@@ -99,7 +98,7 @@ from conduit.executors.wasm_build import (
 from conduit.executors.wasm_calls import add_string_import
 from conduit.executors.wasm_clock import BoundedClock, StoreClock
 from conduit.executors.wasm_fs import METHOD_PREFIX, FsError, GuestFiles
-from conduit.executors.wasm_instances import MIB, Instance, Instances
+from conduit.executors.wasm_instances import MAX_MEMORY_MIB, MIB, Instance, Instances
 from conduit.executors.wasm_lingering import LingerBudget
 from conduit.executors.wasm_runners import Runner, Runners
 from conduit.executors.wasm_sessions import SessionSandbox, Step, WasmSession
@@ -147,6 +146,9 @@ LOAD_RETRY_FIRST_S = 5.0
 LOAD_RETRY_MAX_S = 300.0
 # JSON-RPC "internal error", for a host-call failure that is no RpcError.
 INTERNAL_ERROR = -32603
+# The wall time a build step run in the guest (`run_trusted`) may take: compiling a
+# large package (sympy's ~1,000 modules) takes tens of seconds; this bounds a hung one.
+BUILD_PROGRAM_TIMEOUT_S = 600.0
 # Programs up to this many characters are read on the event loop: a microsecond-scale
 # job; a larger one may take a parse of hundreds of milliseconds.
 INLINE_REQUEST_CHARS = 4096
@@ -320,8 +322,10 @@ class WasmExecutor:
         self._built: BuiltComponent | None = None
         self._loaded: _wasmtime.LoadedComponent | None = None
         self._compiled_cache: str | None = None
-        # The packages built into the component, by name (its lock file, if any).
+        # The packages the programs may import, by name (see `prepare_files`), and
+        # what they were built from, shown with the component's build inputs.
         self._packages: dict[str, str] = {}
+        self._packages_inputs: dict[str, str] = {}
         self._timings: dict[str, float] = {}
         self._progress = BuildProgress(self.name)
         self._state = _State.NOT_STARTED
@@ -429,13 +433,13 @@ class WasmExecutor:
     def _load(self) -> None:
         self._built = None  # set once built: then a failure is one of loading
         built = ensure_component(self.recipe, self._cache_dir, self._progress)
-        lock = built.path.parent / LOCK_FILE
-        self._packages = project_names(read_lock(lock)) if lock.is_file() else {}
         self._built = built
         with self._progress.step("compile" if built.built else "load"):
             loaded = _wasmtime.load_component(
                 self._engine, built.path, built.component_hash, fuel=self._fuel is not None
             )
+        with self._progress.active():
+            self.prepare_files(loaded.component)
         instances = self._instances_of(self._engine, loaded.component)
         self._bounded_waits = instances.bounded_waits
         self._timings = {
@@ -495,6 +499,47 @@ class WasmExecutor:
             component = loaded.component
         return self._instances_of(engine, component, self._instances.base_memory_mib)
 
+    def prepare_files(self, component: wasmtime.component.Component) -> None:
+        """Make what instances of `component` will see beside the component's own
+        files, once it is loaded (blocking; raises BuildError): a subclass's packages."""
+
+    def run_trusted(
+        self,
+        component: wasmtime.component.Component,
+        code: str,
+        inputs: Any,
+        writable: tuple[tuple[Path, str], ...],
+    ) -> Any:
+        """Run `code`, a program of ours, in a fresh instance of `component` that sees
+        the host directories `writable` read-write, with the pool's memory bound and
+        BUILD_PROGRAM_TIMEOUT_S: build work that must run on the guest's own runtime.
+        Its result; BuildError if it fails."""
+        assert self._built is not None  # the component is loaded
+        instances = Instances(
+            self._engine,
+            self._linker(self._engine),
+            component,
+            fuel=self._fuel is not None,
+            read_only=self.read_only_dirs(self._built.path.parent),
+            writable=writable,
+            base_memory_mib=MAX_MEMORY_MIB,  # never measured: nothing is refused by it
+        )
+        timeout_ms = int(BUILD_PROGRAM_TIMEOUT_S * 1000)
+        request = jsontext.dumps({"code": code, "inputs": inputs, "timeout_ms": timeout_ms})
+        try:
+            instance = instances.new()
+            try:
+                instance.install(_wasmtime.Interrupt(BUILD_PROGRAM_TIMEOUT_S))
+                with instance.running():
+                    answer = _parse_answer(instance.run(instance.store, request))
+            finally:
+                instance.close()
+        except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:
+            raise BuildError(f"the {self.name} guest failed a build step: {exc}") from exc
+        if answer is None or answer.get("error"):
+            raise BuildError(f"the {self.name} guest failed a build step: {answer}")
+        return answer.get("result")
+
     def read_only_dirs(self, component_dir: Path) -> tuple[tuple[Path, str], ...]:
         """The host directories every instance sees, read-only, as (host, guest) paths:
         files the guest's build left beside the component in `component_dir`."""
@@ -536,7 +581,7 @@ class WasmExecutor:
             details.update(
                 component=str(self._built.path),
                 component_hash=self._built.component_hash,
-                build_inputs=self._built.inputs,
+                build_inputs={**self._built.inputs, **self._packages_inputs},
                 compiled_cache=self._compiled_cache,
                 timings=self._timings,
             )

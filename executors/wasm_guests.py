@@ -5,9 +5,8 @@ Both target the one WIT world in `shims/world.wit`:
 - `PYTHON_GUEST`: CPython 3.14 plus `shims/wasm_python/guest.py`, built and
   pre-initialised by componentize-py (a pinned Python dependency of Conduit). The
   guest's top level, which imports the standard-library modules it lists in
-  PRELOADED, runs at build time. `python_guest(requirements)` is the same guest with
-  the operator's pure-Python packages (see `packages`): a recipe of its own name, so
-  that it and the plain one, in one cache directory, never replace each other.
+  PRELOADED, runs at build time. The operator's pure-Python packages are no part of
+  it: they are files mounted beside it (see `wasm_packages`).
 - `JS_GUEST`: SpiderMonkey plus `shims/wasm_js/guest.js`, built by npm's
   `@bytecodealliance/componentize-js`. Its exact version and every transitive
   dependency are pinned, with integrity hashes, by `shims/wasm_js/package-lock.json`;
@@ -20,7 +19,6 @@ Both target the one WIT world in `shims/world.wit`:
 from __future__ import annotations
 
 import ast
-import functools
 import hashlib
 import importlib.metadata
 import importlib.resources
@@ -29,26 +27,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 
 from conduit.executors.npm import install_locked, locked_version, node_tools
 from conduit.executors.package_markers import GuestEnvironment
-from conduit.executors.package_pins import pins_path, resolve
-from conduit.executors.packages import (
-    LOCK_FILE,
-    RESOLUTION,
-    LockedPackage,
-    extract_wheels,
-    requirements_key,
-    write_lock,
-)
 from conduit.executors.wasm_build import (
-    BUILD_PREFIX,
     BuildError,
     GuestRecipe,
-    only_build_errors,
     run_tool,
     shim_path,
 )
@@ -64,7 +49,6 @@ __all__ = [
     "componentize_js_version",
     "packages_compiler",
     "preloaded_modules",
-    "python_guest",
 ]
 
 WORLD_FILE = "world.wit"
@@ -80,9 +64,7 @@ PYTHON_STDLIB_EXPORT = "wasm_python/stdlib_export.py"
 # asyncio's event loop without the socket pair WASI cannot make.
 PYTHON_ASYNCIO = "wasm_python/guest_asyncio.py"
 STDLIB_DIR = "stdlib"
-# The entry module of a guest with packages (it imports `guest`), the directory their
-# files are unpacked into, kept beside the component, and the Python they are for.
-PYTHON_PACKAGES_SOURCE = "wasm_python/guest_packages.py"
+# The directory packages' files are unpacked into, and the Python they are for.
 PACKAGES_DIR = "packages"
 GUEST_PYTHON_VERSION = "3.14"
 # The guest's interpreter as dependencies' environment markers see it (what its `sys`
@@ -94,14 +76,12 @@ GUEST_PYTHON = GuestEnvironment(
     platform_system="wasi",
     platform_release="0.0.0",
 )
-# Where the guest with packages sees them (shims/wasm_python/guest_packages.py).
+# Where the guest sees the packages (shims/wasm_python/guest.py).
 GUEST_PACKAGES = "/packages"
-# The app of a throwaway build that compiles packages (see its docstring), and its
-# options, written beside it.
+# The app of a throwaway build that compiles packages for Pyodide (see its docstring),
+# and its options, written beside it.
 PYTHON_PACKAGES_COMPILE = "wasm_python/packages_compile.py"
 PACKAGES_COMPILE_OPTIONS = "packages_compile.json"
-# Enough of the requirements' digest in a recipe's name to tell package lists apart.
-PACKAGES_KEY_CHARS = 12
 # The IANA time-zone package (a pinned dependency), copied into the guest's library.
 TIME_ZONES = "tzdata"
 _NOT_DATA = shutil.ignore_patterns("__pycache__")
@@ -153,63 +133,6 @@ PYTHON_GUEST = GuestRecipe(
     build=_build_python,
     outputs=(STDLIB_DIR,),
 )
-
-
-def python_guest(requirements: Sequence[str] = ()) -> GuestRecipe:
-    """The Python guest with the pure-Python packages `requirements` name (canonical,
-    see `core.requirements.parse_requirement`); `PYTHON_GUEST` itself for none.
-
-    Its build inputs add the requirements to the plain guest's, and its name carries
-    their digest: a changed list builds once, and pruning superseded builds of one
-    list never touches another's (two daemons may share a cache directory)."""
-    if not requirements:
-        return PYTHON_GUEST
-    wanted = tuple(sorted(set(requirements)))
-    key = requirements_key(wanted, GUEST_PYTHON_VERSION)[:PACKAGES_KEY_CHARS]
-
-    def tool_versions() -> dict[str, str]:
-        versions = _python_tool_versions()
-        return {**versions, "packages": " ".join(wanted), "packages_resolution": RESOLUTION}
-
-    return GuestRecipe(
-        name=f"{PYTHON_GUEST.name}-packages-{key}",
-        sources=(*PYTHON_GUEST.sources, PYTHON_PACKAGES_SOURCE, PYTHON_PACKAGES_COMPILE),
-        tool_versions=tool_versions,
-        build=functools.partial(_build_python_packages, wanted),
-        outputs=(*PYTHON_GUEST.outputs, PACKAGES_DIR, LOCK_FILE),
-    )
-
-
-def _build_python_packages(requirements: tuple[str, ...], work: Path, cache_dir: Path) -> None:
-    """The guest with packages: their files are unpacked and compiled in a directory
-    of their own, outside `work`, and moved in once the component is built, so the
-    guest's componentize-py build never has them on its Python path (it would read
-    any `componentize-py.toml` or native library among them). Raises only BuildError.
-    """
-    with (
-        only_build_errors("building the packages"),
-        tempfile.TemporaryDirectory(prefix=BUILD_PREFIX, dir=cache_dir) as staging,
-    ):
-        pins = pins_path(cache_dir, requirements, GUEST_PYTHON_VERSION)
-        unpacked, packages = _unpack_packages(requirements, Path(staging), pins)
-        write_lock(work / LOCK_FILE, requirements, GUEST_PYTHON_VERSION, packages)
-        _componentize_python(work, Path(PYTHON_PACKAGES_SOURCE).stem)
-        _add_time_zones(work)
-        os.replace(unpacked, work / PACKAGES_DIR)
-
-
-def _unpack_packages(
-    requirements: tuple[str, ...], staging: Path, pins: Path
-) -> tuple[Path, list[LockedPackage]]:
-    """Download (as `pins` says, see `package_pins`), unpack and compile the packages
-    in `staging`: their directory, and what was downloaded."""
-    wheels = staging / "wheels"
-    wheels.mkdir()
-    packages = resolve(requirements, GUEST_PYTHON, wheels, pins)
-    extract_wheels(wheels, packages, staging / PACKAGES_DIR)
-    shutil.rmtree(wheels)
-    compile_packages(staging, GUEST_PACKAGES)
-    return staging / PACKAGES_DIR, packages
 
 
 def packages_compiler() -> tuple[str, ...]:

@@ -154,7 +154,8 @@ def _files_over(scratch: Scratch, max_bytes: int) -> _wasmtime.StopReason | None
 class Instances:
     """Makes instances of `component` with `linker`, whose waits `clock` bounds (when
     it does: see `BoundedClock.install`), each seeing the host directories of
-    `read_only` (host path, guest path), a fresh directory of `scratch` to write its
+    `read_only` (host path, guest path), those of `writable` read-write (a build's
+    staging directory, never a program's), a fresh directory of `scratch` to write its
     files in (if given: at SCRATCH_GUEST if `preopen_scratch`, else the guest reaches
     it only through the host, see `wasm_fs`), and nothing else of the host.
 
@@ -173,6 +174,7 @@ class Instances:
         fuel: bool,
         clock: BoundedClock | None = None,
         read_only: Sequence[tuple[Path, str]] = (),
+        writable: Sequence[tuple[Path, str]] = (),
         scratch: ScratchDirs | None = None,
         preopen_scratch: bool = True,
         base_memory_mib: int | None = None,
@@ -181,6 +183,7 @@ class Instances:
         self._preopen_scratch = preopen_scratch
         self._clock = clock
         self._read_only = tuple(read_only)
+        self._writable = tuple(writable)
         self._scratch = scratch
         self._linker = linker
         self._component = component
@@ -216,6 +219,8 @@ class Instances:
             wasi.stderr_custom = output.stderr
             for host, guest in self._read_only:
                 wasi.preopen_dir(str(host), guest, fs_mutable=False)
+            for host, guest in self._writable:
+                wasi.preopen_dir(str(host), guest, fs_mutable=True)
             if scratch is not None and self._preopen_scratch:
                 wasi.preopen_dir(str(scratch.path), SCRATCH_GUEST, fs_mutable=True)
             store.set_wasi(wasi)

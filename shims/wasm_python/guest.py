@@ -6,7 +6,9 @@ modules in PRELOADED) is already in memory when an instance starts. The rest of 
 standard library is exported at build time (`stdlib_export`) and mounted read-only at
 /python in every instance, so a program imports any other module from there, lazily.
 
-The host calls `run("")` as it makes an instance (see `WitWorld.run`), then `run(request)`
+The operator's packages, if any, are mounted read-only at /packages, which an instance
+puts on `sys.path` at its first call. The host calls `run("")` as it makes an instance
+(see `WitWorld.run`), then `run(request)`
 once, for its execution, or once per step of a session (`"session": true`, whose steps
 share one namespace); the program's contract and the JSON answer are `python_program`'s,
 shared with every Python executor.
@@ -21,6 +23,7 @@ import contextlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
+import sys  # noqa: E402
 
 import guest_asyncio  # noqa: E402
 import python_program  # noqa: E402
@@ -143,12 +146,24 @@ def _enter_scratch():
         os.chdir(SCRATCH)
 
 
+# Where the host mounts the operator's packages, read-only, when it has any (see
+# executors/wasm_packages.py). Put on `sys.path` by an instance, never at build time:
+# searched then, where it does not exist, it would be remembered as empty.
+PACKAGES = "/packages"
+
+
+def _add_packages():
+    if PACKAGES not in sys.path and os.path.isdir(PACKAGES):
+        sys.path.append(PACKAGES)
+
+
 class WitWorld(wit_world.WitWorld):
     def run(self, request: str) -> str:
         # The host's first call, as it makes the instance ahead of its execution: the
         # C library's first look at the file system (its preopened directories) and
         # the change of directory are host calls, paid here rather than by the program.
         if not request:
+            _add_packages()
             _enter_scratch()
             return ""
         try:

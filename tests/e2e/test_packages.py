@@ -3,24 +3,24 @@ package from PyPI runs programs that import it, with no network in the sandbox, 
 says which packages it installed (executors/list, the tool's description, doctor); a
 package with compiled code leaves the executor unavailable, saying why.
 
-The component with the packages is a second build (~30 s), kept in the session's
-component cache like the plain one, so later runs only load it.
+The packages are no component of their own: the one wasm-python component compiles
+them, in seconds, into a directory beside it in the session's component cache.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from conduit.core.errors import ExecutorUnavailable
 from tests.e2e.helpers import base_env
 from tests.e2e.test_cli import conduit
+from tests.sandboxes import NoBridge
 
 # A pure-Python package with a pure-Python dependency (six).
 DATEUTIL = "python-dateutil==2.9.0.post0"
@@ -37,40 +37,41 @@ except OSError as exc:
     written = type(exc).__name__
 [day.isoformat(), dateutil.__file__, importlib.metadata.version("six"), written]
 """
-# What the guest's entry module for packages adds to the component (~150 KB).
-MAX_GROWTH_BYTES = 384 * 1024
 INITIALIZE = {"protocolVersion": "2025-11-25", "capabilities": {}}
+# What a package list may take to build once its wheels are pinned (~1 s for these).
+MAX_PACKAGES_BUILD_S = 30
 
 
-@pytest.fixture(scope="session")
-def packaged_cache(
-    wasm_cache: Path, kept_dir: Callable[[str], AbstractContextManager[Path]]
-) -> Path:
-    """The session's component cache, with the wasm-python component for DATEUTIL built
-    and compiled in it (once per clone: kept between runs)."""
-    from conduit.executors import _wasmtime
-    from conduit.executors.wasm_build import ensure_component
-    from conduit.executors.wasm_guests import python_guest
+async def test_a_list_shares_the_component_and_its_instances_memory(
+    wasm_cache: Path, nursery: trio.Nursery
+) -> None:
+    """The packages are files compiled on disk, not a component of their own: an
+    instance with them starts from the same memory image as one without, and building
+    them runs no componentize-py."""
+    from conduit.executors.base import Job, Limits
+    from conduit.executors.wasm_guests import GUEST_PYTHON_VERSION
+    from conduit.executors.wasm_packages import packages_dir_name
+    from conduit.executors.wasm_python import WasmPythonExecutor
 
-    with kept_dir("wasm-components") as cache:
-        built = ensure_component(python_guest((DATEUTIL,)), cache)
-        _wasmtime.load_component(_wasmtime.new_engine(), built.path, built.component_hash)
-    return wasm_cache
-
-
-def test_instances_start_with_no_more_memory_for_the_packages(packaged_cache: Path) -> None:
-    """The packages are compiled in a throwaway build: compiled within the component's
-    own, what the compiler freed would stay in the memory image every instance starts
-    from (~45 MB for sympy; ~0.5 MB for these). The guest with packages differs from
-    the plain one by its entry module alone."""
-    from conduit.executors.wasm_guests import PYTHON_GUEST, python_guest
-
-    def size(name: str) -> int:
-        (component,) = packaged_cache.glob(f"{name}-" + "[0-9a-f]" * 16 + "/guest.wasm")
-        return component.stat().st_size
-
-    grown = size(python_guest((DATEUTIL,)).name) - size(PYTHON_GUEST.name)
-    assert grown < MAX_GROWTH_BYTES, grown
+    plain = WasmPythonExecutor(cache_dir=wasm_cache)
+    listed = WasmPythonExecutor(cache_dir=wasm_cache, packages=(DATEUTIL,))
+    for executor in (plain, listed):
+        await nursery.start(executor.serve)
+        with trio.fail_after(120):
+            assert await executor.wait_ready(), executor.info().reason
+    without, with_packages = plain.info(), listed.info()
+    job = Job("ex_path", "python", "import sys\n'/packages' in sys.path", Limits())
+    assert (await plain.run(job, NoBridge())).result is False  # no directory: not put there
+    assert with_packages.pool["component_hash"] == without.pool["component_hash"]
+    assert with_packages.pool["base_memory_mib"] == without.pool["base_memory_mib"]
+    steps = {step["step"]: step for step in with_packages.progress["done"]}
+    assert "componentize-py" not in steps
+    if "building the packages" in steps:
+        assert steps["building the packages"]["elapsed_s"] < MAX_PACKAGES_BUILD_S
+    prefix = packages_dir_name((DATEUTIL,), GUEST_PYTHON_VERSION)
+    (packages,) = wasm_cache.glob(f"{prefix}-" + "[0-9a-f]" * 16 + "/packages")
+    for source in packages.rglob("*.py"):  # every module compiled, the largest too
+        assert (source.parent / "__pycache__" / f"{source.stem}.cpython-314.pyc").is_file()
 
 
 def _with_packages(*packages: str) -> dict[str, Any]:
@@ -78,7 +79,7 @@ def _with_packages(*packages: str) -> dict[str, Any]:
 
 
 async def test_programs_import_the_packages_and_the_daemon_lists_them(
-    packaged_cache: Path, start_daemon: Any, connect: Any
+    wasm_cache: Path, start_daemon: Any, connect: Any
 ) -> None:
     _, info = await start_daemon(executors=_with_packages(DATEUTIL))
     client = await connect(info)
@@ -100,7 +101,7 @@ async def test_programs_import_the_packages_and_the_daemon_lists_them(
 
 
 async def test_doctor_lists_the_packages_with_their_versions(
-    packaged_cache: Path, make_config: Any, tmp_path: Path
+    wasm_cache: Path, make_config: Any, tmp_path: Path
 ) -> None:
     config = make_config(executors=_with_packages(DATEUTIL))
     done = await conduit("doctor", "--config", config.source, env=base_env(tmp_path / "state"))

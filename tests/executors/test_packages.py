@@ -22,7 +22,7 @@ from packaging.requirements import Requirement
 
 from conduit.core.errors import ExecutorUnavailable
 from conduit.core.requirements import parse_requirement
-from conduit.executors import package_pins, wasm_guests
+from conduit.executors import package_pins, wasm_build, wasm_packages
 from conduit.executors import packages as package_tools
 from conduit.executors.base import Job, Limits, Status
 from conduit.executors.caveats import MAX_LISTED_PACKAGES, installed_packages
@@ -45,12 +45,8 @@ from conduit.executors.wasm_build import (
     only_build_errors,
     prune_superseded,
 )
-from conduit.executors.wasm_guests import (
-    GUEST_PYTHON,
-    GUEST_PYTHON_VERSION,
-    PYTHON_GUEST,
-    python_guest,
-)
+from conduit.executors.wasm_guests import GUEST_PYTHON, GUEST_PYTHON_VERSION, PYTHON_GUEST
+from conduit.executors.wasm_packages import packages_dir_name
 from conduit.executors.wasm_python import WasmPythonExecutor
 from tests.daemon.fakes import FakeExecutor
 from tests.sandboxes import NoBridge
@@ -79,26 +75,27 @@ def test_anything_but_a_requirement_is_refused(text: str) -> None:
         parse_requirement(text)
 
 
-def test_the_plain_guest_keeps_its_recipe_and_key() -> None:
-    assert python_guest(()) is PYTHON_GUEST
-    packaged = python_guest(("tabulate==0.9.0",))
-    assert packaged.name.startswith("wasm-python-packages-")
-    assert packaged.name == python_guest(("tabulate==0.9.0", "tabulate==0.9.0")).name
-    assert packaged.name != python_guest(("tabulate==0.8.10",)).name
-    plain_hash, plain = build_inputs(PYTHON_GUEST)
-    packaged_hash, inputs = build_inputs(packaged)
-    added = {"guest_packages.py", "packages_compile.py", "packages", "packages_resolution"}
-    assert inputs.keys() == plain.keys() | added
-    assert {name: inputs[name] for name in plain} == plain
-    assert inputs["packages"] == "tabulate==0.9.0"
-    assert packaged_hash != plain_hash
+def test_one_component_serves_every_package_list(tmp_path: Path) -> None:
+    plain = WasmPythonExecutor(cache_dir=tmp_path)
+    listed = WasmPythonExecutor(cache_dir=tmp_path, packages=("tabulate==0.9.0",))
+    assert plain.recipe is listed.recipe is PYTHON_GUEST
+    assert build_inputs(listed.recipe) == build_inputs(plain.recipe)
+
+
+def test_a_lists_directory_is_named_by_the_list() -> None:
+    name = packages_dir_name(("tabulate==0.9.0",), GUEST_PYTHON_VERSION)
+    assert name.startswith("wasm-python-packages-")
+    assert name == packages_dir_name(("tabulate==0.9.0", "tabulate==0.9.0"), "3.14")
+    assert name != packages_dir_name(("tabulate==0.8.10",), GUEST_PYTHON_VERSION)
+    assert name != packages_dir_name(("tabulate==0.9.0",), "3.13")
 
 
 def test_builds_of_other_package_lists_are_not_pruned(tmp_path: Path) -> None:
     """Two daemons (or test processes) sharing one cache, with and without packages,
-    keep each other's component; only a same list's superseded build goes."""
-    plain, listed = PYTHON_GUEST.name, python_guest(("tabulate==0.9.0",)).name
-    other = python_guest(("humanize==4.12.1",)).name
+    keep each other's builds; only a same list's superseded build goes."""
+    plain = PYTHON_GUEST.name
+    listed = packages_dir_name(("tabulate==0.9.0",), GUEST_PYTHON_VERSION)
+    other = packages_dir_name(("humanize==4.12.1",), GUEST_PYTHON_VERSION)
     names = [f"{plain}-{'a' * 16}", f"{listed}-{'b' * 16}", f"{listed}-{'c' * 16}"]
     names.append(f"{other}-{'d' * 16}")
     for name in names:
@@ -288,14 +285,14 @@ def _serve_a_spoilt_wheel(monkeypatch: pytest.MonkeyPatch) -> None:
     def resolve(requirements: object, guest: object, dest: Path, pins: Path) -> list[LockedPackage]:
         return [spoilt_wheel(dest / EVIL_WHEEL, "crc")]
 
-    monkeypatch.setattr(wasm_guests, "resolve", resolve)
+    monkeypatch.setattr(wasm_packages, "resolve", resolve)
 
 
 async def test_a_malformed_wheel_leaves_one_executor_unavailable_and_the_rest_serving(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nursery: trio.Nursery
+    wasm_cache: Path, monkeypatch: pytest.MonkeyPatch, nursery: trio.Nursery
 ) -> None:
     _serve_a_spoilt_wheel(monkeypatch)
-    python = WasmPythonExecutor(cache_dir=tmp_path / "cache", packages=("evil==1.0",))
+    python = WasmPythonExecutor(cache_dir=wasm_cache, packages=("evil==1.0",))
     other = FakeExecutor(name="deno", languages=frozenset({"javascript"}))
     registry = ExecutorRegistry([python, other], {"python": "wasm-python", "javascript": "deno"})
     await nursery.start(registry.serve)
@@ -310,29 +307,77 @@ async def test_a_malformed_wheel_leaves_one_executor_unavailable_and_the_rest_se
     assert outcome.status is Status.OK
 
 
-async def test_the_guest_build_never_has_the_packages_on_its_path(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """componentize-py reads every `componentize-py.toml` under its Python path (`-p .`,
-    the build directory): the packages are unpacked elsewhere and moved in after."""
-    seen: list[bool] = []
-
+def _fake_resolve(monkeypatch: pytest.MonkeyPatch) -> None:
     def resolve(requirements: object, guest: object, dest: Path, pins: Path) -> list[LockedPackage]:
         return [make_wheel(dest / EVIL_WHEEL, {"evil/__init__.py": b""})]
 
-    def componentize(work: Path, module: str, *args: str) -> None:
-        seen.append((work / wasm_guests.PACKAGES_DIR).exists())
-        (work / "guest.wasm").write_bytes(b"")
+    monkeypatch.setattr(wasm_packages, "resolve", resolve)
 
-    monkeypatch.setattr(wasm_guests, "resolve", resolve)
-    monkeypatch.setattr(wasm_guests, "compile_packages", lambda *args, **kwargs: None)
-    monkeypatch.setattr(wasm_guests, "_componentize_python", componentize)
-    work = tmp_path / "work"
-    work.mkdir()
-    wasm_guests._build_python_packages(("evil==1.0",), work, tmp_path)
-    assert seen == [False]
-    assert (work / wasm_guests.PACKAGES_DIR / "evil" / "__init__.py").is_file()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]  # the staging is gone
+
+def _build(cache: Path, requirements: tuple[str, ...], component_hash: str = "c" * 64) -> Path:
+    compiled: list[Path] = []
+    built = wasm_packages.ensure_packages_dir(
+        requirements, GUEST_PYTHON, component_hash, cache, compiled.append
+    )
+    assert len(compiled) <= 1
+    return built
+
+
+def test_a_packages_build_unpacks_compiles_and_moves_into_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the packages are built: no componentize-py, the staging gone, the lock
+    there; the same list again is found, not built."""
+    _fake_resolve(monkeypatch)
+    tools: list[str] = []
+    monkeypatch.setattr(wasm_build, "_run_tool", lambda what, *args, **kwargs: tools.append(what))
+    seen: list[bool] = []
+
+    def compile(packages: Path) -> None:
+        seen.append((packages / "evil" / "__init__.py").is_file())
+
+    built = wasm_packages.ensure_packages_dir(
+        ("evil==1.0",), GUEST_PYTHON, "c" * 64, tmp_path, compile
+    )
+    assert tools == []
+    assert seen == [True]  # compiled where unpacked
+    assert (built / wasm_packages.PACKAGES_DIR / "evil" / "__init__.py").is_file()
+    assert read_lock(built / package_tools.LOCK_FILE)
+    assert [p.name for p in tmp_path.iterdir()] == [built.name]  # the staging is gone
+    assert (
+        wasm_packages.ensure_packages_dir(
+            ("evil==1.0",), GUEST_PYTHON, "c" * 64, tmp_path, seen.append
+        )
+        == built
+    )
+    assert len(seen) == 1
+
+
+def test_a_changed_list_or_component_rebuilds_only_the_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another list gets a directory of its own beside the first; a new component
+    replaces the same list's directory (its bytecode was the old CPython's)."""
+    _fake_resolve(monkeypatch)
+    first = _build(tmp_path, ("evil==1.0",))
+    other = _build(tmp_path, ("evil==1.0", "more==2.0"))
+    assert first != other and first.is_dir()
+    rebuilt = _build(tmp_path, ("evil==1.0",), component_hash="d" * 64)
+    assert rebuilt != first
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([other.name, rebuilt.name])
+
+
+def test_a_failed_packages_build_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_resolve(monkeypatch)
+
+    def fail(packages: Path) -> None:
+        raise BuildError("the guest failed a build step")
+
+    with pytest.raises(BuildError, match="build step"):
+        wasm_packages.ensure_packages_dir(("evil==1.0",), GUEST_PYTHON, "c" * 64, tmp_path, fail)
+    assert list(tmp_path.iterdir()) == []
 
 
 # -- what is resolved --------------------------------------------------------------------
