@@ -27,13 +27,13 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from conduit.integrations._extras import missing_extra
+
 try:
     from langchain_core.tools import BaseTool
     from pydantic import BaseModel, Field
-except ModuleNotFoundError as exc:  # say which extra brings it
-    raise ModuleNotFoundError(
-        "conduit.integrations.langchain needs langchain-core: pip install 'conduit[langchain]'"
-    ) from exc
+except ModuleNotFoundError as exc:
+    raise missing_extra("langchain", "langchain-core", "langchain") from exc
 
 from conduit.client import AsyncClient, Client, ExecutionResult
 from conduit.integrations._programs import LANGUAGES, describe_tool, outcome

@@ -24,13 +24,12 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from conduit.integrations._extras import missing_extra
+
 try:
     from agents import FunctionTool, RunContextWrapper
-except ModuleNotFoundError as exc:  # say which extra brings it
-    raise ModuleNotFoundError(
-        "conduit.integrations.openai_agents needs openai-agents: "
-        "pip install 'conduit[openai-agents]'"
-    ) from exc
+except ModuleNotFoundError as exc:
+    raise missing_extra("openai_agents", "openai-agents", "openai-agents") from exc
 
 from conduit.client import AsyncClient
 from conduit.integrations._programs import LANGUAGES, describe_tool, outcome

@@ -24,15 +24,14 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
+from conduit.integrations._extras import missing_extra
+
 try:
     from pydantic_ai import RunContext
     from pydantic_ai.tools import Tool, ToolDefinition
     from pydantic_ai.toolsets import FunctionToolset
-except ModuleNotFoundError as exc:  # say which extra brings it
-    raise ModuleNotFoundError(
-        "conduit.integrations.pydantic_ai needs pydantic-ai-slim: "
-        "pip install 'conduit[pydantic-ai]'"
-    ) from exc
+except ModuleNotFoundError as exc:
+    raise missing_extra("pydantic_ai", "pydantic-ai-slim", "pydantic-ai") from exc
 
 from conduit.client import AsyncClient
 from conduit.integrations._programs import LANGUAGES, describe_tool, outcome

@@ -33,6 +33,8 @@ import inspect
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from conduit.integrations._extras import missing_extra
+
 try:
     from smolagents.local_python_executor import CodeOutput
     from smolagents.monitoring import AgentLogger, LogLevel
@@ -40,10 +42,8 @@ try:
     from smolagents.serialization import SafeSerializer
     from smolagents.tools import Tool, get_tools_definition_code
     from smolagents.utils import AgentError
-except ModuleNotFoundError as exc:  # say which extra brings it
-    raise ModuleNotFoundError(
-        "conduit.integrations.smolagents needs smolagents: pip install 'conduit[smolagents]'"
-    ) from exc
+except ModuleNotFoundError as exc:
+    raise missing_extra("smolagents", "smolagents", "smolagents") from exc
 
 from conduit.client import Client, ExecutionResult, MethodNotFound, NotFound, Session
 
