@@ -3,11 +3,17 @@ model, and what a model is shown of how its program ended. No framework is impor
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from conduit.client import ExecutionResult
 
-__all__ = ["LANGUAGES", "describe_tool", "outcome"]
+__all__ = ["LANGUAGES", "MAX_SHOWN_CHARS", "bounded", "describe_tool", "outcome"]
+
+# What a model is shown of one text (output, a result, an error) at most: a program may
+# print megabytes, which would fill the model's context on its next turn. The whole
+# result stays with the application (the `ExecutionResult`).
+MAX_SHOWN_CHARS = 20_000
 
 # Wire language -> how the model is told to write, the fence of the declarations and
 # how a program returns its answer.
@@ -32,20 +38,32 @@ def describe_tool(language: str, declarations: str) -> str:
     )
 
 
+def bounded(text: str, limit: int = MAX_SHOWN_CHARS) -> str:
+    """`text`, or its start and end with what was left out said between them."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters left out ...]\n{text[-half:]}"
+
+
 def outcome(result: ExecutionResult) -> dict[str, Any]:
     """What the model is shown of a finished program: enough to use its answer or fix
-    it (`error` holds type, message and traceback), nothing of the daemon's bookkeeping."""
+    it (`error` holds type, message and traceback), nothing of the daemon's bookkeeping;
+    each text at most MAX_SHOWN_CHARS (`bounded`), a result too long as JSON as text."""
+    value = result.result
+    if len(json.dumps(value, default=str)) > MAX_SHOWN_CHARS:
+        value = bounded(json.dumps(value, default=str))
     shown: dict[str, Any] = {
         "status": result.status,
-        "result": result.result,
-        "stdout": result.stdout,
-        "stderr": result.stderr,
+        "result": value,
+        "stdout": bounded(result.stdout),
+        "stderr": bounded(result.stderr),
         "error": None,
     }
     if result.error is not None:
         shown["error"] = {
             "type": result.error.type,
-            "message": result.error.message,
-            "traceback": result.error.traceback,
+            "message": bounded(result.error.message),
+            "traceback": bounded(result.error.traceback),
         }
     return shown

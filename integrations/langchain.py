@@ -24,6 +24,8 @@ only). The description holds the typed `tools.*` declarations (`sdk/get`) for ex
 from __future__ import annotations
 
 import json
+import threading
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -109,9 +111,12 @@ class ConduitTool(BaseTool):
     def _run(self, code: str, **kwargs: Any) -> tuple[str, ExecutionResult]:
         if not isinstance(self.client, Client):
             raise TypeError("this tool runs on an AsyncClient: call ainvoke, not invoke")
-        result = self.client.execute(
-            code, language=self.language, allowed_tools=self.allowed_tools, limits=self.limits
-        )
+        # One call at a time on a blocking client, which is not thread-safe: LangGraph
+        # runs a turn's tool calls in threads at once.
+        with _lock_of(self.client):
+            result = self.client.execute(
+                code, language=self.language, allowed_tools=self.allowed_tools, limits=self.limits
+            )
         return _answer(result)
 
     async def _arun(self, code: str, **kwargs: Any) -> tuple[str, ExecutionResult]:
@@ -132,3 +137,13 @@ def _checked(language: str, allowed_tools: Iterable[str] | None) -> list[str] | 
 def _answer(result: ExecutionResult) -> tuple[str, ExecutionResult]:
     """LangChain's content and artifact: JSON for the model, the result for the caller."""
     return json.dumps(outcome(result)), result
+
+
+_LOCKS: weakref.WeakKeyDictionary[Client, threading.Lock] = weakref.WeakKeyDictionary()
+_LOCKS_LOCK = threading.Lock()
+
+
+def _lock_of(client: Client) -> threading.Lock:
+    """The lock every tool on `client` takes around a call."""
+    with _LOCKS_LOCK:
+        return _LOCKS.setdefault(client, threading.Lock())

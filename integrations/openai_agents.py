@@ -36,6 +36,8 @@ from conduit.integrations._programs import LANGUAGES, describe_tool, outcome
 
 __all__ = ["conduit_tool"]
 
+BAD_ARGUMENTS = 'the arguments must be a JSON object {"code": "<the whole program>"}'
+
 
 def _parameters(language: str) -> dict[str, Any]:
     """The tool's arguments, in the strict form the SDK sends models by default."""
@@ -68,7 +70,9 @@ async def conduit_tool(
     declarations = await client.sdk(language, allowed_tools=allowed)
 
     async def invoke(context: RunContextWrapper[Any], arguments: str) -> str:
-        code = json.loads(arguments)["code"]
+        code = _code_of(arguments)
+        if code is None:  # the model's mistake, told to the model
+            return json.dumps({"status": "error", "error": {"message": BAD_ARGUMENTS}})
         result = await client.execute(code, language=language, allowed_tools=allowed, limits=limits)
         return json.dumps(outcome(result))
 
@@ -78,3 +82,12 @@ async def conduit_tool(
         params_json_schema=_parameters(language),
         on_invoke_tool=invoke,
     )
+
+
+def _code_of(arguments: str) -> str | None:
+    """The program in the model's arguments, or None if they hold none."""
+    try:
+        code = json.loads(arguments).get("code")
+    except (ValueError, AttributeError):
+        return None
+    return code if isinstance(code, str) else None

@@ -45,9 +45,24 @@ try:
 except ModuleNotFoundError as exc:
     raise missing_extra("smolagents", "smolagents", "smolagents") from exc
 
-from conduit.client import Client, ExecutionResult, MethodNotFound, NotFound, Session
+from conduit.client import (
+    Client,
+    ConduitError,
+    ExecutionResult,
+    MethodNotFound,
+    NotFound,
+    Session,
+)
+from conduit.integrations._programs import bounded
 
 __all__ = ["ConduitExecutor"]
+
+# Told the model after a step that ended the session's sandbox (a timeout, a memory
+# limit): what it defined before is gone.
+RESET_NOTICE = (
+    "[the sandbox was reset: variables and functions from earlier steps are gone; "
+    "the agent's tools and variables are defined again]"
+)
 
 
 class ConduitExecutor(RemotePythonExecutor):
@@ -93,9 +108,13 @@ class ConduitExecutor(RemotePythonExecutor):
         """Run one step; its output, or the final answer. Raises `AgentError` for a
         program that did not end `ok`, with what the model needs to fix it."""
         result = self._run(code)
-        logs = result.stdout + result.stderr
+        logs = bounded(result.stdout + result.stderr)
+        if result.session_reset:
+            logs += f"\n{RESET_NOTICE}"
         if result.error is not None and result.error.type == self.FINAL_ANSWER_EXCEPTION:
-            answer = self._deserialize_final_answer(result.error.message, self.allow_pickle)
+            # Never unpickled, whatever `allow_pickle` says: the sandbox's program writes
+            # this message, and our `final_answer` only ever sends "safe:" answers.
+            answer = self._deserialize_final_answer(result.error.message, False)
             return CodeOutput(output=answer, logs=logs, is_final_answer=True)
         if not result.ok:
             raise AgentError(_failure(result, logs), self.logger)
@@ -108,6 +127,11 @@ class ConduitExecutor(RemotePythonExecutor):
             self._patch_final_answer_with_exception(tools["final_answer"])
         self._tools_code = get_tools_definition_code(tools) if tools else ""
         self._define(self._tools_code)
+        # smolagents shows the model any error of a step, but raises those of this call:
+        # a daemon that is not there, or a config it refuses, stops the run here.
+        self.client.sdk("python", allowed_tools=self.allowed_tools)
+        if self.use_session:
+            self._open_session()
 
     def send_variables(self, variables: dict[str, Any]) -> None:
         """Define the agent's state (its `additional_args`) in the sandbox."""
@@ -155,11 +179,15 @@ class ConduitExecutor(RemotePythonExecutor):
     def cleanup(self) -> None:
         """Close the session (and the client, if this executor made it); idempotent."""
         session, self._session = self._session, None
-        if session is not None and not session.closed:
-            with contextlib.suppress(NotFound):  # it expired already
-                session.close()
-        if self._owns_client:
-            self.client.close()
+        try:
+            if session is not None and not session.closed:
+                # Expired, or the daemon is gone: nothing left to close, and the error
+                # that ended the run (if one did) is the one to see.
+                with contextlib.suppress(ConduitError):
+                    session.close()
+        finally:
+            if self._owns_client:
+                self.client.close()
 
     # ---- how a step runs ----------------------------------------------------------------
 
@@ -198,7 +226,7 @@ class ConduitExecutor(RemotePythonExecutor):
             if self._sandbox_is_new:
                 self._redefine(session)
                 self._sandbox_is_new = False
-            result = session.execute(code, allowed_tools=self.allowed_tools)
+            result = session.execute(code, allowed_tools=self.allowed_tools, limits=self.limits)
         except NotFound:
             if not replace:
                 raise
@@ -252,5 +280,5 @@ def _failure(result: ExecutionResult, logs: str) -> str:
     )
     return (
         f"{logs}\nExecuting code yielded an error (status {result.status}):\n"
-        f"{kind}\n{message}\n{traceback}"
+        f"{kind}\n{bounded(message)}\n{bounded(traceback)}"
     )

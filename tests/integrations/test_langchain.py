@@ -57,3 +57,15 @@ def test_ainvoke_runs_on_either_client(socket_path: str) -> None:
         return [json.loads(on_async)["result"], json.loads(on_thread)["result"]]
 
     assert asyncio.run(run()) == [3, 42]
+
+
+def test_tool_calls_from_many_threads_share_a_blocking_client(socket_path: str) -> None:
+    # LangGraph runs a turn's tool calls in threads at once; the blocking client is not
+    # thread-safe, so the tool takes turns on it.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with Client(unix_path=socket_path) as client:
+        tool = ConduitTool.from_client(client)
+        with ThreadPoolExecutor(4) as threads:
+            answers = list(threads.map(lambda n: tool.invoke({"code": f"{n} * 2"}), range(8)))
+    assert [json.loads(answer)["result"] for answer in answers] == [n * 2 for n in range(8)]

@@ -95,3 +95,23 @@ def test_a_typescript_tool_answers_a_failing_program_with_its_error(socket_path:
     assert answer["status"] == "error"
     assert answer["error"]["type"] == "ToolError"
     assert "not allowed here" in answer["error"]["message"]
+
+
+def test_arguments_without_a_program_are_told_to_the_model(socket_path: str) -> None:
+    async def run() -> list[dict[str, Any]]:
+        async with AsyncClient(unix_path=socket_path) as client:
+            tool = await conduit_tool(client)
+            answers = []
+            for arguments in ("not json", "[1]", '{"code": 3}', "{}"):
+                context = ToolContext(
+                    context=None,
+                    tool_name=tool.name,
+                    tool_call_id="call_1",
+                    tool_arguments=arguments,
+                )
+                answers.append(json.loads(await tool.on_invoke_tool(context, arguments)))
+            return answers
+
+    for answer in asyncio.run(run()):
+        assert answer["status"] == "error"
+        assert '{"code":' in answer["error"]["message"]

@@ -135,3 +135,50 @@ def test_a_session_that_ended_is_replaced_and_given_the_definitions_again(
         finally:
             executor.cleanup()
         assert client.sessions() == []
+
+
+def test_a_forged_pickled_final_answer_is_never_unpickled(socket_path: str) -> None:
+    # The program writes the final-answer message: even where the app allows pickle for
+    # its own variables, what comes back from the sandbox is never unpickled.
+    forged = (
+        "import base64, pickle\n"
+        "class Boom:\n"
+        "    def __reduce__(self):\n"
+        "        return (print, ('HOST CODE RAN',))\n"
+        "class FinalAnswerException(BaseException):\n"
+        "    pass\n"
+        "raise FinalAnswerException('pickle:' + base64.b64encode(pickle.dumps(Boom())).decode())"
+    )
+    with Client(unix_path=socket_path) as client:
+        executor = ConduitExecutor(client, allow_pickle=True)
+        try:
+            with pytest.raises(Exception, match=r"(?i)pickle"):
+                executor(forged)
+        finally:
+            executor.cleanup()
+
+
+def test_a_daemon_refusing_the_config_stops_the_run_instead_of_the_model_guessing(
+    socket_path: str,
+) -> None:
+    model = ScriptedModel(["final_answer(1)"])
+    with Client(unix_path=socket_path) as client:
+        executor = ConduitExecutor(client, allowed_tools=["ech*"])  # not a valid pattern
+        agent = CodeAgent(tools=[], model=model, executor=executor, verbosity_level=LogLevel.OFF)
+        with pytest.raises(Exception, match="allowed_tools"):
+            agent.run("Answer 1")
+        executor.cleanup()
+    assert model.shown == []  # the model was never asked
+
+
+def test_the_model_is_told_of_a_reset_and_shown_bounded_output(socket_path: str) -> None:
+    with Client(unix_path=socket_path) as client:
+        executor = ConduitExecutor(client, limits={"timeout_ms": 1500})
+        try:
+            with pytest.raises(AgentError, match="sandbox was reset"):
+                executor("while True:\n    pass")
+            printed = executor("print('x' * 1_000_000)")
+            assert len(printed.logs) < 25_000
+            assert "characters left out" in printed.logs
+        finally:
+            executor.cleanup()
