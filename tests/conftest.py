@@ -35,7 +35,7 @@ settings.load_profile("conduit")
 
 # Whole directories that drive real daemons and runtimes end to end, or attack them:
 # `pytest -m "not slow"` is the quick loop of everything else.
-SLOW_DIRECTORIES = ("e2e", "security")
+SLOW_DIRECTORIES = ("e2e", "security", "integrations")
 
 
 # The files that take longest on a fresh clone of a loaded two-core machine, longest

@@ -19,6 +19,9 @@ from tests.e2e.helpers import daemon_in_a_thread, wait_upstreams
 from tests.e2e.test_tools import ECHO, TIME
 from tests.served import Served
 
+# Each example against a real daemon, end to end.
+pytestmark = pytest.mark.slow
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 # What differs from one run to the next, and so is compared by presence only.
 VOLATILE = frozenset({"execution_id", "duration_ms", "queue_ms"})

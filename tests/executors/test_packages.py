@@ -59,6 +59,9 @@ DATEUTIL = "python-dateutil==2.9.0.post0"
 # What the sandboxes' time-zone zip holds, in part.
 SANDBOX_ZONES = frozenset({"tzdata/__init__.py", "tzdata/zoneinfo/UTC"})
 
+# Tests that run pip against PyPI: real, and out of the quick loop (`-m "not slow"`).
+REACHES_PYPI = pytest.mark.slow
+
 
 def test_requirements_are_canonical_and_their_key_ignores_order() -> None:
     assert parse_requirement("Tabulate == 0.9.0") == "Tabulate==0.9.0"
@@ -105,6 +108,7 @@ def test_builds_of_other_package_lists_are_not_pruned(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[:2] + names[3:])
 
 
+@REACHES_PYPI
 def test_pip_resolves_dependencies_and_the_lock_records_them(tmp_path: Path) -> None:
     wheels = tmp_path / "wheels"
     wheels.mkdir()
@@ -124,6 +128,7 @@ def test_pip_resolves_dependencies_and_the_lock_records_them(tmp_path: Path) -> 
     assert (site / "python_dateutil-2.9.0.post0.dist-info" / "METADATA").is_file()
 
 
+@REACHES_PYPI
 def test_a_package_with_compiled_code_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(BuildError) as refused:
         download(["msgpack==1.1.0"], GUEST_PYTHON, tmp_path)
@@ -383,6 +388,7 @@ def test_a_failed_packages_build_leaves_nothing(
 # -- what is resolved --------------------------------------------------------------------
 
 
+@REACHES_PYPI
 def test_dependencies_are_judged_by_the_guests_markers(tmp_path: Path) -> None:
     """webob 1.8.9 requires `legacy-cgi; python_version >= "3.13"`: pip on an older
     host leaves it out, and `import webob` fails in the 3.14 guest without it."""
@@ -404,6 +410,7 @@ def test_markers_see_the_guest_not_the_host() -> None:
     assert Marker('extra == "speedups"').evaluate(pyodide.markers("speedups"))
 
 
+@REACHES_PYPI
 def test_tzdata_is_locked_but_the_sandboxes_own_is_kept(tmp_path: Path) -> None:
     """icalendar requires tzdata, which both sandboxes have already: its wheel is
     locked, listed with the sandbox's version, and never unpacked over theirs."""
@@ -422,6 +429,7 @@ def test_tzdata_is_locked_but_the_sandboxes_own_is_kept(tmp_path: Path) -> None:
     assert project_names(packages)["tzdata"] == f"{own} (the sandbox's own)"
 
 
+@REACHES_PYPI
 def test_a_source_only_package_is_not_said_to_have_compiled_code(tmp_path: Path) -> None:
     """docopt 0.6.2 is pure Python, published as a source distribution only."""
     with pytest.raises(BuildError) as refused:
@@ -435,6 +443,7 @@ def test_a_source_only_package_is_not_said_to_have_compiled_code(tmp_path: Path)
 # -- a rebuild gets the same wheels ------------------------------------------------------
 
 
+@REACHES_PYPI
 def test_a_rebuild_downloads_the_wheels_the_list_first_resolved_to(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -452,6 +461,7 @@ def test_a_rebuild_downloads_the_wheels_the_list_first_resolved_to(
     assert pins_path(tmp_path, ["six==1.17.0"], GUEST_PYTHON_VERSION) != pins
 
 
+@REACHES_PYPI
 def test_a_pinned_wheel_that_changed_fails_the_build(tmp_path: Path) -> None:
     pins = pins_path(tmp_path, ["six"], GUEST_PYTHON_VERSION)
     (six,) = _resolved_into(tmp_path / "first", ["six"], pins)
