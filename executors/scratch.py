@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-__all__ = ["ENTRY_BYTES", "Scratch", "ScratchDirs"]
+__all__ = ["ENTRY_BYTES", "Scratch", "ScratchDirs", "listing"]
 
 # What each file, directory or link counts for besides its blocks: an inode and a
 # directory entry.
@@ -160,7 +160,7 @@ def _walk(top: Path) -> Iterator[tuple[int, os.DirEntry[str] | str]]:
     try:
         while True:
             subdirs = []
-            for entry in _listing(fd):
+            for entry in listing(fd):
                 yield fd, entry
                 if entry.is_dir(follow_symlinks=False):
                     subdirs.append(entry.name)
@@ -189,7 +189,8 @@ def _walk(top: Path) -> Iterator[tuple[int, os.DirEntry[str] | str]]:
         os.close(fd)
 
 
-def _listing(fd: int) -> list[os.DirEntry[str]]:
+def listing(fd: int) -> list[os.DirEntry[str]]:
+    """The entries of the directory `fd` (left open); none if it cannot be read."""
     try:
         with os.scandir(fd) as entries:
             return list(entries)

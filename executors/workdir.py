@@ -27,7 +27,7 @@ from pathlib import Path
 
 from conduit.core.files import MAX_DEPTH, MAX_FILES, OUT_DIR, FileData, PathRefused, checked_path
 from conduit.executors.base import FilesRefused
-from conduit.executors.scratch import BLOCK_BYTES, ENTRY_BYTES, OPEN_DIR, Scratch
+from conduit.executors.scratch import BLOCK_BYTES, ENTRY_BYTES, OPEN_DIR, Scratch, listing
 
 __all__ = [
     "Entry",
@@ -234,7 +234,7 @@ def _walk(top: int) -> Iterator[tuple[str, os.stat_result]]:
     closed here). Depth first, with one descriptor open per level."""
     stack: list[tuple[int, str, Iterator[os.DirEntry[str]]]] = []
     try:
-        stack.append((top, "", iter(_listing(top))))
+        stack.append((top, "", iter(listing(top))))
         while stack:
             fd, prefix, entries = stack[-1]
             entry = next(entries, None)
@@ -258,18 +258,10 @@ def _walk(top: int) -> Iterator[tuple[str, os.stat_result]]:
                     child = os.open(entry.name, OPEN_DIR, dir_fd=fd)
                 except OSError:
                     continue
-                stack.append((child, path + "/", iter(_listing(child))))
+                stack.append((child, path + "/", iter(listing(child))))
     finally:
         for fd, _, _ in stack:
             os.close(fd)
-
-
-def _listing(fd: int) -> list[os.DirEntry[str]]:
-    try:
-        with os.scandir(fd) as entries:
-            return list(entries)
-    except OSError:
-        return []
 
 
 def _placeable(root: Path, path: str) -> os.stat_result | None:

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import trio
 import wasmtime
 import wasmtime.component
 
 from conduit.executors import _wasmtime
+from conduit.executors.base import ExecutorSession, SessionSpec
+from conduit.executors.wasm import WasmExecutor
 from conduit.executors.wasm_build import ensure_component
 from conduit.executors.wasm_calls import StringImport, add_string_import
 from conduit.executors.wasm_guests import JS_GUEST
 from conduit.executors.wasm_instances import Instances
+from conduit.executors.wasm_python import WasmPythonExecutor
+from tests.sandboxes import WAIT_S
+
+# What a Wasmtime test session's memory is capped at.
+SESSION_MB = 128
 
 
 def null_host_call(_method: str, _params: str) -> str:
@@ -48,3 +57,20 @@ def js_component(wasm_cache: Path) -> JsComponent:
 def js_instances(js_component: JsComponent) -> Instances:
     """Instances of the real JS component whose `host-call` answers null to all."""
     return js_component.instances()
+
+
+async def open_wasm_session(executor: WasmExecutor, session_id: str = "ses_1") -> ExecutorSession:
+    """A session of alice's on `executor`, in its one language."""
+    language = next(iter(executor.languages))
+    with trio.fail_after(WAIT_S):
+        return await executor.open_session(SessionSpec(session_id, language, SESSION_MB, "alice"))
+
+
+@pytest.fixture
+async def py_session(wasm: WasmPythonExecutor) -> AsyncIterator[ExecutorSession]:
+    """A wasm-python session, closed after the test."""
+    session = await open_wasm_session(wasm)
+    try:
+        yield session
+    finally:
+        await session.aclose()

@@ -8,7 +8,6 @@ import json
 import os
 import struct
 import zlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +21,12 @@ from conduit.executors.base import (
     Job,
     Limits,
     Outcome,
-    SessionSpec,
     Status,
 )
 from conduit.executors.wasm import WasmExecutor
 from conduit.executors.wasm_js import WasmJsExecutor
 from conduit.executors.wasm_python import WasmPythonExecutor
+from tests.executors.conftest import open_wasm_session
 from tests.sandboxes import WAIT_S, NoBridge
 
 MIB = 1024 * 1024
@@ -293,21 +292,6 @@ async def test_js_files_are_the_executions_own(wasm_js: WasmJsExecutor) -> None:
 # -- sessions -------------------------------------------------------------------------
 
 
-async def _open(executor: WasmExecutor) -> ExecutorSession:
-    language = next(iter(executor.languages))
-    with trio.fail_after(WAIT_S):
-        return await executor.open_session(SessionSpec("ses_f", language, 128, "alice"))
-
-
-@pytest.fixture
-async def py_session(wasm: WasmPythonExecutor) -> AsyncIterator[ExecutorSession]:
-    session = await _open(wasm)
-    try:
-        yield session
-    finally:
-        await session.aclose()
-
-
 async def step(session: ExecutorSession, language: str, code: str, **limits: Any) -> Outcome:
     job = Job("ex_step", language, code, Limits(**limits))
     with trio.fail_after(WAIT_S):
@@ -378,7 +362,7 @@ async def test_session_reset_starts_an_empty_directory(py_session: ExecutorSessi
 
 
 async def test_js_session_keeps_files_between_steps(wasm_js: WasmJsExecutor) -> None:
-    session = await _open(wasm_js)
+    session = await open_wasm_session(wasm_js)
     try:
         await session.put_files([FileData("in.json", json.dumps([1, 2]).encode())], 64 * MIB)
         first = await step(

@@ -14,13 +14,11 @@ from conduit.core.errors import Overloaded, SandboxCrashed
 from conduit.executors import wasm as wasm_module
 from conduit.executors import wasm_runners
 from conduit.executors.base import ExecutorSession, Job, Limits, Outcome, SessionSpec, Status
-from conduit.executors.wasm import WasmExecutor
 from conduit.executors.wasm_js import WasmJsExecutor
 from conduit.executors.wasm_python import WasmPythonExecutor
 from conduit.executors.wasm_sessions import WasmSession
+from tests.executors.conftest import open_wasm_session
 from tests.sandboxes import WAIT_S, NoBridge
-
-SESSION_MB = 128
 
 
 class EchoBridge:
@@ -31,17 +29,6 @@ class EchoBridge:
 
     async def request(self, method: str, params: dict[str, Any]) -> Any:
         return {"value": {"echoed": params.get("arguments")}}
-
-
-def _language(executor: WasmExecutor) -> str:
-    return next(iter(executor.languages))
-
-
-async def _open(executor: WasmExecutor, session_id: str = "ses_1") -> ExecutorSession:
-    with trio.fail_after(WAIT_S):
-        return await executor.open_session(
-            SessionSpec(session_id, _language(executor), SESSION_MB, "alice")
-        )
 
 
 async def step(
@@ -58,17 +45,8 @@ async def step(
 
 
 @pytest.fixture
-async def py_session(wasm: WasmPythonExecutor) -> AsyncIterator[ExecutorSession]:
-    session = await _open(wasm)
-    try:
-        yield session
-    finally:
-        await session.aclose()
-
-
-@pytest.fixture
 async def js_session(wasm_js: WasmJsExecutor) -> AsyncIterator[ExecutorSession]:
-    session = await _open(wasm_js)
+    session = await open_wasm_session(wasm_js)
     try:
         yield session
     finally:
@@ -140,7 +118,7 @@ async def test_js_steps_pass_through_session_source(
     wasm_js: WasmJsExecutor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(wasm_js, "session_source", lambda code: f"globalThis.seen = 7;\n{code}")
-    session = await _open(wasm_js)
+    session = await open_wasm_session(wasm_js)
     try:
         assert (await js_step(session, "seen")).result == 7
     finally:
@@ -220,7 +198,7 @@ async def test_a_step_has_its_own_output_and_tool_limits(py_session: ExecutorSes
 
 
 async def test_two_sessions_and_fresh_runs_are_isolated(wasm: WasmPythonExecutor) -> None:
-    one, two = await _open(wasm, "ses_a"), await _open(wasm, "ses_b")
+    one, two = await open_wasm_session(wasm, "ses_a"), await open_wasm_session(wasm, "ses_b")
     try:
         await step(one, "x = 'one'\nopen('f.txt', 'w').write('one')")
         await step(two, "x = 'two'")
@@ -244,7 +222,7 @@ async def test_two_sessions_and_fresh_runs_are_isolated(wasm: WasmPythonExecutor
 async def test_aclose_gives_the_runner_back(wasm: WasmPythonExecutor) -> None:
     before = wasm.info().pool
     assert (before["sessions"], before["taken_runners"]) == (0, 0)
-    session = await _open(wasm)
+    session = await open_wasm_session(wasm)
     await step(session, "x = 1")
     held = wasm.info().pool
     # Idle between steps: a runner held, no CPU slot.
@@ -260,7 +238,7 @@ async def test_aclose_gives_the_runner_back(wasm: WasmPythonExecutor) -> None:
 async def test_aclose_under_cancellation_still_closes_the_store(
     wasm: WasmPythonExecutor,
 ) -> None:
-    session = await _open(wasm)
+    session = await open_wasm_session(wasm)
     assert isinstance(session, WasmSession)
     sandbox = session.sandbox
     assert sandbox is not None
@@ -272,7 +250,7 @@ async def test_aclose_under_cancellation_still_closes_the_store(
 
 
 async def test_aclose_stops_a_running_step(wasm: WasmPythonExecutor) -> None:
-    session = await _open(wasm)
+    session = await open_wasm_session(wasm)
     outcomes: list[Outcome] = []
 
     async def spin() -> None:
@@ -300,17 +278,17 @@ async def test_sessions_are_capped(
     wasm: WasmPythonExecutor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(wasm_module, "MAX_SESSIONS", 1)
-    session = await _open(wasm)
+    session = await open_wasm_session(wasm)
     try:
         with pytest.raises(Overloaded):
-            await _open(wasm, "ses_2")
+            await open_wasm_session(wasm, "ses_2")
         # Fresh executions still run.
         with trio.fail_after(WAIT_S):
             fresh = await wasm.run(Job("ex", "python", "1", Limits()), NoBridge())
         assert fresh.result == 1
     finally:
         await session.aclose()
-    await (await _open(wasm, "ses_3")).aclose()
+    await (await open_wasm_session(wasm, "ses_3")).aclose()
 
 
 async def test_stopping_the_executor_ends_its_open_sessions(
@@ -323,7 +301,7 @@ async def test_stopping_the_executor_ends_its_open_sessions(
         async with trio.open_nursery() as nursery:
             await nursery.start(executor.serve)
             assert await executor.wait_ready()
-            session = await _open(executor)
+            session = await open_wasm_session(executor)
             assert (await step(session, "x = 1\nx")).result == 1
             nursery.cancel_scope.cancel()
 
