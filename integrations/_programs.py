@@ -51,8 +51,10 @@ def outcome(result: ExecutionResult) -> dict[str, Any]:
     it (`error` holds type, message and traceback), nothing of the daemon's bookkeeping;
     each text at most MAX_SHOWN_CHARS (`bounded`), a result too long as JSON as text."""
     value = result.result
-    if len(json.dumps(value, default=str)) > MAX_SHOWN_CHARS:
-        value = bounded(json.dumps(value, default=str))
+    if not isinstance(value, bool | int | float | None):  # only text can be long
+        text = json.dumps(value, default=str)
+        if len(text) > MAX_SHOWN_CHARS:
+            value = bounded(text)
     shown: dict[str, Any] = {
         "status": result.status,
         "result": value,
