@@ -146,7 +146,9 @@ class PyodideExecutor:
     `deno.find_deno`). `memory_mb` is the JavaScript heap limit of every interpreter;
     each program's own `memory_mb` bounds the memory it may add (a session's, all its
     steps together). `callback`, when set, is the one address the processes may connect
-    to. At most `max_sessions` sessions are open at once (see `pyodide_sessions`).
+    to. At most `max_sessions` sessions are open at once (see `pyodide_sessions`), and
+    at most `max_processes` processes run programs (`pool_size` kept warm, more while
+    programs wait on tools).
     `packages` are requirements of pure-Python packages the programs may import,
     canonical (see `core.requirements.parse_requirement`), resolved once (`pyodide_packages`).
     """
@@ -166,6 +168,7 @@ class PyodideExecutor:
         callback: CallbackAddress | None = None,
         start_timeout_s: float = START_TIMEOUT_S,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
+        max_processes: int = MAX_PROCESSES,
         packages: Sequence[str] = (),
     ) -> None:
         self._cache_dir = Path(cache_dir)
@@ -188,7 +191,7 @@ class PyodideExecutor:
         self._pool = HostPool(
             self._run_host,
             size=pool_size,
-            max_size=max(pool_size, MAX_PROCESSES),
+            max_size=max(pool_size, max_processes),
             recycle_timeout_s=start_timeout_s,
         )
         self._sessions = SessionRegistry(max_sessions)

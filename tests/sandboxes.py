@@ -100,11 +100,20 @@ async def wait_for(condition: Callable[[], bool]) -> None:
 
 
 async def start_pyodide(
-    nursery: trio.Nursery, cache_dir: Path, install_dir: Path, *, max_sessions: int = 4
+    nursery: trio.Nursery,
+    cache_dir: Path,
+    install_dir: Path,
+    *,
+    max_sessions: int = 4,
+    max_processes: int = 8,
 ) -> PyodideExecutor:
     """A Pyodide executor with one worker, served in `nursery`, once it is ready."""
     executor = PyodideExecutor(
-        cache_dir=cache_dir, install_dir=install_dir, pool_size=1, max_sessions=max_sessions
+        cache_dir=cache_dir,
+        install_dir=install_dir,
+        pool_size=1,
+        max_sessions=max_sessions,
+        max_processes=max_processes,
     )
     await nursery.start(executor.serve)
     with trio.fail_after(LOAD_WAIT_S):

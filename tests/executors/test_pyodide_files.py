@@ -86,7 +86,15 @@ class Files:
 def files(tmp_path_factory: pytest.TempPathFactory, pyodide_install: Path) -> Iterator[Files]:
     cache_dir = tmp_path_factory.mktemp("pyodide-files")
 
-    start = partial(start_pyodide, cache_dir=cache_dir, install_dir=pyodide_install, max_sessions=2)
+    # One process runs every program (none is started beside it while a program is slow
+    # on a busy machine), so a test can tell that two programs shared it.
+    start = partial(
+        start_pyodide,
+        cache_dir=cache_dir,
+        install_dir=pyodide_install,
+        max_sessions=2,
+        max_processes=1,
+    )
     with serving_in_a_thread(start) as served:
         yield Files(served)
 
@@ -151,7 +159,7 @@ async def test_the_next_execution_on_the_worker_sees_none_of_the_files(files: Fi
     first = await files.ok(code, {"input.txt": b"in"})
     assert first.result == ["input.txt", "out"]
     # Taken after a program, so the pool is done replacing any worker an earlier test
-    # broke: the next program goes to this one.
+    # broke: the next program goes to this one, the only one.
     before = pyodide_workers()
     later = await files.ok(
         "import os\n[os.listdir('.'), os.path.exists('/tmp/left.txt'), "
