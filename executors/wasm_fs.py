@@ -18,7 +18,6 @@ it as a JSON-RPC error whose data holds the code, and the guest throws it as Nod
 
 from __future__ import annotations
 
-import base64
 import binascii
 import errno
 import os
@@ -27,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from conduit.core import b64
 from conduit.core.files import PathRefused, checked_path
 from conduit.executors import workdir
 from conduit.executors.scratch import Scratch
@@ -82,9 +82,9 @@ class GuestFiles:
             raise _missing_or_not_a_file(self, path)
         encoding = params.get("encoding")
         if encoding is None:
-            return {"data": base64.b64encode(data).decode("ascii")}
+            return {"data": b64.encode(data)}
         if encoding == "base64":
-            return {"data": base64.b64encode(data).decode("ascii")}
+            return {"data": b64.encode(data)}
         if encoding == "hex":
             return {"data": data.hex()}
         codec = TEXT_ENCODINGS.get(str(encoding).lower())
@@ -218,7 +218,7 @@ def _data_of(params: dict[str, Any]) -> bytes:
     if not isinstance(encoded, str):
         raise FsError("ERR_INVALID_ARG_TYPE", "nothing to write")
     try:
-        return base64.b64decode(encoded, validate=True)
+        return b64.decode(encoded)
     except binascii.Error:
         raise FsError("ERR_INVALID_ARG_TYPE", "the data is not base64") from None
 
