@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import math
 import os
 import resource
@@ -120,6 +121,23 @@ def worker_threads(pid: int) -> int:
     return count
 
 
+# What a host's stdin and stdout pipes may hold: a job's or a files line of a megabyte
+# or two then crosses in a few writes, where Linux's default 64 KiB took one wake-up
+# of each side per 64 KiB. Linux caps it at /proc/sys/fs/pipe-max-size (1 MiB by
+# default), and a pipe that cannot grow keeps its size.
+PIPE_BYTES = 1 << 20
+# One read of a protocol line: a whole line of the size above, where one exists.
+LINE_READ_BYTES = PIPE_BYTES
+
+
+def widen_pipe(stream: object) -> None:
+    """Let the pipe under `stream` (a process's stdin or stdout) hold PIPE_BYTES."""
+    fileno = getattr(stream, "fileno", None)
+    if fileno is not None:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+
+
 class _Pipe:
     """A host's stdout or stderr: bytes read but not yet used are kept for the next
     reader (the protocol's lines follow the program's output in the same pipe)."""
@@ -128,12 +146,13 @@ class _Pipe:
         self.stream = stream
         self._kept = b""
 
-    async def receive(self) -> bytes:
-        """What was kept, else the next bytes from the pipe; b"" at its end."""
+    async def receive(self, max_bytes: int = READ_CHUNK_BYTES) -> bytes:
+        """What was kept, else the next bytes from the pipe (at most `max_bytes`); b""
+        at its end."""
         if self._kept:
             data, self._kept = self._kept, b""
             return data
-        return bytes(await self.stream.receive_some(READ_CHUNK_BYTES))
+        return bytes(await self.stream.receive_some(max_bytes))
 
     def keep(self, data: bytes) -> None:
         self._kept = data + self._kept
@@ -178,15 +197,18 @@ class _Pipe:
     async def read_line(self, max_bytes: int) -> bytes | None:
         """The bytes up to the next newline (consumed, not returned); None if the pipe
         ended first or the line is longer than `max_bytes`."""
-        line = b""
-        while chunk := await self.receive():
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := await self.receive(LINE_READ_BYTES):
             end = chunk.find(b"\n")
             if end >= 0:
                 self.keep(chunk[end + 1 :])
-                line += chunk[:end]
-                return line if len(line) <= max_bytes else None
-            line += chunk
-            if len(line) > max_bytes:
+                chunks.append(chunk[:end])
+                size += end
+                return b"".join(chunks) if size <= max_bytes else None
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > max_bytes:
                 return None
         return None
 
@@ -241,6 +263,8 @@ class PyodideHost:
     def of(cls, process: trio.Process, deno_dir: Path) -> PyodideHost:
         assert process.stdout is not None
         assert process.stderr is not None
+        widen_pipe(process.stdin)
+        widen_pipe(process.stdout)
         return cls(process, _Pipe(process.stdout), _Pipe(process.stderr), deno_dir)
 
     @property
