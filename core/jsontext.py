@@ -186,13 +186,19 @@ _FAST_OPTIONS: Final = (
 
 
 def _fast_encode(value: Any) -> bytes | None:
-    """`value` as compact UTF-8 JSON by `orjson`; None when it is not installed or
-    refuses the value (see the module's docstring)."""
+    """`value` as compact UTF-8 JSON by `orjson`, cleaned first if it must be; None
+    when it is not installed or refuses the value even so (see the module's
+    docstring). Text it wrote reads back to a value it writes the same way: a value
+    is never written by one encoder and read back into one written by the other."""
     if orjson is None:
         return None
     try:
         return orjson.dumps(value, default=str, option=_FAST_OPTIONS)
     except (TypeError, ValueError):  # orjson.JSONEncodeError is a TypeError
+        pass
+    try:
+        return orjson.dumps(_cleaned(value), default=str, option=_FAST_OPTIONS)
+    except (TypeError, ValueError):
         return None
 
 
