@@ -35,7 +35,6 @@ import re
 import resource
 import secrets
 import signal
-import socket
 import stat
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -95,9 +94,6 @@ _REFUSAL_S = 1.0
 # A peer can be refused as often as it connects; a line of each kind this often (with
 # how many were left out) tells an operator as much as a line per connection would.
 REFUSAL_LOG_EVERY_S = 10.0
-# What a connection's replies may have in flight (capped by net.core.wmem_max): a
-# reply carrying a megabyte or two of files goes out in a write or two.
-SEND_BUFFER_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,7 +363,6 @@ class Daemon:
 
     async def _admit(self, stream: trio.SocketStream, transport: str) -> None:
         sock = stream.socket
-        _widen_send_buffer(sock)
         try:
             peer = peer_credentials(sock) if transport == "unix" else None  # type: ignore[arg-type]
             # Whose unauthenticated connections count together: a uid on Unix, a
@@ -670,13 +665,6 @@ class _ThrottledLog:
         if suppressed := limit.take_suppressed():
             fields["suppressed"] = suppressed
         log.warning(message, extra=fields)
-
-
-def _widen_send_buffer(sock: trio.socket.SocketType) -> None:
-    """Let a reply of a few megabytes (files' base64) go out in a write or two: with
-    the kernel's default buffer, each 200 KiB or so waits for the client to read."""
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
 
 
 async def _refuse(stream: trio.SocketStream, reason: str) -> None:
