@@ -121,10 +121,13 @@ def worker_threads(pid: int) -> int:
     return count
 
 
-# What a host's stdin and stdout pipes may hold: a job's or a files line of a megabyte
-# or two then crosses in a few writes, where Linux's default 64 KiB took one wake-up
-# of each side per 64 KiB. Linux caps it at /proc/sys/fs/pipe-max-size (1 MiB by
-# default), and a pipe that cannot grow keeps its size.
+# What a host's stdin or stdout pipe may hold once a line longer than Linux's default
+# 64 KiB crosses it: a job's or a files line of a megabyte or two then crosses in a
+# few writes, where it took a wake-up of each side per 64 KiB. Only then: Linux
+# charges a pipe's size to the user (fs/pipe-user-pages-soft, 64 MiB by default, past
+# which the user's new pipes get a single page), so hosts that never move a long line
+# keep the default. Linux caps it at fs/pipe-max-size (1 MiB by default), and a pipe
+# that cannot grow keeps its size.
 PIPE_BYTES = 1 << 20
 # One read of a protocol line: a whole line of the size above, where one exists.
 LINE_READ_BYTES = PIPE_BYTES
@@ -142,9 +145,10 @@ class _Pipe:
     """A host's stdout or stderr: bytes read but not yet used are kept for the next
     reader (the protocol's lines follow the program's output in the same pipe)."""
 
-    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+    def __init__(self, stream: trio.abc.ReceiveStream, *, widen: bool = False) -> None:
         self.stream = stream
         self._kept = b""
+        self._narrow = widen  # to be widened at its first long line
 
     async def receive(self, max_bytes: int = READ_CHUNK_BYTES) -> bytes:
         """What was kept, else the next bytes from the pipe (at most `max_bytes`); b""
@@ -194,6 +198,11 @@ class _Pipe:
             await on_data(held)
         return False
 
+    def _widen_once(self) -> None:
+        if self._narrow:
+            self._narrow = False
+            widen_pipe(self.stream)
+
     async def read_line(self, max_bytes: int) -> bytes | None:
         """The bytes up to the next newline (consumed, not returned); None if the pipe
         ended first or the line is longer than `max_bytes`."""
@@ -206,6 +215,7 @@ class _Pipe:
                 chunks.append(chunk[:end])
                 size += end
                 return b"".join(chunks) if size <= max_bytes else None
+            self._widen_once()
             chunks.append(chunk)
             size += len(chunk)
             if size > max_bytes:
@@ -263,9 +273,8 @@ class PyodideHost:
     def of(cls, process: trio.Process, deno_dir: Path) -> PyodideHost:
         assert process.stdout is not None
         assert process.stderr is not None
-        widen_pipe(process.stdin)
-        widen_pipe(process.stdout)
-        return cls(process, _Pipe(process.stdout), _Pipe(process.stderr), deno_dir)
+        stdout = _Pipe(process.stdout, widen=True)
+        return cls(process, stdout, _Pipe(process.stderr), deno_dir)
 
     @property
     def alive(self) -> bool:
@@ -286,8 +295,11 @@ class PyodideHost:
     async def send(self, message: dict[str, Any]) -> bool:
         """Write one protocol line; False if the host is gone."""
         assert self.process.stdin is not None
+        line = jsontext.encode(message) + b"\n"
+        if len(line) > READ_CHUNK_BYTES:
+            widen_pipe(self.process.stdin)
         try:
-            await self.process.stdin.send_all(jsontext.encode(message) + b"\n")
+            await self.process.stdin.send_all(line)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return False
         return True
