@@ -23,7 +23,8 @@ on sockets in a temporary directory and measures, over loopback only:
   plain blocking echo server; sixteen programs waiting a second on a tool at once; and
   a realistic program per executor (the standard library, 100 KB of inputs, 5 tool
   calls), p50 and executions/s with 8 clients; a session's step (`x += 1`), a 1 MB file
-  in and out, and the memory an idle session holds, per executor (bench/sessions.py).
+  in and out, and the memory an idle session holds, per executor (bench/sessions.py);
+  `python -m bench.files_bench` measures the file round trip alone, beside a trivial run.
 
 Every loop is bounded in count and time. The modules beside this file hold the parts.
 """

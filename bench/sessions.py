@@ -96,6 +96,11 @@ async def _step(client: Client, session_id: str, code: str) -> Any:
 
 
 async def _file_round_trip(client: Client, executor: str, runs: int) -> dict[str, Any]:
+    return percentiles(await file_samples(client, executor, runs))
+
+
+async def file_samples(client: Client, executor: str, runs: int) -> list[float]:
+    """Seconds each of `runs` round trips of a 1 MB file took, after one untimed."""
     language = LANGUAGES[executor]
     data = os.urandom(FILE_BYTES)
     request = {
@@ -116,7 +121,7 @@ async def _file_round_trip(client: Client, executor: str, runs: int) -> dict[str
             raise AssertionError(f"the file did not come back whole: {result['status']}")
         if run:  # the first is a warm-up
             samples.append(elapsed)
-    return percentiles(samples)
+    return samples
 
 
 async def _idle_memory(client: Client, executor: str) -> dict[str, Any]:

@@ -7,12 +7,12 @@ is decided here too (`Call.idempotent`): reads may, `execute` and `tools/call` n
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from conduit.client.results import ExecutionResult, SessionInfo, Tool, ToolResult, ToolSchema
+from conduit.core import b64
 
 __all__ = [
     "IDEMPOTENT_METHODS",
@@ -162,7 +162,7 @@ def execute(
 def _file_param(path: str, data: bytes | str) -> dict[str, str]:
     if isinstance(data, str):
         return {"path": path, "text": data}
-    return {"path": path, "base64": base64.b64encode(data).decode("ascii")}
+    return {"path": path, "base64": b64.encode(data)}
 
 
 def create_session(

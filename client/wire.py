@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,11 @@ log = logging.getLogger("conduit.client")
 MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 
 
+_CR = ord("\r")
+# What makes a line more than blank (as `bytes.strip` counts whitespace).
+_NOT_BLANK = re.compile(rb"[^ \t\n\r\x0b\x0c]")
+
+
 class LineBuffer:
     """Splits received bytes into lines; a blank line or a trailing `\\r` is dropped.
 
@@ -46,19 +52,33 @@ class LineBuffer:
 
     def feed(self, data: bytes) -> list[bytes]:
         self._buffer += data
-        if b"\n" in data:
-            # Split only when a line ended: a large reply arrives in many chunks, and
-            # re-scanning the whole buffer for each would be quadratic.
-            *lines, rest = self._buffer.split(b"\n")
-            self._buffer = bytearray(rest)
-        else:
-            lines = []
+        # Split only when a line ended: a large reply arrives in many chunks, and
+        # re-scanning the whole buffer for each would be quadratic.
+        lines = self._take_lines() if b"\n" in data else []
         if len(self._buffer) > self._max:
             raise ConnectionLost(
                 f"the daemon sent a line over {self._max} bytes; raise the client's "
                 "max_message_bytes or ask for less output (limits.output_bytes)"
             )
-        return [bytes(line.rstrip(b"\r")) for line in lines if line.strip()]
+        return lines
+
+    def _take_lines(self) -> list[bytes]:
+        """The complete lines in the buffer, each copied once (a reply may carry
+        megabytes of files), without the blank ones."""
+        buffer = self._buffer
+        view = memoryview(buffer)
+        lines = []
+        start = 0
+        while (end := buffer.find(b"\n", start)) >= 0:
+            stop = end
+            while stop > start and buffer[stop - 1] == _CR:
+                stop -= 1
+            if _NOT_BLANK.search(buffer, start, stop) is not None:
+                lines.append(bytes(view[start:stop]))
+            start = end + 1
+        view.release()
+        del buffer[:start]
+        return lines
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,12 +13,13 @@ This module does no I/O and imports nothing of the project's but `core`.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import mimetypes
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from conduit.core import b64
 
 __all__ = [
     "MAX_FILES",
@@ -138,7 +139,7 @@ class ReturnedFile:
         if self.base64 is None:
             return None
         try:
-            return base64.b64decode(self.base64, validate=True)
+            return b64.decode(self.base64)
         except (binascii.Error, ValueError):
             return None
 
@@ -154,7 +155,7 @@ def returned_files(files: Iterable[FileData], budget_bytes: int) -> tuple[Return
         encoded_size = 4 * ((len(file.data) + 2) // 3)
         if encoded_size <= left:
             left -= encoded_size
-            encoded = base64.b64encode(file.data).decode("ascii")
+            encoded = b64.encode(file.data)
             returned.append(ReturnedFile(file.path, len(file.data), mime, encoded))
         else:
             returned.append(ReturnedFile(file.path, len(file.data), mime, truncated=True))

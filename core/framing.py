@@ -16,6 +16,9 @@ __all__ = ["OVERSIZE", "LineReader", "encode_line"]
 
 # 64 KiB reads keep syscalls few for pipelined small requests without hoarding memory.
 _READ_SIZE: Final = 65_536
+# Reads while a line longer than one small read is coming (a file's base64): a
+# megabyte's line then takes a few wake-ups rather than one per 64 KiB.
+_LONG_READ_SIZE: Final = 1 << 20
 
 
 class _Oversize:
@@ -46,7 +49,8 @@ class LineReader:
         while True:
             for item in self._drain():
                 yield item
-            chunk = await self._stream.receive_some(_READ_SIZE)
+            long_line = len(self._buffer) >= _READ_SIZE and not self._discarding
+            chunk = await self._stream.receive_some(_LONG_READ_SIZE if long_line else _READ_SIZE)
             if not chunk:
                 if self._buffer.strip() and not self._discarding:
                     yield self._take_rest()

@@ -13,13 +13,12 @@ the boundary (`core.files.checked_path`), and a path that fails is dropped.
 
 from __future__ import annotations
 
-import base64
 import binascii
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from conduit.core import jsontext
+from conduit.core import b64, jsontext
 from conduit.core.files import MAX_FILES, MAX_PATH_CHARS, FileData, PathRefused, checked_path
 from conduit.core.jsontext import JsonTextError
 from conduit.executors.base import FileInfo, Limits
@@ -49,9 +48,7 @@ class OutFiles:
 
 def on_the_wire(files: Iterable[FileData]) -> list[dict[str, str]]:
     """`files` as a job or a `put` carries them."""
-    return [
-        {"path": file.path, "base64": base64.b64encode(file.data).decode("ascii")} for file in files
-    ]
+    return [{"path": file.path, "base64": b64.encode(file.data)} for file in files]
 
 
 def files_line_bytes(limits: Limits) -> int:
@@ -80,7 +77,7 @@ def _file_of(entry: Any) -> FileData | None:
         return None
     try:
         path = checked_path(entry.get("path"))
-        data = base64.b64decode(str(entry.get("base64")), validate=True)
+        data = b64.decode(str(entry.get("base64")))
     except (PathRefused, binascii.Error, ValueError):
         return None
     return FileData(path, data)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import math
 import os
 import resource
@@ -120,20 +121,42 @@ def worker_threads(pid: int) -> int:
     return count
 
 
+# What a host's stdin or stdout pipe may hold once a line longer than Linux's default
+# 64 KiB crosses it: a job's or a files line of a megabyte or two then crosses in a
+# few writes, where it took a wake-up of each side per 64 KiB. Only then: Linux
+# charges a pipe's size to the user (fs/pipe-user-pages-soft, 64 MiB by default, past
+# which the user's new pipes get a single page), so hosts that never move a long line
+# keep the default. Linux caps it at fs/pipe-max-size (1 MiB by default), and a pipe
+# that cannot grow keeps its size.
+PIPE_BYTES = 1 << 20
+# One read of a protocol line: a whole line of the size above, where one exists.
+LINE_READ_BYTES = PIPE_BYTES
+
+
+def widen_pipe(stream: object) -> None:
+    """Let the pipe under `stream` (a process's stdin or stdout) hold PIPE_BYTES."""
+    fileno = getattr(stream, "fileno", None)
+    if fileno is not None:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+
+
 class _Pipe:
     """A host's stdout or stderr: bytes read but not yet used are kept for the next
     reader (the protocol's lines follow the program's output in the same pipe)."""
 
-    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+    def __init__(self, stream: trio.abc.ReceiveStream, *, widen: bool = False) -> None:
         self.stream = stream
         self._kept = b""
+        self._narrow = widen  # to be widened at its first long line
 
-    async def receive(self) -> bytes:
-        """What was kept, else the next bytes from the pipe; b"" at its end."""
+    async def receive(self, max_bytes: int = READ_CHUNK_BYTES) -> bytes:
+        """What was kept, else the next bytes from the pipe (at most `max_bytes`); b""
+        at its end."""
         if self._kept:
             data, self._kept = self._kept, b""
             return data
-        return bytes(await self.stream.receive_some(READ_CHUNK_BYTES))
+        return bytes(await self.stream.receive_some(max_bytes))
 
     def keep(self, data: bytes) -> None:
         self._kept = data + self._kept
@@ -175,18 +198,27 @@ class _Pipe:
             await on_data(held)
         return False
 
+    def _widen_once(self) -> None:
+        if self._narrow:
+            self._narrow = False
+            widen_pipe(self.stream)
+
     async def read_line(self, max_bytes: int) -> bytes | None:
         """The bytes up to the next newline (consumed, not returned); None if the pipe
         ended first or the line is longer than `max_bytes`."""
-        line = b""
-        while chunk := await self.receive():
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := await self.receive(LINE_READ_BYTES):
             end = chunk.find(b"\n")
             if end >= 0:
                 self.keep(chunk[end + 1 :])
-                line += chunk[:end]
-                return line if len(line) <= max_bytes else None
-            line += chunk
-            if len(line) > max_bytes:
+                chunks.append(chunk[:end])
+                size += end
+                return b"".join(chunks) if size <= max_bytes else None
+            self._widen_once()
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > max_bytes:
                 return None
         return None
 
@@ -241,7 +273,8 @@ class PyodideHost:
     def of(cls, process: trio.Process, deno_dir: Path) -> PyodideHost:
         assert process.stdout is not None
         assert process.stderr is not None
-        return cls(process, _Pipe(process.stdout), _Pipe(process.stderr), deno_dir)
+        stdout = _Pipe(process.stdout, widen=True)
+        return cls(process, stdout, _Pipe(process.stderr), deno_dir)
 
     @property
     def alive(self) -> bool:
@@ -262,8 +295,11 @@ class PyodideHost:
     async def send(self, message: dict[str, Any]) -> bool:
         """Write one protocol line; False if the host is gone."""
         assert self.process.stdin is not None
+        line = jsontext.encode(message) + b"\n"
+        if len(line) > READ_CHUNK_BYTES:
+            widen_pipe(self.process.stdin)
         try:
-            await self.process.stdin.send_all(jsontext.encode(message) + b"\n")
+            await self.process.stdin.send_all(line)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return False
         return True

@@ -1370,14 +1370,24 @@ def _parse_answer(answer: str) -> dict[str, Any] | None:
 
 
 def _record(execution: _Execution, capture: OutputCapture, stream: str, data: bytes) -> None:
+    if _piped(execution, stream, data):
+        return
     if not (execution.abandoned or execution.output_closed):  # the report may be out
         capture.write_nowait(stream, data)  # type: ignore[arg-type]
+
+
+def _piped(execution: _Execution, stream: str, data: bytes) -> bool:
+    """Whether `data` was a file's bytes piped on stdout (see `wasm_fs`), not output."""
+    files = execution.guest_files
+    return stream == "stdout" and files is not None and files.piped_output(data)
 
 
 def _record_live(
     execution: _Execution, capture: OutputCapture, stream: StreamName, data: bytes
 ) -> None:
     """`_record`, also handing what was kept to the Trio side (runner thread)."""
+    if _piped(execution, stream, data):
+        return
     if not (execution.abandoned or execution.output_closed):
         kept = capture.write_nowait(stream, data)
         if kept and execution.live is not None:

@@ -14,11 +14,18 @@ program (`on_full`), which then ends as `Status.DISK_LIMIT`, whatever it catches
 
 A failure is an `FsError` with Node's code ("ENOENT", "EISDIR", ...): the host answers
 it as a JSON-RPC error whose data holds the code, and the guest throws it as Node does.
+
+A write's bytes come on the guest's stdout, not in the call: a string the guest hands
+to `host-call` is turned into UTF-8 by a loop in the guest's bindings, some 500 ns a
+character, where the engine writes its stdout natively. So `fs/pipe` names the length
+of the write's base64, the guest writes its base64 and a newline on stdout, which the
+host takes here (`piped_output`) instead of the program's output, and `fs/write` with
+`piped` writes it. The pipe takes no more than the announced length and is shut by the
+next call, whatever it is: nothing the program writes later is taken.
 """
 
 from __future__ import annotations
 
-import base64
 import binascii
 import errno
 import os
@@ -27,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from conduit.core import b64
 from conduit.core.files import PathRefused, checked_path
 from conduit.executors import workdir
 from conduit.executors.scratch import Scratch
@@ -63,18 +71,54 @@ class GuestFiles:
     disk_bytes: int
     on_full: Callable[[], None]
     usage: int | None = None  # what the directory takes, if known
+    # A write's base64 as it comes on stdout, and the most it may hold (see the module).
+    pipe: bytearray | None = None
+    pipe_bytes: int = 0
 
     def call(self, method: str, params: dict[str, Any]) -> Any:
         """Serve `fs/<operation>`; its result, or FsError."""
+        piped = self._take_pipe()
         operation = _OPERATIONS.get(method.removeprefix(METHOD_PREFIX))
         if operation is None:
             raise FsError("ENOSYS", f"no such file operation: {method}")
         path = params.get("path")
+        if params.get("piped") is True:
+            if piped is None:
+                raise FsError("EIO", "EIO: the bytes to write did not arrive whole")
+            params = {**params, "base64": piped}
         try:
             return operation(self, _relative(path), params)
         except OSError as exc:
             code = errno.errorcode.get(exc.errno or errno.EIO, "EIO")
             raise FsError(code, f"{code}: {exc.strerror or exc}, {path!r}") from None
+
+    def piped_output(self, data: bytes) -> bool:
+        """Whether `data`, a piece of the guest's stdout, was taken for a write
+        (Wasmtime's output thread, while the guest waits in its write)."""
+        pipe = self.pipe
+        if pipe is None:
+            return False
+        if len(pipe) + len(data) > self.pipe_bytes:
+            self.pipe_bytes = -1  # more than announced: the write fails
+        else:
+            pipe += data
+        return True
+
+    def _take_pipe(self) -> bytes | None:
+        """The piped base64, shutting the pipe; None if it is not whole."""
+        pipe, self.pipe = self.pipe, None
+        if pipe is None or len(pipe) != self.pipe_bytes or not pipe.endswith(b"\n"):
+            return None
+        return bytes(memoryview(pipe)[:-1])
+
+    def _pipe(self, _path: str, params: dict[str, Any]) -> None:
+        length = params.get("length")
+        if type(length) is not int or length < 0 or length % 4:
+            raise FsError("ERR_INVALID_ARG_TYPE", "the length to pipe is not base64's")
+        if length // 4 * 3 > self.disk_bytes + 2:  # cannot fit, whatever its padding
+            self._full()
+        self.pipe = bytearray()
+        self.pipe_bytes = length + 1  # the base64 and a newline
 
     def _read(self, path: str, params: dict[str, Any]) -> dict[str, str]:
         data = workdir.read(self.scratch.path, _file(path), self.disk_bytes)
@@ -82,9 +126,9 @@ class GuestFiles:
             raise _missing_or_not_a_file(self, path)
         encoding = params.get("encoding")
         if encoding is None:
-            return {"data": base64.b64encode(data).decode("ascii")}
+            return {"data": b64.encode(data)}
         if encoding == "base64":
-            return {"data": base64.b64encode(data).decode("ascii")}
+            return {"data": b64.encode(data)}
         if encoding == "hex":
             return {"data": data.hex()}
         codec = TEXT_ENCODINGS.get(str(encoding).lower())
@@ -180,6 +224,7 @@ class GuestFiles:
 
 
 _OPERATIONS: dict[str, Callable[[GuestFiles, str, dict[str, Any]], Any]] = {
+    "pipe": GuestFiles._pipe,
     "read": GuestFiles._read,
     "write": GuestFiles._write,
     "stat": GuestFiles._stat,
@@ -215,10 +260,10 @@ def _file(path: str) -> str:
 
 def _data_of(params: dict[str, Any]) -> bytes:
     encoded = params.get("base64")
-    if not isinstance(encoded, str):
+    if not isinstance(encoded, str | bytes):
         raise FsError("ERR_INVALID_ARG_TYPE", "nothing to write")
     try:
-        return base64.b64decode(encoded, validate=True)
+        return b64.decode(encoded)
     except binascii.Error:
         raise FsError("ERR_INVALID_ARG_TYPE", "the data is not base64") from None
 

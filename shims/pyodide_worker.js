@@ -238,8 +238,12 @@ async function readReplies(channel, pending) {
 }
 
 // The next line of stdin, parsed; null at the end of stdin. Jobs may be megabytes:
-// chunks are joined once, when their line is complete.
+// chunks are joined once, when their line is complete, and read a megabyte at a time
+// once a line is longer than a small read (the daemon's pipe holds that much). Called
+// before this module's later constants exist.
 function lineReader(read) {
+  const SMALL_READ = 65536;
+  const LONG_READ = 1 << 20;
   let chunks = [];
   let rest = new Uint8Array(0);
   return async function next() {
@@ -252,7 +256,7 @@ function lineReader(read) {
         return parse(decode(line));
       }
       if (rest.length) chunks.push(rest);
-      const buffer = new Uint8Array(65536);
+      const buffer = new Uint8Array(chunks.length ? LONG_READ : SMALL_READ);
       const n = await read(buffer);
       if (n === null) return null;
       rest = buffer.subarray(0, n);

@@ -6,7 +6,6 @@ A principal sees only its own executions; the master (the `admin` scope) sees al
 
 from __future__ import annotations
 
-import base64
 import binascii
 import time
 from functools import partial
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from conduit.core import b64
 from conduit.core.errors import Forbidden, InvalidParams, NotFound
 from conduit.core.files import MAX_FILES, FileData, checked_path
 from conduit.daemon.audit import AuditState, ExecutionQuery
@@ -103,7 +103,7 @@ class FileParam(Params):
         if self.text is not None:
             return FileData(self.path, self.text.encode("utf-8", "surrogatepass"))
         try:
-            data = base64.b64decode(self.base64 or "", validate=True)
+            data = b64.decode(self.base64 or "")
         except binascii.Error:
             raise InvalidParams(
                 f"invalid params: file {self.path!r}: base64 is not valid base64",

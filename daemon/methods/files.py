@@ -8,11 +8,11 @@ special file in the working directory is never read or written through.
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 from pydantic import Field, field_validator
 
+from conduit.core import b64
 from conduit.core.errors import InvalidParams, NotFound
 from conduit.core.files import MAX_FILES, checked_path, mime_of
 from conduit.daemon.dispatcher import CallContext, MethodRouter, Params
@@ -76,7 +76,7 @@ async def get_file(params: GetFileParams, ctx: CallContext) -> dict[str, Any]:
     }
     # Within what a step's result may carry: a reply is built whole, in memory.
     if 4 * ((len(data) + 2) // 3) <= session.limits.result_bytes:
-        answer |= {"base64": base64.b64encode(data).decode("ascii"), "truncated": False}
+        answer |= {"base64": b64.encode(data), "truncated": False}
     return answer
 
 

@@ -8,11 +8,14 @@
 //
 // Data crosses as base64 (or, read as text, as the text), turned into bytes and back by
 // the engine's own `TextEncoder`, `Uint8Array.fromBase64` and `toBase64`: a loop over
-// the bytes in JavaScript runs in the interpreter, hundreds of times slower. A write's
-// base64 is put into its JSON by hand, not by `JSON.stringify`, which runs out of
-// memory on a string of a megabyte or so here.
+// the bytes in JavaScript runs in the interpreter, hundreds of times slower. A read's
+// comes in the host's answer. A write's goes out on stdout, through `writeLine` (the
+// engine's `console.log`, captured before any program ran), between an `fs/pipe` call
+// that announces its size and the `fs/write` that places it: a string handed to
+// `host-call` is turned into UTF-8 by a loop in the component's bindings, which took
+// most of a second for a megabyte's base64 (see executors/wasm_fs.py).
 
-export function makeFs(hostCall, stringify, parse) {
+export function makeFs(hostCall, stringify, parse, writeLine) {
   const U8 = Uint8Array;
   // Taken now: a program may replace them later, not change what `fs` does.
   const toBase64 = Function.prototype.call.bind(U8.prototype.toBase64);
@@ -21,11 +24,19 @@ export function makeFs(hostCall, stringify, parse) {
   const isView = ArrayBuffer.isView;
   const ErrorClass = Error;
 
-  // `params` (never empty), with `bytes` if given as its `base64`.
+  // `params` (never empty), with `bytes` if given piped on stdout ahead of it.
   function call(method, params, bytes) {
-    let text = stringify(params);
-    if (bytes !== undefined) text = `${text.slice(0, -1)},"base64":"${toBase64(bytes)}"}`;
-    const answer = parse(hostCall(method, text));
+    if (bytes !== undefined) {
+      const text = toBase64(bytes);
+      request("fs/pipe", { path: params.path, length: text.length });
+      writeLine(text);
+      params.piped = true;
+    }
+    return request(method, params);
+  }
+
+  function request(method, params) {
+    const answer = parse(hostCall(method, stringify(params)));
     if (answer.error) {
       const { message, data } = answer.error;
       const error = new ErrorClass(message);

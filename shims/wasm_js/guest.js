@@ -43,6 +43,10 @@ const uncurry = (method) => Function.prototype.call.bind(method);
 const split = uncurry(String.prototype.split);
 const exec = uncurry(RegExp.prototype.exec);
 const promiseThen = Promise.prototype.then;
+const consoleObject = console;
+const consoleLog = uncurry(console.log);
+// One line on stdout, written by the engine itself.
+const writeLine = (text) => consoleLog(consoleObject, text);
 const clock = performance;
 const clockNow = uncurry(clock.now);
 const now = () => clockNow(clock);
@@ -62,7 +66,7 @@ function request(method, params, tool) {
 
 const tools = makeTools(request);
 // Files in the execution's working directory, served by the host (see fs.js).
-const fs = makeFs(hostCall, stringify, parse);
+const fs = makeFs(hostCall, stringify, parse, writeLine);
 
 // Only the program's own frames, at the user's own line numbers. Built as a string,
 // not an array: pushing onto an array sets its indices through whatever accessors a

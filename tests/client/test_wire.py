@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -18,6 +19,24 @@ def test_line_buffer_joins_chunks_and_drops_blank_lines_and_cr() -> None:
     assert buffer.feed(b'{"a"') == []
     assert buffer.feed(b':1}\r\n\n{"b":2}\n{"c"') == [b'{"a":1}', b'{"b":2}']
     assert buffer.feed(b":3}\n") == [b'{"c":3}']
+
+
+def test_line_buffer_lines_are_whole_however_the_bytes_arrive() -> None:
+    # Each line is `bytes.split` then `rstrip(b"\r")`, blank ones dropped, whatever
+    # the chunks, for lines of a few bytes and of a megabyte alike.
+    rng = random.Random(7)
+    pieces = [b"", b"\r", b"\r\r", b" \t\x0b", b"x\ry", b'{"a":1}', b"A" * (1 << 20)]
+    stream = b"\n".join(rng.choice(pieces) + rng.choice(pieces) for _ in range(300)) + b"\n"
+    expected = [line.rstrip(b"\r") for line in stream.split(b"\n")[:-1] if line.strip()]
+    buffer = LineBuffer(4 << 20)
+    got: list[bytes] = []
+    at = 0
+    while at < len(stream):
+        size = rng.choice((1, 2, 7, 4096, 1 << 16, 1 << 20))
+        got += buffer.feed(stream[at : at + size])
+        at += size
+    assert got == expected
+    assert all(type(line) is bytes for line in got)
 
 
 def test_line_buffer_refuses_a_line_past_its_cap() -> None:

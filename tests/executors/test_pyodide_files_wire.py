@@ -5,8 +5,14 @@ boundary is dropped), and a hit disk limit reported as `disk_limit`."""
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
+import subprocess
 from collections.abc import Mapping, Sequence
+from functools import partial
+from pathlib import Path
+
+import trio
 
 from conduit.core.files import FileData
 from conduit.executors.base import Limits, Outcome, Status
@@ -17,6 +23,8 @@ from conduit.executors.pyodide_files import (
     out_files,
     stored_files,
 )
+from conduit.executors.pyodide_host import PIPE_BYTES, _Pipe
+from tests.sandboxes import WAIT_S
 
 
 def line(files: Sequence[Mapping[str, object]], disk_full: bool = False) -> bytes:
@@ -62,3 +70,27 @@ def test_disk_limit_names_the_limit() -> None:
     outcome = disk_limit(Outcome(Status.OK), Limits(disk_mb=3))
     assert outcome.status is Status.DISK_LIMIT
     assert outcome.error is not None and "limits.disk_mb (3 MB)" in outcome.error.message
+
+
+async def test_a_host_pipe_is_widened_at_its_first_long_line_only() -> None:
+    # Linux charges a pipe's size to the user: a host whose lines stay short keeps
+    # the default, one that moved a megabyte's line crosses the next in few reads.
+    sizes = []
+    async with trio.open_nursery() as nursery:
+        process = await nursery.start(
+            partial(trio.run_process, ["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        )
+        pipe = _Pipe(process.stdout, widen=True)
+        size = partial(fcntl.fcntl, process.stdout.fileno(), fcntl.F_GETPIPE_SZ)
+        long_line = b"x" * (3 * 65536) + b"\n"
+        with trio.fail_after(WAIT_S):
+            await process.stdin.send_all(b"short\n")
+            assert await pipe.read_line(1 << 20) == b"short"
+            sizes.append(size())
+            nursery.start_soon(process.stdin.send_all, long_line + b"after\n")
+            assert await pipe.read_line(1 << 20) == long_line[:-1]
+            assert await pipe.read_line(1 << 20) == b"after"
+            sizes.append(size())
+            await process.stdin.aclose()
+    assert sizes[0] == 65536
+    assert sizes[1] == min(PIPE_BYTES, int(Path("/proc/sys/fs/pipe-max-size").read_text()))

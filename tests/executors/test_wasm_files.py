@@ -247,6 +247,36 @@ async def test_js_copies_a_megabyte_within_the_default_limits(wasm_js: WasmJsExe
     assert outcome.files == [FileData("copy.bin", data)]
 
 
+async def test_js_writes_keep_the_programs_output_its_own(wasm_js: WasmJsExecutor) -> None:
+    # A write's bytes go out on stdout, taken by the host before the program's output:
+    # what the program prints around it is all there is of it, whatever it replaced.
+    code = (
+        "const log = console.log;\n"
+        "log('before');\n"
+        "console.log = () => { throw new Error('replaced'); };\n"
+        "fs.mkdirSync('out');\n"
+        "fs.writeFileSync('out/empty.bin', new Uint8Array(0));\n"
+        "fs.writeFileSync('out/text.txt', 'AAAA\\n');\n"
+        "fs.appendFileSync('out/text.txt', new Uint8Array([0, 255]));\n"
+        "log('after');\n"
+    )
+    outcome = await run(wasm_js, code)
+    assert outcome.status is Status.OK, outcome.error
+    assert outcome.stdout == "before\nafter\n"
+    assert outcome.files == [FileData("empty.bin", b""), FileData("text.txt", b"AAAA\n\x00\xff")]
+
+
+async def test_js_writes_up_to_the_disk_limit_and_no_further(wasm_js: WasmJsExecutor) -> None:
+    data = os.urandom(2 * MIB - 64 * 1024)  # it and its copy, with their entries: within 4 MB
+    code = "fs.mkdirSync('out');\nfs.writeFileSync('out/big.bin', fs.readFileSync('in.bin'));"
+    files = (FileData("in.bin", data),)
+    outcome = await run(wasm_js, code, files, disk_mb=4, result_bytes=4 * MIB)
+    assert outcome.status is Status.OK, outcome.error
+    assert outcome.files == [FileData("big.bin", data)]
+    over = await run(wasm_js, code.replace("out/big.bin", "out/a.bin") + "1", files, disk_mb=3)
+    assert over.status is Status.DISK_LIMIT, over
+
+
 async def test_js_cannot_reach_outside_its_directory(wasm_js: WasmJsExecutor) -> None:
     code = """
 const codes = {};

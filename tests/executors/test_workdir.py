@@ -150,6 +150,55 @@ def test_guest_writes_stop_the_program_past_the_cap(root: Path) -> None:
     assert full.value.code == "ENOSPC" and stopped == [True]
 
 
+def _pipe(files: GuestFiles, data: bytes, *pieces: bytes) -> None:
+    """Announce `data`'s base64 for a write, then send it on stdout in `pieces` (all of
+    it and its newline when none are given)."""
+    text = _b64(data).encode()
+    files.call("fs/pipe", {"path": "x", "length": len(text)})
+    for piece in pieces or (text[:5], text[5:] + b"\n"):
+        assert files.piped_output(piece)
+
+
+@pytest.mark.parametrize("data", [b"", bytes(range(256)) * 3, os.urandom(100_001)])
+def test_guest_piped_writes_are_byte_exact(root: Path, data: bytes) -> None:
+    files, _ = _guest_files(root)
+    _pipe(files, data)
+    files.call("fs/write", {"path": "out/x.bin", "piped": True})
+    assert (root / "out" / "x.bin").read_bytes() == data
+    assert not files.piped_output(b"later\n")  # the write shut the pipe
+
+
+def test_guest_pipe_takes_no_more_than_announced(root: Path) -> None:
+    files, _ = _guest_files(root)
+    _pipe(files, b"abc", b"YWJj\n", b"more\n")
+    with pytest.raises(FsError) as broken:
+        files.call("fs/write", {"path": "x", "piped": True})
+    assert broken.value.code == "EIO"
+    assert not (root / "x").exists()
+
+
+def test_guest_pipe_is_shut_by_any_call(root: Path) -> None:
+    files, _ = _guest_files(root)
+    _pipe(files, b"abc", b"YWJj\n")
+    files.call("fs/stat", {"path": "."})
+    assert not files.piped_output(b"output\n")
+    with pytest.raises(FsError) as missing:  # what was piped is gone with it
+        files.call("fs/write", {"path": "x", "piped": True})
+    assert missing.value.code == "EIO"
+
+
+def test_guest_pipe_is_refused_a_length_past_the_cap(root: Path) -> None:
+    files, stopped = _guest_files(root, disk_bytes=64 * 1024)
+    for length in (-4, 6, "8", None):
+        with pytest.raises(FsError) as invalid:
+            files.call("fs/pipe", {"path": "x", "length": length})
+        assert invalid.value.code == "ERR_INVALID_ARG_TYPE"
+    with pytest.raises(FsError) as full:
+        files.call("fs/pipe", {"path": "x", "length": 4 * 30_000})
+    assert full.value.code == "ENOSPC" and stopped == [True]
+    assert not files.piped_output(b"AAAA\n")
+
+
 def test_guest_rm_does_not_follow_links_inside(root: Path, outside: Path) -> None:
     (root / "d").mkdir()
     os.symlink(outside, root / "d" / "link")
