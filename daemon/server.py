@@ -132,6 +132,7 @@ class Daemon:
         self.methods = method_table()
         self.connections: set[Connection] = set()
         # The executors are built by `serve`, once it knows where sandboxes call back.
+        self.audit = AuditStore(config.audit, config.server.state_dir)
         self.executions = Executions(
             limits,
             Policy(config.policy),
@@ -140,6 +141,7 @@ class Daemon:
             rate_limiter=self.rate_limiter,
             events=self.events,
             open_bridge=self.open_bridge,
+            wait_recorded=self.audit.wait_recorded if config.audit.enabled else None,
         )
         self.sessions = Sessions(
             config.sessions,
@@ -166,15 +168,15 @@ class Daemon:
                 executions=self.executions,
                 catalogue=self.tools.catalogue,
                 sessions=self.sessions,
+                audit=self.audit,
             ),
         )
         self.events.add_sink(self.metrics.observe)
+        if config.audit.enabled:
+            self.events.add_sink(self.audit.record_nowait)
         # Where the metrics are served, or why they are not (set by `serve`).
         self.metrics_address: tuple[str, int] | None = None
         self.metrics_error: str | None = None
-        self.audit = AuditStore(config.audit, config.server.state_dir)
-        if config.audit.enabled:
-            self.events.add_sink(self.audit.record_nowait)
         self.dispatcher = Dispatcher(
             self.methods,
             executions=self.executions,
