@@ -362,6 +362,10 @@ class PostgresBackend:
         )
 
     def failure_kind(self, exc: BaseException) -> str:
+        # A server going away fails first with its shutdown's code, then with no code
+        # at all while it is gone: one kind, logged once.
+        if isinstance(exc, psycopg.OperationalError):
+            return "OperationalError"
         sqlstate = getattr(exc, "sqlstate", None)
         return f"{type(exc).__name__} {sqlstate}" if sqlstate else type(exc).__name__
 

@@ -422,6 +422,46 @@ async def test_a_principal_sees_only_its_own_executions(start_daemon: Any, conne
         assert "'executions' scope" in refused["error"]["message"]
 
 
+# ---- hostile input -----------------------------------------------------------------
+
+
+async def test_hostile_text_and_numbers_never_fail_a_write(
+    start_daemon: Any, connect: Any, backend: str
+) -> None:
+    server, info = await start_daemon(**PYTHON_ONLY)
+    client = await connect(info)
+    now = time.time()
+    nasty = "a\x00b\ud800c"
+    huge = "x" * 2_000_000
+    publish(
+        server,
+        fabricated("ex_nul", now, stdout_head=nasty, error_type="E\x00", error_message=nasty),
+        fabricated(
+            "ex_huge",
+            now,
+            stderr_head=huge,
+            memory_peak_bytes=2**70,
+            tool_calls=(ToolCallRecord("t\x00\udfff", 1.0, "ok"),),
+        ),
+    )
+    code = "print('nul\\x00here')\nraise ValueError('bad\\x00\\ud800')"
+    ran = await client.call("execute", python(code))
+    assert ran["status"] == "error"
+
+    stats = server.audit.statistics()
+    assert (stats.recorded, stats.lost) == (3, 0)
+    # PostgreSQL's text cannot hold NUL: it becomes U+FFFD; SQLite keeps it.
+    nul = "\x00" if backend == "sqlite" else "\ufffd"
+    got = await client.call("executions/get", {"execution_id": "ex_nul"})
+    assert (got["stdout_head"], got["error_type"]) == (f"a{nul}b\ufffdc", f"E{nul}")
+    got = await client.call("executions/get", {"execution_id": "ex_huge"})
+    assert len(got["stderr_head"]) == len(huge)
+    assert got["memory_peak_bytes"] is None
+    assert got["tool_calls"][0]["tool"] == f"t{nul}\ufffd"
+    got = await client.call("executions/get", {"execution_id": ran["execution_id"]})
+    assert got["stdout_head"] == f"nul{nul}here\n"
+
+
 # ---- concurrency -------------------------------------------------------------------
 
 
