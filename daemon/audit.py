@@ -392,6 +392,7 @@ class AuditStore:
     async def _close(self) -> None:
         self._opened = False
         self._state, self._reason = AuditState.CLOSED, "the daemon is shutting down"
+        self._progress.unpark_all()  # answers still waiting go without their commit
         await trio.to_thread.run_sync(self._backend.close, limiter=self._writer)
 
     def _fail(self, state: AuditState, exc: BaseException) -> None:

@@ -73,7 +73,7 @@ class AuditBackend(Protocol):
 
 def open_backend(config: AuditConfig, state_dir: str, daemon_id: str) -> AuditBackend:
     """The backend `config` names: PostgreSQL for a `postgresql://` URL, else SQLite at
-    `database_path`. Opens nothing. Raises `RuntimeError` if psycopg is missing."""
+    `database_path`. Opens nothing. Raises `ConfigError` if psycopg is missing."""
     if config.url:
         from conduit.daemon.audit_pg import PostgresBackend
 

@@ -21,11 +21,13 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from conduit.core.errors import ConfigError
+
 try:
     import psycopg
     from psycopg.rows import dict_row
 except ImportError as exc:  # pragma: no cover - the message is the point
-    raise RuntimeError(
+    raise ConfigError(
         "audit.url names PostgreSQL, and psycopg is not installed: "
         "pip install 'conduit[daemon,postgres]'"
     ) from exc

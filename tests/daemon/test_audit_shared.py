@@ -149,3 +149,27 @@ async def test_records_past_the_buffer_are_counted_in_the_metrics(
     assert f"conduit_audit_records_dropped_total {float(dropped)}" in exposition
     with trio.fail_after(WAIT_S):
         await server.audit.wait_flushed()
+
+
+async def test_retention_purges_the_oldest_beyond_max_bytes_on_postgresql(
+    start_daemon: Any, postgres_url: str
+) -> None:
+    max_bytes = 256 * 1024
+    audit = {"url": postgres_url, "max_bytes": max_bytes}
+    server, _ = await start_daemon(audit=audit, **PYTHON_ONLY)
+    now = time.time()
+    bulky = {"stdout_head": "x" * 256, "stderr_head": "y" * 256, "result_head": "z" * 256}
+    publish(server, *(fabricated(f"ex_{n:05}", now - 3600 + n, **bulky) for n in range(2000)))
+    with trio.fail_after(WAIT_S):
+        await server.audit.wait_flushed()
+        await server.audit.upkeep()
+
+    stats = server.audit.statistics()
+    assert 0 < stats.purged < 2000
+    # The live rows fit under the cap; the oldest went first.
+    assert await trio.to_thread.run_sync(server.audit._backend.used_bytes) <= max_bytes
+    import psycopg
+
+    with psycopg.connect(postgres_url) as conn:
+        left = [r[0] for r in conn.execute("SELECT execution_id FROM executions ORDER BY 1")]
+    assert left == [f"ex_{n:05}" for n in range(stats.purged, 2000)]
