@@ -562,6 +562,43 @@ async def test_records_waiting_at_shutdown_are_written(
     assert rows(server, "SELECT count(*) FROM executions") == [(301,)]
 
 
+async def test_an_answer_waits_for_its_commit_but_not_for_a_stalled_store(
+    start_daemon: Any, connect: Any, monkeypatch: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(logging.getLogger("conduit"), "propagate", True)
+    monkeypatch.setattr(audit, "ANSWER_WAIT_S", 0.5)
+    server, info = await start_daemon(**PYTHON_ONLY)
+    client = await connect(info)
+    backend = server.audit._backend
+    insert = backend.insert_records
+    committed: list[str] = []
+
+    def recording(records: list[Any]) -> int:
+        added = insert(records)
+        committed.extend(r.execution_id for r in records if r.status != "running")
+        return added
+
+    monkeypatch.setattr(backend, "insert_records", recording)
+    ran = await client.call("execute", python("1"))
+    # The answer came after the commit holding the execution's end.
+    assert committed == [ran["execution_id"]]
+
+    def stalling(records: list[Any]) -> int:
+        time.sleep(2)
+        return recording(records)
+
+    monkeypatch.setattr(backend, "insert_records", stalling)
+    began = time.monotonic()
+    late = await client.call("execute", python("2"))
+    assert time.monotonic() - began < 1.8
+    assert late["status"] == "ok"
+    assert server.audit.statistics().unconfirmed == 1
+    assert any("answers are going out before" in r.getMessage() for r in caplog.records)
+    with trio.fail_after(WAIT_S):
+        await server.audit.wait_flushed()
+    assert committed[-1] == late["execution_id"]
+
+
 # ---- retention -------------------------------------------------------------------
 
 

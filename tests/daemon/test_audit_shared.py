@@ -19,6 +19,15 @@ from tests.daemon.test_audit import PYTHON_ONLY, fabricated, list_all, publish, 
 from tests.fixtures.postgres import PostgresServer
 
 
+def test_the_url_shown_never_holds_the_password() -> None:
+    from conduit.daemon.audit_pg import redacted
+
+    assert redacted("postgresql://au:s3cret@db:5432/x?sslmode=require") == (
+        "postgresql://au:***@db:5432/x?sslmode=require"
+    )
+    assert redacted("postgresql://au@/x?host=/run/pg") == "postgresql://au@/x?host=/run/pg"
+
+
 async def test_every_daemon_lists_every_daemons_executions(
     start_daemon: Any,
     connect: Any,
