@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import sys
 import tempfile
@@ -103,8 +104,8 @@ async def _series(sock: str, runs: int, clients: int) -> tuple[list[float], floa
     return latencies, time.perf_counter() - wall, time.process_time() - cpu
 
 
-async def measure(mode: str, runs: int, pg: PostgresServer | None) -> dict[str, Any]:
-    root = Path(tempfile.mkdtemp(prefix="cd-bench-", dir="/tmp"))
+async def measure(mode: str, runs: int, pg: PostgresServer | None, workdir: Path) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(dir=workdir))
     link_wasm_cache(root / "state", WASM_CACHE)
     table = {
         "off": "[audit]\nenabled = false\n",
@@ -189,10 +190,10 @@ async def _thread_hop_us(runs: int) -> float:
     return round(statistics.median(hops) * 1e6)
 
 
-async def micro(runs: int, pg: PostgresServer | None) -> None:
+async def micro(runs: int, pg: PostgresServer | None, workdir: Path) -> None:
     from conduit.daemon.audit_db import SqliteBackend
 
-    root = Path(tempfile.mkdtemp(prefix="cd-bench-", dir="/tmp"))
+    root = Path(tempfile.mkdtemp(dir=workdir))
     print(json.dumps({"thread_hop_median_us": await _thread_hop_us(runs)}))
     sqlite = SqliteBackend(str(root / "audit.sqlite3"), "bench")
     print(json.dumps({"backend": "sqlite", **_commit_pairs(sqlite, runs)}))
@@ -218,15 +219,22 @@ async def main(modes: list[str], runs: int, rounds: int) -> None:
         pg = PostgresServer(bindir, durable=True)
         pg.start()
     try:
-        for _ in range(rounds):
-            for mode in modes:
-                if mode == "micro":
-                    await micro(runs, pg)
-                else:
-                    print(json.dumps(await measure(mode, runs, pg)), flush=True)
+        with tempfile.TemporaryDirectory(prefix="cd-bench-", dir="/tmp") as workdir:
+            for _ in range(rounds):
+                for mode in modes:
+                    if mode == "micro":
+                        await micro(runs, pg, Path(workdir))
+                    else:
+                        result = await measure(mode, runs, pg, Path(workdir))
+                        print(json.dumps(result), flush=True)
     finally:
         if pg is not None:
             pg.stop()
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    # SIGTERM ends the run as Ctrl-C does: the server and directories are cleaned up.
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
@@ -235,4 +243,5 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--modes", default="off,after,sqlite,postgresql-after,postgresql")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, _interrupt)
     trio.run(main, args.modes.split(","), args.runs, args.rounds)
