@@ -38,6 +38,8 @@ __all__ = [
     "Page",
     "record_from",
     "split_batch",
+    "storable_text",
+    "summaries",
 ]
 
 # An error message is the program's own text; keep enough to read, not a flood.

@@ -255,9 +255,11 @@ class Executions:
         `InvalidParams` for bad code, limits, `allowed_tools` or executor, `RateLimited`,
         and `ExecutorUnavailable` when the chosen executor cannot run now.
 
-        Every execution that starts publishes how it ended, for the audit store and
-        subscribers: even one cancelled from outside (its caller gone, the daemon
-        stopping), as `cancelled`, before the cancellation goes on.
+        Every execution that starts publishes that it started and how it ended, for the
+        audit store and subscribers: even one cancelled from outside (its caller gone,
+        the daemon stopping), as `cancelled`, before the cancellation goes on. The
+        result is returned once the audit store has committed its record
+        (`wait_recorded`).
         """
         if self.draining:
             raise Overloaded("the daemon is shutting down; retry on its next start")

@@ -131,8 +131,9 @@ class Daemon:
         self.events = EventBus(buffer=config.events.subscriber_buffer)
         self.methods = method_table()
         self.connections: set[Connection] = set()
-        # The executors are built by `serve`, once it knows where sandboxes call back.
+        # Before the executions: their answers wait for its commits.
         self.audit = AuditStore(config.audit, config.server.state_dir)
+        # The executors are built by `serve`, once it knows where sandboxes call back.
         self.executions = Executions(
             limits,
             Policy(config.policy),
