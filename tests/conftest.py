@@ -462,7 +462,8 @@ def postgres_server() -> Iterator[Any]:
 
 @pytest.fixture
 def postgres_url(postgres_server: Any) -> Iterator[str]:
-    """The URL of an empty database of the test's own, dropped afterwards."""
-    url = postgres_server.new_database()
+    """The URL of an empty schema of the test's own (its search_path), dropped
+    afterwards: the daemon's tables go there as in a database of their own."""
+    url = postgres_server.new_schema()
     yield url
-    postgres_server.drop_database(url)
+    postgres_server.drop_schema(url)
