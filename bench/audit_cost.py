@@ -210,31 +210,34 @@ async def micro(runs: int, pg: PostgresServer | None, workdir: Path) -> None:
         )
 
 
-async def main(modes: list[str], runs: int, rounds: int) -> None:
+async def run(modes: list[str], runs: int, rounds: int, pg: PostgresServer | None) -> None:
+    with tempfile.TemporaryDirectory(prefix="cd-bench-", dir="/tmp") as workdir:
+        for _ in range(rounds):
+            for mode in modes:
+                if mode == "micro":
+                    await micro(runs, pg, Path(workdir))
+                else:
+                    result = await measure(mode, runs, pg, Path(workdir))
+                    print(json.dumps(result), flush=True)
+
+
+def main(modes: list[str], runs: int, rounds: int) -> None:
+    """Run the modes; the PostgreSQL server is stopped however the run ends (SIGTERM
+    included), outside Trio, which need not unwind cleanly from a signal."""
     pg = None
     if any(m.startswith("postgresql") or m == "micro" for m in modes):
         bindir = find_bindir()
         if bindir is None:
             sys.exit("PostgreSQL is not installed")
         pg = PostgresServer(bindir, durable=True)
-        pg.start()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        with tempfile.TemporaryDirectory(prefix="cd-bench-", dir="/tmp") as workdir:
-            for _ in range(rounds):
-                for mode in modes:
-                    if mode == "micro":
-                        await micro(runs, pg, Path(workdir))
-                    else:
-                        result = await measure(mode, runs, pg, Path(workdir))
-                        print(json.dumps(result), flush=True)
+        if pg is not None:
+            pg.start()
+        trio.run(run, modes, runs, rounds, pg)
     finally:
         if pg is not None:
             pg.stop()
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    # SIGTERM ends the run as Ctrl-C does: the server and directories are cleaned up.
-    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
@@ -243,5 +246,4 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--modes", default="off,after,sqlite,postgresql-after,postgresql")
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, _interrupt)
-    trio.run(main, args.modes.split(","), args.runs, args.rounds)
+    main(args.modes.split(","), args.runs, args.rounds)
