@@ -5,11 +5,12 @@ in worker threads, the writer's functions on the store's one writing connection 
 thread at a time), the readers' on a connection of their own. This module knows nothing
 about Trio, events or principals; `AuditStore` decides who sees what and when.
 
-Schema (version 2, in `PRAGMA user_version`; a version-1 store is migrated on open):
+Schema (version 3, in `PRAGMA user_version`; older stores are migrated on open):
 
 ```
-executions   one row per ended execution; `seq` is the insertion order; `session_id`
-             the session it was a step of, if any
+executions   one row per execution, `running` from its start until its end is written;
+             `seq` is the insertion order; `session_id` the session it was a step of, if
+             any; `daemon_id` the daemon that ran it
 tool_calls   (execution_id, position) → tool, duration_ms, outcome; deleted with its row
 sessions     one row per session: written when it is created, completed when it ends
 ```
@@ -17,26 +18,26 @@ sessions     one row per session: written when it is created, completed when it 
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import math
 import os
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conduit.core import jsontext
-from conduit.daemon.records import (
-    ExecutionRecord,
-    FileRecord,
-    SessionRecord,
-    ToolCallRecord,
-    head,
+from conduit.daemon.audit_rows import (
+    COLUMNS,
+    INTERRUPTED_ERROR,
+    BadCursor,
+    Dialect,
+    ExecutionQuery,
+    Page,
+    record_from,
+    split_batch,
+    summaries,
 )
+from conduit.daemon.records import ExecutionRecord, SessionRecord
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -44,6 +45,7 @@ __all__ = [
     "ExecutionQuery",
     "Page",
     "SchemaTooNew",
+    "SqliteBackend",
     "count_executions",
     "describe_failure",
     "failure_kind",
@@ -51,6 +53,7 @@ __all__ = [
     "fetch_page",
     "fetch_stats_rows",
     "insert_records",
+    "mark_interrupted",
     "open_reader",
     "open_writer",
     "purge_before",
@@ -60,13 +63,12 @@ __all__ = [
     "used_bytes",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # How long a connection waits for another's lock before failing with SQLITE_BUSY. Only
 # the writer writes, so this covers a checkpoint or an outside reader at worst.
 BUSY_TIMEOUT_S = 5.0
-# An error message is the program's own text; keep enough to read, not a flood.
-ERROR_MESSAGE_CHARS = 2000
+SQLITE = Dialect(mark="?", prefix_match="{column} GLOB {mark}", wildcard="*")
 
 _SESSIONS_SCHEMA = """
 CREATE INDEX executions_by_session ON executions (session_id, started_at, seq);
@@ -88,6 +90,15 @@ _MIGRATE_1_TO_2 = (
     "ALTER TABLE executions ADD COLUMN session_id TEXT;"
     "ALTER TABLE executions ADD COLUMN files_in TEXT;"
     "ALTER TABLE executions ADD COLUMN files_out TEXT;" + _SESSIONS_SCHEMA
+)
+# Found at start, to mark what a killed daemon left running as interrupted.
+_RUNNING_INDEX = (
+    "CREATE INDEX executions_running ON executions (daemon_id) WHERE status = 'running';"
+)
+# From version 2: the daemon that ran each execution (the one migrating the file: a
+# SQLite store has only ever had one), and rows for executions still running.
+_MIGRATE_2_TO_3 = "ALTER TABLE executions ADD COLUMN daemon_id TEXT NOT NULL DEFAULT '';" + (
+    _RUNNING_INDEX
 )
 
 _SCHEMA = (
@@ -121,7 +132,8 @@ CREATE TABLE executions (
     tool_call_count INTEGER NOT NULL,
     session_id TEXT,
     files_in TEXT,
-    files_out TEXT
+    files_out TEXT,
+    daemon_id TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX executions_by_start ON executions (started_at, seq);
 CREATE INDEX executions_by_principal ON executions (principal, started_at, seq);
@@ -138,42 +150,10 @@ CREATE TABLE tool_calls (
 ) WITHOUT ROWID;
 """
     + _SESSIONS_SCHEMA
+    + _RUNNING_INDEX
 )
 
-# The record's fields as stored, in column order (tool calls live in their own table).
-_COLUMNS = (
-    "execution_id", "principal", "executor", "language", "code_sha256", "code_bytes",
-    "code_snippet", "allowed_tools", "status", "started_at", "queue_ms", "duration_ms",
-    "exit_code", "error_type", "error_message", "limit_hit", "policy_rule", "result_bytes",
-    "result_head", "stdout_bytes", "stdout_head", "stderr_bytes", "stderr_head",
-    "memory_peak_bytes", "tool_call_count", "session_id", "files_in", "files_out",
-)  # fmt: skip
-_INSERT_EXECUTION = (
-    f"INSERT OR IGNORE INTO executions ({', '.join(_COLUMNS)}) "
-    f"VALUES ({', '.join('?' * len(_COLUMNS))})"
-)
-_INSERT_TOOL_CALL = (
-    "INSERT OR IGNORE INTO tool_calls (execution_id, position, tool, duration_ms, outcome) "
-    "VALUES (?, ?, ?, ?, ?)"
-)
-# What `executions/list` shows of each execution: enough to pick one to `get`.
-_SUMMARY = (
-    "execution_id", "started_at", "principal", "executor", "language", "status",
-    "duration_ms", "queue_ms", "exit_code", "error_type", "limit_hit", "policy_rule",
-    "code_sha256",
-    "code_bytes", "memory_peak_bytes", "session_id",
-)  # fmt: skip
-_SESSION_COLUMNS = (
-    "session_id", "principal", "executor", "language", "created_at", "ended_at",
-    "end_reason", "steps", "resets",
-)  # fmt: skip
-# A session's row is written when it is created and completed when it ends.
-_UPSERT_SESSION = (
-    f"INSERT INTO sessions ({', '.join(_SESSION_COLUMNS)}) "
-    f"VALUES ({', '.join('?' * len(_SESSION_COLUMNS))}) "
-    "ON CONFLICT (session_id) DO UPDATE SET ended_at = excluded.ended_at, "
-    "end_reason = excluded.end_reason, steps = excluded.steps, resets = excluded.resets"
-)
+_COLUMNS = COLUMNS  # for the tests that build older stores
 
 
 class SchemaTooNew(Exception):
@@ -193,8 +173,9 @@ def _connect(path: str) -> sqlite3.Connection:
     return db
 
 
-def open_writer(path: str) -> sqlite3.Connection:
-    """Open (creating if needed) the store at `path` for writing, migrated to this schema.
+def open_writer(path: str, daemon_id: str = "") -> sqlite3.Connection:
+    """Open (creating if needed) the store at `path` for writing, migrated to this schema
+    (rows from before daemon ids are `daemon_id`'s).
 
     The file is created 0600: it holds code snippets and output heads. Raises `OSError`
     or `sqlite3.Error` when the file cannot be made or opened, `SchemaTooNew` when a
@@ -218,7 +199,7 @@ def open_writer(path: str) -> sqlite3.Connection:
         # power cut may lose the last commits. FULL would fsync every batch for that.
         db.execute("PRAGMA synchronous = NORMAL")
         db.execute("PRAGMA foreign_keys = ON")
-        _migrate(db, path)
+        _migrate(db, path, daemon_id)
     except BaseException:
         db.close()
         raise
@@ -242,15 +223,23 @@ def _check_version(db: sqlite3.Connection, path: str) -> int:
     return version
 
 
-def _migrate(db: sqlite3.Connection, path: str) -> None:
+# The script that takes a store from each version to the next.
+_MIGRATIONS = {1: _MIGRATE_1_TO_2, 2: _MIGRATE_2_TO_3}
+
+
+def _migrate(db: sqlite3.Connection, path: str, daemon_id: str) -> None:
     if _check_version(db, path) == SCHEMA_VERSION:
         return
     with _transaction(db, begin=True):
         # Another process may have created or migrated it since the first look.
         version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version < SCHEMA_VERSION:
-            _run_script(db, _SCHEMA if version == 0 else _MIGRATE_1_TO_2)
-            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        if version == 0:
+            _run_script(db, _SCHEMA)
+        elif version < SCHEMA_VERSION:
+            for step in range(version, SCHEMA_VERSION):
+                _run_script(db, _MIGRATIONS[step])
+            db.execute("UPDATE executions SET daemon_id = ? WHERE daemon_id = ''", (daemon_id,))
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
 def _run_script(db: sqlite3.Connection, script: str) -> None:
@@ -314,132 +303,43 @@ def describe_failure(path: str, exc: BaseException) -> str:
 # ---- writing -----------------------------------------------------------------------
 
 
-def _row(record: ExecutionRecord) -> tuple[Any, ...]:
-    values = {
-        **{name: getattr(record, name, None) for name in _COLUMNS},
-        "allowed_tools": jsontext.dumps(list(record.allowed_tools)),
-        "error_message": (
-            None
-            if record.error_message is None
-            else head(record.error_message, ERROR_MESSAGE_CHARS)
-        ),
-        "tool_call_count": len(record.tool_calls),
-        "files_in": _files_text(record.files_in),
-        "files_out": _files_text(record.files_out),
-    }
-    return tuple(_storable(values[name]) for name in _COLUMNS)
+def insert_records(
+    db: sqlite3.Connection,
+    batch: Sequence[ExecutionRecord | SessionRecord],
+    daemon_id: str = "",
+) -> int:
+    """Write `batch` in one transaction; returns how many executions ended (new rows, or
+    running rows completed).
 
-
-def _files_text(files: tuple[FileRecord, ...]) -> str | None:
-    """Files as a column holds them: `[[path, size], ...]`, or NULL for none."""
-    return jsontext.dumps([[f.path, f.size] for f in files]) if files else None
-
-
-def _files_from(text: str | None) -> tuple[FileRecord, ...]:
-    return tuple(FileRecord(str(path), int(size)) for path, size in json.loads(text or "[]"))
-
-
-_INT64 = (-(2**63), 2**63 - 1)
-
-
-def _storable(value: Any) -> Any:
-    """`value` as SQLite can hold it: text without lone surrogates, an integer within
-    64 bits (else NULL). A record carries what programs chose; none may stop the writer."""
-    if isinstance(value, str):
-        return jsontext.clean_text(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value if _INT64[0] <= value <= _INT64[1] else None
-    return value
-
-
-def insert_records(db: sqlite3.Connection, batch: Sequence[ExecutionRecord | SessionRecord]) -> int:
-    """Write `batch` in one transaction; returns how many executions were new.
-
-    A record whose execution id is already stored is skipped, so writing one twice
-    keeps one row; a session's record replaces what its row said of its end. Raises
+    A running record adds a row unless one is there; an ended record adds or completes
+    its row, and is skipped if the row has ended already, so writing one twice keeps one
+    row; a session's record replaces what its row said of its end. Raises
     `sqlite3.Error` with nothing written.
     """
-    records = [record for record in batch if isinstance(record, ExecutionRecord)]
-    sessions = [_session_row(record) for record in batch if isinstance(record, SessionRecord)]
-    calls = [
-        (record.execution_id, position, _storable(call.tool), call.duration_ms, call.outcome)
-        for record in records
-        for position, call in enumerate(record.tool_calls)
-    ]
+    parts = split_batch(batch)
     with _transaction(db, begin=True):
+        db.executemany(
+            SQLITE.insert_started(), [SQLITE.execution_row(r, daemon_id) for r in parts.started]
+        )
         before = db.total_changes
-        db.executemany(_INSERT_EXECUTION, [_row(record) for record in records])
+        db.executemany(
+            SQLITE.upsert_ended(), [SQLITE.execution_row(r, daemon_id) for r in parts.ended]
+        )
         added = db.total_changes - before
-        db.executemany(_INSERT_TOOL_CALL, calls)
-        db.executemany(_UPSERT_SESSION, sessions)
+        db.executemany(SQLITE.insert_tool_call(), SQLITE.tool_call_rows(parts.ended))
+        db.executemany(SQLITE.upsert_session(), [SQLITE.session_row(r) for r in parts.sessions])
     return added
 
 
-def _session_row(record: SessionRecord) -> tuple[Any, ...]:
-    return tuple(_storable(getattr(record, name)) for name in _SESSION_COLUMNS)
+def mark_interrupted(db: sqlite3.Connection, daemon_id: str) -> int:
+    """`daemon_id`'s running rows, left by a daemon killed mid-execution, become
+    `interrupted`; returns how many."""
+    with _transaction(db, begin=True):
+        cursor = db.execute(SQLITE.mark_interrupted(), (*INTERRUPTED_ERROR, daemon_id))
+    return cursor.rowcount
 
 
 # ---- reading -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutionQuery:
-    """Which executions to list: every filter that is not None must match."""
-
-    principal: str | None = None
-    status: str | None = None
-    executor: str | None = None
-    language: str | None = None
-    since: float | None = None  # Unix time; executions that started at or after it
-    code_sha256: str | None = None  # the whole hex digest, or a prefix of it
-    limit: int = 50
-    cursor: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Page:
-    """One page of summaries, newest first; `next_cursor` fetches the next (None: last)."""
-
-    executions: list[dict[str, Any]]
-    next_cursor: str | None
-
-
-class BadCursor(ValueError):
-    """A cursor this store did not give out."""
-
-
-def _encode_cursor(started_at: float, seq: int) -> str:
-    return base64.urlsafe_b64encode(f"{started_at!r}:{seq}".encode()).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[float, int]:
-    try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        started, _, seq = text.partition(":")
-        return float(started), int(seq)
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise BadCursor(cursor) from None
-
-
-def _where(query: ExecutionQuery) -> tuple[str, list[Any]]:
-    clauses: list[str] = []
-    args: list[Any] = []
-    for column in ("principal", "status", "executor", "language"):
-        value = getattr(query, column)
-        if value is not None:
-            clauses.append(f"{column} = ?")
-            args.append(value)
-    if query.since is not None:
-        clauses.append("started_at >= ?")
-        args.append(query.since)
-    if query.code_sha256 is not None:
-        # GLOB (unlike LIKE) is case-sensitive and uses the index for a prefix.
-        clauses.append("code_sha256 GLOB ?")
-        args.append(query.code_sha256.lower() + "*")
-    if query.cursor is not None:
-        clauses.append("(started_at, seq) < (?, ?)")
-        args.extend(_decode_cursor(query.cursor))
-    return (" WHERE " + " AND ".join(clauses)) if clauses else "", args
 
 
 def fetch_page(db: sqlite3.Connection, query: ExecutionQuery) -> Page:
@@ -447,27 +347,14 @@ def fetch_page(db: sqlite3.Connection, query: ExecutionQuery) -> Page:
 
     Raises `BadCursor` for a cursor this store did not give out.
     """
-    where, args = _where(query)
-    rows = db.execute(
-        f"SELECT seq, tool_call_count, {', '.join(_SUMMARY)} FROM executions{where} "
-        "ORDER BY started_at DESC, seq DESC LIMIT ?",
-        [*args, query.limit + 1],
-    ).fetchall()
-    more = len(rows) > query.limit
-    rows = rows[: query.limit]
-    summaries = [
-        {**{name: row[name] for name in _SUMMARY}, "tool_calls": row["tool_call_count"]}
-        for row in rows
-    ]
-    last = rows[-1] if rows and more else None
-    cursor = _encode_cursor(last["started_at"], last["seq"]) if last is not None else None
-    return Page(summaries, cursor)
+    sql, args = SQLITE.page_query(query)
+    return summaries(db.execute(sql, args).fetchall(), query.limit)
 
 
 def fetch_execution(db: sqlite3.Connection, execution_id: str) -> ExecutionRecord | None:
     """The stored record of one execution, tool calls included, or None."""
     row = db.execute(
-        f"SELECT {', '.join(_COLUMNS)} FROM executions WHERE execution_id = ?", (execution_id,)
+        f"SELECT {', '.join(COLUMNS)} FROM executions WHERE execution_id = ?", (execution_id,)
     ).fetchone()
     if row is None:
         return None
@@ -476,26 +363,16 @@ def fetch_execution(db: sqlite3.Connection, execution_id: str) -> ExecutionRecor
         "ORDER BY position",
         (execution_id,),
     ).fetchall()
-    fields = {name: row[name] for name in _COLUMNS if name != "tool_call_count"}
-    fields["allowed_tools"] = tuple(json.loads(fields["allowed_tools"]))
-    fields["tool_calls"] = tuple(ToolCallRecord(*call) for call in calls)
-    fields["files_in"] = _files_from(fields["files_in"])
-    fields["files_out"] = _files_from(fields["files_out"])
-    return ExecutionRecord(**fields)
+    return record_from(row, calls)
 
 
 def fetch_stats_rows(
     db: sqlite3.Connection, since: float, principal: str | None
 ) -> list[sqlite3.Row]:
     """(executor, language, status, duration_ms, limit_hit, tool_call_count) of every
-    execution that started at or after `since`, of `principal` if it is not None."""
-    query = ExecutionQuery(principal=principal, since=since)
-    where, args = _where(query)
-    return db.execute(
-        "SELECT executor, language, status, duration_ms, limit_hit, tool_call_count "
-        f"FROM executions{where}",
-        args,
-    ).fetchall()
+    ended execution that started at or after `since`, of `principal` if not None."""
+    sql, args = SQLITE.stats_query(since, principal)
+    return db.execute(sql, args).fetchall()
 
 
 def count_executions(db: sqlite3.Connection) -> int:
@@ -574,3 +451,85 @@ def release_space(db: sqlite3.Connection) -> None:
     # steps it to the end.
     db.executescript("PRAGMA incremental_vacuum;")
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
+
+# ---- the backend -------------------------------------------------------------------
+
+# Errors that say a batch cannot be held by any row, rather than that the file cannot
+# be written now: the batch is written record by record, the rest kept.
+_BAD_DATA = (sqlite3.IntegrityError, sqlite3.DataError, sqlite3.ProgrammingError)
+
+
+class SqliteBackend:
+    """The embedded store: one file, one writing connection, a reader connection per
+    read. See `AuditBackend` for the contract."""
+
+    def __init__(self, path: str, daemon_id: str) -> None:
+        self.location = path
+        self.daemon_id = daemon_id
+        self._db: sqlite3.Connection | None = None
+
+    def __repr__(self) -> str:
+        return f"<SqliteBackend {self.location} {'open' if self._db else 'closed'}>"
+
+    def _writer(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise sqlite3.OperationalError("the store is not open")
+        return self._db
+
+    def open(self) -> None:
+        if self._db is None:
+            self._db = open_writer(self.location, self.daemon_id)
+
+    def close(self) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            db.close()
+
+    def insert_records(self, batch: Sequence[ExecutionRecord | SessionRecord]) -> int:
+        return insert_records(self._writer(), batch, self.daemon_id)
+
+    def mark_interrupted(self) -> int:
+        return mark_interrupted(self._writer(), self.daemon_id)
+
+    def purge_before(self, cutoff: float, limit: int) -> int:
+        return purge_before(self._writer(), cutoff, limit)
+
+    def used_bytes(self) -> int:
+        return used_bytes(self._writer())
+
+    def purge_oldest(self, target_bytes: int, limit: int) -> int:
+        return purge_oldest(self._writer(), target_bytes, limit)
+
+    def release_space(self) -> None:
+        release_space(self._writer())
+
+    def store_bytes(self) -> int:
+        return store_bytes(self.location)
+
+    def _reading(self, work: Any, *args: Any) -> Any:
+        db = open_reader(self.location)
+        try:
+            return work(db, *args)
+        finally:
+            db.close()
+
+    def fetch_page(self, query: ExecutionQuery) -> Page:
+        return self._reading(fetch_page, query)
+
+    def fetch_execution(self, execution_id: str) -> ExecutionRecord | None:
+        return self._reading(fetch_execution, execution_id)
+
+    def fetch_stats_rows(self, since: float, principal: str | None) -> list[Mapping[str, Any]]:
+        return self._reading(fetch_stats_rows, since, principal)
+
+    def unavailable(self, exc: BaseException) -> bool:
+        return isinstance(exc, (sqlite3.Error, OSError, SchemaTooNew)) and not isinstance(
+            exc, _BAD_DATA
+        )
+
+    def failure_kind(self, exc: BaseException) -> str:
+        return failure_kind(exc)
+
+    def describe_failure(self, exc: BaseException) -> str:
+        return describe_failure(self.location, exc)

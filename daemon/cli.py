@@ -129,9 +129,12 @@ def _add_executions_parser(commands: Any) -> None:
     executions = commands.add_parser("executions", help="read the audit store: list, get, stats")
     sub = executions.add_subparsers(dest="executions_command", required=True, metavar="COMMAND")
 
-    listing = sub.add_parser("list", help="ended executions, newest first")
+    listing = sub.add_parser("list", help="executions, newest first")
     _add_connection_flags(listing)
-    listing.add_argument("--status", help="ok, error, timeout, memory_limit, ... cancelled")
+    listing.add_argument(
+        "--status", help="ok, error, timeout, memory_limit, ... cancelled, running, interrupted"
+    )
+    listing.add_argument("--daemon", dest="daemon_id", help="one daemon's (a shared store)")
     listing.add_argument("--principal", help="a principal's executions (the master sees all)")
     listing.add_argument("--executor", help="one executor's")
     listing.add_argument("--language", help="python, typescript or javascript")
@@ -465,7 +468,10 @@ def _executions(args: argparse.Namespace) -> int:
 
 
 def _list_request(args: argparse.Namespace) -> tuple[str, dict[str, Any], Any]:
-    keys = ("status", "principal", "executor", "language", "since", "code_sha256", "limit")
+    keys = (
+        "status", "principal", "executor", "language", "since", "code_sha256", "limit",
+        "daemon_id",
+    )  # fmt: skip
     params = {key: getattr(args, key) for key in (*keys, "cursor")}
     return "executions/list", params, _print_list
 
@@ -473,6 +479,9 @@ def _list_request(args: argparse.Namespace) -> tuple[str, dict[str, Any], Any]:
 def _print_list(result: dict[str, Any]) -> None:
     from conduit.daemon.tables import format_ms, format_time, render_table
 
+    executions = result["executions"]
+    # A store shared by several daemons: say which ran each (one daemon's needs no column).
+    daemons = len({e.get("daemon_id") for e in executions}) > 1
     rows = [
         _cells(
             e["execution_id"],
@@ -484,12 +493,14 @@ def _print_list(result: dict[str, Any]) -> None:
             format_ms(e["duration_ms"]),
             e["tool_calls"],
             e["limit_hit"] or e["error_type"],
+            *((e.get("daemon_id"),) if daemons else ()),
         )
-        for e in result["executions"]
+        for e in executions
     ]
     headers = ("ID", "STARTED", "PRINCIPAL", "EXECUTOR", "LANGUAGE", "STATUS", "DURATION")
+    headers += ("TOOLS", "ERROR", *(("DAEMON",) if daemons else ()))
     if rows:
-        print(render_table((*headers, "TOOLS", "ERROR"), rows, right={6, 7}))
+        print(render_table(headers, rows, right={6, 7}))
     else:
         print("no executions match")
     if result["next_cursor"]:
@@ -511,15 +522,19 @@ def _print_execution(e: dict[str, Any]) -> None:
 
     if e["status"] == "running":
         who = f"{escape(e['principal'])} on {escape(e['executor'])}"
-        print(
-            f"{escape(e['execution_id'])} is running ({format_ms(e['running_ms'])} so far): {who}"
-        )
+        if "running_ms" not in e:  # another daemon's, from its row in a shared store
+            who += f" (daemon {escape(e.get('daemon_id') or '?')})"
+            since = f"since {format_time(e['started_at'])}"
+        else:
+            since = f"{format_ms(e['running_ms'])} so far"
+        print(f"{escape(e['execution_id'])} is running ({since}): {who}")
         return
     error = f"{e['error_type']}: {e['error_message']}" if e["error_type"] else None
     fields: list[tuple[str, Any]] = [
         ("execution", e["execution_id"]),
         ("principal", e["principal"]),
         ("executor", f"{e['executor']} ({e['language']})"),
+        ("daemon", e.get("daemon_id") or None),
         ("status", f"{e['status']}, exit code {e['exit_code']}"),
         ("limit hit", e["limit_hit"]),
         ("error", error),

@@ -7,8 +7,10 @@ do. This module knows nothing about sockets or executors beyond their settings.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import socket
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -20,6 +22,7 @@ from pydantic import (
     Field,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from conduit.core.addresses import (
@@ -229,10 +232,20 @@ class GatewayConfig(_Section):
     fetch: FetchConfig = FetchConfig()
 
 
+# The URL schemes that choose PostgreSQL for the audit store.
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
 class AuditConfig(_Section):
     enabled: bool = True
     # "" = <state_dir>/audit.sqlite3; a relative path is taken from the state directory.
     path: str = ""
+    # A PostgreSQL URL (postgresql://user:password@host/db) instead of the SQLite file:
+    # one store that several daemons share. Needs `pip install 'conduit[postgres]'`.
+    url: str = ""
+    # The name this daemon's executions carry in a shared store; "" = the host's name
+    # and a digest of the state directory, stable across restarts.
+    daemon_id: Annotated[str, Field(max_length=128)] = ""
     # A month answers "what ran last week, and how often did it fail" with room to spare.
     retention_days: Annotated[float, Field(gt=0, le=36_500)] = 30.0
     # 256 MiB holds about half a million executions (~500 bytes each with its heads).
@@ -240,9 +253,29 @@ class AuditConfig(_Section):
     # Ten minutes: the store outgrows max_bytes by at most what ten minutes write.
     purge_interval_s: Annotated[float, Field(gt=0, le=86_400)] = 600.0
 
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        if value and not value.startswith(POSTGRES_SCHEMES):
+            raise ValueError("must be a postgresql:// URL (leave it out for SQLite at path)")
+        return value
+
+    @model_validator(mode="after")
+    def _path_or_url(self) -> AuditConfig:
+        if self.path and self.url:
+            raise ValueError("give audit.path (SQLite) or audit.url (PostgreSQL), not both")
+        return self
+
     def database_path(self, state_dir: str) -> str:
-        """Where the store lives: `path`, resolved against `state_dir`."""
+        """Where the SQLite store lives: `path`, resolved against `state_dir`."""
         return str(Path(state_dir) / (self.path or "audit.sqlite3"))
+
+    def daemon_name(self, state_dir: str) -> str:
+        """`daemon_id`, or the default: host name and a digest of the state directory."""
+        if self.daemon_id:
+            return self.daemon_id
+        where = hashlib.sha256(str(Path(state_dir).resolve()).encode()).hexdigest()[:8]
+        return f"{socket.gethostname()}-{where}"
 
 
 class MetricsConfig(_Section):

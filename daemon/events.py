@@ -83,6 +83,9 @@ class BusEvent:
     principal: str | None = None
     ts: float = field(default_factory=time.time)
     record: ExecutionRecord | None = field(default=None, compare=False)
+    # An execution that has just started, as the audit store keeps it until it ends
+    # (status `running`); not an ended execution, so no sink counts it as one.
+    started: ExecutionRecord | None = field(default=None, compare=False)
     # A session created or ended, as the audit store keeps it.
     session: SessionRecord | None = field(default=None, compare=False)
 

@@ -38,6 +38,7 @@ from conduit.core.files import FileData, ReturnedFile, returned_files
 from conduit.core.results import ExecutionResult, ProgramError, Truncated
 from conduit.daemon.events import BusEvent, EventType
 from conduit.daemon.records import (
+    RUNNING,
     SNIPPET_CHARS,
     ExecutionRecord,
     FileRecord,
@@ -219,6 +220,7 @@ class Executions:
         rate_limiter: RateLimiter,
         events: EventBus,
         open_bridge: OpenBridge,
+        wait_recorded: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.limits = limits
         self.policy = policy
@@ -227,6 +229,9 @@ class Executions:
         self._rate_limiter = rate_limiter
         self._events = events
         self._open_bridge = open_bridge
+        # What an answer waits for: the audit store's commit of the records published
+        # before it (`AuditStore.wait_recorded`).
+        self._wait_recorded = wait_recorded or _nothing_to_wait_for
         self._running: dict[str, _Running] = {}
         self._policy_limiter = trio.CapacityLimiter(_POLICY_THREADS)
         self._idle = trio.Event()
@@ -250,9 +255,11 @@ class Executions:
         `InvalidParams` for bad code, limits, `allowed_tools` or executor, `RateLimited`,
         and `ExecutorUnavailable` when the chosen executor cannot run now.
 
-        Every execution that starts publishes how it ended, for the audit store and
-        subscribers: even one cancelled from outside (its caller gone, the daemon
-        stopping), as `cancelled`, before the cancellation goes on.
+        Every execution that starts publishes that it started and how it ended, for the
+        audit store and subscribers: even one cancelled from outside (its caller gone,
+        the daemon stopping), as `cancelled`, before the cancellation goes on. The
+        result is returned once the audit store has committed its record
+        (`wait_recorded`).
         """
         if self.draining:
             raise Overloaded("the daemon is shutting down; retry on its next start")
@@ -279,7 +286,8 @@ class Executions:
                 principal=principal.name,
             )
             check_s = trio.current_time() - checked
-            return self._refuse(job, target, principal, requested, violation, check_s)
+            refused = self._refuse(job, target, principal, requested, violation, check_s)
+            return await self._once_recorded(refused)
         if not self._admission.has_free_slot() or (session is not None and session.lock.locked()):
             syntax.forget()  # not held through the wait (see `SyntaxMemo`)
         async with self._turn(session) as turn_wait_s, self._admission.slot() as slot_wait_s:
@@ -302,7 +310,14 @@ class Executions:
             allowed = (requested, *principal.tool_patterns)
             started_at = time.time()
             digest = code_digest(code)
-            self._events.publish(_started_event(job, target, principal.name, digest, started_at))
+            self._events.publish(
+                _started_event(
+                    _running_record(
+                        job, target, principal.name, requested, digest, started_at, queue_wait_s
+                    ),
+                    target,
+                )
+            )
             started = trio.current_time()
             tool_log: list[ToolCallRecord] = []
 
@@ -344,7 +359,13 @@ class Executions:
                 interrupted.session_reset = session is not None
                 end(interrupted)
                 raise
-        return end(outcome)
+        return await self._once_recorded(end(outcome))
+
+    async def _once_recorded(self, result: ExecutionResult) -> ExecutionResult:
+        """`result`, once its record is committed: a client that has its result finds
+        it on record, even if the daemon is killed the moment after."""
+        await self._wait_recorded()
+        return result
 
     async def _target(
         self, request: ExecutionRequest, code: str, syntax: SyntaxMemo
@@ -739,19 +760,55 @@ def _record(
     )
 
 
-def _started_event(
-    job: Job, target: _Target, principal: str, digest: str, started_at: float
-) -> BusEvent:
+def _running_record(
+    job: Job,
+    target: _Target,
+    principal: str,
+    allowed: tuple[str, ...],
+    digest: str,
+    started_at: float,
+    queue_wait_s: float,
+) -> ExecutionRecord:
+    """What the audit store keeps of an execution from its start until it ends."""
+    return ExecutionRecord(
+        execution_id=job.execution_id,
+        principal=principal,
+        executor=target.executor,
+        language=job.language,
+        code_sha256=digest,
+        code_bytes=len(job.code.encode()),
+        code_snippet=head(job.code, SNIPPET_CHARS),
+        allowed_tools=allowed,
+        status=RUNNING,
+        started_at=started_at,
+        queue_ms=round(queue_wait_s * 1000, 3),
+        duration_ms=0.0,
+        session_id=target.session.session_id if target.session is not None else None,
+        files_in=_file_records((file.path, len(file.data)) for file in job.files),
+    )
+
+
+def _started_event(running: ExecutionRecord, target: _Target) -> BusEvent:
     data = {
-        "execution_id": job.execution_id,
-        "principal": principal,
+        "execution_id": running.execution_id,
+        "principal": running.principal,
         "executor": target.executor,
-        "language": job.language,
-        "code_sha256": digest,
+        "language": running.language,
+        "code_sha256": running.code_sha256,
     }
-    if target.session is not None:
-        data["session_id"] = target.session.session_id
-    return BusEvent(EventType.EXECUTION_STARTED, data, principal, started_at)
+    if running.session_id is not None:
+        data["session_id"] = running.session_id
+    return BusEvent(
+        EventType.EXECUTION_STARTED,
+        data,
+        running.principal,
+        running.started_at,
+        started=running,
+    )
+
+
+async def _nothing_to_wait_for() -> None:
+    return None
 
 
 def _file_records(files: Iterable[tuple[str, int]]) -> tuple[FileRecord, ...]:

@@ -113,6 +113,12 @@ class Transported(Protocol):
     transport: str
 
 
+class Audited(Protocol):
+    """The audit store, as the metrics read it."""
+
+    def statistics(self) -> Any: ...
+
+
 @dataclass(frozen=True)
 class GaugeSources:
     """What a scrape reads the daemon's gauges from: its own live state, not copies."""
@@ -125,6 +131,8 @@ class GaugeSources:
     catalogue: Catalogue
     # The live sessions (`Sessions`): only their number is read.
     sessions: Sized = ()
+    # The audit store (`AuditStore`), if there is one.
+    audit: Audited | None = None
 
 
 class Metrics:
@@ -241,6 +249,27 @@ class _State:
         yield from self._client_gauges()
         yield from self._upstream_gauges()
         yield from self._executor_gauges()
+        yield from self._audit_gauges()
+
+    def _audit_gauges(self) -> Iterator[Metric]:
+        if self._sources.audit is None:
+            return
+        stats = self._sources.audit.statistics()
+        yield _gauge(
+            "conduit_audit_records_waiting",
+            "Audit records in the buffer, not yet written.",
+            stats.waiting,
+        )
+        for name, value, help_text in (
+            ("dropped", stats.dropped, "Audit records dropped: the buffer was full."),
+            ("lost", stats.lost, "Audit records no row could hold."),
+            (
+                "unconfirmed",
+                stats.unconfirmed,
+                "Answers sent before their audit record committed: the store was too slow.",
+            ),
+        ):
+            yield CounterMetricFamily(f"conduit_audit_records_{name}", help_text, value=value)
 
     def _client_gauges(self) -> Iterator[Metric]:
         connections = _family(

@@ -13,6 +13,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = [
+    "INTERRUPTED",
+    "RECORD_STATUSES",
+    "RUNNING",
     "ExecutionRecord",
     "FileRecord",
     "SessionRecord",
@@ -25,6 +28,13 @@ __all__ = [
 # recognise a program in a listing without the store growing with every flood.
 SNIPPET_CHARS = 200
 HEAD_CHARS = 256
+
+
+# What the store holds besides how executions end: `running` from an execution's start
+# until its end is written, and `interrupted` for one whose daemon died before that.
+RUNNING = "running"
+INTERRUPTED = "interrupted"
+RECORD_STATUSES = (RUNNING, INTERRUPTED)
 
 
 def code_digest(code: str) -> str:
@@ -95,6 +105,9 @@ class ExecutionRecord:
     # The files it was given and gave back, by path and size (never their contents).
     files_in: tuple[FileRecord, ...] = ()
     files_out: tuple[FileRecord, ...] = ()
+    # The daemon that ran it (`audit.daemon_id`): stores may be shared. Empty until the
+    # store stamps it with its own.
+    daemon_id: str = ""
 
     def to_wire(self) -> dict[str, Any]:
         """The record as JSON-ready data (tool calls as objects)."""

@@ -131,6 +131,8 @@ class Daemon:
         self.events = EventBus(buffer=config.events.subscriber_buffer)
         self.methods = method_table()
         self.connections: set[Connection] = set()
+        # Before the executions: their answers wait for its commits.
+        self.audit = AuditStore(config.audit, config.server.state_dir)
         # The executors are built by `serve`, once it knows where sandboxes call back.
         self.executions = Executions(
             limits,
@@ -140,6 +142,7 @@ class Daemon:
             rate_limiter=self.rate_limiter,
             events=self.events,
             open_bridge=self.open_bridge,
+            wait_recorded=self.audit.wait_recorded if config.audit.enabled else None,
         )
         self.sessions = Sessions(
             config.sessions,
@@ -166,15 +169,15 @@ class Daemon:
                 executions=self.executions,
                 catalogue=self.tools.catalogue,
                 sessions=self.sessions,
+                audit=self.audit,
             ),
         )
         self.events.add_sink(self.metrics.observe)
+        if config.audit.enabled:
+            self.events.add_sink(self.audit.record_nowait)
         # Where the metrics are served, or why they are not (set by `serve`).
         self.metrics_address: tuple[str, int] | None = None
         self.metrics_error: str | None = None
-        self.audit = AuditStore(config.audit, config.server.state_dir)
-        if config.audit.enabled:
-            self.events.add_sink(self.audit.record_nowait)
         self.dispatcher = Dispatcher(
             self.methods,
             executions=self.executions,

@@ -440,3 +440,30 @@ async def wasm_js(nursery: trio.Nursery, wasm_cache: Path) -> Any:
     from conduit.executors.wasm_js import WasmJsExecutor
 
     return await _ready(WasmJsExecutor(cache_dir=wasm_cache), nursery)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """A PostgreSQL server of this test process's own (see tests/fixtures/postgres.py);
+    skips when PostgreSQL or psycopg is not installed."""
+    from tests.fixtures.postgres import PostgresServer, find_bindir
+
+    pytest.importorskip("psycopg", reason="psycopg is not installed: pip install '.[test]'")
+    bindir = find_bindir()
+    if bindir is None:
+        pytest.skip("PostgreSQL is not installed (no initdb/postgres): apt-get install postgresql")
+    server = PostgresServer(bindir)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: Any) -> Iterator[str]:
+    """The URL of an empty schema of the test's own (its search_path), dropped
+    afterwards: the daemon's tables go there as in a database of their own."""
+    url = postgres_server.new_schema()
+    yield url
+    postgres_server.drop_schema(url)

@@ -19,6 +19,7 @@ from conduit.core.files import MAX_FILES, FileData, checked_path
 from conduit.daemon.audit import AuditState, ExecutionQuery
 from conduit.daemon.dispatcher import CallContext, MethodRouter, NoParams, Params
 from conduit.daemon.executions import ExecutionRequest
+from conduit.daemon.records import RECORD_STATUSES
 from conduit.executors.base import Status
 
 router = MethodRouter()
@@ -307,12 +308,19 @@ def _store_warning(ctx: CallContext) -> dict[str, Any]:
     return {}
 
 
+# How executions end, and what the store says of one still running or never ended.
+_STATUSES = (*Status, *RECORD_STATUSES)
+
+
 class ExecutionListParams(Params):
     principal: str | None = Field(
         None, description="only this principal's executions (others' need the admin scope)"
     )
-    status: str | None = Field(None, description="only this status: " + ", ".join(Status))
+    status: str | None = Field(None, description="only this status: " + ", ".join(_STATUSES))
     executor: str | None = Field(None, description="only this executor's")
+    daemon_id: str | None = Field(
+        None, description="only the executions this daemon ran (stores may be shared)"
+    )
     language: Language | None = Field(None, description="only this language's")
     since: float | None = Field(
         None, ge=0, description="Unix time: only executions started at or after it"
@@ -330,14 +338,15 @@ class ExecutionListParams(Params):
     @field_validator("status")
     @classmethod
     def _status(cls, value: str | None) -> str | None:
-        if value is not None and value not in set(Status):
-            raise ValueError(f"is not a status; use one of {', '.join(Status)}")
+        if value is not None and value not in _STATUSES:
+            raise ValueError(f"is not a status; use one of {', '.join(_STATUSES)}")
         return value
 
 
 @router.method("executions/list", params=ExecutionListParams, scope="executions")
 async def list_executions(params: ExecutionListParams, ctx: CallContext) -> dict[str, Any]:
-    """Ended executions from the audit store, newest first, a page at a time."""
+    """Executions from the audit store (of every daemon sharing it), newest first, a page
+    at a time; one still running shows `status: running`."""
     query = ExecutionQuery(
         principal=_visible_owner(ctx, params.principal),
         status=params.status,
@@ -345,6 +354,7 @@ async def list_executions(params: ExecutionListParams, ctx: CallContext) -> dict
         language=params.language,
         since=params.since,
         code_sha256=params.code_sha256,
+        daemon_id=params.daemon_id,
         limit=params.limit,
         cursor=params.cursor,
     )

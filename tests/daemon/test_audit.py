@@ -1,5 +1,8 @@
 """The audit store in a real daemon: what is recorded, how it is read back, who sees
-what, retention, concurrency, and how it degrades when its disk fails it."""
+what, retention, concurrency, and how it degrades when its disk fails it.
+
+The tests of behaviour run on both backends (`backend`): the SQLite file and a real
+PostgreSQL server; those about the file itself run on SQLite only."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import pytest
 import trio
 
 from conduit.core.errors import Forbidden, InvalidParams, NotFound, StoreUnavailable
-from conduit.daemon import audit, audit_db
+from conduit.daemon import audit
 from conduit.daemon.audit import BUFFER_RECORDS, AuditState
 from conduit.daemon.audit_db import store_bytes
 from conduit.daemon.auth import hash_token, new_token
@@ -70,13 +73,52 @@ def publish(server: Any, *records: ExecutionRecord) -> None:
         )
 
 
-def rows(path: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+def sqlite_rows(path: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
     """Read the store's file directly, as an operator with sqlite3 would."""
     db = sqlite3.connect(path)
     try:
         return db.execute(sql, args).fetchall()
     finally:
         db.close()
+
+
+def rows(server: Any, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    """Read a daemon's store directly, with sqlite3 or psycopg (`?` placeholders)."""
+    url = server.audit.config.url
+    if not url:
+        return sqlite_rows(server.audit.path, sql, *args)
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return conn.execute(sql.replace("?", "%s"), args).fetchall()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def audit_url(backend: str, request: pytest.FixtureRequest) -> dict[str, str]:
+    """The `[audit]` settings that choose the backend: none for SQLite."""
+    if backend == "sqlite":
+        return {}
+    return {"url": request.getfixturevalue("postgres_url")}
+
+
+@pytest.fixture
+def start_daemon(start_daemon: Any, audit_url: dict[str, str]) -> Any:
+    """The daemon of tests/conftest.py, on the backend under test."""
+
+    async def start(config: Any = None, **sections: Any) -> Any:
+        if config is None and audit_url:
+            sections["audit"] = {**sections.get("audit", {}), **audit_url}
+        return await start_daemon(config, **sections)
+
+    return start
+
+
+sqlite_only = pytest.mark.parametrize("backend", ["sqlite"])
 
 
 async def list_all(client: Any, **filters: Any) -> list[dict[str, Any]]:
@@ -132,9 +174,11 @@ async def test_an_execution_is_recorded_with_every_field(start_daemon: Any, conn
         "session_id": None,
         "files_in": [],
         "files_out": [],
+        "daemon_id": server.audit.daemon_id,
     }
     assert abs(record["started_at"] - time.time()) < 60
-    assert stat_mode(server.audit.path) == 0o600
+    if not server.audit.config.url:
+        assert stat_mode(server.audit.path) == 0o600
 
 
 def stat_mode(path: str) -> int:
@@ -378,6 +422,46 @@ async def test_a_principal_sees_only_its_own_executions(start_daemon: Any, conne
         assert "'executions' scope" in refused["error"]["message"]
 
 
+# ---- hostile input -----------------------------------------------------------------
+
+
+async def test_hostile_text_and_numbers_never_fail_a_write(
+    start_daemon: Any, connect: Any, backend: str
+) -> None:
+    server, info = await start_daemon(**PYTHON_ONLY)
+    client = await connect(info)
+    now = time.time()
+    nasty = "a\x00b\ud800c"
+    huge = "x" * 2_000_000
+    publish(
+        server,
+        fabricated("ex_nul", now, stdout_head=nasty, error_type="E\x00", error_message=nasty),
+        fabricated(
+            "ex_huge",
+            now,
+            stderr_head=huge,
+            memory_peak_bytes=2**70,
+            tool_calls=(ToolCallRecord("t\x00\udfff", 1.0, "ok"),),
+        ),
+    )
+    code = "print('nul\\x00here')\nraise ValueError('bad\\x00\\ud800')"
+    ran = await client.call("execute", python(code))
+    assert ran["status"] == "error"
+
+    stats = server.audit.statistics()
+    assert (stats.recorded, stats.lost) == (3, 0)
+    # PostgreSQL's text cannot hold NUL: it becomes U+FFFD; SQLite keeps it.
+    nul = "\x00" if backend == "sqlite" else "\ufffd"
+    got = await client.call("executions/get", {"execution_id": "ex_nul"})
+    assert (got["stdout_head"], got["error_type"]) == (f"a{nul}b\ufffdc", f"E{nul}")
+    got = await client.call("executions/get", {"execution_id": "ex_huge"})
+    assert len(got["stderr_head"]) == len(huge)
+    assert got["memory_peak_bytes"] is None
+    assert got["tool_calls"][0]["tool"] == f"t{nul}\ufffd"
+    got = await client.call("executions/get", {"execution_id": ran["execution_id"]})
+    assert got["stdout_head"] == f"nul{nul}here\n"
+
+
 # ---- concurrency -------------------------------------------------------------------
 
 
@@ -399,7 +483,7 @@ async def test_forty_concurrent_executions_are_each_recorded_once(
     client = await connect(info)
     listed = await list_all(client, limit=7)
     assert sorted(e["execution_id"] for e in listed) == sorted(r["execution_id"] for r in results)
-    stored = rows(server.audit.path, "SELECT execution_id, count(*) FROM executions GROUP BY 1")
+    stored = rows(server, "SELECT execution_id, count(*) FROM executions GROUP BY 1")
     assert len(stored) == 40
     assert {count for _, count in stored} == {1}
     assert server.audit.statistics().recorded == 40
@@ -423,7 +507,7 @@ async def test_a_full_buffer_drops_records_without_blocking(
     with trio.fail_after(WAIT_S):
         await server.audit.wait_flushed()
     assert server.audit.statistics().recorded == stats.waiting
-    assert rows(server.audit.path, "SELECT count(*) FROM executions") == [(stats.waiting,)]
+    assert rows(server, "SELECT count(*) FROM executions") == [(stats.waiting,)]
 
 
 async def test_records_arriving_apart_are_committed_together_and_a_read_ends_the_wait(
@@ -431,15 +515,16 @@ async def test_records_arriving_apart_are_committed_together_and_a_read_ends_the
 ) -> None:
     # A delay no test outlives: only the reader can have the records written in time.
     monkeypatch.setattr(audit, "WRITE_DELAY_S", 600.0)
-    batches: list[int] = []
-    insert = audit_db.insert_records
-
-    def counting(db: sqlite3.Connection, records: list[ExecutionRecord]) -> int:
-        batches.append(len(records))
-        return insert(db, records)
-
-    monkeypatch.setattr(audit_db, "insert_records", counting)
     server, _ = await start_daemon(**PYTHON_ONLY)
+    batches: list[int] = []
+    backend = server.audit._backend
+    insert = backend.insert_records
+
+    def counting(records: list[ExecutionRecord]) -> int:
+        batches.append(len(records))
+        return insert(records)
+
+    monkeypatch.setattr(backend, "insert_records", counting)
     for n in range(3):
         publish(server, fabricated(f"ex_{n}", time.time()))
         await trio.sleep(0.01)  # the writer is scheduled between them
@@ -450,21 +535,23 @@ async def test_records_arriving_apart_are_committed_together_and_a_read_ends_the
     assert server.audit.statistics().recorded == 3
 
 
-async def test_records_waiting_at_shutdown_are_written(make_config: Any) -> None:
+async def test_records_waiting_at_shutdown_are_written(
+    make_config: Any, audit_url: dict[str, str]
+) -> None:
     from conduit.daemon.server import Daemon
 
-    server = Daemon(make_config(**PYTHON_ONLY))
+    server = Daemon(make_config(audit=audit_url, **PYTHON_ONLY))
     with trio.fail_after(WAIT_S):
         async with trio.open_nursery() as nursery:
             await nursery.start(server.serve)
             publish(server, *(fabricated(f"ex_{n}", time.time()) for n in range(300)))
             assert server.audit.statistics().waiting == 300
             server.shutdown()
-    assert rows(server.audit.path, "SELECT count(*) FROM executions") == [(300,)]
+    assert rows(server, "SELECT count(*) FROM executions") == [(300,)]
 
     # On the next start the store is reopened as it was, and a record handed over
     # twice is kept once.
-    server = Daemon(make_config(**PYTHON_ONLY))
+    server = Daemon(make_config(audit=audit_url, **PYTHON_ONLY))
     with trio.fail_after(WAIT_S):
         async with trio.open_nursery() as nursery:
             await nursery.start(server.serve)
@@ -472,7 +559,44 @@ async def test_records_waiting_at_shutdown_are_written(make_config: Any) -> None
             await server.audit.wait_flushed()
             assert server.audit.statistics().recorded == 1
             server.shutdown()
-    assert rows(server.audit.path, "SELECT count(*) FROM executions") == [(301,)]
+    assert rows(server, "SELECT count(*) FROM executions") == [(301,)]
+
+
+async def test_an_answer_waits_for_its_commit_but_not_for_a_stalled_store(
+    start_daemon: Any, connect: Any, monkeypatch: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(logging.getLogger("conduit"), "propagate", True)
+    monkeypatch.setattr(audit, "ANSWER_WAIT_S", 0.5)
+    server, info = await start_daemon(**PYTHON_ONLY)
+    client = await connect(info)
+    backend = server.audit._backend
+    insert = backend.insert_records
+    committed: list[str] = []
+
+    def recording(records: list[Any]) -> int:
+        added = insert(records)
+        committed.extend(r.execution_id for r in records if r.status != "running")
+        return added
+
+    monkeypatch.setattr(backend, "insert_records", recording)
+    ran = await client.call("execute", python("1"))
+    # The answer came after the commit holding the execution's end.
+    assert committed == [ran["execution_id"]]
+
+    def stalling(records: list[Any]) -> int:
+        time.sleep(2)
+        return recording(records)
+
+    monkeypatch.setattr(backend, "insert_records", stalling)
+    began = time.monotonic()
+    late = await client.call("execute", python("2"))
+    assert time.monotonic() - began < 1.8
+    assert late["status"] == "ok"
+    assert server.audit.statistics().unconfirmed == 1
+    assert any("answers are going out before" in r.getMessage() for r in caplog.records)
+    with trio.fail_after(WAIT_S):
+        await server.audit.wait_flushed()
+    assert committed[-1] == late["execution_id"]
 
 
 # ---- retention -------------------------------------------------------------------
@@ -497,6 +621,7 @@ async def test_retention_purges_by_age_in_the_background(start_daemon: Any, conn
     assert server.audit.statistics().purged == 50
 
 
+@sqlite_only
 async def test_retention_purges_the_oldest_beyond_max_bytes(start_daemon: Any) -> None:
     max_bytes = 256 * 1024
     server, _ = await start_daemon(audit={"max_bytes": max_bytes}, **PYTHON_ONLY)
@@ -513,9 +638,9 @@ async def test_retention_purges_the_oldest_beyond_max_bytes(start_daemon: Any) -
     # Purged down below the cap, and the space given back to the file system.
     assert stats.size_bytes <= max_bytes
     assert store_bytes(path) <= max_bytes
-    left = [row[0] for row in rows(path, "SELECT execution_id FROM executions ORDER BY 1")]
+    left = [row[0] for row in sqlite_rows(path, "SELECT execution_id FROM executions ORDER BY 1")]
     assert left == [f"ex_{n:05}" for n in range(stats.purged, 2000)]
-    assert rows(path, "PRAGMA integrity_check") == [("ok",)]
+    assert sqlite_rows(path, "PRAGMA integrity_check") == [("ok",)]
 
 
 # ---- degrading ---------------------------------------------------------------------
@@ -543,7 +668,9 @@ class Tmpfs:
     def fill(self) -> Path:
         """Fill the file system with one file; returns it (unlink it to free the space)."""
         filler = self.path / "filler"
-        with filler.open("wb") as handle, pytest.raises(OSError, match="No space left"):
+        # Unbuffered: what the failed write left has no flush at close to fail again.
+        full = pytest.raises(OSError, match="No space left")
+        with filler.open("wb", buffering=0) as handle, full:
             _write_forever(handle)
         return filler
 
@@ -554,7 +681,6 @@ class Tmpfs:
 def _write_forever(handle: BinaryIO) -> None:
     while True:
         handle.write(b"\0" * 65536)
-        handle.flush()
 
 
 @pytest.fixture
@@ -564,6 +690,7 @@ def tmpfs(tmp_path: Path) -> Iterator[Tmpfs]:
     mounted.unmount()
 
 
+@sqlite_only
 async def test_a_read_only_directory_degrades_to_logging_and_recovers(
     start_daemon: Any,
     connect: Any,
@@ -591,7 +718,8 @@ async def test_a_read_only_directory_degrades_to_logging_and_recovers(
     assert "Read-only file system" in message
     assert "executions still run" in message
     status = (await client.call("daemon/status"))["audit"]
-    assert (status["state"], status["lost"]) == ("unavailable", 3)
+    # Each execution's running and ended records wait for the store.
+    assert (status["state"], status["lost"], status["waiting"]) == ("unavailable", 0, 6)
     logged = [r for r in caplog.records if "audit store cannot open" in r.getMessage()]
     assert len(logged) == 1
 
@@ -602,10 +730,15 @@ async def test_a_read_only_directory_degrades_to_logging_and_recovers(
             await server.audit.wait_upkeep()
     later = await client.call("execute", python("'recorded'"))
     listed = await client.call("executions/list", {})
-    assert [e["execution_id"] for e in listed["executions"]] == [later["execution_id"]]
+    # What waited while the store was away is written once it opens.
+    assert len(listed["executions"]) == 4
+    assert listed["executions"][0]["execution_id"] == later["execution_id"]
+    assert {e["status"] for e in listed["executions"]} == {"ok"}
+    assert server.audit.statistics().lost == 0
     assert any("audit store working again" in r.getMessage() for r in caplog.records)
 
 
+@sqlite_only
 async def test_a_full_disk_keeps_serving_and_recovers_when_space_returns(
     start_daemon: Any,
     connect: Any,
@@ -622,8 +755,8 @@ async def test_a_full_disk_keeps_serving_and_recovers_when_space_returns(
     await client.call("executions/list", {})
     filler = tmpfs.fill()
 
-    lost = [await client.call("execute", python("print('x' * 300)")) for _ in range(3)]
-    assert all(r["status"] == "ok" for r in lost)
+    kept = [await client.call("execute", python("print('x' * 300)")) for _ in range(3)]
+    assert all(r["status"] == "ok" for r in kept)
     listed = await client.call("executions/list", {})
     assert [e["execution_id"] for e in listed["executions"]] == [first["execution_id"]]
     assert "the disk is full" in listed["warning"]
@@ -634,16 +767,19 @@ async def test_a_full_disk_keeps_serving_and_recovers_when_space_returns(
 
     filler.unlink()
     after = await client.call("execute", python("2"))
+    # The read has the waiting records tried at once: written now the space is back.
     listed = await client.call("executions/list", {})
     assert [e["execution_id"] for e in listed["executions"]] == [
         after["execution_id"],
+        *(r["execution_id"] for r in reversed(kept)),
         first["execution_id"],
     ]
     assert "warning" not in listed
-    assert server.audit.statistics().lost == 3
-    assert rows(str(path), "PRAGMA integrity_check") == [("ok",)]
+    assert server.audit.statistics().lost == 0
+    assert sqlite_rows(str(path), "PRAGMA integrity_check") == [("ok",)]
 
 
+@sqlite_only
 async def test_a_store_written_by_a_newer_version_is_left_alone(
     start_daemon: Any, connect: Any, tmp_path: Path
 ) -> None:
@@ -658,9 +794,10 @@ async def test_a_store_written_by_a_newer_version_is_left_alone(
     assert reply["error"]["code"] == StoreUnavailable.code
     assert "schema version 99" in reply["error"]["message"]
     assert "upgrade conduit" in reply["error"]["message"]
-    assert rows(str(path), "PRAGMA user_version") == [(99,)]
+    assert sqlite_rows(str(path), "PRAGMA user_version") == [(99,)]
 
 
+@sqlite_only
 async def test_a_disabled_store_records_nothing_and_says_so(
     start_daemon: Any, connect: Any
 ) -> None:
@@ -674,6 +811,7 @@ async def test_a_disabled_store_records_nothing_and_says_so(
     assert dataclasses.asdict(server.audit.statistics())["state"] == "off"
 
 
+@sqlite_only
 async def test_a_reload_applies_retention_but_not_a_new_path(
     start_daemon: Any, make_config: Any, tmp_path: Path
 ) -> None:

@@ -30,13 +30,18 @@ def record(execution_id: str, started_at: float, session_id: str | None = None) 
 
 def version_1_store(path: Path) -> None:
     """A store as a version-1 daemon wrote it, with one execution."""
-    added = ",\n    session_id TEXT,\n    files_in TEXT,\n    files_out TEXT"
+    added = (
+        ",\n    session_id TEXT,\n    files_in TEXT,\n    files_out TEXT,"
+        "\n    daemon_id TEXT NOT NULL DEFAULT ''"
+    )
     script = audit_db._SCHEMA.replace(added, "")
-    script = script.replace(audit_db._SESSIONS_SCHEMA, "")
+    script = script.replace(audit_db._SESSIONS_SCHEMA, "").replace(audit_db._RUNNING_INDEX, "")
     assert "session" not in script
+    assert "daemon_id" not in script
     db = sqlite3.connect(path)
     db.executescript(script)
-    columns = [c for c in audit_db._COLUMNS if c not in ("session_id", "files_in", "files_out")]
+    newer = ("session_id", "files_in", "files_out", "daemon_id")
+    columns = [c for c in audit_db._COLUMNS if c not in newer]
     values = {**{c: getattr(record("ex_old", 1.0), c, None) for c in columns}}
     values |= {"allowed_tools": '["*"]', "tool_call_count": 0}
     db.execute(
@@ -51,11 +56,13 @@ def version_1_store(path: Path) -> None:
 def test_a_version_1_store_is_migrated_and_keeps_its_executions(tmp_path: Path) -> None:
     path = tmp_path / "audit.sqlite3"
     version_1_store(path)
-    db = audit_db.open_writer(str(path))
+    db = audit_db.open_writer(str(path), "host-a")
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == audit_db.SCHEMA_VERSION == 2
+        assert db.execute("PRAGMA user_version").fetchone()[0] == audit_db.SCHEMA_VERSION == 3
         old = audit_db.fetch_execution(db, "ex_old")
         assert old is not None and old.session_id is None
+        # Its rows were this daemon's: a SQLite store has only ever had one.
+        assert old.daemon_id == "host-a"
         audit_db.insert_records(db, [record("ex_new", 2.0, session_id="ses_1")])
         new = audit_db.fetch_execution(db, "ex_new")
         assert new is not None and new.session_id == "ses_1"
