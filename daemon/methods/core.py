@@ -1,14 +1,15 @@
-"""`initialize`, `notifications/initialized`, `notifications/cancelled`, `ping`, `rpc/discover`.
+"""`initialize`, `notifications/initialized`, `notifications/cancelled`, `ping`,
+`logging/setLevel`, `rpc/discover`.
 
 What `initialize` states is what is implemented: tools, whose list changing is announced
-with `notifications/tools/list_changed` (see `Daemon._tools_changed`). No prompts,
-resources, logging or completions.
+with `notifications/tools/list_changed` (see `Daemon._tools_changed`), and logging
+(`notifications/message`, see `mcp_notifications`). No prompts, resources or completions.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -48,7 +49,7 @@ async def initialize(params: InitializeParams, ctx: CallContext) -> dict[str, An
         ctx.peer.mcp_session = True
     return {
         "protocolVersion": version,
-        "capabilities": {"tools": {"listChanged": True}},
+        "capabilities": {"tools": {"listChanged": True}, "logging": {}},
         "serverInfo": {"name": "conduit", "version": VERSION},
         "instructions": INSTRUCTIONS,
     }
@@ -77,6 +78,19 @@ async def cancelled(params: CancelledParams, ctx: CallContext) -> None:
     # The request may have finished already, or started no program: nothing to stop.
     with contextlib.suppress(NotFound):
         ctx.executions.cancel(ctx.principal, origin=origin_of(ctx, params.requestId))
+
+
+class SetLevelParams(Params):
+    model_config = ConfigDict(extra="allow", frozen=True)
+    level: Literal["debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"]
+
+
+@router.method("logging/setLevel", params=SetLevelParams, scope=None)
+async def set_level(params: SetLevelParams, ctx: CallContext) -> dict[str, Any]:
+    """MCP logging: hear `notifications/message` at this level and more severe ones."""
+    if ctx.peer is not None:
+        ctx.peer.log_level = params.level
+    return {}
 
 
 @router.method("ping", params=AnyParams, scope=None, session=True)
