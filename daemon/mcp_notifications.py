@@ -34,6 +34,7 @@ __all__ = [
     "MAX_PROGRESS_CHARS",
     "PROGRESS_INTERVAL_S",
     "ProgressRelay",
+    "listens",
     "log",
     "open_progress",
 ]
