@@ -12,6 +12,12 @@ ten small messages a second, and never holds the program up.
 does, it hears none. `log` sends `notifications/message` at a level if the peer
 listens to it.
 
+**Upstream tools.** A `tools/call` of an upstream tool relays what the upstream says
+about it (`relay_upstream`): its progress, under the client's own token, if the client
+asked for progress; and its log messages, if the client set a level and the message's
+is at it or above. The upstream is one the operator configured: its notifications are
+passed on as they come, not coalesced.
+
 Notifications go through `Peer.notify` with the request they belong to, which each
 transport routes: the socket's one stream, or that request's SSE stream over HTTP.
 """
@@ -27,6 +33,7 @@ import trio
 
 from conduit.daemon.dispatcher import Peer
 from conduit.daemon.executions import OutputSink
+from conduit.gateway.upstream import CallObserver
 
 __all__ = [
     "LEVELS",
@@ -37,6 +44,7 @@ __all__ = [
     "listens",
     "log",
     "open_progress",
+    "relay_upstream",
 ]
 
 logger = logging.getLogger("conduit.mcp")
@@ -124,8 +132,8 @@ async def open_progress(
 ) -> AsyncIterator[OutputSink | None]:
     """An output sink relaying to `peer` as progress, if the request asked for it
     (`meta.progressToken`), else None. What is pending is sent before the block exits."""
-    token = (meta or {}).get("progressToken")
-    if peer is None or not isinstance(token, str | int) or isinstance(token, bool):
+    token = _progress_token(meta)
+    if peer is None or token is None:
         yield None
         return
     relay = ProgressRelay(peer, token, request_id)
@@ -155,3 +163,33 @@ async def log(
     params = {"level": level, "logger": source, "data": data}
     with trio.move_on_after(_STALL_S):
         await peer.notify("notifications/message", params, request_id=request_id)
+
+
+def _progress_token(meta: dict[str, Any] | None) -> str | int | None:
+    token = (meta or {}).get("progressToken")
+    return token if isinstance(token, str | int) and not isinstance(token, bool) else None
+
+
+def relay_upstream(
+    peer: Peer | None, meta: dict[str, Any] | None, request_id: Any
+) -> CallObserver | None:
+    """What relays an upstream tool call's progress and log messages to `peer`, or None
+    when it asked for neither."""
+    token = _progress_token(meta)
+    if peer is None or (token is None and getattr(peer, "log_level", None) is None):
+        return None
+
+    async def progress(value: float, total: float | None, message: str | None) -> None:
+        params: dict[str, Any] = {"progressToken": token, "progress": value}
+        if total is not None:
+            params["total"] = total
+        if message is not None:
+            params["message"] = message
+        with trio.move_on_after(_STALL_S):
+            await peer.notify("notifications/progress", params, request_id=request_id)
+
+    async def relay_log(level: str, source: str | None, data: Any) -> None:
+        level = level if level in LEVELS else "info"
+        await log(peer, level, data, request_id=request_id, source=source or "upstream")
+
+    return CallObserver(progress=progress if token is not None else None, log=relay_log)

@@ -41,7 +41,7 @@ from conduit.core.files import ReturnedFile
 from conduit.core.results import ANY_JSON, ExecutionResult
 from conduit.core.tools import Tool
 from conduit.daemon.dispatcher import CallContext, MethodRouter, NoParams, Params, invalid_params
-from conduit.daemon.mcp_notifications import log, open_progress
+from conduit.daemon.mcp_notifications import log, open_progress, relay_upstream
 from conduit.daemon.methods.executions import ExecuteParams
 from conduit.daemon.methods.sdk import render_declarations
 from conduit.daemon.methods.sessions import MAX_NAME_CHARS, connection_session
@@ -400,8 +400,14 @@ async def call_tool(params: CallParams, ctx: CallContext) -> dict[str, Any]:
     language = BUILTIN_TOOLS.get(params.name)
     if language is not None:
         return await _call_builtin(language, params, ctx)
+    principal = ctx.require_principal()
+    observer = None
+    if params.shape == "mcp":
+        observer = relay_upstream(ctx.peer, params.meta, ctx.request_id)
     try:
-        tool, result = await ctx.tools.call(ctx.require_principal(), params.name, params.arguments)
+        tool, result = await ctx.tools.call(
+            principal, params.name, params.arguments, observer=observer
+        )
     except InvalidParams as exc:
         if params.shape == "value":
             raise

@@ -34,6 +34,7 @@ from conduit.executors.npm import install_lock_dir
 from tests.conftest import MASTER_TOKEN
 from tests.e2e.helpers import CONDUIT, wait_upstreams
 from tests.e2e.mcp_helpers import DENO_ONLY, ECHO, NO_SANDBOXES
+from tests.fixtures.mcp_conformance_server import command as conformance_tools
 from tests.fixtures.mcp_http_bridge import running_bridge
 
 CLIENTS_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "mcp_clients"
@@ -47,29 +48,48 @@ INSPECTOR_TOOL_IS_ERROR = 5
 # For the Inspector's Python call: no Deno process to start.
 WASM_PYTHON_ONLY = {"deno": {"enabled": False}, "wasm_js": {"enabled": False}}
 
-# The conformance suite's server scenarios that check what Conduit implements; the
-# transport's own run against the daemon's endpoint, not through the stdio bridge.
+# The suite's fixed test tools, as the tools-call scenarios call them: by their own names.
+CONFORMANCE_TOOLS = {
+    "name": "conformance",
+    "transport": "stdio",
+    "command": conformance_tools()[0],
+    "args": conformance_tools()[1:],
+    "bare_names": True,
+    # Its log messages are sent as handshake-era servers send them, to every client.
+    "handshake": "initialize",
+}
+# The conformance suite's server scenarios that check what Conduit implements. The
+# transport's own, and the fixed test tools' (which `mcp_conformance_server` provides as
+# an upstream with bare names), run against the daemon's endpoint; the rest also
+# through the stdio bridge.
 APPLICABLE_ANYWHERE = ("server-initialize", "ping", "tools-list", "logging-set-level")
-APPLICABLE_HTTP = ("dns-rebinding-protection", "server-sse-polling", "server-sse-multiple-streams")
+APPLICABLE_HTTP = (
+    "dns-rebinding-protection",
+    "server-sse-polling",
+    "server-sse-multiple-streams",
+    "tools-call-simple-text",
+    "tools-call-image",
+    "tools-call-audio",
+    "tools-call-embedded-resource",
+    "tools-call-mixed-content",
+    "tools-call-with-logging",
+    "tools-call-error",
+    "tools-call-with-progress",
+    "json-schema-2020-12",
+)
 APPLICABLE = APPLICABLE_ANYWHERE + APPLICABLE_HTTP
 # The rest, and why each cannot pass against Conduit (docs/mcp.md says the same).
 _NO_CAPABILITY = "a capability Conduit does not declare"
-_FIXED_TOOL = "the suite's own fixed test tool (test_*), which Conduit does not have"
+_CALLBACK = (
+    "a tool calling back into the client (server-to-client requests), which Conduit "
+    "does not relay from its upstreams"
+)
 NOT_APPLICABLE = {
     "completion-complete": _NO_CAPABILITY + " (completions)",
-    "tools-call-simple-text": _FIXED_TOOL,
-    "tools-call-image": _FIXED_TOOL,
-    "tools-call-audio": _FIXED_TOOL,
-    "tools-call-embedded-resource": _FIXED_TOOL,
-    "tools-call-mixed-content": _FIXED_TOOL,
-    "tools-call-with-logging": _FIXED_TOOL,
-    "tools-call-error": _FIXED_TOOL,
-    "tools-call-with-progress": _FIXED_TOOL,
-    "tools-call-sampling": _FIXED_TOOL + " calling back into the client (sampling)",
-    "tools-call-elicitation": _FIXED_TOOL + " calling back into the client (elicitation)",
-    "json-schema-2020-12": _FIXED_TOOL,
-    "elicitation-sep1034-defaults": _FIXED_TOOL + " calling back into the client (elicitation)",
-    "elicitation-sep1330-enums": _FIXED_TOOL + " calling back into the client (elicitation)",
+    "tools-call-sampling": _CALLBACK + " (sampling)",
+    "tools-call-elicitation": _CALLBACK + " (elicitation)",
+    "elicitation-sep1034-defaults": _CALLBACK + " (elicitation)",
+    "elicitation-sep1330-enums": _CALLBACK + " (elicitation)",
     "resources-list": _NO_CAPABILITY + " (resources)",
     "resources-read-text": _NO_CAPABILITY + " (resources)",
     "resources-read-binary": _NO_CAPABILITY + " (resources)",
@@ -260,9 +280,11 @@ async def test_conformance_server_checks_pass_against_the_http_endpoint(
 ) -> None:
     """Every applicable scenario, straight at the daemon's streamable HTTP endpoint."""
     daemon, info = await start_daemon(
-        upstreams=[ECHO], executors=NO_SANDBOXES, mcp_http={"listen": "127.0.0.1:0"}
+        upstreams=[ECHO, CONFORMANCE_TOOLS],
+        executors=NO_SANDBOXES,
+        mcp_http={"listen": "127.0.0.1:0"},
     )
-    await wait_upstreams(daemon, "echo")
+    await wait_upstreams(daemon, "echo", "conformance")
     url = daemon.mcp_http_url()
     assert url is not None
     env = {
