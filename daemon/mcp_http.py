@@ -44,7 +44,14 @@ import h11
 import trio
 
 from conduit.core.errors import InvalidRequest, Overloaded, ParseError, RpcError, Unauthenticated
-from conduit.core.protocol import decode, encode, error_reply, parse_request, result_reply
+from conduit.core.protocol import (
+    Request,
+    decode,
+    encode,
+    error_reply,
+    parse_request,
+    result_reply,
+)
 from conduit.daemon.auth import Principal
 from conduit.daemon.connection import RequestDispatch
 from conduit.daemon.http_origin import OriginPolicy
@@ -130,7 +137,7 @@ class McpHttpEndpoint:
         self._authenticate = authenticate
         self.sessions = sessions
         self._origins = origins
-        self._limits = limits
+        self.limits = limits
         self._path = path
         self._active = 0
 
@@ -151,7 +158,7 @@ class McpHttpEndpoint:
             task_status.started()
 
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
-        if self._active >= self._limits.max_connections:
+        if self._active >= self.limits.max_connections:
             await trio.aclose_forcefully(stream)
             return
         self._active += 1
@@ -172,7 +179,7 @@ class McpHttpEndpoint:
 
     # ---- one request -----------------------------------------------------------------
 
-    def _check(self, request: _Request) -> Principal:
+    def check(self, request: _Request) -> Principal:
         """The principal of an acceptable request; raises `_Refused` otherwise."""
         refusal = self._origins.refusal(request.header(b"host"), request.header(b"origin"))
         if refusal is not None:
@@ -221,7 +228,7 @@ class McpHttpEndpoint:
             )
         return principal
 
-    def _session(self, request: _Request, principal: Principal) -> McpSession:
+    def session_for(self, request: _Request, principal: Principal) -> McpSession:
         session_id = request.header(_SESSION_HEADER)
         if session_id is None:
             raise _Refused(
@@ -243,8 +250,18 @@ class McpHttpEndpoint:
         session.touch()
         return session
 
+    async def dispatch(self, request: Request, principal: Principal, session: McpSession) -> Any:
+        """Run one call of `session` through the daemon's dispatcher; raises `RpcError`."""
+        return await self._dispatcher.dispatch(
+            request.method,
+            request.params,
+            principal=principal,
+            peer=session,  # type: ignore[arg-type]
+            request_id=request.id,
+        )
+
     async def delete(self, request: _Request, principal: Principal) -> None:
-        session = self._session(request, principal)
+        session = self.session_for(request, principal)
         self.sessions.discard(session)
         await session.close()
 
@@ -342,7 +359,7 @@ class _HttpConnection:
         return None  # timed out: close without a word (the client was idle, or dripping)
 
     async def _read_request(self, scope: trio.CancelScope) -> _Request | None:
-        limit = self._endpoint._limits.max_body_bytes
+        limit = self._endpoint.limits.max_body_bytes
         head: h11.Request | None = None
         body = bytearray()
         while True:
@@ -415,7 +432,7 @@ class _HttpConnection:
     async def _handle(self, request: _Request) -> None:
         endpoint = self._endpoint
         try:
-            principal = endpoint._check(request)
+            principal = endpoint.check(request)
             if request.method == "DELETE":
                 await endpoint.delete(request, principal)
                 await self._respond(200)
@@ -450,7 +467,7 @@ class _HttpConnection:
         if parsed.method == "initialize" and not parsed.is_notification:
             await self._initialize(request, parsed, principal)
             return
-        session = self._endpoint._session(request, principal)
+        session = self._endpoint.session_for(request, principal)
         if parsed.is_notification:
             with trio.move_on_after(_NOTIFICATION_S):
                 await self._dispatch(parsed, principal, session)
@@ -459,7 +476,7 @@ class _HttpConnection:
         stream = sse_ok and (not json_ok or _wants_stream(message, session))
         await self._request(parsed, principal, session, stream=stream)
 
-    async def _initialize(self, request: _Request, parsed: Any, principal: Principal) -> None:
+    async def _initialize(self, request: _Request, parsed: Request, principal: Principal) -> None:
         if request.header(_SESSION_HEADER) is not None:
             raise _Refused(
                 400,
@@ -482,17 +499,11 @@ class _HttpConnection:
         header = ((_SESSION_HEADER, session.id.encode()),)
         await self._respond(200, encode(result_reply(parsed.id, result)), headers=header)
 
-    async def _dispatch(self, parsed: Any, principal: Principal, session: McpSession) -> Any:
-        return await self._endpoint._dispatcher.dispatch(
-            parsed.method,
-            parsed.params,
-            principal=principal,
-            peer=session,  # type: ignore[arg-type]
-            request_id=parsed.id,
-        )
+    async def _dispatch(self, parsed: Request, principal: Principal, session: McpSession) -> Any:
+        return await self._endpoint.dispatch(parsed, principal, session)
 
     async def _request(
-        self, parsed: Any, principal: Principal, session: McpSession, *, stream: bool
+        self, parsed: Request, principal: Principal, session: McpSession, *, stream: bool
     ) -> None:
         """Run one request of `session` and answer it, as JSON or as an SSE stream."""
         if self._too_busy(session):
@@ -519,10 +530,10 @@ class _HttpConnection:
             receive.close()
 
     def _too_busy(self, session: McpSession) -> bool:
-        return session.in_flight >= self._endpoint._limits.max_in_flight
+        return session.in_flight >= self._endpoint.limits.max_in_flight
 
     async def _reply_to(
-        self, parsed: Any, principal: Principal, session: McpSession, exchange: Exchange
+        self, parsed: Request, principal: Principal, session: McpSession, exchange: Exchange
     ) -> dict[str, Any] | None:
         """The response to `parsed`, or None if it was cancelled (session ended, or the
         client left)."""
@@ -535,7 +546,7 @@ class _HttpConnection:
         return None
 
     async def _answer_json(
-        self, parsed: Any, principal: Principal, session: McpSession, exchange: Exchange
+        self, parsed: Request, principal: Principal, session: McpSession, exchange: Exchange
     ) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_client, exchange.scope)
@@ -551,7 +562,7 @@ class _HttpConnection:
 
     async def _answer_streaming(
         self,
-        parsed: Any,
+        parsed: Request,
         principal: Principal,
         session: McpSession,
         exchange: Exchange,
@@ -592,7 +603,7 @@ class _HttpConnection:
                 scope.cancel()
                 return
             buffered += len(data)
-            if buffered > MAX_HEAD_BYTES + self._endpoint._limits.max_body_bytes:
+            if buffered > MAX_HEAD_BYTES + self._endpoint.limits.max_body_bytes:
                 self._client_gone = True
                 scope.cancel()
                 return
