@@ -10,8 +10,10 @@ One endpoint path (`mcp_http.path`, `/mcp`) answers:
   `Mcp-Session-Id` opens a session and the answer carries its id; every other message
   must carry it (400 without, 404 for one that is unknown, ended, or another
   principal's). Batches (arrays) are refused: the protocol dropped them in 2025-06-18.
+- **GET** (`Accept: text/event-stream`) opens the session's standalone SSE stream, for
+  notifications unrelated to a request (`notifications/tools/list_changed`); one at a
+  time (409 for a second), kept alive with a comment every `PING_S`.
 - **DELETE** ends the session (200).
-- **GET** is 405: there is no standalone stream (see `McpSession`).
 
 Every request needs `Authorization: Bearer <token>` (the master token or a client
 token, as on the socket; 401 otherwise) and a loopback `Host` and, if it has one, an
@@ -58,7 +60,14 @@ from conduit.daemon.http_origin import OriginPolicy
 from conduit.daemon.mcp_sessions import Exchange, McpSession, McpSessions
 from conduit.daemon.methods.core import PROTOCOL_VERSIONS
 
-__all__ = ["KEEPALIVE_S", "MAX_HEAD_BYTES", "REQUEST_TIMEOUT_S", "HttpLimits", "McpHttpEndpoint"]
+__all__ = [
+    "KEEPALIVE_S",
+    "MAX_HEAD_BYTES",
+    "PING_S",
+    "REQUEST_TIMEOUT_S",
+    "HttpLimits",
+    "McpHttpEndpoint",
+]
 
 log = logging.getLogger("conduit.mcp_http")
 
@@ -78,6 +87,9 @@ _RECEIVE_BYTES = 65536
 _EVENTS_BUFFER = 64
 # How long a refusal may take to write before the connection is dropped.
 _REFUSAL_S = 2.0
+# An idle standalone stream carries an SSE comment this often: proxies and clients see
+# it is alive, and a client gone without a word is noticed.
+PING_S = 30.0
 # Notifications dispatched from a POST: quick ones (cancelled, initialized); a slow one
 # must not hold the client's 202.
 _NOTIFICATION_S = 5.0
@@ -186,14 +198,14 @@ class McpHttpEndpoint:
             raise _Refused(403, InvalidRequest(refusal))
         if request.target.partition("?")[0] != self._path:
             raise _Refused(404, InvalidRequest(f"not found: MCP is served at {self._path}"))
-        if request.method not in ("POST", "DELETE"):
+        if request.method not in ("POST", "GET", "DELETE"):
             raise _Refused(
                 405,
                 InvalidRequest(
-                    f"method not allowed: {request.method}; POST messages, DELETE to end "
-                    "the session (there is no standalone GET stream)"
+                    f"method not allowed: {request.method}; POST messages, GET the session's "
+                    "stream, DELETE to end the session"
                 ),
-                ((b"allow", b"POST, DELETE"),),
+                ((b"allow", b"GET, POST, DELETE"),),
             )
         principal = self._principal(request.header(b"authorization"))
         version = request.header(b"mcp-protocol-version")
@@ -437,6 +449,9 @@ class _HttpConnection:
                 await endpoint.delete(request, principal)
                 await self._respond(200)
                 return
+            if request.method == "GET":
+                await self._standalone(endpoint.session_for(request, principal), request)
+                return
             await self._post(request, principal)
         except _Refused as exc:
             await self._refuse(exc)
@@ -475,6 +490,43 @@ class _HttpConnection:
             return
         stream = sse_ok and (not json_ok or _wants_stream(message, session))
         await self._request(parsed, principal, session, stream=stream)
+
+    async def _standalone(self, session: McpSession, request: _Request) -> None:
+        """Serve the session's standalone stream until the client or the session ends."""
+        if not _accepts(request.header(b"accept"))[1]:
+            raise _Refused(
+                406, InvalidRequest("not acceptable: GET needs Accept: text/event-stream")
+            )
+        receive = session.open_standalone()
+        if receive is None:
+            raise _Refused(
+                409, InvalidRequest("conflict: this session's stream is already open elsewhere")
+            )
+        try:
+            headers = [(b"content-type", _SSE.encode()), (b"cache-control", b"no-cache")]
+            await self._send(h11.Response(status_code=200, headers=headers, reason=b"OK"))
+            async with trio.open_nursery() as nursery:
+                gone = trio.CancelScope()
+                nursery.start_soon(self._watch_client, gone)
+                with gone:
+                    await self._relay_standalone(receive)
+                nursery.cancel_scope.cancel()
+            if not self._client_gone:
+                await self._send(h11.EndOfMessage())
+        finally:
+            receive.close()
+            session.close_standalone()
+
+    async def _relay_standalone(self, receive: trio.MemoryReceiveChannel[dict[str, Any]]) -> None:
+        while True:
+            message = None
+            with trio.move_on_after(PING_S):  # only the wait: a write is never cut short
+                try:
+                    message = await receive.receive()
+                except trio.EndOfChannel:
+                    return
+            data = _sse_event(message) if message is not None else b": ping\n\n"
+            await self._send(h11.Data(data=data))
 
     async def _initialize(self, request: _Request, parsed: Request, principal: Principal) -> None:
         if request.header(_SESSION_HEADER) is not None:

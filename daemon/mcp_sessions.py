@@ -15,9 +15,11 @@ restarted without DELETE would otherwise be locked out until expiry); the total 
 refuses. `run` ends sessions idle for `idle_timeout_s`.
 
 Notifications reach a client only on a stream it holds open: the SSE response of the
-request they belong to (`notify(..., request_id=...)`), and nothing else (there is no
-standalone GET stream); anything else is dropped, as a socket drops notifications for a
-peer that is gone.
+request they belong to (`notify(..., request_id=...)`), or else the session's
+standalone stream (a GET; at most one at a time), which is where
+`notifications/tools/list_changed` goes. Without either they are dropped, as a socket
+drops notifications for a peer that is gone. A session with its standalone stream open
+is not idle: its client is there.
 
 Resource handling: `close` (DELETE, expiry, the daemon stopping) cancels the session's
 requests in flight and runs its closing callbacks, shielded and bounded by the caller.
@@ -46,6 +48,9 @@ log = logging.getLogger("conduit.mcp_http")
 _ID_BYTES = 32
 # How long a notification may wait for a client that is not reading its stream.
 _NOTIFY_STALL_S = 5.0
+# Notifications waiting on the standalone stream; past this, more are dropped (a
+# client that reads nothing must not make the daemon hold more for it).
+_STANDALONE_BUFFER = 64
 
 
 @dataclass(slots=True)
@@ -70,6 +75,7 @@ class McpSession:
         self.last_used = trio.current_time()
         self.closed = False
         self._exchanges: dict[Any, Exchange] = {}
+        self._standalone: trio.MemorySendChannel[dict[str, Any]] | None = None
         self._at_close: list[Callable[[], Awaitable[object]]] = []
 
     def __repr__(self) -> str:
@@ -77,7 +83,7 @@ class McpSession:
 
     @property
     def busy(self) -> bool:
-        return bool(self._exchanges)
+        return bool(self._exchanges) or self._standalone is not None
 
     @property
     def in_flight(self) -> int:
@@ -99,6 +105,7 @@ class McpSession:
         dropped otherwise, or if the client has not read for `_NOTIFY_STALL_S`."""
         exchange = self._exchanges.get(_key(request_id)) if request_id is not None else None
         if exchange is None or exchange.events is None:
+            self.notify_nowait(method, params)
             return
         message = {"jsonrpc": "2.0", "method": method, "params": params}
         with trio.move_on_after(_NOTIFY_STALL_S):
@@ -107,8 +114,31 @@ class McpSession:
                 await exchange.events.send(message)
 
     def notify_nowait(self, method: str, params: dict[str, Any]) -> bool:
-        """Notifications unrelated to a request have no stream here: always dropped."""
-        return False
+        """Queue a notification on the standalone stream; False if there is none or it
+        is full (dropped)."""
+        if self._standalone is None:
+            return False
+        message = {"jsonrpc": "2.0", "method": method, "params": params}
+        try:
+            self._standalone.send_nowait(message)
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            return False
+        return True
+
+    def open_standalone(self) -> trio.MemoryReceiveChannel[dict[str, Any]] | None:
+        """The standalone stream's notifications, or None if one is open already (or
+        the session is closed). `close_standalone` ends it."""
+        if self._standalone is not None or self.closed:
+            return None
+        send, receive = trio.open_memory_channel[dict[str, Any]](_STANDALONE_BUFFER)
+        self._standalone = send
+        return receive
+
+    def close_standalone(self) -> None:
+        if self._standalone is not None:
+            self._standalone.close()
+            self._standalone = None
+        self.last_used = trio.current_time()
 
     def start_stream(self, stream: Callable[[], Awaitable[object]]) -> None:
         raise InvalidRequest(
@@ -144,6 +174,7 @@ class McpSession:
         self.closed = True
         for exchange in self._exchanges.values():
             exchange.scope.cancel()
+        self.close_standalone()
         callbacks, self._at_close = self._at_close, []
         with trio.CancelScope(shield=True):
             for callback in callbacks:
@@ -207,6 +238,10 @@ class McpSessions:
         if session is None or session.closed or not session.owned_by(principal):
             return None
         return session
+
+    def sessions(self) -> list[McpSession]:
+        """Every open session (a snapshot)."""
+        return list(self._sessions.values())
 
     def discard(self, session: McpSession) -> None:
         """Forget `session` (its caller closes it)."""

@@ -252,6 +252,9 @@ class Daemon:
         for connection in list(self.connections):
             if connection.mcp_session:
                 connection.notify_nowait("notifications/tools/list_changed", {})
+        for session in self.mcp_sessions.sessions():  # those with a standalone stream
+            if session.mcp_session:
+                session.notify_nowait("notifications/tools/list_changed", {})
 
     # ---- running -----------------------------------------------------------------
 

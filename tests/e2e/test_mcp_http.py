@@ -352,13 +352,44 @@ async def test_malformed_bodies_are_refused(url: str, body: bytes, status: int, 
     assert answer.json()["error"]["code"] == code
 
 
-async def test_get_and_other_paths(url: str) -> None:
+async def test_other_methods_and_paths(url: str) -> None:
     async with httpx2.AsyncClient(timeout=WAIT_S) as http:
-        get = await http.get(url, headers=_headers())
-        assert get.status_code == 405
-        assert get.headers["allow"] == "POST, DELETE"
+        put = await http.put(url, json=INIT, headers=_headers())
+        assert put.status_code == 405
+        assert put.headers["allow"] == "GET, POST, DELETE"
+        assert (await http.get(url, headers=_headers())).status_code == 400  # no session
         elsewhere = await http.post(url.replace("/mcp", "/other"), json=INIT, headers=_headers())
         assert elsewhere.status_code == 404
+
+
+async def test_the_standalone_stream_carries_list_changed_until_the_session_ends(
+    url: str,
+) -> None:
+    async with httpx2.AsyncClient(timeout=WAIT_S) as http:
+        session = await _open_session(http, url)
+        headers = _headers(**{"Mcp-Session-Id": session})
+        heard: list[dict[str, Any]] = []
+        with trio.fail_after(WAIT_S):
+            async with http.stream("GET", url, headers=headers) as stream:
+                assert stream.headers["content-type"] == "text/event-stream"
+                second = await http.get(url, headers=headers)
+                assert second.status_code == 409
+                grow = {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "tools/call",
+                    "params": {"name": "echo__add_tool", "arguments": {"name": "grown_over_http"}},
+                }
+                assert (await http.post(url, json=grow, headers=headers)).status_code == 200
+                lines = stream.aiter_lines()
+                async for line in lines:
+                    if line.startswith("data: "):
+                        heard.append(json.loads(line[6:]))
+                        break
+                assert (await http.delete(url, headers=headers)).status_code == 200
+                async for _ in lines:  # the stream ends with the session
+                    pass
+    assert heard == [{"jsonrpc": "2.0", "method": "notifications/tools/list_changed", "params": {}}]
 
 
 async def test_a_notification_gets_202_and_keep_alive_holds(url: str) -> None:
