@@ -152,6 +152,12 @@ class McpHttpEndpoint:
         self.limits = limits
         self._path = path
         self._active = 0
+        self._accepting = trio.CancelScope()
+        self.draining = False
+        # Requests being answered now, and an event set whenever that reaches zero.
+        self._answering = 0
+        self._idle = trio.Event()
+        self._idle.set()
 
     def __repr__(self) -> str:
         return f"<McpHttpEndpoint [Connections: {self._active} | Sessions: {len(self.sessions)}]>"
@@ -166,8 +172,49 @@ class McpHttpEndpoint:
         listener and every session on the way out. `started()` once it accepts."""
         async with listener, trio.open_nursery() as nursery:
             await nursery.start(self.sessions.run)
-            await nursery.start(trio.serve_listeners, self._serve_connection, [listener])
+            await nursery.start(self._accept, listener, nursery)
             task_status.started()
+
+    async def _accept(
+        self,
+        listener: trio.SocketListener,
+        connections: trio.Nursery,
+        *,
+        task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Accept until `stop_accepting` (then close `listener`); each connection runs
+        in `connections`, so stopping the accept loop leaves them be."""
+        with self._accepting:
+            await trio.serve_listeners(
+                self._serve_connection,
+                [listener],
+                handler_nursery=connections,
+                task_status=task_status,
+            )
+        await listener.aclose()
+
+    async def wait_idle(self) -> None:
+        """Return once no request is being answered (kept-alive connections may stay)."""
+        while self._answering:
+            await self._idle.wait()
+
+    def _begin_answer(self) -> None:
+        self._answering += 1
+        if self._idle.is_set():
+            self._idle = trio.Event()
+
+    def _end_answer(self) -> None:
+        self._answering -= 1
+        if not self._answering:
+            self._idle.set()
+
+    def stop_accepting(self) -> None:
+        """Accept no more connections, and close each after its current request (the
+        daemon is draining); requests in flight finish."""
+        self.draining = True
+        self._accepting.cancel()
+        for session in self.sessions.sessions():  # standalone streams end here
+            session.close_standalone()
 
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
         if self._active >= self.limits.max_connections:
@@ -345,6 +392,7 @@ class _HttpConnection:
             await self._handle(request)
             if (
                 self._client_gone
+                or self._endpoint.draining
                 or self._h11.our_state is not h11.DONE
                 or self._h11.their_state is not h11.DONE
             ):
@@ -442,6 +490,13 @@ class _HttpConnection:
     # ---- handling --------------------------------------------------------------------
 
     async def _handle(self, request: _Request) -> None:
+        self._endpoint._begin_answer()
+        try:
+            await self._answer(request)
+        finally:
+            self._endpoint._end_answer()
+
+    async def _answer(self, request: _Request) -> None:
         endpoint = self._endpoint
         try:
             principal = endpoint.check(request)

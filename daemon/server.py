@@ -199,6 +199,7 @@ class Daemon:
             mcp_http.max_sessions,
             mcp_http.session_idle_timeout_s,
         )
+        self.mcp_http: McpHttpEndpoint | None = None
         self.mcp_http_address: tuple[str, int] | None = None
         self.budgets = _budgets(config)
         self.started_at = trio.current_time() if _in_trio() else 0.0
@@ -241,6 +242,8 @@ class Daemon:
             metrics_enabled=self.config.metrics.enabled,
             metrics_url=self.metrics_url(),
             metrics_error=self.metrics_error,
+            mcp_http_url=self.mcp_http_url(),
+            mcp_http_sessions=len(self.mcp_sessions),
         )
 
     def _tools_changed(self) -> None:
@@ -358,6 +361,7 @@ class Daemon:
             path=settings.path,
         )
         await root.start(endpoint.serve, bound.listener)
+        self.mcp_http = endpoint
         self.mcp_http_address = parse_tcp_address(bound.address)
 
     def mcp_http_url(self) -> str | None:
@@ -379,11 +383,15 @@ class Daemon:
         log.info("draining", extra={"running": len(self.executions)})
         for connection in list(self.connections):
             connection.stop_reading()
+        if self.mcp_http is not None:
+            self.mcp_http.stop_accepting()
         with trio.move_on_after(self.config.server.grace_period_s):
             await self.executions.wait_idle()
         self.executions.cancel_all()
         with trio.move_on_after(_CANCEL_REPORT_S):
             await self.executions.wait_idle()
+            if self.mcp_http is not None:  # its answers, written before the root stops
+                await self.mcp_http.wait_idle()
         with trio.CancelScope(shield=True), trio.move_on_after(_CANCEL_REPORT_S):
             await self.sessions.close_all()
         connections.cancel_scope.deadline = trio.current_time() + _CANCEL_REPORT_S

@@ -273,6 +273,9 @@ async def test_sessions_are_issued_required_and_ended(url: str) -> None:
             "id": 5,
             "result": {},
         }
+        status = {"jsonrpc": "2.0", "id": 6, "method": "daemon/status"}
+        shown = (await http.post(url, json=status, headers=with_session)).json()["result"]
+        assert shown["mcp_http"]["url"] == url and shown["mcp_http"]["sessions"] >= 1
         missing = await http.post(url, json=ping, headers=_headers())
         assert missing.status_code == 400
         assert missing.json()["error"]["code"] == InvalidRequest.code
@@ -517,3 +520,44 @@ def test_generated_requests_never_break_the_endpoint(
         while chunk := sock.recv(65536):
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 200 ")
+
+
+async def test_draining_stops_accepting_and_answers_what_is_in_flight(
+    start_daemon: Any,
+) -> None:
+    daemon, _ = await start_daemon(
+        executors={"deno": {"enabled": False}, "wasm_js": {"enabled": False}},
+        mcp_http={"listen": "127.0.0.1:0"},
+        server={"grace_period_s": 0.2},
+    )
+    url = daemon.mcp_http_url()
+    call = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {
+            "name": "execute_python",
+            "arguments": {
+                "code": "import time\ntime.sleep(100)",
+                "limits": {"timeout_ms": ENDLESS_TIMEOUT_MS},
+            },
+        },
+    }
+    answers: list[dict[str, Any]] = []
+    async with httpx2.AsyncClient(timeout=WAIT_S) as http:
+        session = await _open_session(http, url)
+        headers = _headers(**{"Mcp-Session-Id": session})
+
+        async def run() -> None:
+            answers.append((await http.post(url, json=call, headers=headers)).json())
+
+        with trio.fail_after(WAIT_S):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run)
+                while not len(daemon.executions):
+                    await trio.sleep(0.01)  # the program starts on its own time
+                daemon.shutdown()
+    assert answers[0]["result"]["structuredContent"]["status"] == "cancelled"
+    with pytest.raises(httpx2.ConnectError):
+        async with httpx2.AsyncClient(timeout=WAIT_S) as http:
+            await http.post(url, json=INIT, headers=_headers())
