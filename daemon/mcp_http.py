@@ -28,6 +28,11 @@ once (more are closed unanswered). A client that disconnects while its request r
 cancels that request (and the program it started): there is no resuming a stream,
 so nobody could receive its answer.
 
+Resource handling: `serve` owns the listener and the sessions table's expiry task; on
+the way out every session is closed. `stop_accepting` (the daemon draining) closes the
+listener and ends standalone streams; connections close after their current request.
+A write that a client does not take within `WRITE_TIMEOUT_S` drops its connection.
+
 Error handling: whatever one HTTP connection raises is logged with an error id and
 closes that connection alone; it never reaches the endpoint's nursery.
 """
@@ -65,6 +70,7 @@ __all__ = [
     "MAX_HEAD_BYTES",
     "PING_S",
     "REQUEST_TIMEOUT_S",
+    "WRITE_TIMEOUT_S",
     "HttpLimits",
     "McpHttpEndpoint",
 ]
@@ -87,6 +93,9 @@ _RECEIVE_BYTES = 65536
 _EVENTS_BUFFER = 64
 # How long a refusal may take to write before the connection is dropped.
 _REFUSAL_S = 2.0
+# How long one write may wait for a client that is not reading: an honest client on
+# loopback takes megabytes in milliseconds.
+WRITE_TIMEOUT_S = 30.0
 # An idle standalone stream carries an SSE comment this often: proxies and clients see
 # it is alive, and a client gone without a word is noticed.
 PING_S = 30.0
@@ -457,8 +466,13 @@ class _HttpConnection:
 
     async def _send(self, event: Any) -> None:
         data = self._h11.send(event)
-        if data:
+        if not data:
+            return
+        with trio.move_on_after(WRITE_TIMEOUT_S) as waited:
             await self._stream.send_all(data)
+        if waited.cancelled_caught:  # half written: the connection cannot go on
+            self._client_gone = True
+            raise trio.BrokenResourceError("the client stopped reading")
 
     async def _respond(
         self,
@@ -570,7 +584,7 @@ class _HttpConnection:
                 await self._send(h11.EndOfMessage())
         finally:
             receive.close()
-            session.close_standalone()
+            session.close_standalone(receive)
 
     async def _relay_standalone(self, receive: trio.MemoryReceiveChannel[dict[str, Any]]) -> None:
         while True:

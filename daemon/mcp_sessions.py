@@ -76,6 +76,7 @@ class McpSession:
         self.closed = False
         self._exchanges: dict[Any, Exchange] = {}
         self._standalone: trio.MemorySendChannel[dict[str, Any]] | None = None
+        self._receiving: trio.MemoryReceiveChannel[dict[str, Any]] | None = None
         self._at_close: list[Callable[[], Awaitable[object]]] = []
 
     def __repr__(self) -> str:
@@ -131,13 +132,15 @@ class McpSession:
         if self._standalone is not None or self.closed:
             return None
         send, receive = trio.open_memory_channel[dict[str, Any]](_STANDALONE_BUFFER)
-        self._standalone = send
+        self._standalone, self._receiving = send, receive
         return receive
 
-    def close_standalone(self) -> None:
-        if self._standalone is not None:
+    def close_standalone(self, receive: trio.MemoryReceiveChannel[Any] | None = None) -> None:
+        """End the standalone stream: any, or only the one `receive` reads (its GET is
+        over; a newer one stays)."""
+        if self._standalone is not None and (receive is None or self._receiving is receive):
             self._standalone.close()
-            self._standalone = None
+            self._standalone = self._receiving = None
         self.last_used = trio.current_time()
 
     def start_stream(self, stream: Callable[[], Awaitable[object]]) -> None:
