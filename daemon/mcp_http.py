@@ -62,7 +62,7 @@ from conduit.core.protocol import (
 from conduit.daemon.auth import Principal
 from conduit.daemon.connection import RequestDispatch
 from conduit.daemon.http_origin import OriginPolicy
-from conduit.daemon.mcp_sessions import Exchange, McpSession, McpSessions
+from conduit.daemon.mcp_sessions import Exchange, McpSession, McpSessions, TooManySessions
 from conduit.daemon.methods.core import PROTOCOL_VERSIONS
 
 __all__ = [
@@ -334,10 +334,10 @@ class McpHttpEndpoint:
         await session.close()
 
     def open_session(self, principal: Principal) -> tuple[McpSession, McpSession | None]:
-        session, replaced, why = self.sessions.open(principal)
-        if session is None:
-            raise _Refused(429 if "in flight" in why else 503, Overloaded(why))
-        return session, replaced
+        try:
+            return self.sessions.open(principal)
+        except TooManySessions as exc:
+            raise _Refused(429 if exc.busy else 503, Overloaded(exc.message)) from None
 
 
 def _message(body: bytes) -> dict[str, Any]:

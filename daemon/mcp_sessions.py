@@ -40,7 +40,7 @@ from conduit.core.errors import InvalidRequest
 from conduit.daemon.auth import Principal
 from conduit.daemon.sessions import NamedSessions
 
-__all__ = ["Exchange", "McpSession", "McpSessions"]
+__all__ = ["Exchange", "McpSession", "McpSessions", "TooManySessions"]
 
 log = logging.getLogger("conduit.mcp_http")
 
@@ -187,6 +187,15 @@ class McpSession:
                     log.exception("an MCP session's closing work failed")
 
 
+class TooManySessions(Exception):
+    """No session for now: the principal's are all busy (`busy`), or the table is full."""
+
+    def __init__(self, message: str, *, busy: bool) -> None:
+        super().__init__(message)
+        self.message = message
+        self.busy = busy
+
+
 def _key(request_id: Any) -> tuple[str, Any]:
     """Ids 1 and "1" are different requests; 1 and 1.0 are one (as JSON compares them)."""
     return (type(request_id).__name__ if isinstance(request_id, str) else "number", request_id)
@@ -204,36 +213,33 @@ class McpSessions:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def open(self, principal: Principal) -> tuple[McpSession | None, McpSession | None, str]:
-        """A new session for `principal`: (session, one it replaces or None, "").
+    def open(self, principal: Principal) -> tuple[McpSession, McpSession | None]:
+        """A new session for `principal`, and the one it replaces (the caller closes it).
 
-        At the principal's cap, its least recently used idle session is replaced (the
-        caller closes it); with none idle, or at the total cap: (None, None, why).
+        At the principal's cap, its least recently used idle session is replaced.
+        Raises `TooManySessions` when all of the principal's are busy (`busy`) or the
+        table is full.
         """
         own = [s for s in self._sessions.values() if s.owned_by(principal)]
         replaced = None
         if len(own) >= self.max_per_principal:
             idle = [s for s in own if not s.busy]
             if not idle:
-                return (
-                    None,
-                    None,
-                    (
-                        f"too many MCP sessions: {principal.name} has {len(own)} with requests "
-                        "in flight; end one (DELETE) or wait"
-                    ),
+                raise TooManySessions(
+                    f"too many MCP sessions: {principal.name} has {len(own)} with requests "
+                    "in flight; end one (DELETE) or wait",
+                    busy=True,
                 )
             replaced = min(idle, key=lambda s: s.last_used)
             self._sessions.pop(replaced.id, None)
         elif len(self._sessions) >= self.max_total:
-            return (
-                None,
-                None,
-                (f"too many MCP sessions: the daemon holds {len(self._sessions)}; retry later"),
+            raise TooManySessions(
+                f"too many MCP sessions: the daemon holds {len(self._sessions)}; retry later",
+                busy=False,
             )
         session = McpSession(secrets.token_urlsafe(_ID_BYTES), principal)
         self._sessions[session.id] = session
-        return session, replaced, ""
+        return session, replaced
 
     def get(self, session_id: str, principal: Principal) -> McpSession | None:
         """The session `session_id` if it is `principal`'s and open, else None."""

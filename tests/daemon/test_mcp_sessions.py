@@ -13,7 +13,7 @@ from conduit.core.errors import InvalidRequest
 from conduit.daemon.auth import ALL_SCOPES, Principal
 from conduit.daemon.http_origin import OriginPolicy
 from conduit.daemon.mcp_notifications import LEVELS, ProgressRelay, listens
-from conduit.daemon.mcp_sessions import Exchange, McpSessions
+from conduit.daemon.mcp_sessions import Exchange, McpSessions, TooManySessions
 
 ALICE = Principal("alice", "client", ALL_SCOPES)
 BOB = Principal("bob", "client", ALL_SCOPES)
@@ -25,8 +25,8 @@ def _table(per_principal: int = 2, total: int = 3, idle_s: float = 60.0) -> McpS
 
 async def test_a_session_is_found_only_by_its_own_principal() -> None:
     table = _table()
-    session, replaced, why = table.open(ALICE)
-    assert session is not None and replaced is None and why == ""
+    session, replaced = table.open(ALICE)
+    assert replaced is None
     assert len(session.id) >= 40  # unguessable
     assert table.get(session.id, ALICE) is session
     assert table.get(session.id, BOB) is None
@@ -37,36 +37,35 @@ async def test_past_its_cap_a_principal_replaces_its_least_recently_used_idle_se
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     table = _table()
-    first, _, _ = table.open(ALICE)
+    first, _ = table.open(ALICE)
     await trio.sleep(1)
-    second, _, _ = table.open(ALICE)
+    second, _ = table.open(ALICE)
     await trio.sleep(1)
-    assert first is not None and second is not None
     first.touch()  # now the second is the least recently used
-    third, replaced, _ = table.open(ALICE)
-    assert third is not None and replaced is second
+    _, replaced = table.open(ALICE)
+    assert replaced is second
     assert table.get(second.id, ALICE) is None
 
 
 async def test_a_busy_principal_at_its_cap_and_a_full_table_are_refused() -> None:
     table = _table()
     for _ in range(2):
-        session, _, _ = table.open(ALICE)
-        assert session is not None
+        session, _ = table.open(ALICE)
         assert session.begin(1, Exchange(trio.CancelScope()))
-    session, _, why = table.open(ALICE)
-    assert session is None and "in flight" in why
+    with pytest.raises(TooManySessions, match="in flight") as busy:
+        table.open(ALICE)
+    assert busy.value.busy
     table.open(BOB)
-    session, _, why = table.open(BOB)
-    assert session is None and "the daemon holds 3" in why
+    with pytest.raises(TooManySessions, match="the daemon holds 3") as full:
+        table.open(BOB)
+    assert not full.value.busy
 
 
 async def test_idle_sessions_expire_and_are_closed(autojump_clock: trio.testing.MockClock) -> None:
     table = _table(idle_s=10.0)
     closed: list[str] = []
-    idle, _, _ = table.open(ALICE)
-    busy, _, _ = table.open(BOB)
-    assert idle is not None and busy is not None
+    idle, _ = table.open(ALICE)
+    busy, _ = table.open(BOB)
 
     async def note() -> None:
         closed.append("idle")
@@ -87,8 +86,7 @@ async def test_idle_sessions_expire_and_are_closed(autojump_clock: trio.testing.
 
 async def test_closing_a_session_cancels_its_requests_and_refuses_new_ones() -> None:
     table = _table()
-    session, _, _ = table.open(ALICE)
-    assert session is not None
+    session, _ = table.open(ALICE)
     scope = trio.CancelScope()
     assert session.begin(1, Exchange(scope))
     assert not session.begin(1, Exchange(trio.CancelScope()))  # the id is in flight
@@ -100,8 +98,7 @@ async def test_closing_a_session_cancels_its_requests_and_refuses_new_ones() -> 
 
 async def test_notifications_go_to_their_request_stream_only() -> None:
     table = _table()
-    session, _, _ = table.open(ALICE)
-    assert session is not None
+    session, _ = table.open(ALICE)
     send, receive = trio.open_memory_channel[dict[str, Any]](4)
     session.begin(7, Exchange(trio.CancelScope(), send))
     await session.notify("notifications/progress", {"progress": 1}, request_id=7)
