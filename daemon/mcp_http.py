@@ -202,6 +202,11 @@ class McpHttpEndpoint:
             )
         await listener.aclose()
 
+    @property
+    def connections(self) -> int:
+        """HTTP connections being served now."""
+        return self._active
+
     async def wait_idle(self) -> None:
         """Return once no request is being answered (kept-alive connections may stay)."""
         while self._answering:

@@ -33,7 +33,7 @@ from conduit.daemon.mcp_notifications import PROGRESS_INTERVAL_S
 from conduit.daemon.server import ServingInfo
 from tests.conftest import MASTER_TOKEN, WAIT_S, link_wasm_cache
 from tests.e2e.helpers import daemon_in_a_thread
-from tests.e2e.mcp_helpers import ECHO, ENDLESS_TIMEOUT_MS
+from tests.e2e.mcp_helpers import ECHO, ENDLESS_TIMEOUT_MS, NO_SANDBOXES
 from tests.served import Served
 
 # A second principal, to show sessions are not shared across principals.
@@ -561,3 +561,41 @@ async def test_draining_stops_accepting_and_answers_what_is_in_flight(
     with pytest.raises(httpx2.ConnectError):
         async with httpx2.AsyncClient(timeout=WAIT_S) as http:
             await http.post(url, json=INIT, headers=_headers())
+
+
+async def test_many_clients_share_the_daemon(url: str) -> None:
+    results: dict[int, Any] = {}
+
+    async def client(index: int) -> None:
+        async with sdk_client(url) as session:
+            done = await session.call_tool("execute_python", {"code": f"{index} * 2"})
+            assert done.structured_content is not None
+            results[index] = done.structured_content["result"]
+
+    async with trio.open_nursery() as nursery:
+        for index in range(6):
+            nursery.start_soon(client, index)
+    assert results == {index: index * 2 for index in range(6)}
+
+
+async def test_connections_past_the_cap_are_closed_unanswered(start_daemon: Any) -> None:
+    daemon, _ = await start_daemon(
+        executors=NO_SANDBOXES, mcp_http={"listen": "127.0.0.1:0", "max_connections": 2}
+    )
+    port = _port(daemon.mcp_http_url())
+    held = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(2)]
+    with trio.fail_after(WAIT_S):
+        while daemon.mcp_http.connections < 2:
+            await trio.sleep(0.01)  # accepted on the daemon's own time
+        refused = await trio.open_tcp_stream("127.0.0.1", port)
+        assert await refused.receive_some() == b""
+        await refused.aclose()
+        await held[0].aclose()
+        while True:  # the slot frees once the daemon sees the close
+            async with httpx2.AsyncClient(timeout=WAIT_S) as http:
+                try:
+                    await _open_session(http, daemon.mcp_http_url())
+                    break
+                except httpx2.TransportError:
+                    await trio.sleep(0.05)
+    await held[1].aclose()
