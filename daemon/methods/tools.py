@@ -15,6 +15,10 @@ cut down to a list of names past `MAX_DECLARATIONS_CHARS`. Their input schema is
 `execute` params model flattened to what strict clients accept (no `$ref`, no nullable
 `anyOf`), and their output schema describes the execution result that every call
 returns as `structuredContent`, failed programs included.
+
+While a call runs, an MCP client may hear about it (`mcp_notifications`): a program's
+output as progress if the call carried a progress token, an upstream tool's own
+progress and log messages, and how a program ended if it set a log level.
 """
 
 from __future__ import annotations
