@@ -662,13 +662,16 @@ class _HttpConnection:
         self, parsed: Request, principal: Principal, session: McpSession, exchange: Exchange
     ) -> dict[str, Any] | None:
         """The response to `parsed`, or None if it was cancelled (session ended, or the
-        client left)."""
+        client left). One the client cancelled is answered with an error: the stream
+        has to end with something, and a client that cancelled reads nothing from it."""
         with exchange.scope:
             try:
                 result = await self._dispatch(parsed, principal, session)
             except RpcError as exc:
                 return error_reply(parsed.id, exc)
             return result_reply(parsed.id, result)
+        if exchange.cancelled_by_client:
+            return error_reply(parsed.id, RequestCancelled())
         return None
 
     async def _answer_json(
@@ -734,6 +737,13 @@ class _HttpConnection:
                 scope.cancel()
                 return
             self._h11.receive_data(data)
+
+
+class RequestCancelled(InvalidRequest):
+    """The answer to a request its client cancelled (there is no better JSON-RPC code)."""
+
+    def __init__(self) -> None:
+        super().__init__("request cancelled: the client sent notifications/cancelled for it")
 
 
 def _reason(status: int) -> bytes:

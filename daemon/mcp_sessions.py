@@ -59,6 +59,8 @@ class Exchange:
 
     scope: trio.CancelScope
     events: trio.MemorySendChannel[dict[str, Any]] | None = None
+    # Set when the client cancelled it (`notifications/cancelled`), not the session.
+    cancelled_by_client: bool = False
 
 
 class McpSession:
@@ -166,6 +168,16 @@ class McpSession:
     def end(self, request_id: Any) -> None:
         self._exchanges.pop(_key(request_id), None)
         self.last_used = trio.current_time()
+
+    def cancel_request(self, request_id: Any) -> bool:
+        """Stop request `request_id` of this session (the client's
+        `notifications/cancelled`); False if it is not in flight."""
+        exchange = self._exchanges.get(_key(request_id))
+        if exchange is None:
+            return False
+        exchange.cancelled_by_client = True
+        exchange.scope.cancel()
+        return True
 
     def touch(self) -> None:
         self.last_used = trio.current_time()

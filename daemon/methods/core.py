@@ -8,7 +8,6 @@ with `notifications/tools/list_changed` (see `Daemon._tools_changed`), and loggi
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
@@ -75,9 +74,15 @@ async def cancelled(params: CancelledParams, ctx: CallContext) -> None:
     """MCP's cancellation of an earlier request on this connection: stops its program."""
     if ctx.principal is None or ctx.peer is None:
         return
-    # The request may have finished already, or started no program: nothing to stop.
-    with contextlib.suppress(NotFound):
+    try:
+        # A program stops with its output so far, and its call answers `cancelled`.
         ctx.executions.cancel(ctx.principal, origin=origin_of(ctx, params.requestId))
+    except NotFound:
+        # No program: a transport that tracks its requests (HTTP) stops the request
+        # itself; otherwise it finished already, or has nothing to stop.
+        cancel_request = getattr(ctx.peer, "cancel_request", None)
+        if cancel_request is not None:
+            cancel_request(params.requestId)
 
 
 class SetLevelParams(Params):

@@ -599,3 +599,34 @@ async def test_connections_past_the_cap_are_closed_unanswered(start_daemon: Any)
                 except httpx2.TransportError:
                     await trio.sleep(0.05)
     await held[1].aclose()
+
+
+async def test_cancelling_an_upstream_call_stops_the_request(url: str) -> None:
+    """No program to stop: the request itself is, and answers that it was cancelled."""
+    answers: list[dict[str, Any]] = []
+    async with httpx2.AsyncClient(timeout=WAIT_S) as http:
+        session = await _open_session(http, url)
+        headers = _headers(**{"Mcp-Session-Id": session})
+        call = {
+            "jsonrpc": "2.0",
+            "id": 9,
+            "method": "tools/call",
+            "params": {"name": "echo__slow", "arguments": {"seconds": 100}},
+        }
+
+        async def run() -> None:
+            answers.append((await http.post(url, json=call, headers=headers)).json())
+
+        with trio.fail_after(WAIT_S):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run)
+                cancel = {
+                    "jsonrpc": "2.0",
+                    "method": "notifications/cancelled",
+                    "params": {"requestId": 9},
+                }
+                while not answers:  # until the call is in flight, the cancel finds nothing
+                    assert (await http.post(url, json=cancel, headers=headers)).status_code == 202
+                    await trio.sleep(0.05)
+    assert answers[0]["error"]["code"] == InvalidRequest.code
+    assert answers[0]["error"]["message"].startswith("request cancelled")
