@@ -558,7 +558,8 @@ class _HttpConnection:
             return
         session = self._endpoint.session_for(request, principal)
         if parsed.is_notification:
-            with trio.move_on_after(_NOTIFICATION_S):
+            # Nothing answers a notification, refused or not (one we do not know, say).
+            with trio.move_on_after(_NOTIFICATION_S), contextlib.suppress(RpcError):
                 await self._dispatch(parsed, principal, session)
             await self._respond(202)
             return

@@ -404,6 +404,14 @@ async def test_a_notification_gets_202_and_keep_alive_holds(url: str) -> None:
             assert (await http.post(url, json=ping, headers=headers)).status_code == 200
         reply = {"jsonrpc": "2.0", "id": 99, "result": {}}
         assert (await http.post(url, json=reply, headers=headers)).status_code == 202
+        # Unknown, or with bad params: still no answer but 202, and the session goes on.
+        for odd in (
+            {"jsonrpc": "2.0", "method": "notifications/roots/list_changed"},
+            {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {}},
+        ):
+            assert (await http.post(url, json=odd, headers=headers)).status_code == 202
+        ping = {"jsonrpc": "2.0", "id": "after", "method": "ping"}
+        assert (await http.post(url, json=ping, headers=headers)).json()["result"] == {}
 
 
 async def test_lone_surrogates_are_replaced_not_fatal(url: str) -> None:
@@ -630,3 +638,59 @@ async def test_cancelling_an_upstream_call_stops_the_request(url: str) -> None:
                     await trio.sleep(0.05)
     assert answers[0]["error"]["code"] == InvalidRequest.code
     assert answers[0]["error"]["message"].startswith("request cancelled")
+
+
+_MESSAGES = st.fixed_dictionaries(
+    {
+        "jsonrpc": st.sampled_from(["2.0", "1.0"]),
+        "method": st.sampled_from(
+            [
+                "ping",
+                "tools/list",
+                "tools/call",
+                "logging/setLevel",
+                "notifications/cancelled",
+                "notifications/initialized",
+                "notifications/whatever",
+                "executions/cancel",
+                "auth/login",
+                "events/subscribe",
+                "no/such",
+            ]
+        ),
+        "params": st.one_of(
+            st.none(),
+            st.dictionaries(
+                st.sampled_from(["name", "arguments", "level", "requestId", "_meta", "token", "x"]),
+                st.one_of(
+                    st.text(max_size=10),
+                    st.integers(),
+                    st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2),
+                ),
+                max_size=3,
+            ),
+        ),
+    },
+    optional={"id": st.one_of(st.integers(), st.text(max_size=8), st.none())},
+)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(message=_MESSAGES)
+def test_generated_messages_in_a_session_are_answered_and_the_session_goes_on(
+    url: str, message: dict[str, Any]
+) -> None:
+    with httpx2.Client(timeout=30) as http:
+        opened = http.post(url, json=INIT, headers=_headers())
+        headers = _headers(**{"Mcp-Session-Id": opened.headers["mcp-session-id"]})
+        answer = http.post(url, json=message, headers=headers)
+        assert answer.status_code in (200, 202, 400), answer.text
+        if answer.status_code != 202 and answer.headers["content-type"] == "application/json":
+            assert answer.json()["jsonrpc"] == "2.0"
+        ping = {"jsonrpc": "2.0", "id": "p", "method": "ping"}
+        assert http.post(url, json=ping, headers=headers).json()["result"] == {}
+        assert http.delete(url, headers=headers).status_code == 200
