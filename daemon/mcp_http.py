@@ -499,7 +499,8 @@ class _HttpConnection:
 
     async def _refuse(self, refused: _Refused) -> None:
         """Answer with `refused`'s status and error, if a response can still start."""
-        if self._h11.our_state is not h11.SEND_RESPONSE:
+        # IDLE: the request could not even be read (h11 still lets us answer that).
+        if self._h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
         body = encode(error_reply(None, refused.error))
         with trio.move_on_after(_REFUSAL_S):

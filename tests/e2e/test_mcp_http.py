@@ -694,3 +694,17 @@ def test_generated_messages_in_a_session_are_answered_and_the_session_goes_on(
         ping = {"jsonrpc": "2.0", "id": "p", "method": "ping"}
         assert http.post(url, json=ping, headers=headers).json()["result"] == {}
         assert http.delete(url, headers=headers).status_code == 200
+
+
+async def test_a_head_past_its_bound_is_refused(url: str) -> None:
+    stream = await trio.open_tcp_stream("127.0.0.1", _port(url))
+    async with stream:
+        padding = "x" * (mcp_http.MAX_HEAD_BYTES + 1024)
+        await stream.send_all(
+            f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: {padding}\r\n".encode()
+        )
+        with trio.fail_after(WAIT_S):
+            answer = b""
+            while chunk := await stream.receive_some():
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 431 ")
