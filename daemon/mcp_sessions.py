@@ -48,6 +48,9 @@ log = logging.getLogger("conduit.mcp_http")
 _ID_BYTES = 32
 # How long a notification may wait for a client that is not reading its stream.
 _NOTIFY_STALL_S = 5.0
+# How long a session's closing work may take (ending the sandbox sessions its calls
+# named), shielded: the daemon has usually closed those already if it is draining.
+_CLOSE_S = 5.0
 # Notifications waiting on the standalone stream; past this, more are dropped (a
 # client that reads nothing must not make the daemon hold more for it).
 _STANDALONE_BUFFER = 64
@@ -191,7 +194,8 @@ class McpSession:
             exchange.scope.cancel()
         self.close_standalone()
         callbacks, self._at_close = self._at_close, []
-        with trio.CancelScope(shield=True):
+        with trio.CancelScope(shield=True) as bounded:
+            bounded.deadline = trio.current_time() + _CLOSE_S
             for callback in callbacks:
                 try:
                     await callback()
