@@ -49,6 +49,7 @@ __all__ = [
     "JavaScriptPolicy",
     "LimitValues",
     "LimitsConfig",
+    "McpHttpConfig",
     "MetricsConfig",
     "PolicyConfig",
     "PyodideConfig",
@@ -293,6 +294,35 @@ class MetricsConfig(_Section):
         return value
 
 
+class McpHttpConfig(_Section):
+    """MCP over streamable HTTP (daemon/mcp_http.py), beside the NDJSON listeners."""
+
+    # HOST:PORT on loopback; "" (the default) serves no HTTP. Port 0 picks one.
+    listen: str = ""
+    # The path the endpoint answers on; every other path is 404.
+    path: Annotated[str, Field(pattern=r"^/[A-Za-z0-9._~/-]*$", max_length=256)] = "/mcp"
+    # Browser origins allowed besides loopback ones (`http://localhost:3000` and the
+    # like always are): exact `scheme://host[:port]`. A request with any other Origin
+    # is refused (403), against DNS rebinding.
+    allowed_origins: tuple[Annotated[str, Field(pattern=r"^https?://[^/\s]+$")], ...] = ()
+    # HTTP connections open at once; agents keep one or two each.
+    max_connections: Annotated[int, Field(ge=1, le=100_000)] = 256
+    # MCP sessions: an MCP client holds one for as long as it runs. Past the cap, a
+    # principal's new session replaces its least recently used idle one.
+    max_sessions_per_principal: Annotated[int, Field(ge=1, le=10_000)] = 16
+    max_sessions: Annotated[int, Field(ge=1, le=100_000)] = 256
+    # A client gone without DELETE leaves its session; an hour idle ends it (a client
+    # that comes back gets 404 and initializes again, as the specification says).
+    session_idle_timeout_s: Annotated[float, Field(gt=0, le=7 * 86_400)] = 3600.0
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str) -> str:
+        if value:
+            parse_tcp_address(value)
+        return value
+
+
 # A dotted Python module path (`os`, `os.path`) and an identifier of either language.
 _ModuleName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]
 _Identifier = Annotated[str, Field(pattern=r"^[A-Za-z_$][A-Za-z0-9_$]*$")]
@@ -374,6 +404,7 @@ class Config(_Section):
     events: EventsConfig = EventsConfig()
     sessions: SessionsConfig = SessionsConfig()
     metrics: MetricsConfig = MetricsConfig()
+    mcp_http: McpHttpConfig = McpHttpConfig()
     policy: PolicyConfig = PolicyConfig()
     upstreams: UpstreamList = ()
     audit: AuditConfig = AuditConfig()
@@ -487,6 +518,14 @@ def _check_consistency(config: Config) -> None:
                 f"config key metrics.listen = {config.metrics.listen!r} is not a loopback "
                 "address: use 127.0.0.1 or [::1], or set metrics.allow_remote = true "
                 "(the endpoint has no authentication)"
+            )
+    if config.mcp_http.listen:
+        host, _ = parse_tcp_address(config.mcp_http.listen)
+        if not is_loopback(host):
+            raise ConfigError(
+                f"config key mcp_http.listen = {config.mcp_http.listen!r} is not a loopback "
+                "address: use 127.0.0.1 or [::1] (MCP over HTTP serves this host only; "
+                "remote clients reach it through a tunnel or proxy of their own)"
             )
     for field in LimitValues.model_fields:
         default = getattr(config.limits.defaults, field)

@@ -163,6 +163,8 @@ class Connection:
         self.principal: Principal | None = principal
         # Set by `initialize`: this peer is an MCP client, and hears MCP notifications.
         self.mcp_session = False
+        # Set by `logging/setLevel`: the least severe MCP log level this peer hears.
+        self.log_level: str | None = None
         # Whether any valid token (or the peer's uid) has been seen on this connection:
         # a sandbox's presents its session token with every request, never logging in.
         self.authenticated = self.principal is not None
@@ -235,8 +237,9 @@ class Connection:
         """Read no more requests; answer those in flight, then close (for draining)."""
         self._reader_scope.cancel()
 
-    async def notify(self, method: str, params: dict[str, Any]) -> None:
-        """Send a server-to-client notification on this connection.
+    async def notify(self, method: str, params: dict[str, Any], *, request_id: Any = None) -> None:
+        """Send a server-to-client notification on this connection (`request_id`, the
+        request it belongs to, matters only to transports with a stream per request).
 
         Waits while the outbox is full (the client is not reading); returns at once,
         sending nothing, once the connection is closing.

@@ -30,6 +30,9 @@ class DaemonStatistics:
     # Where GET /metrics answers, or why it does not (None: it serves, or is off).
     metrics_url: str | None
     metrics_error: str | None
+    # Where MCP over HTTP answers (None: off), and its sessions open now.
+    mcp_http_url: str | None = None
+    mcp_http_sessions: int = 0
 
 
 class Control(Protocol):

@@ -87,10 +87,14 @@ class Peer(Protocol):
     subscriptions: dict[str, trio.CancelScope]
     # The sessions its MCP tool calls named.
     named_sessions: NamedSessions
+    # Set by `logging/setLevel`: the least severe MCP log level it hears (None: none).
+    log_level: str | None
 
     def login(self, token: str) -> Principal: ...
 
-    async def notify(self, method: str, params: dict[str, Any]) -> None: ...
+    async def notify(
+        self, method: str, params: dict[str, Any], *, request_id: Any = None
+    ) -> None: ...
 
     def start_stream(self, stream: Callable[[], Awaitable[object]]) -> None: ...
 

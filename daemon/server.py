@@ -6,6 +6,7 @@ serve(config, *, task_status)         root nursery
 ├── registry.serve → each executor's pool
 ├── catalogue.serve → one task per upstream, holding its MCP session
 ├── metrics endpoint (HTTP, loopback) → one task per scrape
+├── MCP over HTTP (loopback, if configured) → one task per HTTP connection, session expiry
 ├── watchdog, signal receiver
 └── connections nursery ← one Connection.run per accepted stream
     (acceptors: one accept loop per listener, cancelled first on shutdown)
@@ -62,6 +63,7 @@ from conduit.daemon.control import DaemonStatistics
 from conduit.daemon.dispatcher import Dispatcher
 from conduit.daemon.events import EventBus
 from conduit.daemon.executions import Executions
+from conduit.daemon.http_origin import OriginPolicy
 from conduit.daemon.limits import Admission, ConnectionBudget, ConnectionSlot, RateLimiter
 from conduit.daemon.listeners import (
     BoundListener,
@@ -70,6 +72,8 @@ from conduit.daemon.listeners import (
     open_unix_listener,
     remove_socket_file,
 )
+from conduit.daemon.mcp_http import HttpLimits, McpHttpEndpoint
+from conduit.daemon.mcp_sessions import McpSessions
 from conduit.daemon.methods import method_table
 from conduit.daemon.metrics import CONTENT_TYPE, GaugeSources, Metrics
 from conduit.daemon.metrics_endpoint import MetricsEndpoint
@@ -106,6 +110,8 @@ class ServingInfo:
     listeners: tuple[str, ...] = field(default=())
     # Where GET /metrics answers (None: metrics off, or the port could not be bound).
     metrics_address: tuple[str, int] | None = None
+    # Where MCP over HTTP answers (None: not configured).
+    mcp_http_address: tuple[str, int] | None = None
 
 
 class Daemon:
@@ -190,6 +196,14 @@ class Daemon:
             count_request=self.metrics.count_request,
         )
         self.callback_address: CallbackAddress | None = None
+        mcp_http = config.mcp_http
+        self.mcp_sessions = McpSessions(
+            mcp_http.max_sessions_per_principal,
+            mcp_http.max_sessions,
+            mcp_http.session_idle_timeout_s,
+        )
+        self.mcp_http: McpHttpEndpoint | None = None
+        self.mcp_http_address: tuple[str, int] | None = None
         self.budgets = _budgets(config)
         self.started_at = trio.current_time() if _in_trio() else 0.0
         self._notifier = systemd.Notifier(None)
@@ -231,6 +245,8 @@ class Daemon:
             metrics_enabled=self.config.metrics.enabled,
             metrics_url=self.metrics_url(),
             metrics_error=self.metrics_error,
+            mcp_http_url=self.mcp_http_url(),
+            mcp_http_sessions=len(self.mcp_sessions),
         )
 
     def _tools_changed(self) -> None:
@@ -242,6 +258,9 @@ class Daemon:
         for connection in list(self.connections):
             if connection.mcp_session:
                 connection.notify_nowait("notifications/tools/list_changed", {})
+        for session in self.mcp_sessions.sessions():  # those with a standalone stream
+            if session.mcp_session:
+                session.notify_nowait("notifications/tools/list_changed", {})
 
     # ---- running -----------------------------------------------------------------
 
@@ -274,6 +293,7 @@ class Daemon:
                 await root.start(self.sessions.serve)
                 await root.start(self.tools.catalogue.serve)
                 await self._start_metrics(root)
+                await self._start_mcp_http(root)
                 if handle_signals:
                     root.start_soon(self._handle_signals)
                 interval = systemd.watchdog_interval_s()
@@ -323,6 +343,38 @@ class Daemon:
         await root.start(endpoint.serve, bound.listener)
         self.metrics_address = parse_tcp_address(bound.address)
 
+    async def _start_mcp_http(self, root: trio.Nursery) -> None:
+        """Serve MCP over HTTP in `root`, if configured. Unlike the metrics, a port
+        that cannot be bound stops the start (`ConfigError`): clients depend on it."""
+        settings = self.config.mcp_http
+        if not settings.listen:
+            return
+        bound = await open_tcp_listener(*parse_tcp_address(settings.listen))
+        server = self.config.server
+        endpoint = McpHttpEndpoint(
+            self.dispatcher,
+            authenticate=self.auth.authenticate_token,
+            sessions=self.mcp_sessions,
+            origins=OriginPolicy.from_config(settings.allowed_origins),
+            limits=HttpLimits(
+                max_body_bytes=server.max_message_bytes,
+                max_connections=settings.max_connections,
+                max_in_flight=server.max_in_flight_per_connection,
+            ),
+            path=settings.path,
+        )
+        await root.start(endpoint.serve, bound.listener)
+        self.mcp_http = endpoint
+        self.mcp_http_address = parse_tcp_address(bound.address)
+
+    def mcp_http_url(self) -> str | None:
+        """Where MCP clients connect over HTTP, once the endpoint serves."""
+        if self.mcp_http_address is None:
+            return None
+        host, port = self.mcp_http_address
+        shown = f"[{host}]" if ":" in host else host
+        return f"http://{shown}:{port}{self.config.mcp_http.path}"
+
     def shutdown(self) -> None:
         """Stop accepting and drain; `serve` returns once drained."""
         if self._acceptors is not None:
@@ -334,11 +386,15 @@ class Daemon:
         log.info("draining", extra={"running": len(self.executions)})
         for connection in list(self.connections):
             connection.stop_reading()
+        if self.mcp_http is not None:
+            self.mcp_http.stop_accepting()
         with trio.move_on_after(self.config.server.grace_period_s):
             await self.executions.wait_idle()
         self.executions.cancel_all()
         with trio.move_on_after(_CANCEL_REPORT_S):
             await self.executions.wait_idle()
+            if self.mcp_http is not None:  # its answers, written before the root stops
+                await self.mcp_http.wait_idle()
         with trio.CancelScope(shield=True), trio.move_on_after(_CANCEL_REPORT_S):
             await self.sessions.close_all()
         connections.cancel_scope.deadline = trio.current_time() + _CANCEL_REPORT_S
@@ -508,10 +564,11 @@ class Daemon:
         self.events.buffer = new.events.subscriber_buffer  # for new subscriptions
         self.registry.set_defaults(language_defaults(new))
         self.audit.reconfigure(new.audit)
-        if (new.server.socket, new.server.tcp, new.metrics) != (
+        if (new.server.socket, new.server.tcp, new.metrics, new.mcp_http) != (
             self.config.server.socket,
             self.config.server.tcp,
             self.config.metrics,
+            self.config.mcp_http,
         ):
             log.warning("listener changes take effect on restart")
         if _packages(new) != _packages(self.config):
@@ -558,6 +615,7 @@ class Daemon:
                 f"{b.transport}:{b.address}" for b in bound if b.transport != "sandbox"
             ),
             metrics_address=self.metrics_address,
+            mcp_http_address=self.mcp_http_address,
         )
 
     def _announce(self, info: ServingInfo) -> None:
@@ -573,6 +631,7 @@ class Daemon:
                 "auth": how,
                 "token": info.token_source,
                 "metrics": self.metrics_url() or ("not served" if self.metrics_error else "off"),
+                "mcp_http": self.mcp_http_url() or "off",
                 "pid": os.getpid(),
             },
         )

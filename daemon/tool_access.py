@@ -44,6 +44,7 @@ from conduit.gateway.catalogue import (
 )
 from conduit.gateway.model import UpstreamState, UpstreamStatus, UpstreamTool
 from conduit.gateway.schemas import ArgumentsInvalid
+from conduit.gateway.upstream import CallObserver
 
 if TYPE_CHECKING:
     from conduit.daemon.auth import Principal
@@ -224,7 +225,12 @@ class ToolAccess:
             raise _refusal(principal, exc, name) from exc
 
     async def call(
-        self, principal: Principal, name: str, arguments: dict[str, Any]
+        self,
+        principal: Principal,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        observer: CallObserver | None = None,
     ) -> tuple[UpstreamTool, dict[str, Any]]:
         """Call a tool for `principal`; returns it and its MCP `CallToolResult` JSON.
 
@@ -242,7 +248,9 @@ class ToolAccess:
             if principal.kind == "session":
                 self._ledger.count_tool_call(principal.execution_id)
             try:
-                result = await self.catalogue.call(tool, arguments, timeout_s=self.call_timeout_s)
+                result = await self.catalogue.call(
+                    tool, arguments, timeout_s=self.call_timeout_s, observer=observer
+                )
             except ToolNotFound as exc:  # it left since `resolve`: as if never there
                 raise _refusal(principal, exc, name) from exc
             except GatewayError as exc:

@@ -65,7 +65,13 @@ from conduit.gateway.allowlist import Allowlist, permits
 from conduit.gateway.model import UpstreamState, UpstreamStatus, UpstreamTool
 from conduit.gateway.naming import assign_names, namespace_for
 from conduit.gateway.schemas import SchemaCache
-from conduit.gateway.upstream import RawTool, ReportsState, StateListener, Upstream
+from conduit.gateway.upstream import (
+    CallObserver,
+    RawTool,
+    ReportsState,
+    StateListener,
+    Upstream,
+)
 
 __all__ = [
     "Catalogue",
@@ -488,7 +494,9 @@ class Catalogue:
 
     def _on_tools(self, entry: _Entry, raw_tools: list[RawTool]) -> None:
         """`on_tools` for one upstream: name its tools and swap them in."""
-        entry.tools = {tool.id: tool for tool in assign_names(entry.upstream.name, raw_tools)}
+        bare = bool(getattr(entry.upstream, "bare_names", False))
+        named = assign_names(entry.upstream.name, raw_tools, bare=bare)
+        entry.tools = {tool.id: tool for tool in named}
         self._reindex()
 
     def _reindex(self) -> None:
@@ -499,7 +507,11 @@ class Catalogue:
         )
         changed = tools != self._sorted
         self._sorted = tools
-        self._by_id = {tool.id: tool for tool in tools}
+        self._by_id = {}
+        for tool in tools:
+            # Only an upstream with `bare_names` can give an id another tool has.
+            if self._by_id.setdefault(tool.id, tool) is not tool:
+                log.warning("tool id %r is taken; %s keeps only its SDK path", tool.id, tool.path)
         self._by_path = {tool.path: tool for tool in tools}
         self._schemas.retain(self._by_id)
         if changed:
@@ -565,7 +577,12 @@ class Catalogue:
     # -- calls -------------------------------------------------------------------------
 
     async def call(
-        self, tool: UpstreamTool, arguments: dict[str, Any], *, timeout_s: float
+        self,
+        tool: UpstreamTool,
+        arguments: dict[str, Any],
+        *,
+        timeout_s: float,
+        observer: CallObserver | None = None,
     ) -> dict[str, Any]:
         """Call `tool` and return its MCP `CallToolResult` JSON (`isError` included).
 
@@ -581,10 +598,13 @@ class Catalogue:
             # No suggestions: they would come from tools the caller may not see.
             raise ToolNotFound(tool.id)
         self._schemas.enforce(current, arguments, strict=entry.strict)
+        call = partial(entry.upstream.call_tool, current.name, arguments, timeout_s=timeout_s)
+        if observer is not None and getattr(entry.upstream, "relays_notifications", False):
+            call = partial(call, observer=observer)
         if getattr(entry.upstream, "enforces_timeout", False):
-            return await entry.upstream.call_tool(current.name, arguments, timeout_s=timeout_s)
+            return await call()
         with trio.move_on_after(timeout_s + CALL_GRACE_S):
-            return await entry.upstream.call_tool(current.name, arguments, timeout_s=timeout_s)
+            return await call()
         raise UpstreamUnreachable(
             f"{current.path} did not answer within {timeout_s} s; retry, or raise the timeout"
         )

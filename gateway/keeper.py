@@ -52,7 +52,7 @@ from conduit.core.version import VERSION
 from conduit.gateway.direct_requests import ConnectionClosed, DirectRequests
 from conduit.gateway.model import UpstreamState, UpstreamStatus
 from conduit.gateway.settings import HttpUpstreamSettings, StdioUpstreamSettings
-from conduit.gateway.upstream import RawTool, StateListener
+from conduit.gateway.upstream import CallObserver, RawTool, StateListener
 
 __all__ = [
     "Misconfigured",
@@ -83,6 +83,9 @@ MAX_TOOL_PAGES = 1000
 CLOSE_TIMEOUT_S = 5.0
 # Error texts end up in `upstreams/list` and logs; an upstream controls part of them.
 MAX_ERROR_CHARS = 500
+# How long a relayed log message may wait on the client it goes to: the connection's
+# message loop waits meanwhile, and must not for a client that stopped reading.
+_RELAY_S = 1.0
 
 
 _T_co = TypeVar("_T_co", covariant=True)
@@ -307,9 +310,13 @@ class SessionKeeper(abc.ABC):
     transport: ClassVar[str]
     # `call_tool` bounds every call by its `timeout_s` (see `Upstream`).
     enforces_timeout: ClassVar[bool] = True
+    # `call_tool` takes a `CallObserver` (see `Upstream`).
+    relays_notifications: ClassVar[bool] = True
 
     def __init__(self, settings: StdioUpstreamSettings | HttpUpstreamSettings) -> None:
         self.name = settings.name
+        # Its tools' ids are their own names (see the settings).
+        self.bare_names = settings.bare_names
         self._settings = settings
         self._state = UpstreamState.STARTING
         self._tools: list[RawTool] = []
@@ -327,6 +334,9 @@ class SessionKeeper(abc.ABC):
         # When the current session became ready (None: it has not).
         self._ready_since: float | None = None
         self._state_listeners: list[StateListener] = []
+        # Calls in flight, each with its observer (None: it wants nothing relayed).
+        self._observers: dict[int, CallObserver | None] = {}
+        self._next_call = 0
 
     def __repr__(self) -> str:
         return (
@@ -378,7 +388,12 @@ class SessionKeeper(abc.ABC):
             self._set_state(UpstreamState.CLOSED)
 
     async def call_tool(
-        self, name: str, arguments: dict[str, Any], *, timeout_s: float
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        timeout_s: float,
+        observer: CallObserver | None = None,
     ) -> dict[str, Any]:
         """Call tool `name` and return its `CallToolResult` as JSON (wire field names).
 
@@ -395,15 +410,19 @@ class SessionKeeper(abc.ABC):
                 f"upstream {self.name!r} lost its connection ({connection.lost_reason}); "
                 "it is being reconnected"
             )
-        with trio.move_on_after(timeout_s) as deadline:
+        with trio.move_on_after(timeout_s) as deadline, self._observing(observer):
             try:
-                if connection.direct is not None:
+                progress = observer.progress if observer is not None else None
+                # The SDK session matches progress to its request; direct calls do not.
+                if connection.direct is not None and progress is None:
                     result = await _call_direct(connection, name, arguments)
                 else:
                     request = types.CallToolRequest(
                         params=types.CallToolRequestParams(name=name, arguments=arguments)
                     )
-                    result = await connection.session.send_request(request, types.CallToolResult)
+                    result = await connection.session.send_request(
+                        request, types.CallToolResult, progress_callback=progress
+                    )
             except MCPError as exc:
                 raise UpstreamUnreachable(self._call_error(name, connection, exc)) from None
             except ValidationError as exc:
@@ -417,6 +436,25 @@ class SessionKeeper(abc.ABC):
                 f"{timeout_s:g} s; the call was cancelled (raise its timeout if the tool is slow)"
             )
         return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+    @contextlib.contextmanager
+    def _observing(self, observer: CallObserver | None) -> Iterator[None]:
+        """Count a call in flight, with what it wants relayed, while the block runs."""
+        key, self._next_call = self._next_call, self._next_call + 1
+        self._observers[key] = observer
+        try:
+            yield
+        finally:
+            del self._observers[key]
+
+    async def _relay_log(self, params: types.LoggingMessageNotificationParams) -> None:
+        """A server's log message, to the call in flight if it is the only one."""
+        if len(self._observers) != 1:
+            return
+        (observer,) = self._observers.values()
+        if observer is not None and observer.log is not None:
+            with trio.move_on_after(_RELAY_S):
+                await observer.log(str(params.level), params.logger, params.data)
 
     def watch_state(self, listener: StateListener) -> None:
         """Call `listener(self.status())` after every change of state (`ReportsState`).
@@ -658,6 +696,8 @@ class SessionKeeper(abc.ABC):
                 self._note_garbage(message)
             elif isinstance(message, types.ToolListChangedNotification):
                 connection.relist.set()
+            elif isinstance(message, types.LoggingMessageNotification):
+                await self._relay_log(message.params)
             await trio.lowlevel.checkpoint()
 
         return handle

@@ -142,8 +142,11 @@ def _dict_or_none(value: Any) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def assign_names(upstream: str, raw_tools: list[dict[str, Any]]) -> list[UpstreamTool]:
-    """Turn an upstream's raw MCP tool list into `Tool`s with ids and SDK names.
+def assign_names(
+    upstream: str, raw_tools: list[dict[str, Any]], *, bare: bool = False
+) -> list[UpstreamTool]:
+    """Turn an upstream's raw MCP tool list into `Tool`s with ids and SDK names; with
+    `bare`, a tool's id is its raw name rather than `<upstream>__<name>`.
 
     Entries without a string name and repeated names are dropped (logged). A missing or
     non-object `inputSchema` becomes `{}`, which is how the rest of the gateway knows a
@@ -154,7 +157,7 @@ def assign_names(upstream: str, raw_tools: list[dict[str, Any]]) -> list[Upstrea
     namespace = namespace_for(upstream)
     tools = [
         UpstreamTool(
-            id=tool_id(upstream, raw["name"]),
+            id=raw["name"] if bare else tool_id(upstream, raw["name"]),
             upstream=upstream,
             name=raw["name"],
             namespace=namespace,

@@ -79,6 +79,11 @@ class _UpstreamBase(BaseModel):
     # "auto" probes the 2026-07-28 `server/discover` first and falls back to the
     # `initialize` handshake; "initialize" skips the probe, for servers that mishandle it.
     handshake: Literal["auto", "initialize"] = "auto"
+    # List and call this upstream's tools by the names it gives them (`search`) instead
+    # of `<name>__<tool>`, for MCP clients that expect a server's tools as it names them.
+    # Programs still call `tools.<name>.<tool>`. A name another tool already has (or an
+    # execute tool's) is shadowed: prefer prefixed names unless a client needs these.
+    bare_names: bool = False
 
     @field_validator("name")
     @classmethod

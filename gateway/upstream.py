@@ -4,18 +4,23 @@ An upstream is opened and closed by its own task (`serve`): it connects, lists i
 tools (following pagination), keeps the session open, refreshes the list on
 `notifications/tools/list_changed`, and for stdio servers restarts the process with
 back-off when it dies. `call_tool` may be called from any task while it is ready.
+
+An upstream that sets `relays_notifications = True` also takes a `CallObserver` in
+`call_tool` and tells it the call's progress and the log messages the server sends
+while the call runs, so they can reach the client that made the call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import trio
 
 from conduit.gateway.model import UpstreamStatus
 
-__all__ = ["RawTool", "ReportsState", "StateListener", "Upstream"]
+__all__ = ["CallObserver", "RawTool", "ReportsState", "StateListener", "Upstream"]
 
 # A tool as the upstream described it: the MCP `Tool` object as JSON
 # ({"name", "description", "inputSchema", "outputSchema"?, "annotations"?}).
@@ -23,6 +28,21 @@ RawTool = dict[str, Any]
 
 # Told an upstream's status each time its state changes; must not block or raise.
 StateListener = Callable[[UpstreamStatus], None]
+
+
+@dataclass(frozen=True, slots=True)
+class CallObserver:
+    """Who hears what an upstream says about one tool call while it runs.
+
+    `progress(progress, total, message)` is the server's `notifications/progress` for the
+    call. `log(level, logger, data)` is a `notifications/message` the server sent while
+    the call was the only one in flight on its connection (stdio carries no hint of
+    which request a message belongs to, so one sent during two calls goes to neither).
+    Either may be None: not wanted. Both must return quickly.
+    """
+
+    progress: Callable[[float, float | None, str | None], Awaitable[None]] | None = None
+    log: Callable[[str, str | None, Any], Awaitable[None]] | None = None
 
 
 @runtime_checkable

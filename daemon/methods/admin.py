@@ -53,5 +53,6 @@ async def status(params: NoParams, ctx: CallContext) -> dict[str, Any]:
             "url": daemon.metrics_url,
             "error": daemon.metrics_error,
         },
+        "mcp_http": {"url": daemon.mcp_http_url, "sessions": daemon.mcp_http_sessions},
         "audit": dataclasses.asdict(ctx.audit.statistics()),
     }

@@ -1,14 +1,14 @@
-"""`initialize`, `notifications/initialized`, `notifications/cancelled`, `ping`, `rpc/discover`.
+"""`initialize`, `notifications/initialized`, `notifications/cancelled`, `ping`,
+`logging/setLevel`, `rpc/discover`.
 
 What `initialize` states is what is implemented: tools, whose list changing is announced
-with `notifications/tools/list_changed` (see `Daemon._tools_changed`). No prompts,
-resources, logging or completions.
+with `notifications/tools/list_changed` (see `Daemon._tools_changed`), and logging
+(`notifications/message`, see `mcp_notifications`). No prompts, resources or completions.
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -48,7 +48,7 @@ async def initialize(params: InitializeParams, ctx: CallContext) -> dict[str, An
         ctx.peer.mcp_session = True
     return {
         "protocolVersion": version,
-        "capabilities": {"tools": {"listChanged": True}},
+        "capabilities": {"tools": {"listChanged": True}, "logging": {}},
         "serverInfo": {"name": "conduit", "version": VERSION},
         "instructions": INSTRUCTIONS,
     }
@@ -74,9 +74,28 @@ async def cancelled(params: CancelledParams, ctx: CallContext) -> None:
     """MCP's cancellation of an earlier request on this connection: stops its program."""
     if ctx.principal is None or ctx.peer is None:
         return
-    # The request may have finished already, or started no program: nothing to stop.
-    with contextlib.suppress(NotFound):
+    try:
+        # A program stops with its output so far, and its call answers `cancelled`.
         ctx.executions.cancel(ctx.principal, origin=origin_of(ctx, params.requestId))
+    except NotFound:
+        # No program: a transport that tracks its requests (HTTP) stops the request
+        # itself; otherwise it finished already, or has nothing to stop.
+        cancel_request = getattr(ctx.peer, "cancel_request", None)
+        if cancel_request is not None:
+            cancel_request(params.requestId)
+
+
+class SetLevelParams(Params):
+    model_config = ConfigDict(extra="allow", frozen=True)
+    level: Literal["debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"]
+
+
+@router.method("logging/setLevel", params=SetLevelParams, scope=None)
+async def set_level(params: SetLevelParams, ctx: CallContext) -> dict[str, Any]:
+    """MCP logging: hear `notifications/message` at this level and more severe ones."""
+    if ctx.peer is not None:
+        ctx.peer.log_level = params.level
+    return {}
 
 
 @router.method("ping", params=AnyParams, scope=None, session=True)

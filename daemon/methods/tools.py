@@ -15,6 +15,10 @@ cut down to a list of names past `MAX_DECLARATIONS_CHARS`. Their input schema is
 `execute` params model flattened to what strict clients accept (no `$ref`, no nullable
 `anyOf`), and their output schema describes the execution result that every call
 returns as `structuredContent`, failed programs included.
+
+While a call runs, an MCP client may hear about it (`mcp_notifications`): a program's
+output as progress if the call carried a progress token, an upstream tool's own
+progress and log messages, and how a program ended if it set a log level.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from conduit.core.files import ReturnedFile
 from conduit.core.results import ANY_JSON, ExecutionResult
 from conduit.core.tools import Tool
 from conduit.daemon.dispatcher import CallContext, MethodRouter, NoParams, Params, invalid_params
+from conduit.daemon.mcp_notifications import log, open_progress, relay_upstream
 from conduit.daemon.methods.executions import ExecuteParams
 from conduit.daemon.methods.sdk import render_declarations
 from conduit.daemon.methods.sessions import MAX_NAME_CHARS, connection_session
@@ -257,7 +262,10 @@ class _McpParams(Params):
     # MCP lets every request carry `_meta` (progress tokens, client extensions).
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
     meta: dict[str, Any] | None = Field(
-        None, alias="_meta", description="MCP request metadata; accepted and not used"
+        None,
+        alias="_meta",
+        description="MCP request metadata: a tools/call's progressToken gets the program's "
+        "output as notifications/progress",
     )
 
 
@@ -359,10 +367,28 @@ async def _call_builtin(language: str, params: CallParams, ctx: CallContext) -> 
         if session_name is not None:
             session = await connection_session(ctx, session_name, language)
         request = arguments.to_request(ctx, session)
-        result = await ctx.executions.execute(request, principal)
+        async with open_progress(ctx.peer, params.meta, ctx.request_id) as on_output:
+            if on_output is not None:
+                request = dataclasses.replace(request, on_output=on_output)
+            await log(ctx.peer, "debug", f"{params.name}: running", request_id=ctx.request_id)
+            result = await ctx.executions.execute(request, principal)
+        await _log_outcome(ctx, params.name, result)
     except _TOOL_ERRORS as exc:
         return _refused(exc.message)
     return _execution_result(result)
+
+
+async def _log_outcome(ctx: CallContext, name: str, result: ExecutionResult) -> None:
+    """Tell a client that listens how the program ended (`notifications/message`)."""
+    level = "info" if result.ok else "warning"
+    data = {
+        "tool": name,
+        "execution_id": result.execution_id,
+        "status": str(result.status),
+        "executor": result.executor,
+        "duration_ms": result.duration_ms,
+    }
+    await log(ctx.peer, level, data, request_id=ctx.request_id)
 
 
 @router.method("tools/call", params=CallParams, scope="tools", session=True)
@@ -378,8 +404,14 @@ async def call_tool(params: CallParams, ctx: CallContext) -> dict[str, Any]:
     language = BUILTIN_TOOLS.get(params.name)
     if language is not None:
         return await _call_builtin(language, params, ctx)
+    principal = ctx.require_principal()
+    observer = None
+    if params.shape == "mcp":
+        observer = relay_upstream(ctx.peer, params.meta, ctx.request_id)
     try:
-        tool, result = await ctx.tools.call(ctx.require_principal(), params.name, params.arguments)
+        tool, result = await ctx.tools.call(
+            principal, params.name, params.arguments, observer=observer
+        )
     except InvalidParams as exc:
         if params.shape == "value":
             raise

@@ -87,6 +87,20 @@ def test_non_loopback_tcp_needs_explicit_permission(tmp_path: Path) -> None:
     assert load_config(allowed, environ={}).server.tcp == "0.0.0.0:7780"
 
 
+def test_mcp_http_is_off_by_default_and_loopback_only(tmp_path: Path) -> None:
+    assert load_config(environ={}).mcp_http.listen == ""
+    path = _write(tmp_path, '[mcp_http]\nlisten = "0.0.0.0:8766"\n')
+    with pytest.raises(ConfigError, match=r"mcp_http\.listen .* not a loopback address"):
+        load_config(path, environ={})
+    ok = _write(
+        tmp_path, '[mcp_http]\nlisten = "[::1]:0"\nallowed_origins = ["https://a.example"]\n'
+    )
+    assert load_config(ok, environ={}).mcp_http.allowed_origins == ("https://a.example",)
+    bad = _write(tmp_path, '[mcp_http]\nlisten = "127.0.0.1:1"\nallowed_origins = ["evil"]\n')
+    with pytest.raises(ConfigError, match=r"mcp_http\.allowed_origins"):
+        load_config(bad, environ={})
+
+
 def test_default_limit_above_its_maximum_is_refused(tmp_path: Path) -> None:
     path = _write(tmp_path, "[limits.defaults]\ntimeout_ms = 999999999\n")
     with pytest.raises(ConfigError, match=r"limits\.defaults\.timeout_ms"):

@@ -1,5 +1,6 @@
-"""`conduit mcp` against MCP clients from the npm registry: the MCP Inspector's CLI and the
-MCP conformance suite's server checks.
+"""Conduit against MCP clients from the npm registry: the MCP Inspector's CLI and the MCP
+conformance suite's server checks, over stdio (`conduit mcp`) and over the daemon's
+streamable HTTP endpoint (`[mcp_http]`).
 
 Both come pinned by `tests/fixtures/mcp_clients/package-lock.json`, installed once with
 the machine's npm into pytest's cache (as the executors install their own npm sets) and
@@ -7,9 +8,12 @@ run from there, offline. No Node.js or npm is a failure that says so, not a skip
 
 The Inspector runs on the machine's Node.js. The conformance suite needs Node.js 22's
 `fs.globSync`, so it runs under the Deno that Conduit already depends on (Node-compatible).
-Its server checks connect over streamable HTTP only, so `mcp_http_bridge` puts an HTTP
-front on `conduit mcp`, relaying each message unchanged. Which checks apply to Conduit,
-and why the others cannot, is `APPLICABLE` and `NOT_APPLICABLE` below (and docs/mcp.md).
+Its server checks connect over streamable HTTP only. They run against the daemon's own
+endpoint, each request carrying the master token (`tests/fixtures/mcp_bearer.mjs` adds
+the header, as a configured client would: the suite has no option for one); and, for
+`conduit mcp`, through `mcp_http_bridge`, which puts an HTTP front on the stdio server
+and relays each message unchanged. Which checks apply to Conduit, and why the others
+cannot, is `APPLICABLE` and `NOT_APPLICABLE` below (and docs/mcp.md).
 """
 
 from __future__ import annotations
@@ -30,11 +34,13 @@ from conduit.executors.npm import install_lock_dir
 from tests.conftest import MASTER_TOKEN
 from tests.e2e.helpers import CONDUIT, wait_upstreams
 from tests.e2e.mcp_helpers import DENO_ONLY, ECHO, NO_SANDBOXES
+from tests.fixtures.mcp_conformance_server import command as conformance_tools
 from tests.fixtures.mcp_http_bridge import running_bridge
 
 CLIENTS_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "mcp_clients"
 INSPECTOR = "node_modules/@modelcontextprotocol/inspector/clients/launcher/build/index.js"
 CONFORMANCE = "node_modules/@modelcontextprotocol/conformance/dist/index.js"
+BEARER = Path(__file__).resolve().parents[1] / "fixtures" / "mcp_bearer.mjs"
 # A Node.js client starting and spawning `conduit mcp`, on a loaded two-core machine.
 CLIENT_TIMEOUT_S = 120
 # The Inspector's exit status when the called tool answered `isError: true`.
@@ -42,31 +48,48 @@ INSPECTOR_TOOL_IS_ERROR = 5
 # For the Inspector's Python call: no Deno process to start.
 WASM_PYTHON_ONLY = {"deno": {"enabled": False}, "wasm_js": {"enabled": False}}
 
-# The conformance suite's server scenarios that check what Conduit implements.
-APPLICABLE = ("server-initialize", "ping", "tools-list")
+# The suite's fixed test tools, as the tools-call scenarios call them: by their own names.
+CONFORMANCE_TOOLS = {
+    "name": "conformance",
+    "transport": "stdio",
+    "command": conformance_tools()[0],
+    "args": conformance_tools()[1:],
+    "bare_names": True,
+    # Its log messages are sent as handshake-era servers send them, to every client.
+    "handshake": "initialize",
+}
+# The conformance suite's server scenarios that check what Conduit implements. The
+# transport's own, and the fixed test tools' (which `mcp_conformance_server` provides as
+# an upstream with bare names), run against the daemon's endpoint; the rest also
+# through the stdio bridge.
+APPLICABLE_ANYWHERE = ("server-initialize", "ping", "tools-list", "logging-set-level")
+APPLICABLE_HTTP = (
+    "dns-rebinding-protection",
+    "server-sse-polling",
+    "server-sse-multiple-streams",
+    "tools-call-simple-text",
+    "tools-call-image",
+    "tools-call-audio",
+    "tools-call-embedded-resource",
+    "tools-call-mixed-content",
+    "tools-call-with-logging",
+    "tools-call-error",
+    "tools-call-with-progress",
+    "json-schema-2020-12",
+)
+APPLICABLE = APPLICABLE_ANYWHERE + APPLICABLE_HTTP
 # The rest, and why each cannot pass against Conduit (docs/mcp.md says the same).
 _NO_CAPABILITY = "a capability Conduit does not declare"
-_FIXED_TOOL = "the suite's own fixed test tool (test_*), which Conduit does not have"
-_HTTP_ONLY = "the streamable HTTP transport itself; Conduit speaks stdio (the bridge's HTTP)"
+_CALLBACK = (
+    "a tool calling back into the client (server-to-client requests), which Conduit "
+    "does not relay from its upstreams"
+)
 NOT_APPLICABLE = {
-    "logging-set-level": _NO_CAPABILITY + " (logging)",
     "completion-complete": _NO_CAPABILITY + " (completions)",
-    "tools-call-simple-text": _FIXED_TOOL,
-    "tools-call-image": _FIXED_TOOL,
-    "tools-call-audio": _FIXED_TOOL,
-    "tools-call-embedded-resource": _FIXED_TOOL,
-    "tools-call-mixed-content": _FIXED_TOOL,
-    "tools-call-with-logging": _FIXED_TOOL,
-    "tools-call-error": _FIXED_TOOL,
-    "tools-call-with-progress": _FIXED_TOOL,
-    "tools-call-sampling": _FIXED_TOOL + " calling back into the client (sampling)",
-    "tools-call-elicitation": _FIXED_TOOL + " calling back into the client (elicitation)",
-    "json-schema-2020-12": _FIXED_TOOL,
-    "elicitation-sep1034-defaults": _FIXED_TOOL + " calling back into the client (elicitation)",
-    "elicitation-sep1330-enums": _FIXED_TOOL + " calling back into the client (elicitation)",
-    "server-sse-polling": _HTTP_ONLY,
-    "server-sse-multiple-streams": _HTTP_ONLY,
-    "dns-rebinding-protection": _HTTP_ONLY,
+    "tools-call-sampling": _CALLBACK + " (sampling)",
+    "tools-call-elicitation": _CALLBACK + " (elicitation)",
+    "elicitation-sep1034-defaults": _CALLBACK + " (elicitation)",
+    "elicitation-sep1330-enums": _CALLBACK + " (elicitation)",
     "resources-list": _NO_CAPABILITY + " (resources)",
     "resources-read-text": _NO_CAPABILITY + " (resources)",
     "resources-read-binary": _NO_CAPABILITY + " (resources)",
@@ -179,10 +202,31 @@ async def test_inspector_cli_lists_and_calls_the_tools(
 # ---- the MCP conformance suite --------------------------------------------------------
 
 
-def _conformance(mcp_clients: Path, *args: str) -> list[str]:
+def _conformance(mcp_clients: Path, *args: str, bearer: bool = False) -> list[str]:
+    """The suite's command line; with `bearer`, its requests carry $MCP_BEARER_TOKEN."""
     deno = find_deno()
     assert deno, "Deno is missing: it comes with conduit's dependencies (pip install .)"
-    return [deno, "run", "--allow-all", str(mcp_clients / CONFORMANCE), *args]
+    preload = ["--preload", str(BEARER)] if bearer else []
+    return [deno, "run", "--allow-all", *preload, str(mcp_clients / CONFORMANCE), *args]
+
+
+def _checks(results: Path) -> dict[str, list[dict[str, Any]]]:
+    """Each scenario's checks, from the suite's results directory."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(results.glob("server-*/checks.json")):
+        scenario = path.parent.name.removeprefix("server-").rsplit("-", 6)[0]
+        found[scenario] = json.loads(path.read_text())
+    return found
+
+
+def _not_passed(checks: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Checks that failed or warned (INFO only reports, e.g. an optional feature absent)."""
+    return [
+        check
+        for scenario in checks.values()
+        for check in scenario
+        if check["status"] not in ("SUCCESS", "INFO")
+    ]
 
 
 async def test_conformance_suite_lists_the_server_scenarios_we_classified(
@@ -219,16 +263,95 @@ async def test_conformance_server_checks_that_apply_pass(
     results = tmp_path / "results"
     with (tmp_path / "bridge.log").open("wb") as log:
         async with running_bridge(server, stderr=log, env=bridge_env) as url:
-            for scenario in APPLICABLE:
+            for scenario in APPLICABLE_ANYWHERE:
                 command = _conformance(
                     mcp_clients, "server", "--url", url, "--scenario", scenario, "-o", str(results)
                 )
                 done = await _run(command, cwd=tmp_path, env=env)
                 assert done.returncode == 0, (scenario, done.stdout.decode()[-3000:])
-    checks = [
-        check
-        for path in sorted(results.glob("server-*/checks.json"))
-        for check in json.loads(path.read_text())
-    ]
-    assert {check["id"] for check in checks} == set(APPLICABLE)
-    assert all(check["status"] == "SUCCESS" for check in checks), checks
+    checks = _checks(results)
+    assert set(checks) == set(APPLICABLE_ANYWHERE)
+    assert not _not_passed(checks), checks
+
+
+@pytest.mark.slow
+async def test_conformance_server_checks_pass_against_the_http_endpoint(
+    mcp_clients: Path, start_daemon: Any, tmp_path: Path
+) -> None:
+    """Every applicable scenario, straight at the daemon's streamable HTTP endpoint."""
+    daemon, info = await start_daemon(
+        upstreams=[ECHO, CONFORMANCE_TOOLS],
+        executors=NO_SANDBOXES,
+        mcp_http={"listen": "127.0.0.1:0"},
+    )
+    await wait_upstreams(daemon, "echo", "conformance")
+    url = daemon.mcp_http_url()
+    assert url is not None
+    env = {
+        **_client_env(tmp_path / "home"),
+        "MCP_BEARER_TOKEN": MASTER_TOKEN,
+        "MCP_NODE_MODULES": str(mcp_clients / "node_modules"),
+    }
+    results = tmp_path / "results"
+    for scenario in APPLICABLE:
+        command = _conformance(
+            mcp_clients,
+            *("server", "--url", url, "--scenario", scenario, "-o", str(results)),
+            bearer=True,
+        )
+        done = await _run(command, cwd=tmp_path, env=env)
+        assert done.returncode == 0, (scenario, done.stdout.decode()[-3000:])
+    checks = _checks(results)
+    assert set(checks) == set(APPLICABLE)
+    assert not _not_passed(checks), checks
+    # The ones that say something beyond INFO did succeed.
+    for scenario in set(APPLICABLE) - {"server-sse-polling"}:
+        assert any(check["status"] == "SUCCESS" for check in checks[scenario]), scenario
+
+
+@pytest.mark.slow
+async def test_inspector_cli_over_http(
+    mcp_clients: Path, start_daemon: Any, tmp_path: Path
+) -> None:
+    """The Inspector reaches the daemon's endpoint with a bearer header, lists, calls."""
+    daemon, _ = await start_daemon(
+        upstreams=[ECHO], executors=WASM_PYTHON_ONLY, mcp_http={"listen": "127.0.0.1:0"}
+    )
+    await wait_upstreams(daemon, "echo")
+    url = daemon.mcp_http_url()
+    assert url is not None
+    inspector = ["node", str(mcp_clients / INSPECTOR), "--cli", url, "--transport", "http"]
+    inspector += ["--header", f"Authorization: Bearer {MASTER_TOKEN}"]
+    env = _client_env(tmp_path / "home")
+    listed = await _run([*inspector, "--method", "tools/list"], cwd=tmp_path, env=env)
+    assert listed.returncode == 0, listed.stderr.decode()[-3000:]
+    names = {tool["name"] for tool in json.loads(listed.stdout)["tools"]}
+    assert {"execute_python", "echo__echo"} <= names
+    program = "said = tools.echo.echo(text='over http')\nsaid.upper()"
+    ran = await _run(
+        [
+            *inspector,
+            *("--method", "tools/call", "--format", "json", "--tool-name", "execute_python"),
+            *("--tool-args-json", json.dumps({"code": program})),
+        ],
+        cwd=tmp_path,
+        env=env,
+    )
+    assert ran.returncode == 0, ran.stderr.decode()[-3000:]
+    result = json.loads(ran.stdout)["result"]
+    assert result["structuredContent"]["result"] == "OVER HTTP"
+    refused = await _run(
+        [
+            "node",
+            str(mcp_clients / INSPECTOR),
+            "--cli",
+            url,
+            "--transport",
+            "http",
+            "--method",
+            "tools/list",
+        ],
+        cwd=tmp_path,
+        env=env,
+    )
+    assert refused.returncode != 0

@@ -55,6 +55,21 @@ async def sdk_client(server: Any, **options: Any) -> AsyncIterator[Client]:
             yield client
 
 
+async def _check_progress(client: Client) -> None:
+    """A call with a progress token hears the program's output while it runs."""
+    heard: list[str] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append(message or "")
+
+    program = "import time\nfor i in range(5):\n    print(i)\n    time.sleep(0.05)"
+    result = await client.call_tool(
+        "execute_python", {"code": program}, progress_callback=on_progress
+    )
+    assert result.structured_content is not None
+    assert "".join(heard) == result.structured_content["stdout"] == "0\n1\n2\n3\n4\n"
+
+
 async def _check_tools_and_programs(client: Client) -> None:
     """What both modes must give an SDK client: tools, programs, upstream calls, errors."""
     listed = (await client.list_tools()).tools
@@ -111,8 +126,9 @@ async def test_sdk_client_runs_programs_on_an_embedded_daemon(
         capabilities = client.session.initialize_result.capabilities
         assert capabilities.tools is not None and capabilities.tools.list_changed is True
         assert capabilities.prompts is None and capabilities.resources is None
-        assert capabilities.logging is None
+        assert capabilities.logging is not None
         await _check_tools_and_programs(client)
+        await _check_progress(client)
 
 
 @pytest.mark.slow
