@@ -46,7 +46,12 @@ args = [{json.dumps(str(ECHO_SERVER))}]
 
 
 def _config(
-    pool_size: int, wasm: bool, pyodide_pool: int | None, max_concurrent: int, audit_path: Path
+    pool_size: int,
+    wasm: bool,
+    pyodide_pool: int | None,
+    max_concurrent: int,
+    audit_path: Path,
+    extra: str,
 ) -> str:
     pyodide = (
         f"[executors.pyodide]\nenabled = true\npool_size = {pyodide_pool}\n"
@@ -61,6 +66,7 @@ def _config(
         + f"[limits]\nmax_concurrent_executions = {max_concurrent}\nqueue_size = 256\n"
         + f"[audit]\npath = {json.dumps(str(audit_path))}\n"
         + UPSTREAM
+        + extra
     )
 
 
@@ -73,15 +79,17 @@ async def daemon(
     wasm: bool = True,
     pyodide_pool: int | None = None,
     max_concurrent: int = 8,
+    extra: str = "",
 ) -> AsyncIterator[str]:
     """A `conduit serve` process with the echo upstream; yields its socket path once
     it answers `ping` (executors may still be building: see `wait_executors`).
     `wasm=False` leaves the Wasmtime executors out (a Deno-only daemon); a
     `pyodide_pool` turns the pyodide executor on with that many warm workers;
-    `max_concurrent` is its `limits.max_concurrent_executions`."""
+    `max_concurrent` is its `limits.max_concurrent_executions`; `extra` is TOML
+    appended to its configuration."""
     config = workdir / f"{name}.toml"
     audit = workdir / f"{name}-audit.sqlite3"
-    config.write_text(_config(pool_size, wasm, pyodide_pool, max_concurrent, audit))
+    config.write_text(_config(pool_size, wasm, pyodide_pool, max_concurrent, audit, extra))
     socket_path = str(workdir / f"{name}.sock")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONDUIT_")}
     env["CONDUIT_STATE_DIR"] = str(STATE_DIR)

@@ -54,6 +54,8 @@ def report(results: dict[str, Any]) -> None:
     _tool_calls(results)
     _pyodide(results)
     _agent(results)
+    if "mcp" in results:
+        _mcp(results["mcp"])
 
 
 def _ping(results: dict[str, Any]) -> None:
@@ -370,3 +372,22 @@ def _sessions(sessions: dict[str, Any]) -> None:
 
 def _number(value: float | None, width: int, decimals: int) -> str:
     return f"{'-':>{width}}" if value is None else f"{value:{width}.{decimals}f}"
+
+
+def _mcp(mcp: dict[str, Any]) -> None:
+    print("MCP: a trivial execute_python as tools/call, p50/p99 ms and executions/s, 8 clients:")
+    for name in ("socket", "http_bare", "http_sdk", "stdio_sdk"):
+        if name in mcp:
+            latency = mcp[name]["latency"]
+            print(
+                f"    {name:10} p50 {latency['p50_ms']:7.2f}  p99 {latency['p99_ms']:7.2f}"
+                f"  {mcp[name]['per_s_8_clients']:7.1f}/s"
+            )
+    if "http_bare" in mcp:
+        added = mcp["http_bare"]["latency"]["p50_ms"] - mcp["socket"]["latency"]["p50_ms"]
+        print(
+            f"  HTTP adds {added:.2f} ms at p50 over the socket "
+            f"(target <= {mcp['target_ms']:g}: {verdict(added <= mcp['target_ms'])})"
+        )
+    memory = ", ".join(f"{name} {mb:.0f}" for name, mb in mcp["rss_mb"].items())
+    print(f"  resident MB of the daemon (and stdio relays) with 8 MCP clients: {memory}")

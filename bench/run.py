@@ -24,7 +24,10 @@ on sockets in a temporary directory and measures, over loopback only:
   a realistic program per executor (the standard library, 100 KB of inputs, 5 tool
   calls), p50 and executions/s with 8 clients; a session's step (`x += 1`), a 1 MB file
   in and out, and the memory an idle session holds, per executor (bench/sessions.py);
-  `python -m bench.files_bench` measures the file round trip alone, beside a trivial run.
+  `python -m bench.files_bench` measures the file round trip alone, beside a trivial run;
+- MCP clients on one daemon (bench/mcp_bench.py): a trivial `execute_python` as an MCP
+  `tools/call` over streamable HTTP and over stdio, beside the socket, p50 and
+  executions/s with 8 clients, and the daemon's memory with 8 MCP clients connected.
 
 Every loop is bounded in count and time. The modules beside this file hold the parts.
 """
@@ -43,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import trio
 
-from bench import agent_bench, machine, pyodide_bench, tool_calls, wasm_bench
+from bench import agent_bench, machine, mcp_bench, pyodide_bench, tool_calls, wasm_bench
 from bench.conduit_daemon import daemon, wait_executors, wait_upstream
 from bench.latency import execute_latency, plain_deno
 from bench.programs import PYTHON_REQUEST, TYPESCRIPT_REQUEST
@@ -90,6 +93,8 @@ def iterations(quick: bool) -> dict[str, int]:
         # A session's steps, per executor, and 1 MB file round trips.
         "session_steps": 400,
         "file_runs": 20,
+        # MCP tools/call of a trivial execute_python, per way in (bench/mcp_bench.py).
+        "mcp_calls": 400,
     }
     if not quick:
         return full
@@ -176,6 +181,9 @@ def main(quick: bool) -> dict[str, Any]:
         started = machine.snapshot()
         results["pyodide"] = trio.run(pyodide_bench.figures, workdir, n)
         interference["pyodide"] = machine.interference(started, machine.snapshot())
+        started = machine.snapshot()
+        results["mcp"] = trio.run(mcp_bench.run, workdir, n["mcp_calls"], n["throughput_s"])
+        interference["mcp"] = machine.interference(started, machine.snapshot())
     return results
 
 
