@@ -33,9 +33,9 @@ from tests.e2e.helpers import (
 
 
 async def conduit(
-    *args: str, stdin: bytes = b"", env: dict[str, str] | None = None
+    *args: str, stdin: bytes = b"", env: dict[str, str] | None = None, timeout_s: float = 60
 ) -> subprocess.CompletedProcess[bytes]:
-    with trio.fail_after(60):
+    with trio.fail_after(timeout_s):
         return await trio.run_process(
             [CONDUIT, *args],
             stdin=stdin,
@@ -51,6 +51,9 @@ DEFAULT_EXECUTORS = {"deno", "wasm-python", "wasm-js"}
 # An instruction budget for the doctor's wasm-python: its size is no part of the code
 # compiled for it.
 DOCTOR_FUEL = 50_000_000
+# Compiling the wasm-python component takes ~10 s of CPU, spread over the cores, and
+# several times that in wall time while the other test process keeps them busy.
+COMPILE_WAIT_S = 240
 
 
 @dataclass
@@ -394,7 +397,7 @@ async def _doctor_rebuilds_corrupt_code(
         path.chmod(0o644)  # as an operator who insists would
         path.write_bytes(bytes(data))
     env = base_env(state)
-    first = await conduit("doctor", "--config", str(config), env=env)
+    first = await conduit("doctor", "--config", str(config), env=env, timeout_s=COMPILE_WAIT_S)
     assert first.returncode == 0, first.stdout.decode() + first.stderr.decode()
     details = _details(first.stdout.decode(), "wasm-python")
     assert details["compiled cache"][0].startswith("invalid, rebuilt:"), details
