@@ -97,6 +97,9 @@ PYODIDE_MODULES = ("pyodide.mjs", "pyodide.asm.mjs")
 PROGRAM_MODULE = "python_program.py"
 WORKER_SCRIPT = "pyodide_worker.js"
 SNAPSHOT_SCRIPT = "pyodide_snapshot.js"
+# The packages' compiler: the script that loads an interpreter for it, and its program.
+COMPILE_SCRIPT = "pyodide_compile.js"
+COMPILE_PROGRAM = "pyodide_compile.py"
 # The interpreter's own scripts, read each time one starts (a Web Worker's modules need
 # read permission; the worker process's own, imported as it starts, do not).
 INTERPRETER_SCRIPTS = (
@@ -124,6 +127,8 @@ V8_FLAGS = "--no-lazy,--no-opt,--no-maglev,--min-semi-space-size=32"
 PACKAGES_KEY_CHARS = 12
 # Building the snapshot loads Pyodide once (seconds); past this it is hung.
 SNAPSHOT_TIMEOUT_S = 180
+# Compiling packages as large as sympy's thousand modules takes a minute or two.
+COMPILE_TIMEOUT_S = 300
 # A worker process compiles Pyodide and makes its first interpreter in ~1 s on an idle
 # machine, several on a loaded one; a later interpreter takes ~0.2 s of CPU.
 START_TIMEOUT_S = 60.0
@@ -273,11 +278,48 @@ class PyodideExecutor:
             return time_zones
         assert self._pyodide_dir is not None
         guest = guest_environment(self._pyodide_dir)
+        compiler = hashlib.sha256()
+        for part in self._compiler_sources():
+            compiler.update(part.read_bytes())
         zipped, packages = ensure_packages_zip(
-            self._install_dir, self._requirements, guest, time_zones
+            self._install_dir,
+            self._requirements,
+            guest,
+            time_zones,
+            self._compile_zip,
+            compiler.hexdigest(),
         )
         self._packages = project_names(packages)
         return zipped
+
+    def _compiler_sources(self) -> list[Path]:
+        """What the packages' bytecode depends on: Pyodide's version and the compiler."""
+        scripts = (COMPILE_SCRIPT, COMPILE_PROGRAM, *INTERPRETER_SCRIPTS)
+        return [shim_path(f"{SHIM_DIR}/package-lock.json"), *map(shim_path, scripts)]
+
+    def _compile_zip(self, sources: Path, compiled: Path) -> None:
+        """Compile the zip of the packages' sources `sources` into the zip `compiled`,
+        in an interpreter of this Pyodide (see shims/pyodide_compile.js): the bytecode
+        must be its CPython's, which the host's may not be. Blocking: call it from a
+        worker thread of the executor's Trio run. Raises BuildError if it fails."""
+        assert self._deno is not None
+        readable = [*self._pyodide_files(), *self._compiler_sources()[1:], sources]
+        command = [
+            self._deno,
+            "run",
+            *FLAGS,
+            _read_flag(readable),
+            f"--allow-write={compiled}",
+            str(shim_path(COMPILE_SCRIPT)),
+            str(self._pyodide_dir),
+            str(shim_path(COMPILE_PROGRAM)),
+            str(sources),
+            str(compiled),
+        ]
+        try:
+            trio.from_thread.run(self._run_builder, command, COMPILE_TIMEOUT_S)
+        except (OSError, trio.TooSlowError) as exc:
+            raise BuildError(f"the packages could not be compiled: {exc}") from exc
 
     def _prepare_dirs(self) -> None:
         self._cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -336,11 +378,11 @@ class PyodideExecutor:
         log.info("Pyodide snapshot built in %.1f s", trio.current_time() - started)
         return target.resolve()
 
-    async def _run_builder(self, command: list[str]) -> None:
+    async def _run_builder(self, command: list[str], timeout_s: float = SNAPSHOT_TIMEOUT_S) -> None:
         deno_dir = self._cache_dir / f"host-{secrets.token_hex(8)}"
         env = minimal_env({**DENO_ENV, "DENO_DIR": str(deno_dir)})
         try:
-            with trio.fail_after(SNAPSHOT_TIMEOUT_S):
+            with trio.fail_after(timeout_s):
                 done = await trio.run_process(
                     command,
                     capture_stdout=True,

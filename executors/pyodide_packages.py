@@ -3,11 +3,10 @@
 Pyodide's interpreters read no file: the host hands each one, as bytes, the zip of the
 time-zone data that `PREPARE` puts on `sys.path` (see shims/pyodide_boot.js). With
 packages configured, that zip also holds their files (see `packages`), compiled by
-CPython 3.14 as the wasm-python guest's are (`wasm_guests.compile_packages`: Pyodide's
-bytecode is the same version's), so they are imported with `zipimport` from the
-interpreter's memory without compiling, and the memory snapshot, keyed by the zip's
-bytes, is built again for them. Without packages the plain
-time-zone zip is used as it always was.
+Pyodide's own CPython (the caller's `compile_zip`, in an interpreter of it), so they
+are imported with `zipimport` from the interpreter's memory without compiling, and the
+memory snapshot, keyed by the zip's bytes, is built again for them. Without packages
+the plain time-zone zip is used as it always was.
 
 The zip is `packages-<key>.zip` beside Pyodide, keyed by the requirements, the Python
 version, the time-zone zip and the compiler, with its lock file beside it; made once, in
@@ -15,7 +14,7 @@ a temporary directory (`.packages-*`, removed by a later build if a killed one l
 renamed into place. Zips of other lists are left alone: another daemon may share the
 directory. A package the time zones hold already (tzdata) is locked, not unpacked.
 
-Blocking (pip runs): call `ensure_packages_zip` in a worker thread.
+Blocking (pip and the compiler run): call `ensure_packages_zip` in a worker thread.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import re
 import shutil
 import tempfile
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from conduit.executors.package_markers import GuestEnvironment
@@ -41,18 +40,20 @@ from conduit.executors.packages import (
     zip_directory,
 )
 from conduit.executors.wasm_build import BuildError, only_build_errors, remove_abandoned
-from conduit.executors.wasm_guests import PACKAGES_DIR, compile_packages, packages_compiler
+from conduit.executors.wasm_guests import PACKAGES_DIR
 
-__all__ = ["ensure_packages_zip", "guest_environment"]
+__all__ = ["CompileZip", "ensure_packages_zip", "guest_environment"]
 
 # Enough of the key's digest in a file name to tell builds apart.
 KEY_CHARS = 16
-# Where an interpreter finds the zip (shims/pyodide_boot.js): what tracebacks name.
-SITE_ZIP = "/lib/site-packages.zip"
 # Prefix of a build's temporary directory in the install directory: one untouched for
 # long is a killed build's, removed by the next (see `wasm_build.remove_abandoned`).
 WORK_PREFIX = ".packages-"
 _PYTHON = re.compile(r"^(\d+\.\d+)(\.\d+)?$")
+
+# Compiles the zip of the packages' sources (the first path) into a zip of their
+# bytecode alone, each pyc beside its source (the second path). Raises BuildError.
+CompileZip = Callable[[Path, Path], None]
 
 
 def guest_environment(pyodide_dir: Path) -> GuestEnvironment:
@@ -76,16 +77,22 @@ def guest_environment(pyodide_dir: Path) -> GuestEnvironment:
 
 
 def ensure_packages_zip(
-    install_dir: Path, requirements: Sequence[str], guest: GuestEnvironment, time_zones: Path
+    install_dir: Path,
+    requirements: Sequence[str],
+    guest: GuestEnvironment,
+    time_zones: Path,
+    compile_zip: CompileZip,
+    compiler: str,
 ) -> tuple[Path, tuple[LockedPackage, ...]]:
     """The zip of the time zones and the packages `requirements` resolve to, and those
-    packages; made in `install_dir` if it is not there yet.
+    packages; made in `install_dir` if it is not there yet, its modules compiled by
+    `compile_zip`, which `compiler` names (a digest of all its bytecode depends on).
 
     Raises BuildError as `packages.download` does, if a package's files clash with
     the time zones', and for anything else that fails (see `only_build_errors`).
     """
     python = guest.python_version
-    inputs = (python, time_zones.name, RESOLUTION, *packages_compiler())
+    inputs = (python, time_zones.name, RESOLUTION, compiler)
     key = requirements_key(requirements, *inputs)[:KEY_CHARS]
     target = install_dir / f"packages-{key}.zip"
     lock = target.with_suffix(".lock.json")
@@ -96,7 +103,7 @@ def ensure_packages_zip(
         work = Path(tempfile.mkdtemp(prefix=WORK_PREFIX, dir=install_dir))
         try:
             pins = pins_path(install_dir, requirements, python)
-            packages = _build_zip(work, requirements, guest, time_zones, pins)
+            packages = _build_zip(work, requirements, guest, time_zones, pins, compile_zip)
             # The zip first: a lock names a zip that is complete.
             os.replace(work / "site.zip", target)
             os.replace(work / "lock.json", lock)
@@ -111,6 +118,7 @@ def _build_zip(
     guest: GuestEnvironment,
     time_zones: Path,
     pins: Path,
+    compile_zip: CompileZip,
 ) -> list[LockedPackage]:
     """Make `work/site.zip` (the time zones and the packages, downloaded as `pins`
     says: see `package_pins`) and `work/lock.json`; what was downloaded."""
@@ -122,10 +130,26 @@ def _build_zip(
     extract_wheels(wheels, packages, work / PACKAGES_DIR, taken=taken)
     shutil.rmtree(wheels)
     # Imported from a zip, modules would be compiled in every interpreter, each time.
-    compile_packages(work, SITE_ZIP, legacy=True)
+    _compile(work / PACKAGES_DIR, work, compile_zip)
     with zipfile.ZipFile(time_zones) as zones, zipfile.ZipFile(work / "site.zip", "w") as out:
         for entry in zones.infolist():
             out.writestr(entry, zones.read(entry))
         zip_directory(work / PACKAGES_DIR, out, taken=taken)
     write_lock(work / "lock.json", requirements, guest.python_version, packages)
     return packages
+
+
+def _compile(packages: Path, work: Path, compile_zip: CompileZip) -> None:
+    """Put beside each module under `packages` its bytecode, which `compile_zip` makes
+    from a zip of them (in `work`)."""
+    sources, compiled = work / "sources.zip", work / "compiled.zip"
+    with zipfile.ZipFile(sources, "w") as out:
+        zip_directory(packages, out)
+    compile_zip(sources, compiled)
+    with zipfile.ZipFile(compiled) as bytecode:
+        names = bytecode.namelist()
+        if not all(name.endswith(".pyc") for name in names):
+            raise BuildError("the packages' compiler made something other than bytecode")
+        bytecode.extractall(packages)
+    sources.unlink()
+    compiled.unlink()

@@ -19,10 +19,8 @@ Both target the one WIT world in `shims/world.wit`:
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib.metadata
 import importlib.resources
-import json
 import os
 import shutil
 import subprocess
@@ -45,9 +43,7 @@ __all__ = [
     "PACKAGES_DIR",
     "PYTHON_GUEST",
     "STDLIB_DIR",
-    "compile_packages",
     "componentize_js_version",
-    "packages_compiler",
     "preloaded_modules",
 ]
 
@@ -78,10 +74,6 @@ GUEST_PYTHON = GuestEnvironment(
 )
 # Where the guest sees the packages (shims/wasm_python/guest.py).
 GUEST_PACKAGES = "/packages"
-# The app of a throwaway build that compiles packages for Pyodide (see its docstring),
-# and its options, written beside it.
-PYTHON_PACKAGES_COMPILE = "wasm_python/packages_compile.py"
-PACKAGES_COMPILE_OPTIONS = "packages_compile.json"
 # The IANA time-zone package (a pinned dependency), copied into the guest's library.
 TIME_ZONES = "tzdata"
 _NOT_DATA = shutil.ignore_patterns("__pycache__")
@@ -109,14 +101,12 @@ def _build_python(work: Path, _cache_dir: Path) -> None:
     _add_time_zones(work)
 
 
-def _componentize_python(
-    work: Path, module: str, output: str = "guest.wasm", what: str = "componentize-py"
-) -> None:
+def _componentize_python(work: Path, module: str) -> None:
     # No VIRTUAL_ENV: componentize-py would add its site-packages to the guest's path.
     env = {key: value for key, value in os.environ.items() if key != "VIRTUAL_ENV"}
     command = [sys.executable, "-c", COMPONENTIZE_PY, "-q", "-d", WORLD_FILE, "-w", WORLD]
-    command += ["componentize", "-p", ".", module, "-o", output]
-    run_tool(what, command, cwd=work, env=env, timeout_s=BUILD_TIMEOUT_S)
+    command += ["componentize", "-p", ".", module, "-o", "guest.wasm"]
+    run_tool("componentize-py", command, cwd=work, env=env, timeout_s=BUILD_TIMEOUT_S)
 
 
 def _add_time_zones(work: Path) -> None:
@@ -133,30 +123,6 @@ PYTHON_GUEST = GuestRecipe(
     build=_build_python,
     outputs=(STDLIB_DIR,),
 )
-
-
-def packages_compiler() -> tuple[str, ...]:
-    """What `compile_packages` makes its bytecode with (its app's hash, componentize-py's
-    version): inputs of whatever is built from that bytecode."""
-    app = hashlib.sha256(shim_path(PYTHON_PACKAGES_COMPILE).read_bytes()).hexdigest()
-    return (app, _python_tool_versions()["componentize-py"])
-
-
-def compile_packages(work: Path, guest_dir: str, *, legacy: bool = False) -> None:
-    """Compile the modules under `work/packages` with the guest's CPython 3.14, in a
-    throwaway componentize-py build in `work` (see `packages_compile`): hash-based
-    pycs, never checked, naming their sources under `guest_dir`; with `legacy`, each
-    beside its source, where `zipimport` looks. Raises BuildError if the build fails.
-    """
-    for source in (WORLD_FILE, PYTHON_PACKAGES_COMPILE):
-        if not (work / Path(source).name).exists():
-            shutil.copyfile(shim_path(source), work / Path(source).name)
-    options = {"guest_dir": guest_dir, "legacy": legacy}
-    (work / PACKAGES_COMPILE_OPTIONS).write_text(json.dumps(options), encoding="utf-8")
-    compiler = Path(PYTHON_PACKAGES_COMPILE).stem
-    _componentize_python(work, compiler, f"{compiler}.wasm", "compiling the packages")
-    (work / f"{compiler}.wasm").unlink()
-    (work / PACKAGES_COMPILE_OPTIONS).unlink()
 
 
 def preloaded_modules() -> tuple[str, ...]:

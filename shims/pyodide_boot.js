@@ -75,9 +75,10 @@ async function withBrowserView({ dir, stdlib, module }, load) {
 }
 
 // Pyodide loaded from `snapshot` (or from scratch and prepared, when `programText`
-// is given instead), with the time-zone data in its file system; returns it with
-// `conduit_run`, the Python coroutine function that runs one request through
-// shims/python_program.py. `dir` is Pyodide's directory as a file: URL ending in "/".
+// is given instead; or from scratch alone, given neither), with the time-zone data in
+// its file system; returns it with `conduit_run`, the Python coroutine function that
+// runs one request through shims/python_program.py (none when loaded alone). `dir` is
+// Pyodide's directory as a file: URL ending in "/".
 export async function boot({ dir, module, lock, stdlib, timeZones, snapshot, programText }) {
   return await withBrowserView({ dir, stdlib, module }, async () => {
     const { loadPyodide } = await import(`${dir}pyodide.mjs`);
@@ -91,12 +92,12 @@ export async function boot({ dir, module, lock, stdlib, timeZones, snapshot, pro
       fsInit: (fs) => fs.writeFile(TIME_ZONES, timeZones),
     };
     if (snapshot) options._loadSnapshot = snapshot;
-    else options._makeSnapshot = true;
+    else if (programText !== undefined) options._makeSnapshot = true;
     const pyodide = await loadPyodide(options);
     // Pyodide would keep the snapshot's bytes (lent by the host, and given back).
     delete options._loadSnapshot;
     if (pyodide._api?.config) delete pyodide._api.config._loadSnapshot;
-    if (!snapshot) {
+    if (!snapshot && programText !== undefined) {
       pyodide.FS.mkdirTree("/conduit");
       pyodide.FS.writeFile("/conduit/python_program.py", programText);
       pyodide.globals.set("TIME_ZONES", TIME_ZONES);
@@ -132,11 +133,12 @@ export async function pyodideFiles(pyodideDir, timeZonesPath, snapshotPath) {
 }
 
 // A new interpreter worker, loading `files`: `ready` resolves once it is (to the
-// snapshot's bytes, when it builds the snapshot). One interpreter loads at a time: it
+// snapshot's bytes, when it builds the snapshot; to the bytecode's zip, when it
+// compiles packages). One interpreter loads at a time: it
 // borrows the bytes it needs, transferred, not copied, and transfers them back before
 // any program exists, so no program can hold or change what the next interpreter is
 // made from. Only the compiled module, which cannot change, is shared.
-export function startInterpreter(files, { programText } = {}) {
+export function startInterpreter(files, { programText, compilerText } = {}) {
   const worker = new Worker(INTERPRETER, {
     type: "module",
     deno: {
@@ -153,15 +155,16 @@ export function startInterpreter(files, { programText } = {}) {
     },
   });
   const lent = LENT.filter((name) => files[name]);
-  const load = { dir: files.dir, module: files.module, lock: files.lock, programText };
+  const { dir, module, lock } = files;
+  const load = { dir, module, lock, programText, compilerText };
   for (const name of lent) load[name] = files[name];
   const ready = new Promise((resolve, reject) => {
     worker.onmessage = ({ data }) => {
       if (data?.ready) {
         for (const name of lent) files[name] = data.returned[name];
         resolve(undefined);
-      } else if (data?.snapshot) {
-        resolve(data.snapshot);
+      } else if (data?.snapshot || data?.compiled) {
+        resolve(data.snapshot ?? data.compiled);
       } else {
         reject(new Error(data?.failed ?? "it sent an unexpected message"));
       }

@@ -9,6 +9,9 @@
 //       (the bytes it was lent), or {failed: why}.
 //   {load: {..., programText}} (the snapshot's builder) start Pyodide from scratch,
 //       prepare it and answer {snapshot: bytes}.
+//   {load: {..., compilerText}} (the packages' compiler) start Pyodide from scratch,
+//       run compilerText (shims/pyodide_compile.py) and answer {compiled: bytes}, the
+//       zip it leaves at COMPILED.
 //   {job: request, files, diskBytes} place `files` ([{path, data}]) in the working
 //       directory, run python_program's request there with its files' bytes bounded
 //       by `diskBytes`, and answer {answer: json, files, diskFull}: what it left under
@@ -35,6 +38,8 @@ const permissions = Deno.permissions;
 
 // What a program most often does first: print to both streams, return a value.
 const WARM_UP = "import sys\nprint('warm')\nprint('warm', file=sys.stderr)\nsum([1, 2])";
+// Where shims/pyodide_compile.py leaves the packages' bytecode.
+const COMPILED = "/tmp/compiled.zip";
 
 let interpreter = null;
 let quota = null;
@@ -64,6 +69,12 @@ async function load(what) {
     if (what.programText !== undefined) {
       const snapshot = interpreter.pyodide.makeMemorySnapshot();
       post({ snapshot }, [snapshot.buffer]);
+      return;
+    }
+    if (what.compilerText !== undefined) {
+      interpreter.pyodide.runPython(what.compilerText);
+      const compiled = interpreter.pyodide.FS.readFile(COMPILED);
+      post({ compiled }, [compiled.buffer]);
       return;
     }
     // The working directory is there before the quota: it is not the program's.

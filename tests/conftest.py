@@ -44,7 +44,9 @@ SLOW_DIRECTORIES = ("e2e", "security", "integrations")
 # on one process finishing a long one while the others wait. Without
 # `--no-loadscope-reorder` xdist would put files with few tests last, and most of these
 # have few. The second, Pyodide's (`no_wasm`), keeps one process busy while the first
-# waits for a fresh clone's wasm components to be built.
+# waits for a fresh clone's wasm components to be built. executors/test_wasm_fuel.py
+# is short once e2e/test_cli.py's doctor has compiled its code (see `fuel_components`),
+# so it comes late, to find that done.
 LONGEST_FIRST = (
     "e2e/test_mcp_stdio.py",
     "security/test_pyodide_sandbox.py",
@@ -61,7 +63,6 @@ LONGEST_FIRST = (
     "e2e/test_sessions.py",
     "executors/test_deno_sessions.py",
     "gateway/test_http_upstream.py",
-    "executors/test_wasm_fuel.py",
     "executors/test_wasm_js.py",
     "gateway/test_stdio_upstream.py",
     "e2e/test_serve_process.py",
@@ -223,6 +224,32 @@ def wasm_cache(
         # Side by side, as the daemon builds them: each build uses about one core.
         list(builders.map(build, (PYTHON_GUEST, JS_GUEST)))
     return cache
+
+
+@pytest.fixture(scope="session")
+def fuel_components(
+    kept_dir: Callable[[str], AbstractContextManager[Path]], wasm_cache: Path
+) -> Callable[[], AbstractContextManager[Path]]:
+    """`with fuel_components() as cache:` the session's components in a directory of
+    their own, locked for the block, for engines that count fuel to compile into
+    (`compiled-*-fuel.cwasm`, tens of seconds): what they compile stays out of
+    `wasm_cache`, whose compiled files other tests take to be a plain engine's. Kept
+    between runs like `wasm_cache`, and so is what is compiled there.
+    """
+
+    @contextlib.contextmanager
+    def use() -> Iterator[Path]:
+        with kept_dir("wasm-fuel-components") as cache:
+            for old in cache.glob("wasm-*"):
+                if not (wasm_cache / old.name).is_dir():  # superseded
+                    shutil.rmtree(old, ignore_errors=True)
+            for built in wasm_cache.glob("wasm-*"):
+                if built.is_dir() and not (cache / built.name).exists():
+                    skip = shutil.ignore_patterns("*.tmp", "*.lock", "*-fuel.*")
+                    shutil.copytree(built, cache / built.name, ignore=skip)
+            yield cache
+
+    return use
 
 
 @pytest.fixture

@@ -10,8 +10,10 @@ from typing import Any
 from conduit.core.errors import Forbidden, Unauthenticated
 from conduit.daemon.auth import hash_token, new_token
 from tests.conftest import MASTER_TOKEN
+from tests.e2e.mcp_helpers import NO_SANDBOXES as SANDBOXES_OFF
 
-NO_DENO = {"executors": {"deno": {"enabled": False}}}
+# Authentication is settled before any sandbox is involved: none is started.
+NO_SANDBOXES = {"executors": SANDBOXES_OFF}
 NO_PEER = {"peer_credentials": False, "token": MASTER_TOKEN}
 
 
@@ -28,7 +30,7 @@ async def test_unix_peer_with_same_uid_is_the_master(client: Any) -> None:
 
 
 async def test_without_peer_credentials_a_token_is_needed(start_daemon: Any, connect: Any) -> None:
-    _, info = await start_daemon(auth=NO_PEER, **NO_DENO)
+    _, info = await start_daemon(auth=NO_PEER, **NO_SANDBOXES)
     client = await connect(info)
     refused = await client.request("executors/list")
     assert refused["error"]["code"] == Unauthenticated.code
@@ -45,14 +47,14 @@ async def test_without_peer_credentials_a_token_is_needed(start_daemon: Any, con
 
 
 async def test_tcp_always_needs_a_token(start_daemon: Any, connect: Any) -> None:
-    _, info = await start_daemon(server={"tcp": "127.0.0.1:0"}, **NO_DENO)
+    _, info = await start_daemon(server={"tcp": "127.0.0.1:0"}, **NO_SANDBOXES)
     client = await connect(info, "tcp")
     assert (await client.request("executors/list"))["error"]["code"] == Unauthenticated.code
     assert (await client.call("auth/whoami"))["authenticated"] is False
 
 
 async def test_repeated_failures_close_the_connection(start_daemon: Any, connect: Any) -> None:
-    _, info = await start_daemon(auth={**NO_PEER, "max_failures_per_connection": 3}, **NO_DENO)
+    _, info = await start_daemon(auth={**NO_PEER, "max_failures_per_connection": 3}, **NO_SANDBOXES)
     client = await connect(info)
     for attempt in range(3):
         reply = await client.request("auth/login", {"token": f"guess-{attempt}"})
@@ -71,7 +73,7 @@ async def test_client_tokens_are_stored_as_hashes_and_scoped(
 ) -> None:
     token = new_token()
     clients = [{"name": "agent", "sha256": hash_token(token), "scopes": ["execute", "tools"]}]
-    daemon, info = await start_daemon(auth={**NO_PEER, "clients": clients}, **NO_DENO)
+    daemon, info = await start_daemon(auth={**NO_PEER, "clients": clients}, **NO_SANDBOXES)
     client = await connect(info)
     login = await client.call("auth/login", {"token": token})
     assert login["principal"] == {"name": "agent", "kind": "client", "scopes": ["execute", "tools"]}
@@ -84,7 +86,7 @@ async def test_client_tokens_are_stored_as_hashes_and_scoped(
 async def test_master_token_file_is_created_private_and_never_logged(
     start_daemon: Any, make_config: Any, connect: Any, caplog: Any
 ) -> None:
-    config = make_config(auth={"token": "", "peer_credentials": False}, **NO_DENO)
+    config = make_config(auth={"token": "", "peer_credentials": False}, **NO_SANDBOXES)
     daemon, info = await start_daemon(config)
     path = Path(config.server.state_dir) / "master.token"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,9 +33,9 @@ from tests.e2e.helpers import (
 
 
 async def conduit(
-    *args: str, stdin: bytes = b"", env: dict[str, str] | None = None
+    *args: str, stdin: bytes = b"", env: dict[str, str] | None = None, timeout_s: float = 60
 ) -> subprocess.CompletedProcess[bytes]:
-    with trio.fail_after(60):
+    with trio.fail_after(timeout_s):
         return await trio.run_process(
             [CONDUIT, *args],
             stdin=stdin,
@@ -46,6 +48,12 @@ async def conduit(
 
 # The executors a daemon on its defaults starts (pyodide is off by default).
 DEFAULT_EXECUTORS = {"deno", "wasm-python", "wasm-js"}
+# An instruction budget for the doctor's wasm-python: its size is no part of the code
+# compiled for it.
+DOCTOR_FUEL = 50_000_000
+# Compiling the wasm-python component takes ~10 s of CPU, spread over the cores, and
+# several times that in wall time while the other test process keeps them busy.
+COMPILE_WAIT_S = 240
 
 
 @dataclass
@@ -355,13 +363,32 @@ async def test_doctor_reports_each_executor(tmp_path: Path, wasm: Any) -> None:
 
 
 async def test_doctor_reports_a_corrupt_compiled_cache_as_rebuilt(
-    tmp_path: Path, wasm_cache: Path
+    tmp_path: Path, wasm_cache: Path, fuel_components: Callable[[], AbstractContextManager[Path]]
 ) -> None:
-    state = tmp_path / "own-state"  # a copy: the session's cache stays intact
-    for built in wasm_cache.glob("wasm-python-*"):
-        shutil.copytree(built, state / "wasm" / built.name)
+    # With fuel counted, so that what the doctor compiles is what the fuel tests load:
+    # kept for them if they have compiled none yet (see `fuel_components`).
+    config = tmp_path / "fuel.toml"
+    config.write_text(f"[executors.wasm_python]\nfuel = {DOCTOR_FUEL}\n")
+    state = tmp_path / "own-state"  # a copy: the session's caches stay intact
+    with fuel_components() as shared:
+        await _doctor_rebuilds_corrupt_code(state, config, shared, wasm_cache)
+        _share_compiled(state / "wasm", shared, "*-fuel.cwasm")
+
+
+async def _doctor_rebuilds_corrupt_code(
+    state: Path, config: Path, fuel_cache: Path, wasm_cache: Path
+) -> None:
+    for built in fuel_cache.glob("wasm-python-*"):
+        shutil.copytree(built, state / "wasm" / built.name, ignore=shutil.ignore_patterns("*.lock"))
     for built in wasm_cache.glob("wasm-js-*"):  # loaded as it is
         (state / "wasm" / built.name).symlink_to(built, target_is_directory=True)
+    for plain in (state / "wasm").glob("wasm-python-*/compiled-*.cwasm"):
+        # None compiled for fuel yet: the plain engine's code, under the name fuel's
+        # would have, corrupt as the rest.
+        fueled = plain.with_name(f"{plain.stem}-fuel.cwasm")
+        if not plain.stem.endswith("-fuel") and not fueled.exists():
+            shutil.copyfile(plain, fueled)
+            shutil.copyfile(plain.with_suffix(".sha256"), fueled.with_suffix(".sha256"))
     compiled = list((state / "wasm").glob("wasm-python-*/compiled-*.cwasm"))
     assert compiled, "the session's cache holds no compiled component"
     for path in compiled:
@@ -370,7 +397,7 @@ async def test_doctor_reports_a_corrupt_compiled_cache_as_rebuilt(
         path.chmod(0o644)  # as an operator who insists would
         path.write_bytes(bytes(data))
     env = base_env(state)
-    first = await conduit("doctor", env=env)
+    first = await conduit("doctor", "--config", str(config), env=env, timeout_s=COMPILE_WAIT_S)
     assert first.returncode == 0, first.stdout.decode() + first.stderr.decode()
     details = _details(first.stdout.decode(), "wasm-python")
     assert details["compiled cache"][0].startswith("invalid, rebuilt:"), details
@@ -378,9 +405,28 @@ async def test_doctor_reports_a_corrupt_compiled_cache_as_rebuilt(
     # The seconds it waited for the compiling are shown.
     shown = re.search(r"^wasm-python: load done in (\d+\.\d) s$", first.stdout.decode(), re.M)
     assert shown is not None and float(shown[1]) > 0, first.stdout.decode()
-    again = await conduit("doctor", env=env)
+    again = await conduit("doctor", "--config", str(config), env=env)
     details = _details(again.stdout.decode(), "wasm-python")
     assert details["compiled cache"] == ["valid: loaded without compiling"]
+
+
+def _share_compiled(wasm: Path, shared: Path, pattern: str) -> None:
+    """Put the compiled files under `wasm` that match `pattern` beside `shared`'s
+    components where these have none, whole or not at all, each under the lock its
+    compilers take (see `_wasmtime.load_component`)."""
+    for compiled in wasm.glob(f"wasm-*/{pattern}"):
+        target = shared / compiled.parent.name / compiled.name
+        if not target.parent.is_dir():
+            continue
+        with target.with_suffix(".lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if target.exists():
+                continue
+            for suffix in (".sha256", ".cwasm"):  # the file last: then it is checked
+                partial = target.with_name(f".{target.stem}{suffix}.tmp")
+                shutil.copyfile(compiled.with_suffix(suffix), partial)
+                partial.chmod(0o444)  # as compiled files are kept
+                os.replace(partial, target.with_suffix(suffix))
 
 
 async def test_executors_list_says_what_each_start_built(running: Served) -> None:

@@ -91,6 +91,10 @@ async def test_a_malformed_wheel_makes_the_executor_unavailable_naming_it(
     assert f"wheel {EVIL_WHEEL} is malformed" in reason, reason
 
 
+def _never_compile(sources: Path, compiled: Path) -> None:
+    raise AssertionError("nothing resolved: nothing to compile")
+
+
 def test_a_killed_builds_directory_is_removed_by_the_next(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -108,5 +112,7 @@ def test_a_killed_builds_directory_is_removed_by_the_next(
     os.utime(abandoned, (old, old))
     guest = GuestEnvironment("3.14", "3.14.2", "emscripten", "Emscripten")
     with pytest.raises(BuildError, match="no index"):
-        ensure_packages_zip(tmp_path, ["evil==1.0"], guest, tmp_path / "zones.zip")
+        ensure_packages_zip(
+            tmp_path, ["evil==1.0"], guest, tmp_path / "zones.zip", _never_compile, "compiler"
+        )
     assert sorted(p.name for p in tmp_path.iterdir()) == [".packages-live"]

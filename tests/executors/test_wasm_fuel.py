@@ -1,14 +1,15 @@
 """The wasm-python executor's instruction budget (`fuel`), alone and through a daemon.
 
 An engine that counts fuel compiles code differently, so these tests use their own copy
-of the session's components: what a fuel-counting engine compiles (once per module,
-by the first test) stays out of the shared cache the other tests expect to hit.
+of the session's components (`fuel_components`): what a fuel-counting engine compiles
+(once, by the first test, unless the doctor's test made it already) stays out of the
+shared cache the other tests expect to hit.
 """
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,10 @@ BUDGET_MESSAGE = "the program used up its instruction budget"
 
 
 @pytest.fixture(scope="module")
-def fuel_cache(wasm_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the session's components for fuel-counting engines to compile into."""
-    cache = tmp_path_factory.mktemp("wasm-fuel-cache")
-    shutil.copytree(wasm_cache, cache, dirs_exist_ok=True)
-    return cache
+def fuel_cache(fuel_components: Callable[[], AbstractContextManager[Path]]) -> Path:
+    """The session's components for fuel-counting engines to compile into."""
+    with fuel_components() as cache:
+        return cache
 
 
 async def fueled(nursery: trio.Nursery, cache: Path, fuel: int) -> WasmPythonExecutor:

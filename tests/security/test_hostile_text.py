@@ -19,6 +19,7 @@ import trio
 
 from tests.conftest import RawClient
 from tests.e2e.helpers import wait_upstreams
+from tests.e2e.mcp_helpers import NO_SANDBOXES
 from tests.e2e.test_pyodide_tools import share_install
 from tests.e2e.test_tools import ECHO
 from tests.fuzz.test_fuzz_wire import strict_json
@@ -73,9 +74,8 @@ HOSTILE_LINES = [
 async def test_a_hostile_line_gets_strict_json_and_the_daemon_serves_on(
     start_daemon: Any, connect: Any, line: bytes, code: int | None, transport: str
 ) -> None:
-    _, info = await start_daemon(
-        server={"tcp": "127.0.0.1:0"}, executors={"deno": {"enabled": False}}
-    )
+    # A line is judged before any sandbox is involved: none is started.
+    _, info = await start_daemon(server={"tcp": "127.0.0.1:0"}, executors=NO_SANDBOXES)
     client = await connect(info, transport)
     await client.send_line(line)
     reply = strict_json(await raw_line(client))
