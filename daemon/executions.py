@@ -729,16 +729,9 @@ def _record(
     value = "" if result.result is None else jsontext.dumps(result.result)
     status = Status(result.status)
     return ExecutionRecord(
-        execution_id=job.execution_id,
-        principal=principal,
+        **_from_the_start(job, principal, allowed, digest, started_at),
         executor=result.executor,
-        language=job.language,
-        code_sha256=digest,
-        code_bytes=len(job.code.encode()),
-        code_snippet=head(job.code, SNIPPET_CHARS),
-        allowed_tools=allowed,
         status=result.status,
-        started_at=started_at,
         queue_ms=result.queue_ms,
         duration_ms=result.duration_ms,
         exit_code=result.exit_code,
@@ -755,7 +748,6 @@ def _record(
         memory_peak_bytes=result.memory_peak_bytes,
         tool_calls=tool_log,
         session_id=result.session_id,
-        files_in=_file_records((file.path, len(file.data)) for file in job.files),
         files_out=_file_records((file.path, file.size) for file in result.files),
     )
 
@@ -771,21 +763,30 @@ def _running_record(
 ) -> ExecutionRecord:
     """What the audit store keeps of an execution from its start until it ends."""
     return ExecutionRecord(
-        execution_id=job.execution_id,
-        principal=principal,
+        **_from_the_start(job, principal, allowed, digest, started_at),
         executor=target.executor,
-        language=job.language,
-        code_sha256=digest,
-        code_bytes=len(job.code.encode()),
-        code_snippet=head(job.code, SNIPPET_CHARS),
-        allowed_tools=allowed,
         status=RUNNING,
-        started_at=started_at,
         queue_ms=round(queue_wait_s * 1000, 3),
         duration_ms=0.0,
         session_id=target.session.session_id if target.session is not None else None,
-        files_in=_file_records((file.path, len(file.data)) for file in job.files),
     )
+
+
+def _from_the_start(
+    job: Job, principal: str, allowed: tuple[str, ...], digest: str, started_at: float
+) -> dict[str, Any]:
+    """An execution record's fields known from its start: who ran what, and when."""
+    return {
+        "execution_id": job.execution_id,
+        "principal": principal,
+        "language": job.language,
+        "code_sha256": digest,
+        "code_bytes": len(job.code.encode()),
+        "code_snippet": head(job.code, SNIPPET_CHARS),
+        "allowed_tools": allowed,
+        "started_at": started_at,
+        "files_in": _file_records((file.path, len(file.data)) for file in job.files),
+    }
 
 
 def _started_event(running: ExecutionRecord, target: _Target) -> BusEvent:
