@@ -1215,3 +1215,44 @@ async def test_a_dripping_client_is_cut_off(
 
 def _port(url: str) -> int:
     return int(url.rsplit(":", 1)[1].split("/", maxsplit=1)[0])
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        _request("HEAD", _INIT),
+        _request("TRACE"),
+        _request("CONNECT", target="127.0.0.1:22"),
+        _request("OPTIONS", target="*"),
+        _request("GET", extra=(("Connection", "Upgrade"), ("Upgrade", "websocket"))),
+        _request("POST", _INIT, extra=(("Connection", "Upgrade"), ("Upgrade", "h2c"))),
+        _request("POST", _INIT, target="/mcp?x=" + "a" * 8000),
+        _request("POST", _INIT, target="/mcp/../mcp"),
+        _request("POST", _INIT, target="//mcp"),
+    ],
+    ids=[
+        "head",
+        "trace",
+        "connect",
+        "options-star",
+        "websocket",
+        "h2c",
+        "query",
+        "dots",
+        "slashes",
+    ],
+)
+async def test_odd_methods_and_targets_fail_no_connection(
+    start_daemon: Any, caplog: pytest.LogCaptureFixture, data: bytes
+) -> None:
+    """Answered or closed; never an exception logged as a failed connection."""
+    daemon, _ = await start_daemon(executors=NO_SANDBOXES, mcp_http={"listen": "127.0.0.1:0"})
+    url = daemon.mcp_http_url()
+    raw = await _Raw.open(_port(url))
+    await raw.send(data + _request("POST", _INIT))
+    with contextlib.suppress(ValueError, IndexError):
+        await raw.response()
+    await raw.aclose()
+    assert await _initializes(url)
+    failed = [r for r in caplog.records if "connection failed" in r.getMessage()]
+    assert not failed, [r.exc_text for r in failed]
