@@ -1256,3 +1256,38 @@ async def test_odd_methods_and_targets_fail_no_connection(
     assert await _initializes(url)
     failed = [r for r in caplog.records if "connection failed" in r.getMessage()]
     assert not failed, [r.exc_text for r in failed]
+
+
+async def test_a_principal_with_every_session_busy_is_429_and_alone(port: int) -> None:
+    """Sixteen sessions each holding its standalone stream open: its next initialize is
+    429 (nothing of its own to replace), and another principal is not affected."""
+    async with httpx2.AsyncClient(timeout=WAIT_S) as http:
+        sessions = [await _open_session(http, port, OTHER_TOKEN) for _ in range(16)]
+        async with trio.open_nursery() as nursery:
+            opened = 0
+
+            async def hold(session: str) -> None:
+                nonlocal opened
+                headers = _headers(OTHER_TOKEN, **{"Mcp-Session-Id": session})
+                async with http.stream("GET", _url(port), headers=headers) as stream:
+                    assert stream.status_code == 200
+                    opened += 1
+                    await trio.sleep_forever()
+
+            for session in sessions:
+                nursery.start_soon(hold, session)
+            with trio.fail_after(WAIT_S):
+                while opened < 16:
+                    await trio.sleep(0.02)
+            refused = await http.post(_url(port), json=INIT, headers=_headers(OTHER_TOKEN))
+            assert refused.status_code == 429, refused.text
+            again = await http.get(
+                _url(port), headers=_headers(OTHER_TOKEN, **{"Mcp-Session-Id": sessions[0]})
+            )
+            assert again.status_code == 409
+            await _still_serves(port)
+            nursery.cancel_scope.cancel()
+        for session in sessions:
+            await http.delete(
+                _url(port), headers=_headers(OTHER_TOKEN, **{"Mcp-Session-Id": session})
+            )
