@@ -336,11 +336,6 @@ async def test_malformed_framing_is_refused(port: int, data: bytes, statuses: se
     await _still_serves(port)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING: a head h11 rejects is closed without a status line: _refuse "
-    "answers only in SEND_RESPONSE, but h11 stays IDLE for a head it could not parse",
-)
 @pytest.mark.parametrize(
     ("data", "status"),
     [
