@@ -400,6 +400,29 @@ def _message(body: bytes) -> dict[str, Any]:
     return message
 
 
+def _parse(message: dict[str, Any]) -> Request:
+    """`message` as a request or notification; raises `_Refused` (400) for one that is
+    neither. A request method without an id would run unanswered and outside the
+    in-flight cap, so only `notifications/*` may come without one."""
+    try:
+        parsed = parse_request(message)
+    except InvalidRequest as exc:
+        raise _Refused(400, exc) from None
+    if not parsed.is_notification and parsed.id is None:
+        raise _Refused(
+            400, InvalidRequest('invalid request: a request\'s "id" may not be null (MCP)')
+        )
+    if parsed.is_notification and not parsed.method.startswith("notifications/"):
+        raise _Refused(
+            400,
+            InvalidRequest(
+                f"invalid request: {parsed.method} is a request, not a notification; "
+                'send it with an "id" to have it run and answered'
+            ),
+        )
+    return parsed
+
+
 def _accepts(accept: str | None) -> tuple[bool, bool]:
     """Whether the client takes JSON, and SSE, by its Accept header."""
     if not accept:
@@ -641,10 +664,7 @@ class _HttpConnection:
         if "method" not in message:  # a response to a request of ours: we send none
             await self._respond(202)
             return
-        try:
-            parsed = parse_request(message)
-        except InvalidRequest as exc:
-            raise _Refused(400, exc) from None
+        parsed = _parse(message)
         if parsed.method == "initialize" and not parsed.is_notification:
             await self._initialize(request, parsed, principal)
             return
