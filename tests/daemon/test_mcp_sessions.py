@@ -10,6 +10,7 @@ import trio
 import trio.testing
 
 from conduit.core.errors import InvalidRequest
+from conduit.daemon import mcp_sessions
 from conduit.daemon.auth import ALL_SCOPES, Principal
 from conduit.daemon.http_origin import OriginPolicy
 from conduit.daemon.mcp_notifications import LEVELS, ProgressRelay, listens
@@ -82,6 +83,30 @@ async def test_idle_sessions_expire_and_are_closed(autojump_clock: trio.testing.
         await trio.sleep(20)
         assert table.get(busy.id, BOB) is None
         nursery.cancel_scope.cancel()
+
+
+async def test_sessions_slow_to_close_are_closed_side_by_side(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Each close has `_CLOSE_S`: expiry and the daemon's stop wait that once, not per
+    session, however many hang."""
+    idle_s = 10.0
+    table = McpSessions(10, 20, idle_s)
+    for principal in (ALICE, BOB):
+        for _ in range(10):
+            session, _ = table.open(principal)
+            session.at_close(trio.sleep_forever)
+    await trio.sleep(idle_s)
+    started = trio.current_time()
+    await table._expire(trio.current_time())  # Alice's and Bob's all at once
+    assert len(table) == 0
+    assert trio.current_time() - started <= mcp_sessions._CLOSE_S + 1
+    for _ in range(10):
+        session, _ = table.open(ALICE)
+        session.at_close(trio.sleep_forever)
+    started = trio.current_time()
+    await table.close_all()
+    assert trio.current_time() - started <= mcp_sessions._CLOSE_S + 1
 
 
 async def test_closing_a_session_cancels_its_requests_and_refuses_new_ones() -> None:
