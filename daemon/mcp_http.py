@@ -29,7 +29,9 @@ read. A new connection waits `FIRST_HEAD_S` for its first request, a kept-alive 
 connection replaces the oldest that has sent no acceptable request, and is closed
 unanswered if there is none. A client that disconnects while its request runs
 cancels that request (and the program it started): there is no resuming a stream,
-so nobody could receive its answer.
+so nobody could receive its answer. EOF ends an SSE answer's request only once a
+write fails (a half-closed client is still answered); a JSON answer takes EOF for a
+disconnect, since it has nothing to write that would tell the two apart.
 
 Resource handling: `serve` owns the listener and the sessions table's expiry task; on
 the way out every session is closed. `stop_accepting` (the daemon draining) closes the
@@ -47,6 +49,7 @@ import logging
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from http import HTTPStatus
 from typing import Any
 
@@ -106,6 +109,9 @@ WRITE_TIMEOUT_S = 30.0
 # An idle standalone stream carries an SSE comment this often: proxies and clients see
 # it is alive, and a client gone without a word is noticed.
 PING_S = 30.0
+# How often a request's SSE stream is written to once its client has sent EOF: a
+# client that is gone is noticed (its program cancelled) by the second write.
+_PROBE_S = 1.0
 # Notifications dispatched from a POST: quick ones (cancelled, initialized); a slow one
 # must not hold the client's 202.
 _NOTIFICATION_S = 5.0
@@ -456,6 +462,8 @@ class _HttpConnection:
         self._stream = stream
         self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
         self._client_gone = False
+        # The client sent EOF (half-closed, or gone: only a write tells which).
+        self._read_closed = False
         self._scope = trio.CancelScope()
         self.evicted = False
         self._first = True
@@ -478,6 +486,7 @@ class _HttpConnection:
             await self._handle(request)
             if (
                 self._client_gone
+                or self._read_closed
                 or self._endpoint.draining
                 or self._h11.our_state is not h11.DONE
                 or self._h11.their_state is not h11.DONE
@@ -822,24 +831,44 @@ class _HttpConnection:
             events.close()
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._watch_client, exchange.scope)
+            nursery.start_soon(partial(self._watch_client, exchange.scope, half_close_ok=True))
             nursery.start_soon(run)
             try:
-                async for message in receive:
-                    await self._send(h11.Data(data=_sse_event(message)))
+                await self._relay_events(receive)
                 await self._send(h11.EndOfMessage())
             finally:
                 nursery.cancel_scope.cancel()
 
-    async def _watch_client(self, scope: trio.CancelScope) -> None:
+    async def _relay_events(self, receive: trio.MemoryReceiveChannel[dict[str, Any]]) -> None:
+        """Write a request's events until its response. While idle, an SSE comment goes
+        out now and then, soon once the client has sent EOF: a client that only
+        half-closed takes it, and one that is gone makes the write fail, which ends
+        the request (the nursery around this is cancelled)."""
+        while True:
+            message = None
+            with trio.move_on_after(_PROBE_S if self._read_closed else PING_S):
+                try:
+                    message = await receive.receive()
+                except trio.EndOfChannel:
+                    return
+            data = _sse_event(message) if message is not None else b": ping\n\n"
+            await self._send(h11.Data(data=data))
+
+    async def _watch_client(self, scope: trio.CancelScope, *, half_close_ok: bool = False) -> None:
         """Cancel `scope` if the client disconnects; what it sends early is kept for
-        its next request (bounded, like any request)."""
+        its next request (bounded, like any request). With `half_close_ok` EOF only
+        stops the watch: the caller's writes find out whether the client is gone.
+        Without it (a JSON answer, which writes nothing before the end) EOF is taken
+        for a disconnect, since nothing else could tell a half-close from one."""
         buffered = 0
         while True:
             try:
                 data = await self._stream.receive_some(_RECEIVE_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 data = b""
+            if not data and half_close_ok:
+                self._read_closed = True
+                return
             if not data:
                 self._client_gone = True
                 scope.cancel()
