@@ -3,10 +3,11 @@
     python tests/e2e/mcp_http_preauth_memory.py PID PORT [CONNECTIONS]
 
 Opens CONNECTIONS (100) connections to the daemon's MCP HTTP endpoint, without a token
-or a valid Host, and on each sends all but the last byte of an 8 MiB body: the daemon
-buffers each body whole before it checks Host, Origin or the token. Prints the daemon's
-resident memory before, while they are held, and after they close. Measured: 86 MiB,
-892 MiB with 100 held, 91 MiB after; max_connections (256) of them hold about 2 GiB.
+or a valid Host, and on each sends all but the last byte of an 8 MiB body. Prints the
+daemon's resident memory before, while they are held, and after they close. The daemon
+refuses each at its head (403) and drops what follows unread, so the memory held should
+not grow with CONNECTIONS; a daemon that buffered bodies before checking the head held
+about 8 MiB per connection.
 """
 
 from __future__ import annotations
