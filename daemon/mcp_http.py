@@ -464,6 +464,8 @@ class _HttpConnection:
         self._client_gone = False
         # The client sent EOF (half-closed, or gone: only a write tells which).
         self._read_closed = False
+        # The wait of an SSE answer for its next event (`_relay_events`).
+        self._idle = trio.CancelScope()
         self._scope = trio.CancelScope()
         self.evicted = False
         self._first = True
@@ -846,7 +848,8 @@ class _HttpConnection:
         the request (the nursery around this is cancelled)."""
         while True:
             message = None
-            with trio.move_on_after(_PROBE_S if self._read_closed else PING_S):
+            wait_s = _PROBE_S if self._read_closed else PING_S
+            with trio.CancelScope(deadline=trio.current_time() + wait_s) as self._idle:
                 try:
                     message = await receive.receive()
                 except trio.EndOfChannel:
@@ -865,9 +868,10 @@ class _HttpConnection:
             try:
                 data = await self._stream.receive_some(_RECEIVE_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                data = b""
-            if not data and half_close_ok:
+                data = None  # reset: certainly gone
+            if data == b"" and half_close_ok:
                 self._read_closed = True
+                self._idle.deadline = min(self._idle.deadline, trio.current_time() + _PROBE_S)
                 return
             if not data:
                 self._client_gone = True

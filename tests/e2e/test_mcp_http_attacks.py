@@ -1065,6 +1065,26 @@ async def test_a_json_client_that_disconnects_cancels_its_program(port: int) -> 
     await _still_serves(port)
 
 
+async def test_an_sse_client_that_disconnects_cancels_its_silent_program(port: int) -> None:
+    """A clean close is an EOF like a half-close: the probes that follow it fail, well
+    before the stream's 30 s keep-alive comment would."""
+    async with httpx2.AsyncClient(timeout=WAIT_S) as http:
+        session = await _open_session(http, port)
+    call = _call(2, "import time\ntime.sleep(100)", progressToken="p")
+    call["params"]["arguments"]["limits"] = {"timeout_ms": 120_000}
+    raw = await _Raw.open(port)
+    await raw.send(_request(body=json.dumps(call).encode(), extra=(("Mcp-Session-Id", session),)))
+    with trio.fail_after(WAIT_S):
+        while b"\r\n\r\n" not in raw.buffer:
+            assert await raw._fill()
+    await trio.sleep(1.0)
+    started = time.monotonic()
+    await raw.aclose()
+    await _until_nothing_runs(port)
+    assert time.monotonic() - started < 10
+    await _still_serves(port)
+
+
 async def test_deleting_a_session_cancels_its_program(port: int) -> None:
     async with httpx2.AsyncClient(timeout=WAIT_S) as http:
         session = await _open_session(http, port)
