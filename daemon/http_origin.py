@@ -13,12 +13,19 @@ This module only judges header values; the endpoint answers 403 when it refuses.
 from __future__ import annotations
 
 import ipaddress
-import urllib.parse
+import re
 from dataclasses import dataclass
 
 __all__ = ["OriginPolicy"]
 
 _LOOPBACK_NAMES = frozenset({"localhost"})
+# An Origin as browsers serialize it: scheme://host[:port] and nothing else. Parsing
+# anything looser (userinfo, a backslash, a path) risks reading a different host than
+# a browser would, so such an Origin is refused instead.
+_ORIGIN = re.compile(
+    r"(?P<scheme>https?)://(?P<host>[a-z0-9.-]+|\[[0-9a-f:.]+\])(?::[0-9]{1,5})?",
+    re.IGNORECASE,
+)
 
 
 def _is_loopback_host(host: str) -> bool:
@@ -63,9 +70,8 @@ class OriginPolicy:
             )
         if origin is None or origin.rstrip("/").lower() in self.allowed_origins:
             return None
-        parsed = urllib.parse.urlsplit(origin)
-        loopback = parsed.hostname is not None and _is_loopback_host(parsed.hostname)
-        if parsed.scheme in ("http", "https") and loopback:
+        match = _ORIGIN.fullmatch(origin)
+        if match is not None and _is_loopback_host(match["host"].strip("[]")):
             return None
         return (
             f"forbidden: Origin {origin!r} may not use this endpoint; list it in "

@@ -22,11 +22,16 @@ allowed `Origin` (403; `OriginPolicy`). Calls go to the daemon's `Dispatcher` wi
 
 HTTP/1.1 with keep-alive, through `h11`. A request's head is bounded by
 `MAX_HEAD_BYTES` (431) and its body by the daemon's `server.max_message_bytes` (413);
-a connection waits `KEEPALIVE_S` for a request to start and then `REQUEST_TIMEOUT_S`
-for the whole of it (slowloris); at most `mcp_http.max_connections` are served at
-once (more are closed unanswered). A client that disconnects while its request runs
+the head is checked (Host, Origin, path, method, token) before any body is invited or
+read. A new connection waits `FIRST_HEAD_S` for its first request, a kept-alive one
+`KEEPALIVE_S` for its next, and then `REQUEST_TIMEOUT_S` for the whole of it
+(slowloris); at most `mcp_http.max_connections` are served at once: at the cap a new
+connection replaces the oldest that has sent no acceptable request, and is closed
+unanswered if there is none. A client that disconnects while its request runs
 cancels that request (and the program it started): there is no resuming a stream,
-so nobody could receive its answer.
+so nobody could receive its answer. EOF ends an SSE answer's request only once a
+write fails (a half-closed client is still answered); a JSON answer takes EOF for a
+disconnect, since it has nothing to write that would tell the two apart.
 
 Resource handling: `serve` owns the listener and the sessions table's expiry task; on
 the way out every session is closed. `stop_accepting` (the daemon draining) closes the
@@ -44,6 +49,7 @@ import logging
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from http import HTTPStatus
 from typing import Any
 
@@ -66,6 +72,7 @@ from conduit.daemon.mcp_sessions import Exchange, McpSession, McpSessions, TooMa
 from conduit.daemon.methods.core import PROTOCOL_VERSIONS
 
 __all__ = [
+    "FIRST_HEAD_S",
     "KEEPALIVE_S",
     "MAX_HEAD_BYTES",
     "PING_S",
@@ -86,6 +93,9 @@ REQUEST_TIMEOUT_S = 30.0
 # How long an idle keep-alive connection is held for its next request. MCP clients send
 # in bursts; between them the connection costs a descriptor and little else.
 KEEPALIVE_S = 60.0
+# How long a new connection may take to send its first request's head. A client that
+# connects sends at once; anything slower only holds a connection without a token.
+FIRST_HEAD_S = 5.0
 # How much a connection reads per receive.
 _RECEIVE_BYTES = 65536
 # SSE messages buffered for a request whose client reads slowly; past this its
@@ -99,6 +109,9 @@ WRITE_TIMEOUT_S = 30.0
 # An idle standalone stream carries an SSE comment this often: proxies and clients see
 # it is alive, and a client gone without a word is noticed.
 PING_S = 30.0
+# How often a request's SSE stream is written to once its client has sent EOF: a
+# client that is gone is noticed (its program cancelled) by the second write.
+_PROBE_S = 1.0
 # Notifications dispatched from a POST: quick ones (cancelled, initialized); a slow one
 # must not hold the client's 202.
 _NOTIFICATION_S = 5.0
@@ -131,10 +144,13 @@ class _Refused(Exception):
 
 @dataclass(slots=True)
 class _Request:
+    """A request's head, judged (`principal`) before its body is read."""
+
     method: str
     target: str
     headers: dict[bytes, bytes]
-    body: bytes
+    body: bytes = b""
+    principal: Principal | None = None
 
     def header(self, name: bytes) -> str | None:
         value = self.headers.get(name)
@@ -161,6 +177,9 @@ class McpHttpEndpoint:
         self.limits = limits
         self._path = path
         self._active = 0
+        # Connections that have sent no acceptable request yet, oldest first: at the
+        # cap, a new connection takes the place of the oldest of them (`_make_room`).
+        self._unproven: dict[_HttpConnection, None] = {}
         self._accepting = trio.CancelScope()
         self.draining = False
         # Requests being answered now, and an event set whenever that reaches zero.
@@ -230,13 +249,34 @@ class McpHttpEndpoint:
         for session in self.sessions.sessions():  # standalone streams end here
             session.close_standalone()
 
+    def _make_room(self) -> bool:
+        """Whether a new connection may be served: under the cap, or by closing the
+        oldest connection that has sent no acceptable request. Holding connections
+        takes no token, so without this anyone could lock out every MCP client;
+        a client with a token proves itself with its first head, and stays."""
+        if self._active < self.limits.max_connections:
+            return True
+        oldest = next(iter(self._unproven), None)
+        if oldest is None:
+            return False
+        self._unproven.pop(oldest)
+        self._active -= 1
+        oldest.evict()
+        return True
+
+    def prove(self, connection: _HttpConnection) -> None:
+        """`connection` sent an acceptable request: it is no longer evicted for others."""
+        self._unproven.pop(connection, None)
+
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
-        if self._active >= self.limits.max_connections:
+        if not self._make_room():
             await trio.aclose_forcefully(stream)
             return
+        connection = _HttpConnection(self, stream)
         self._active += 1
+        self._unproven[connection] = None
         try:
-            await _HttpConnection(self, stream).run()
+            await connection.run()
         except* (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client left
         except* Exception as group:
@@ -247,7 +287,9 @@ class McpHttpEndpoint:
                 extra={"error_id": error_id},
             )
         finally:
-            self._active -= 1
+            if not connection.evicted:  # an evicted one was uncounted at once
+                self._active -= 1
+            self._unproven.pop(connection, None)
             await trio.aclose_forcefully(stream)
 
     # ---- one request -----------------------------------------------------------------
@@ -364,6 +406,29 @@ def _message(body: bytes) -> dict[str, Any]:
     return message
 
 
+def _parse(message: dict[str, Any]) -> Request:
+    """`message` as a request or notification; raises `_Refused` (400) for one that is
+    neither. A request method without an id would run unanswered and outside the
+    in-flight cap, so only `notifications/*` may come without one."""
+    try:
+        parsed = parse_request(message)
+    except InvalidRequest as exc:
+        raise _Refused(400, exc) from None
+    if not parsed.is_notification and parsed.id is None:
+        raise _Refused(
+            400, InvalidRequest('invalid request: a request\'s "id" may not be null (MCP)')
+        )
+    if parsed.is_notification and not parsed.method.startswith("notifications/"):
+        raise _Refused(
+            400,
+            InvalidRequest(
+                f"invalid request: {parsed.method} is a request, not a notification; "
+                'send it with an "id" to have it run and answered'
+            ),
+        )
+    return parsed
+
+
 def _accepts(accept: str | None) -> tuple[bool, bool]:
     """Whether the client takes JSON, and SSE, by its Accept header."""
     if not accept:
@@ -397,8 +462,25 @@ class _HttpConnection:
         self._stream = stream
         self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
         self._client_gone = False
+        # The client sent EOF (half-closed, or gone: only a write tells which).
+        self._read_closed = False
+        # The wait of an SSE answer for its next event (`_relay_events`).
+        self._idle = trio.CancelScope()
+        self._scope = trio.CancelScope()
+        self.evicted = False
+        self._first = True
+
+    def evict(self) -> None:
+        """Close this connection (still waiting for its first request) for another."""
+        self.evicted = True
+        self._scope.cancel()
 
     async def run(self) -> None:
+        """Serve requests until the client leaves, idles out, or is refused."""
+        with self._scope:
+            await self._serve_requests()
+
+    async def _serve_requests(self) -> None:
         while True:
             request = await self._next_request()
             if request is None:
@@ -406,19 +488,22 @@ class _HttpConnection:
             await self._handle(request)
             if (
                 self._client_gone
+                or self._read_closed
                 or self._endpoint.draining
                 or self._h11.our_state is not h11.DONE
                 or self._h11.their_state is not h11.DONE
             ):
                 return
             self._h11.start_next_cycle()
+            self._first = False
 
     # ---- reading ---------------------------------------------------------------------
 
     async def _next_request(self) -> _Request | None:
         """The next whole request, or None when the client closed, idled out, or sent
         something that was answered with an error here."""
-        scope = trio.CancelScope(deadline=trio.current_time() + KEEPALIVE_S)
+        wait_s = min(FIRST_HEAD_S, KEEPALIVE_S) if self._first else KEEPALIVE_S
+        scope = trio.CancelScope(deadline=trio.current_time() + wait_s)
         with scope:
             try:
                 return await self._read_request(scope)
@@ -434,8 +519,9 @@ class _HttpConnection:
 
     async def _read_request(self, scope: trio.CancelScope) -> _Request | None:
         limit = self._endpoint.limits.max_body_bytes
-        head: h11.Request | None = None
+        head: _Request | None = None
         body = bytearray()
+        deadline = trio.current_time() + REQUEST_TIMEOUT_S
         while True:
             event = self._h11.next_event()
             if event is h11.NEED_DATA:
@@ -444,28 +530,52 @@ class _HttpConnection:
                 data = await self._stream.receive_some(_RECEIVE_BYTES)
                 if data and head is None and not body:
                     # The request has started: the rest must come within its own deadline.
-                    scope.deadline = min(scope.deadline, trio.current_time() + REQUEST_TIMEOUT_S)
+                    deadline = trio.current_time() + REQUEST_TIMEOUT_S
+                    scope.deadline = min(scope.deadline, deadline)
                 self._h11.receive_data(data)
                 continue
             if isinstance(event, h11.Request):
-                head = event
-                length = dict(event.headers).get(b"content-length")
-                if length is not None and length.isdigit() and int(length) > limit:
-                    raise _Refused(413, _too_large(limit))
+                head = self._accept_head(event)
+                scope.deadline = deadline  # FIRST_HEAD_S bound the head alone
             elif isinstance(event, h11.Data):
                 body += event.data
                 if len(body) > limit:
                     raise _Refused(413, _too_large(limit))
             elif isinstance(event, h11.EndOfMessage):
                 assert head is not None
-                return _Request(
-                    head.method.decode("ascii", "replace"),
-                    head.target.decode("latin-1"),
-                    {name.lower(): value for name, value in head.headers},
-                    bytes(body),
-                )
+                head.body = bytes(body)
+                return head
             else:  # ConnectionClosed, or PAUSED after a protocol switch we never grant
                 return None
+
+    def _accept_head(self, event: h11.Request) -> _Request:
+        """Judge a request by its head alone, before any of its body is invited (100
+        Continue) or read: a client without a token must not get to make us buffer
+        megabytes. Raises `_Refused`."""
+        # h11's own limit binds only a head that arrives in pieces.
+        size = (
+            len(event.method) + len(event.target) + sum(len(n) + len(v) for n, v in event.headers)
+        )
+        if size > MAX_HEAD_BYTES:
+            raise _Refused(
+                431,
+                InvalidRequest(
+                    f"request header fields too large: a request's head may hold at most "
+                    f"{MAX_HEAD_BYTES} bytes"
+                ),
+            )
+        request = _Request(
+            event.method.decode("ascii", "replace"),
+            event.target.decode("latin-1"),
+            {name.lower(): value for name, value in event.headers},
+        )
+        request.principal = self._endpoint.check(request)
+        self._endpoint.prove(self)
+        limit = self._endpoint.limits.max_body_bytes
+        length = request.headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise _Refused(413, _too_large(limit))
+        return request
 
     # ---- writing ---------------------------------------------------------------------
 
@@ -506,6 +616,20 @@ class _HttpConnection:
         with trio.move_on_after(_REFUSAL_S):
             with contextlib.suppress(h11.LocalProtocolError):
                 await self._respond(refused.status, body, headers=refused.headers)
+            if self._h11.their_state is not h11.DONE:
+                await self._discard_rest()
+
+    async def _discard_rest(self) -> None:
+        """Read and drop what the client still sends, up to a request's worth, so that
+        closing with it unread does not reset the connection before the client reads
+        its refusal. Nothing is kept: a refused body costs no memory."""
+        await self._stream.send_eof()
+        left = MAX_HEAD_BYTES + self._endpoint.limits.max_body_bytes
+        while left > 0:
+            data = await self._stream.receive_some(_RECEIVE_BYTES)
+            if not data:
+                return
+            left -= len(data)
 
     # ---- handling --------------------------------------------------------------------
 
@@ -518,8 +642,9 @@ class _HttpConnection:
 
     async def _answer(self, request: _Request) -> None:
         endpoint = self._endpoint
+        principal = request.principal
+        assert principal is not None  # checked with the head
         try:
-            principal = endpoint.check(request)
             if request.method == "DELETE":
                 await endpoint.delete(request, principal)
                 await self._respond(200)
@@ -550,10 +675,7 @@ class _HttpConnection:
         if "method" not in message:  # a response to a request of ours: we send none
             await self._respond(202)
             return
-        try:
-            parsed = parse_request(message)
-        except InvalidRequest as exc:
-            raise _Refused(400, exc) from None
+        parsed = _parse(message)
         if parsed.method == "initialize" and not parsed.is_notification:
             await self._initialize(request, parsed, principal)
             return
@@ -711,24 +833,46 @@ class _HttpConnection:
             events.close()
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._watch_client, exchange.scope)
+            nursery.start_soon(partial(self._watch_client, exchange.scope, half_close_ok=True))
             nursery.start_soon(run)
             try:
-                async for message in receive:
-                    await self._send(h11.Data(data=_sse_event(message)))
+                await self._relay_events(receive)
                 await self._send(h11.EndOfMessage())
             finally:
                 nursery.cancel_scope.cancel()
 
-    async def _watch_client(self, scope: trio.CancelScope) -> None:
+    async def _relay_events(self, receive: trio.MemoryReceiveChannel[dict[str, Any]]) -> None:
+        """Write a request's events until its response. While idle, an SSE comment goes
+        out now and then, soon once the client has sent EOF: a client that only
+        half-closed takes it, and one that is gone makes the write fail, which ends
+        the request (the nursery around this is cancelled)."""
+        while True:
+            message = None
+            wait_s = _PROBE_S if self._read_closed else PING_S
+            with trio.CancelScope(deadline=trio.current_time() + wait_s) as self._idle:
+                try:
+                    message = await receive.receive()
+                except trio.EndOfChannel:
+                    return
+            data = _sse_event(message) if message is not None else b": ping\n\n"
+            await self._send(h11.Data(data=data))
+
+    async def _watch_client(self, scope: trio.CancelScope, *, half_close_ok: bool = False) -> None:
         """Cancel `scope` if the client disconnects; what it sends early is kept for
-        its next request (bounded, like any request)."""
+        its next request (bounded, like any request). With `half_close_ok` EOF only
+        stops the watch: the caller's writes find out whether the client is gone.
+        Without it (a JSON answer, which writes nothing before the end) EOF is taken
+        for a disconnect, since nothing else could tell a half-close from one."""
         buffered = 0
         while True:
             try:
                 data = await self._stream.receive_some(_RECEIVE_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                data = b""
+                data = None  # reset: certainly gone
+            if data == b"" and half_close_ok:
+                self._read_closed = True
+                self._idle.deadline = min(self._idle.deadline, trio.current_time() + _PROBE_S)
+                return
             if not data:
                 self._client_gone = True
                 scope.cancel()

@@ -13,10 +13,12 @@ does, it hears none. `log` sends `notifications/message` at a level if the peer
 listens to it.
 
 **Upstream tools.** A `tools/call` of an upstream tool relays what the upstream says
-about it (`relay_upstream`): its progress, under the client's own token, if the client
-asked for progress; and its log messages, if the client set a level and the message's
-is at it or above. The upstream is one the operator configured: its notifications are
-passed on as they come, not coalesced.
+about it (`open_upstream_relay`): its progress, under the client's own token, if the
+client asked for progress; and its log messages, if the client set a level and the
+message's is at it or above. Progress is coalesced as program output is: at most one
+notification every `PROGRESS_INTERVAL_S`, carrying the latest values and a message of
+at most `MAX_PROGRESS_CHARS`, so an upstream flooding progress costs the client no
+more than a program printing in a loop.
 
 Notifications go through `Peer.notify` with the request they belong to, which each
 transport routes: the socket's one stream, or that request's SSE stream over HTTP.
@@ -44,7 +46,7 @@ __all__ = [
     "listens",
     "log",
     "open_progress",
-    "relay_upstream",
+    "open_upstream_relay",
 ]
 
 logger = logging.getLogger("conduit.mcp")
@@ -58,6 +60,9 @@ MAX_PROGRESS_CHARS = 8192
 # Output waiting for the next notification; past this it is left out of the progress
 # (the result has it all). Bounds what one slow client makes the daemon hold.
 MAX_PENDING_CHARS = 65536
+# Upstream progress sent as it comes before coalescing starts: an honest tool's few
+# steps (0, 50, 100) all reach the client, however close together.
+_UPSTREAM_BURST = 10
 # A notification the client does not take within this is dropped, and so are the later
 # ones: progress must not hold the program up.
 _STALL_S = 5.0
@@ -170,26 +175,61 @@ def _progress_token(meta: dict[str, Any] | None) -> str | int | None:
     return token if isinstance(token, str | int) and not isinstance(token, bool) else None
 
 
-def relay_upstream(
-    peer: Peer | None, meta: dict[str, Any] | None, request_id: Any
-) -> CallObserver | None:
-    """What relays an upstream tool call's progress and log messages to `peer`, or None
-    when it asked for neither."""
-    token = _progress_token(meta)
-    if peer is None or (token is None and getattr(peer, "log_level", None) is None):
-        return None
+class _UpstreamProgress:
+    """An upstream's progress for one call, coalesced: after a burst of
+    `_UPSTREAM_BURST`, at most one notification every `PROGRESS_INTERVAL_S`; one
+    arriving sooner replaces what waits, and the latest is sent with the next one due
+    or at the call's end (`flush`)."""
 
-    async def progress(value: float, total: float | None, message: str | None) -> None:
-        params: dict[str, Any] = {"progressToken": token, "progress": value}
+    def __init__(self, peer: Peer, token: str | int, request_id: Any) -> None:
+        self._peer = peer
+        self._token = token
+        self._request_id = request_id
+        self._latest: dict[str, Any] | None = None
+        self._credit = float(_UPSTREAM_BURST)
+        self._credited_at = trio.current_time()
+
+    async def __call__(self, value: float, total: float | None, message: str | None) -> None:
+        """The upstream's progress callback."""
+        params: dict[str, Any] = {"progressToken": self._token, "progress": value}
         if total is not None:
             params["total"] = total
         if message is not None:
-            params["message"] = message
+            params["message"] = message[:MAX_PROGRESS_CHARS]
+        self._latest = params
+        now = trio.current_time()
+        earned = (now - self._credited_at) / PROGRESS_INTERVAL_S
+        self._credit, self._credited_at = min(_UPSTREAM_BURST, self._credit + earned), now
+        if self._credit >= 1:
+            self._credit -= 1
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Send the progress waiting, if any."""
+        params, self._latest = self._latest, None
+        if params is None:
+            return
         with trio.move_on_after(_STALL_S):
-            await peer.notify("notifications/progress", params, request_id=request_id)
+            await self._peer.notify("notifications/progress", params, request_id=self._request_id)
+
+
+@asynccontextmanager
+async def open_upstream_relay(
+    peer: Peer | None, meta: dict[str, Any] | None, request_id: Any
+) -> AsyncIterator[CallObserver | None]:
+    """What relays an upstream tool call's progress and log messages to `peer` while
+    the block runs, or None when it asked for neither. Progress still waiting is sent
+    when the block exits normally."""
+    token = _progress_token(meta)
+    if peer is None or (token is None and getattr(peer, "log_level", None) is None):
+        yield None
+        return
 
     async def relay_log(level: str, source: str | None, data: Any) -> None:
         level = level if level in LEVELS else "info"
         await log(peer, level, data, request_id=request_id, source=source or "upstream")
 
-    return CallObserver(progress=progress if token is not None else None, log=relay_log)
+    progress = _UpstreamProgress(peer, token, request_id) if token is not None else None
+    yield CallObserver(progress=progress, log=relay_log)
+    if progress is not None:
+        await progress.flush()

@@ -274,9 +274,9 @@ class McpSessions:
             del self._sessions[session.id]
 
     async def close_all(self) -> None:
+        """Close every session, all at once (so within `_CLOSE_S`, however many)."""
         sessions, self._sessions = list(self._sessions.values()), {}
-        for session in sessions:
-            await session.close()
+        await _close_each(sessions)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """End idle sessions until cancelled; closes every session on the way out."""
@@ -294,4 +294,12 @@ class McpSessions:
         for session in stale:
             self.discard(session)
             log.info("MCP session expired", extra={"principal": session.principal.name})
-            await session.close()
+        await _close_each(stale)
+
+
+async def _close_each(sessions: list[McpSession]) -> None:
+    """Close `sessions` side by side: each close is bounded by `_CLOSE_S`, so one slow
+    to close holds up neither the others nor expiry nor the daemon's stop for longer."""
+    async with trio.open_nursery() as nursery:
+        for session in sessions:
+            nursery.start_soon(session.close)

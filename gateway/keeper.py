@@ -337,6 +337,11 @@ class SessionKeeper(abc.ABC):
         # Calls in flight, each with its observer (None: it wants nothing relayed).
         self._observers: dict[int, CallObserver | None] = {}
         self._next_call = 0
+        # The call the server's log messages go to, and its connection (`_relay_log`).
+        self._solo: tuple[int, _Connection] | None = None
+        # A connection on which a call was given up (cancelled, timed out): the server
+        # may still be working on it, and logging about it, for as long as it lives.
+        self._abandoned_on: _Connection | None = None
 
     def __repr__(self) -> str:
         return (
@@ -410,7 +415,7 @@ class SessionKeeper(abc.ABC):
                 f"upstream {self.name!r} lost its connection ({connection.lost_reason}); "
                 "it is being reconnected"
             )
-        with trio.move_on_after(timeout_s) as deadline, self._observing(observer):
+        with trio.move_on_after(timeout_s) as deadline, self._observing(observer, connection):
             try:
                 progress = observer.progress if observer is not None else None
                 # The SDK session matches progress to its request; direct calls do not.
@@ -438,20 +443,34 @@ class SessionKeeper(abc.ABC):
         return result.model_dump(by_alias=True, mode="json", exclude_none=True)
 
     @contextlib.contextmanager
-    def _observing(self, observer: CallObserver | None) -> Iterator[None]:
-        """Count a call in flight, with what it wants relayed, while the block runs."""
+    def _observing(self, observer: CallObserver | None, connection: _Connection) -> Iterator[None]:
+        """Count a call in flight, with what it wants relayed, while the block runs.
+
+        A log message carries no hint of its request (not on stdio), so the call that
+        hears them is the solo one: it started with no other call in flight on a
+        connection where no call was ever given up, and none has started since. Any
+        other message might be about another caller's call, and is dropped."""
         key, self._next_call = self._next_call, self._next_call + 1
+        solo = not self._observers and self._abandoned_on is not connection
+        self._solo = (key, connection) if solo else None
         self._observers[key] = observer
         try:
             yield
+        except trio.Cancelled:
+            self._abandoned_on = connection
+            raise
         finally:
             del self._observers[key]
+            if self._solo is not None and self._solo[0] == key:
+                self._solo = None
 
-    async def _relay_log(self, params: types.LoggingMessageNotificationParams) -> None:
-        """A server's log message, to the call in flight if it is the only one."""
-        if len(self._observers) != 1:
+    async def _relay_log(
+        self, connection: _Connection, params: types.LoggingMessageNotificationParams
+    ) -> None:
+        """A server's log message, to the solo call (`_observing`) if there is one."""
+        if self._solo is None or self._solo[1] is not connection:
             return
-        (observer,) = self._observers.values()
+        observer = self._observers[self._solo[0]]
         if observer is not None and observer.log is not None:
             with trio.move_on_after(_RELAY_S):
                 await observer.log(str(params.level), params.logger, params.data)
@@ -697,7 +716,7 @@ class SessionKeeper(abc.ABC):
             elif isinstance(message, types.ToolListChangedNotification):
                 connection.relist.set()
             elif isinstance(message, types.LoggingMessageNotification):
-                await self._relay_log(message.params)
+                await self._relay_log(connection, message.params)
             await trio.lowlevel.checkpoint()
 
         return handle

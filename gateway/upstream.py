@@ -36,8 +36,9 @@ class CallObserver:
 
     `progress(progress, total, message)` is the server's `notifications/progress` for the
     call. `log(level, logger, data)` is a `notifications/message` the server sent while
-    the call was the only one in flight on its connection (stdio carries no hint of
-    which request a message belongs to, so one sent during two calls goes to neither).
+    the call was its connection's solo call (see `SessionKeeper._observing`: stdio
+    carries no hint of which request a message belongs to, so one that might belong to
+    another call goes to none).
     Either may be None: not wanted. Both must return quickly.
     """
 

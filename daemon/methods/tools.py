@@ -45,7 +45,7 @@ from conduit.core.files import ReturnedFile
 from conduit.core.results import ANY_JSON, ExecutionResult
 from conduit.core.tools import Tool
 from conduit.daemon.dispatcher import CallContext, MethodRouter, NoParams, Params, invalid_params
-from conduit.daemon.mcp_notifications import log, open_progress, relay_upstream
+from conduit.daemon.mcp_notifications import log, open_progress, open_upstream_relay
 from conduit.daemon.methods.executions import ExecuteParams
 from conduit.daemon.methods.sdk import render_declarations
 from conduit.daemon.methods.sessions import MAX_NAME_CHARS, connection_session
@@ -405,13 +405,13 @@ async def call_tool(params: CallParams, ctx: CallContext) -> dict[str, Any]:
     if language is not None:
         return await _call_builtin(language, params, ctx)
     principal = ctx.require_principal()
-    observer = None
-    if params.shape == "mcp":
-        observer = relay_upstream(ctx.peer, params.meta, ctx.request_id)
+    meta = params.meta if params.shape == "mcp" else None
+    relaying = ctx.peer if params.shape == "mcp" else None
     try:
-        tool, result = await ctx.tools.call(
-            principal, params.name, params.arguments, observer=observer
-        )
+        async with open_upstream_relay(relaying, meta, ctx.request_id) as observer:
+            tool, result = await ctx.tools.call(
+                principal, params.name, params.arguments, observer=observer
+            )
     except InvalidParams as exc:
         if params.shape == "value":
             raise

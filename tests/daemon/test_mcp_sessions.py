@@ -10,9 +10,16 @@ import trio
 import trio.testing
 
 from conduit.core.errors import InvalidRequest
+from conduit.daemon import mcp_sessions
 from conduit.daemon.auth import ALL_SCOPES, Principal
 from conduit.daemon.http_origin import OriginPolicy
-from conduit.daemon.mcp_notifications import LEVELS, ProgressRelay, listens
+from conduit.daemon.mcp_notifications import (
+    LEVELS,
+    MAX_PROGRESS_CHARS,
+    ProgressRelay,
+    listens,
+    open_upstream_relay,
+)
 from conduit.daemon.mcp_sessions import Exchange, McpSessions, TooManySessions
 
 ALICE = Principal("alice", "client", ALL_SCOPES)
@@ -82,6 +89,30 @@ async def test_idle_sessions_expire_and_are_closed(autojump_clock: trio.testing.
         await trio.sleep(20)
         assert table.get(busy.id, BOB) is None
         nursery.cancel_scope.cancel()
+
+
+async def test_sessions_slow_to_close_are_closed_side_by_side(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Each close has `_CLOSE_S`: expiry and the daemon's stop wait that once, not per
+    session, however many hang."""
+    idle_s = 10.0
+    table = McpSessions(10, 20, idle_s)
+    for principal in (ALICE, BOB):
+        for _ in range(10):
+            session, _ = table.open(principal)
+            session.at_close(trio.sleep_forever)
+    await trio.sleep(idle_s)
+    started = trio.current_time()
+    await table._expire(trio.current_time())  # Alice's and Bob's all at once
+    assert len(table) == 0
+    assert trio.current_time() - started <= mcp_sessions._CLOSE_S + 1
+    for _ in range(10):
+        session, _ = table.open(ALICE)
+        session.at_close(trio.sleep_forever)
+    started = trio.current_time()
+    await table.close_all()
+    assert trio.current_time() - started <= mcp_sessions._CLOSE_S + 1
 
 
 async def test_closing_a_session_cancels_its_requests_and_refuses_new_ones() -> None:
@@ -166,6 +197,21 @@ async def test_progress_is_coalesced_and_bounded(autojump_clock: trio.testing.Mo
     assert [sent["progress"] for sent in peer.sent] == sorted(
         sent["progress"] for sent in peer.sent
     )
+
+
+async def test_an_upstreams_progress_flood_is_coalesced_and_bounded(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A hostile upstream's progress costs the client what a program's output does."""
+    peer = _Peer()
+    async with open_upstream_relay(peer, {"progressToken": "t"}, 1) as observer:  # type: ignore[arg-type]
+        assert observer is not None and observer.progress is not None
+        for index in range(1000):  # 1000 in 1 s, each with a megabyte's message
+            await observer.progress(index, 999, "x" * 1_000_000)
+            await trio.sleep(0.001)
+    assert len(peer.sent) <= 25  # a burst of 10, then ten a second
+    assert all(len(params["message"]) <= MAX_PROGRESS_CHARS for params in peer.sent)
+    assert peer.sent[-1]["progress"] == 999  # the latest is never lost
 
 
 async def test_progress_past_the_pending_bound_is_left_out_and_said_to_be() -> None:
