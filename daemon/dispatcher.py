@@ -368,10 +368,30 @@ async def _call(name: str, raw_params: dict[str, Any], ctx: CallContext) -> Any:
         raise
     except (RpcError, trio.Cancelled):
         raise
+    except ExceptionGroup as group:
+        # A handler's nursery wraps what its body raised: a lone error the client
+        # should hear (the executor is busy, say) is still that error.
+        lone = _lone_error(group)
+        if isinstance(lone, RpcError):
+            raise lone from None
+        raise _internal_error(name) from group
     except Exception as exc:
-        error_id = secrets.token_hex(6)
-        log.exception("internal error in %s", name, extra={"error_id": error_id})
-        raise InternalError(
-            f"internal error (id {error_id}); the daemon's log has the details",
-            {"error_id": error_id},
-        ) from exc
+        raise _internal_error(name) from exc
+
+
+def _lone_error(group: BaseExceptionGroup) -> BaseException:
+    """The one exception a group of one (however nested) holds, else the group."""
+    found: BaseException = group
+    while isinstance(found, BaseExceptionGroup) and len(found.exceptions) == 1:
+        found = found.exceptions[0]
+    return found
+
+
+def _internal_error(name: str) -> InternalError:
+    """Log the exception being handled, under an id the client's answer names."""
+    error_id = secrets.token_hex(6)
+    log.exception("internal error in %s", name, extra={"error_id": error_id})
+    return InternalError(
+        f"internal error (id {error_id}); the daemon's log has the details",
+        {"error_id": error_id},
+    )

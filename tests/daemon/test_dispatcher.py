@@ -106,6 +106,23 @@ def _routes() -> MethodRouter:
         """Not found."""
         raise NotFound("not found: nothing here", {"what": "x"})
 
+    @routes.method("test/missing-in-a-nursery", scope=None)
+    async def missing_in_a_nursery(params: Any, ctx: Any) -> Any:
+        """Not found, raised in the body of a nursery (which wraps it in a group)."""
+        async with trio.open_nursery():
+            raise NotFound("not found: nothing here", {"what": "x"})
+
+    @routes.method("test/two-failures", scope=None)
+    async def two_failures(params: Any, ctx: Any) -> Any:
+        """A group of two errors: no one of them is the answer."""
+
+        async def missing() -> None:
+            raise NotFound("not found: nothing here", {"what": "x"})
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(missing)
+            raise RuntimeError("secret detail of the failure")
+
     @routes.method("test/spent", scope=None)
     async def spent(params: Any, ctx: Any) -> Any:
         """Tool limit."""
@@ -179,6 +196,18 @@ async def test_an_rpc_error_passes_through_unchanged(harness: Harness) -> None:
         "message": "not found: nothing here",
         "data": {"what": "x"},
     }
+
+
+async def test_a_lone_rpc_error_a_nursery_wrapped_passes_through(harness: Harness) -> None:
+    with pytest.raises(NotFound) as caught:
+        await harness.call("test/missing-in-a-nursery")
+    assert caught.value.message == "not found: nothing here"
+    assert harness.counted == [("test/missing-in-a-nursery", NotFound.code)]
+
+
+async def test_a_group_of_several_failures_is_an_internal_error(harness: Harness) -> None:
+    with pytest.raises(InternalError):
+        await harness.call("test/two-failures")
 
 
 async def test_cancellation_is_not_an_error_and_is_counted(harness: Harness) -> None:
