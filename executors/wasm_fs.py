@@ -26,7 +26,6 @@ next call, whatever it is: nothing the program writes later is taken.
 
 from __future__ import annotations
 
-import binascii
 import errno
 import os
 import stat
@@ -264,7 +263,7 @@ def _data_of(params: dict[str, Any]) -> bytes:
         raise FsError("ERR_INVALID_ARG_TYPE", "nothing to write")
     try:
         return b64.decode(encoded)
-    except binascii.Error:
+    except ValueError:  # binascii.Error, or a character outside ASCII
         raise FsError("ERR_INVALID_ARG_TYPE", "the data is not base64") from None
 
 

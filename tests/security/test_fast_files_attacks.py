@@ -114,7 +114,6 @@ def test_stdout_is_never_taken_without_an_announced_pipe(root: Path) -> None:
     assert broken.value.code == "EIO"
 
 
-@pytest.mark.xfail(strict=True, reason="non-ASCII base64 raises ValueError, not FsError")
 def test_non_ascii_base64_in_a_write_is_an_fs_error(root: Path) -> None:
     # Reachable by a wasm-js program: `Object.prototype.toJSON` decides what fs.js's
     # `stringify(params)` sends, so `fs/write` can carry any `base64` string. The
@@ -271,7 +270,6 @@ console.log('e');
     assert outcome.stdout == "a\nb\nc\nd\n" + "\n" * 300 + "e\n"
 
 
-@pytest.mark.xfail(strict=True, reason="the ValueError of non-ASCII base64 crashes the guest")
 async def test_js_non_ascii_base64_forged_into_a_write_is_caught(
     wasm_js: WasmJsExecutor,
 ) -> None:
@@ -328,7 +326,6 @@ def test_b64_round_trips_and_matches_the_standard_library(data: bytes) -> None:
     assert b64.decode(text.encode()) == data
 
 
-@pytest.mark.xfail(strict=True, reason="non-ASCII base64 raises ValueError, not InvalidParams")
 def test_non_ascii_base64_input_file_is_invalid_params() -> None:
     # A client's `execute` with such a file: `FileParam.to_file` catches binascii.Error
     # only, so the ValueError reaches the dispatcher as an internal error.
