@@ -530,7 +530,6 @@ async def test_reader_holds_at_most_the_max_and_one_long_read() -> None:
     assert max(stream.asked) <= 1 << 20
 
 
-@pytest.mark.xfail(strict=True, reason="each chunk of a long line rescans it from its start")
 async def test_reader_scans_a_slow_long_line_once() -> None:
     from conduit.core.framing import LineReader
 
