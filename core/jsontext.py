@@ -168,8 +168,14 @@ def _encoder(indent: int | None, ascii_only: bool) -> json.JSONEncoder:
         separators=(",", ":") if indent is None else (",", ": "),
         indent=indent,
         allow_nan=False,
-        default=str,
+        default=_text_of,
     )
+
+
+def _text_of(value: Any) -> str:
+    """What an object JSON has no form for is written as: its `str()`, which may hold
+    a lone surrogate that no cleaning of the value would reach."""
+    return clean_text(str(value))
 
 
 def encode(value: Any) -> bytes:
@@ -178,7 +184,7 @@ def encode(value: Any) -> bytes:
     return fast if fast is not None else dumps(value).encode("utf-8")
 
 
-# Objects orjson would write in its own way are handed to `default` (`str`), as the
+# Objects orjson would write in its own way are handed to `default` (`str()`), as the
 # standard encoder does with them.
 _FAST_OPTIONS: Final = (
     0 if orjson is None else orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
@@ -193,11 +199,11 @@ def _fast_encode(value: Any) -> bytes | None:
     if orjson is None:
         return None
     try:
-        return orjson.dumps(value, default=str, option=_FAST_OPTIONS)
+        return orjson.dumps(value, default=_text_of, option=_FAST_OPTIONS)
     except (TypeError, ValueError):  # orjson.JSONEncodeError is a TypeError
         pass
     try:
-        return orjson.dumps(_cleaned(value), default=str, option=_FAST_OPTIONS)
+        return orjson.dumps(_cleaned(value), default=_text_of, option=_FAST_OPTIONS)
     except (TypeError, ValueError):
         return None
 
