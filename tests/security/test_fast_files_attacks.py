@@ -11,7 +11,7 @@ import base64
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import trio
@@ -450,10 +450,25 @@ def test_json_edge_values_are_written_as_before(value: Any) -> None:
     assert _same(_checked_text(fast), _checked_text(slow)), (fast, slow)
 
 
-@pytest.mark.xfail(strict=True, reason="orjson reads a dict subclass past its items()")
 def test_json_dict_subclass_is_written_as_before() -> None:
     value = _Dict(real=1)
     assert jsontext.dumps(value) == _stdlib_dumps(value)
+
+
+class _List(list):  # type: ignore[type-arg]
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(["forged"])
+
+
+class _Pair(NamedTuple):
+    a: int
+    b: str
+
+
+@pytest.mark.parametrize("value", [_List([1, 2]), _Pair(1, "x"), {"k": [_Dict(real=1)]}])
+def test_json_builtin_subclasses_are_written_as_before(value: Any) -> None:
+    assert jsontext.dumps(value) == _stdlib_dumps(value)
+    assert jsontext.encode(value) == _stdlib_dumps(value).encode("utf-8")
 
 
 def test_json_never_writes_a_surrogate_from_a_default() -> None:
