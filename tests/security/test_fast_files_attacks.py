@@ -11,6 +11,7 @@ import base64
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import pytest
@@ -64,16 +65,45 @@ def test_pipe_past_the_cap_stops_the_program(root: Path, length: int) -> None:
     assert not files.piped_output(b"AAAA\n")
 
 
-def test_pipe_that_overflowed_swallows_without_growing(root: Path) -> None:
+def test_pipe_takes_the_announced_line_and_no_more(root: Path) -> None:
     files, _ = _guest_files(root)
     files.call("fs/pipe", {"path": "x", "length": 4})
-    assert files.piped_output(b"AAAA\n")
+    assert files.piped_output(b"QUFB\nafter\n") == 5  # the rest is output
     for _ in range(100):
-        assert files.piped_output(b"B" * 8192)  # taken, not kept
-    assert files.pipe is not None and len(files.pipe) == 5
+        assert files.piped_output(b"B" * 8192) == 0
+    files.call("fs/write", {"path": "x", "piped": True})
+    assert (root / "x").read_bytes() == b"AAA"
+
+
+@pytest.mark.parametrize(
+    ("pieces", "taken"), [([b"QUFBQUFB\n"], 5), ([b"QU", b"FBQUFB"], 5), ([b"Q\nQUFB\n"], 2)]
+)
+def test_pipe_that_overflowed_or_ended_early_takes_no_more(
+    root: Path, pieces: list[bytes], taken: int
+) -> None:
+    files, _ = _guest_files(root)
+    files.call("fs/pipe", {"path": "x", "length": 4})
+    assert sum(files.piped_output(piece) for piece in pieces) == taken
+    assert files.piped_output(b"B" * 8192) == 0  # never swallowed for ever
     with pytest.raises(FsError) as broken:
         files.call("fs/write", {"path": "x", "piped": True})
     assert broken.value.code == "EIO" and not (root / "x").exists()
+
+
+def test_any_host_call_shuts_the_pipe(root: Path) -> None:
+    from conduit.executors import wasm
+
+    files, _ = _guest_files(root)
+    files.call("fs/pipe", {"path": "x", "length": 4})
+    stopping = SimpleNamespace(interrupt=SimpleNamespace(reason="stop"), guest_files=files)
+    wasm._RUNNING.execution = stopping
+    try:
+        assert "error" in json.loads(wasm._host_call("tools/call", "{}"))
+    finally:
+        wasm._RUNNING.execution = None
+    assert files.piped_output(b"QUFB\n") == 0
+    with pytest.raises(FsError):
+        files.call("fs/write", {"path": "x", "piped": True})
 
 
 @pytest.mark.parametrize(
@@ -97,7 +127,8 @@ def test_pipe_not_whole_writes_nothing(root: Path, pieces: list[bytes]) -> None:
 
 def test_piped_write_that_is_not_base64_is_refused(root: Path) -> None:
     files, _ = _guest_files(root)
-    for text in (b"QU-_", b"QU\r\n", b"QQ=="[:3] + b"\xff"):
+    # (A newline inside ends the pipe early: see test_pipe_not_whole_writes_nothing.)
+    for text in (b"QU-_", b"QU\r ", b"QQ=="[:3] + b"\xff"):
         files.call("fs/pipe", {"path": "x", "length": 4})
         assert files.piped_output(text + b"\n")
         with pytest.raises(FsError) as refused:
@@ -136,8 +167,9 @@ async def run_js(executor: WasmJsExecutor, code: str, **limits: Any) -> Outcome:
     return outcome
 
 
-# Leaves the pipe open: `params.piped = true` in fs.js runs a setter the program put on
-# Object.prototype, after the base64 went out and before the `fs/write` that shuts it.
+# Left the pipe open while `params.piped = true` in fs.js ran a setter the program put
+# on Object.prototype, after the base64 went out and before the `fs/write` that shuts it.
+# fs.js sets no inherited field now; the host would shut the pipe at the newline anyway.
 LEAVE_PIPE_OPEN = """
 const log = console.log;
 Object.defineProperty(Object.prototype, 'piped', {
@@ -148,14 +180,12 @@ delete Object.prototype.piped;
 """
 
 
-@pytest.mark.xfail(strict=True, reason="a pipe left open swallows the program's output")
 async def test_js_output_after_a_pipe_left_open_is_its_own(wasm_js: WasmJsExecutor) -> None:
     outcome = await run_js(wasm_js, LEAVE_PIPE_OPEN + "log('after');\n'done'")
     assert outcome.status is Status.OK, outcome.error
-    assert outcome.stdout == "caught stop here\nafter\n"
+    assert outcome.stdout == "after\n"
 
 
-@pytest.mark.xfail(strict=True, reason="output in an open pipe escapes limits.output_bytes")
 async def test_js_output_in_an_open_pipe_counts_against_the_limit(
     wasm_js: WasmJsExecutor,
 ) -> None:
@@ -167,7 +197,7 @@ async def test_js_output_in_an_open_pipe_counts_against_the_limit(
     assert outcome.status is Status.OUTPUT_LIMIT, outcome
 
 
-async def test_js_pipe_left_open_is_shut_by_the_next_write(wasm_js: WasmJsExecutor) -> None:
+async def test_js_write_after_a_setter_on_piped_is_its_own(wasm_js: WasmJsExecutor) -> None:
     code = LEAVE_PIPE_OPEN + (
         "fs.writeFileSync('b.bin', 'second');\n"
         "log('after');\n"
@@ -175,59 +205,65 @@ async def test_js_pipe_left_open_is_shut_by_the_next_write(wasm_js: WasmJsExecut
     )
     outcome = await run_js(wasm_js, code)
     assert outcome.status is Status.OK, outcome.error
-    assert outcome.result == [False, "second"]
-    assert outcome.stdout.endswith("after\n")
+    assert outcome.result == [True, "second"]
+    assert outcome.stdout == "after\n"
 
 
-async def test_js_forged_lengths_write_nothing_and_leak_nothing(wasm_js: WasmJsExecutor) -> None:
-    # `toJSON` on Object.prototype rewrites what fs.js announces and asks for.
+async def test_js_forged_to_json_changes_no_write(wasm_js: WasmJsExecutor) -> None:
+    # `toJSON` on Object.prototype would rewrite what fs.js announces and asks for, if
+    # fs.js let `stringify` consult it.
     code = """
 const log = console.log;
 const results = [];
 for (const forged of [0, 4, 8, 12, 4 * 1000, -4, 3, 1e300, 'x']) {
   Object.prototype.toJSON = function () {
-    const copy = Object.assign({}, this);
-    if ('length' in copy) copy.length = forged;
-    return copy;
+    if ('length' in this) return Object.assign({}, this, { length: forged });
+    return { path: 'x.bin', base64: '\\u00e9AAA' };
   };
   try { fs.writeFileSync('f.bin', 'secret-bytes'); results.push('written'); }
   catch (e) { results.push(e.code); }
   delete Object.prototype.toJSON;
   log('tick');
 }
-results.push(fs.existsSync('f.bin'));
+results.push(fs.readFileSync('f.bin', 'utf8'), fs.existsSync('x.bin'));
 results
 """
     outcome = await run_js(wasm_js, code)
     assert outcome.status is Status.OK, outcome.error
-    assert "c2VjcmV0" not in outcome.stdout  # the base64 never reaches the output
     assert outcome.stdout == "tick\n" * 9
-    assert outcome.result[-1] is False
-    assert "written" not in outcome.result
+    assert outcome.result == ["written"] * 9 + ["secret-bytes", False]
 
 
-async def test_js_output_printed_while_the_pipe_is_open_breaks_only_that_write(
+_ACCESSED = "['error', 'result', 'piped', 'message', 'data', 'code', 'path']"
+
+
+async def test_js_accessors_on_prototypes_never_run_while_the_pipe_is_open(
     wasm_js: WasmJsExecutor,
 ) -> None:
-    # A getter fs.js reads on the `fs/pipe` answer runs with the pipe open.
-    code = """
+    # Getters and setters fs.js would run if it read or set inherited fields.
+    code = f"""
 const log = console.log;
-let armed = true;
-Object.defineProperty(Object.prototype, 'error', {
-  get() { if (armed) { armed = false; log('QUFB'); } return undefined; },
-  configurable: true,
-});
+const ran = [];
+for (const name of {_ACCESSED}) {{
+  Object.defineProperty(Object.prototype, name, {{
+    get() {{ ran.push('get ' + name); log('QUFB'); return undefined; }},
+    set(v) {{ ran.push('set ' + name); throw new Error('stop here'); }},
+    configurable: true,
+  }});
+}}
 let code = 'written';
-try { fs.writeFileSync('f.bin', 'AAA'); } catch (e) { code = e.code; }
-delete Object.prototype.error;
-fs.writeFileSync('g.bin', 'fine');
+try {{ fs.writeFileSync('f.bin', 'AAA'); }} catch (e) {{ code = 'threw'; }}
+let missing;
+try {{ fs.readFileSync('nothing.bin'); }}
+catch (e) {{ missing = Object.getOwnPropertyDescriptor(e, 'code').value; }}
+for (const name of {_ACCESSED}) delete Object.prototype[name];
 log('after');
-[code, fs.existsSync('f.bin'), fs.readFileSync('g.bin', 'utf8')]
+[code, missing, fs.readFileSync('f.bin', 'utf8'), ran]
 """
     outcome = await run_js(wasm_js, code)
     assert outcome.status is Status.OK, outcome.error
-    assert outcome.result == ["EIO", False, "fine"]
-    assert outcome.stdout == "after\n"  # the line printed into the pipe is lost
+    assert outcome.result == ["written", "ENOENT", "AAA", []]
+    assert outcome.stdout == "after\n"
 
 
 async def test_js_replaced_codecs_and_console_do_not_change_writes(
@@ -268,24 +304,6 @@ console.log('e');
     assert outcome.status is Status.OK, outcome.error
     assert outcome.result == ["P", "T", 300]
     assert outcome.stdout == "a\nb\nc\nd\n" + "\n" * 300 + "e\n"
-
-
-async def test_js_non_ascii_base64_forged_into_a_write_is_caught(
-    wasm_js: WasmJsExecutor,
-) -> None:
-    code = """
-Object.prototype.toJSON = function () {
-  if ('length' in this) return Object.assign({}, this);  // the pipe, as it was
-  return { path: 'x.bin', base64: '\\u00e9AAA' };
-};
-let code = 'none';
-try { fs.appendFileSync('x.bin', 'a'); } catch (e) { code = e.code; }
-delete Object.prototype.toJSON;
-code
-"""
-    outcome = await run_js(wasm_js, code)
-    assert outcome.status is Status.OK, outcome
-    assert outcome.result == "ERR_INVALID_ARG_TYPE"
 
 
 async def test_js_huge_write_is_stopped_at_the_disk_limit(wasm_js: WasmJsExecutor) -> None:
