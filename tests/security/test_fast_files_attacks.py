@@ -574,3 +574,23 @@ async def test_reader_scans_a_slow_long_line_once() -> None:
     got = [len(line) async for line in reader]
     assert got == [size]
     assert _CountingBuffer.scanned <= 4 * size, _CountingBuffer.scanned
+
+
+@pytest.mark.parametrize("forged", ["\u00e9AAA", "QU-_", "QUF"])
+async def test_pyodide_file_read_forged_by_its_worker_resets_the_session(forged: str) -> None:
+    # The worker's interpreter runs the program, which may answer a file read itself.
+    from conduit.core.errors import SandboxCrashed
+    from conduit.executors.base import SessionSpec
+    from conduit.executors.pyodide_sessions import PyodideSession
+
+    session = PyodideSession(SessionSpec("ses_forged", "python", 64), None, lambda _: None)  # type: ignore[arg-type]
+    killed: list[bool] = []
+    session._host = SimpleNamespace(kill=lambda: killed.append(True))  # type: ignore[assignment]
+
+    async def forged_answer(_operation: dict[str, Any]) -> dict[str, Any]:
+        return {"base64": forged}
+
+    session._file_op = forged_answer  # type: ignore[method-assign]
+    with pytest.raises(SandboxCrashed):
+        await session.get_file("a.bin")
+    assert killed == [True] and session._host is None
