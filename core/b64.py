@@ -38,8 +38,11 @@ def encode(data: bytes | bytearray | memoryview) -> str:
 
 
 def decode(text: str | bytes) -> bytes:
-    """The bytes standard base64 `text` holds; `binascii.Error` (a ValueError) for a
-    character outside the alphabet or wrong padding."""
+    """The bytes standard base64 `text` holds.
+
+    Raises ValueError: `binascii.Error` (a subclass) for a character outside the
+    alphabet or wrong padding, a plain ValueError for a `str` holding a character
+    outside ASCII. Callers catch ValueError, never `binascii.Error` alone."""
     if pybase64 is not None:
         try:
             return pybase64.b64decode(text, validate=True)

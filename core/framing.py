@@ -40,6 +40,9 @@ class LineReader:
         self._stream = stream
         self._max = max_line_bytes
         self._buffer = bytearray()
+        # How much of the buffer is known to hold no newline: a long line arriving in
+        # small reads is then searched once, not again from its start on each read.
+        self._searched = 0
         self._discarding = False
 
     def __aiter__(self) -> AsyncIterator[bytes | _Oversize]:
@@ -62,8 +65,9 @@ class LineReader:
         start = 0
         buffer = self._buffer
         while True:
-            end = buffer.find(b"\n", start)
+            end = buffer.find(b"\n", max(start, self._searched))
             if end < 0:
+                self._searched = len(buffer)
                 break
             if self._discarding:
                 self._discarding = False
@@ -75,16 +79,19 @@ class LineReader:
                     items.append(line)
             start = end + 1
         del buffer[:start]
+        self._searched -= start
         if len(buffer) > self._max and not self._discarding:
             items.append(OVERSIZE)
             self._discarding = True
         if self._discarding:
             buffer.clear()
+            self._searched = 0
         return items
 
     def _take_rest(self) -> bytes:
         line = bytes(self._buffer).rstrip(b"\r")
         self._buffer.clear()
+        self._searched = 0
         return line
 
 

@@ -168,8 +168,14 @@ def _encoder(indent: int | None, ascii_only: bool) -> json.JSONEncoder:
         separators=(",", ":") if indent is None else (",", ": "),
         indent=indent,
         allow_nan=False,
-        default=str,
+        default=_text_of,
     )
+
+
+def _text_of(value: Any) -> str:
+    """What an object JSON has no form for is written as: its `str()`, which may hold
+    a lone surrogate that no cleaning of the value would reach."""
+    return clean_text(str(value))
 
 
 def encode(value: Any) -> bytes:
@@ -178,11 +184,31 @@ def encode(value: Any) -> bytes:
     return fast if fast is not None else dumps(value).encode("utf-8")
 
 
-# Objects orjson would write in its own way are handed to `default` (`str`), as the
-# standard encoder does with them.
+# Objects orjson would write in its own way are handed to `default`, as the standard
+# encoder does with them. Subclasses of str, int, dict and list too: orjson writes
+# them from their stored data, the standard encoder through some of their methods (a
+# dict subclass's `items()`), so those values are left to the standard encoder.
 _FAST_OPTIONS: Final = (
-    0 if orjson is None else orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+    0
+    if orjson is None
+    else orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
 )
+
+
+class _LeftToStdlib(TypeError):
+    """Raised in orjson's `default` for a value the standard encoder must write."""
+
+
+# What the standard encoder writes by its own rules, never through `default`.
+_STDLIB_TYPES: Final = (str, int, float, dict, list, tuple)
+
+
+def _fast_default(value: Any) -> str:
+    if isinstance(value, _STDLIB_TYPES):
+        raise _LeftToStdlib
+    return _text_of(value)
 
 
 def _fast_encode(value: Any) -> bytes | None:
@@ -193,11 +219,12 @@ def _fast_encode(value: Any) -> bytes | None:
     if orjson is None:
         return None
     try:
-        return orjson.dumps(value, default=str, option=_FAST_OPTIONS)
-    except (TypeError, ValueError):  # orjson.JSONEncodeError is a TypeError
-        pass
+        return orjson.dumps(value, default=_fast_default, option=_FAST_OPTIONS)
+    except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
+        if isinstance(exc.__cause__, _LeftToStdlib):
+            return None  # not a matter of cleaning: the standard encoder writes it
     try:
-        return orjson.dumps(_cleaned(value), default=str, option=_FAST_OPTIONS)
+        return orjson.dumps(_cleaned(value), default=_fast_default, option=_FAST_OPTIONS)
     except (TypeError, ValueError):
         return None
 

@@ -133,22 +133,64 @@ PIPE_BYTES = 1 << 20
 LINE_READ_BYTES = PIPE_BYTES
 
 
-def widen_pipe(stream: object) -> None:
-    """Let the pipe under `stream` (a process's stdin or stdout) hold PIPE_BYTES."""
+# The most pipes this process keeps widened at once, across all its hosts: each takes
+# PIPE_BYTES of the user's budget, which every process of the user shares, and a pool
+# or many sessions widening without bound would leave the user's next pipes (any
+# program's, the daemon's own) a single page. Eight take an eighth of the default.
+MAX_WIDE_PIPES = 8
+
+
+class WidePipes:
+    """The pipes widened now, by the process at their other end, at most `limit`. A
+    pipe stops counting once its process has been reaped: nothing must remember to
+    give its place back. Used from Trio's thread only."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._owners: list[trio.Process] = []
+
+    def take_nowait(self, owner: trio.Process) -> bool:
+        """Whether one more pipe of `owner` may be widened, counted if so."""
+        self._owners = [process for process in self._owners if process.returncode is None]
+        if len(self._owners) >= self.limit:
+            return False
+        self._owners.append(owner)
+        return True
+
+    def give_back(self, owner: trio.Process) -> None:
+        """One pipe of `owner` counted but not widened after all."""
+        with contextlib.suppress(ValueError):
+            self._owners.remove(owner)
+
+
+WIDE_PIPES = WidePipes(MAX_WIDE_PIPES)
+
+
+def widen_pipe(stream: object, owner: trio.Process) -> bool:
+    """Let the pipe under `stream`, `owner`'s stdin or stdout, hold PIPE_BYTES if
+    WIDE_PIPES allows; whether it does."""
     fileno = getattr(stream, "fileno", None)
-    if fileno is not None:
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    if fileno is None or not WIDE_PIPES.take_nowait(owner):
+        return False
+    try:
+        fcntl.fcntl(fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    except OSError:  # past fs/pipe-max-size or the user's budget: it keeps its size
+        WIDE_PIPES.give_back(owner)
+        return False
+    return True
 
 
 class _Pipe:
     """A host's stdout or stderr: bytes read but not yet used are kept for the next
     reader (the protocol's lines follow the program's output in the same pipe)."""
 
-    def __init__(self, stream: trio.abc.ReceiveStream, *, widen: bool = False) -> None:
+    def __init__(
+        self, stream: trio.abc.ReceiveStream, *, widen_for: trio.Process | None = None
+    ) -> None:
         self.stream = stream
         self._kept = b""
-        self._narrow = widen  # to be widened at its first long line
+        # The process whose pipe is to be widened at its first long line, if any.
+        self._narrow_of = widen_for
 
     async def receive(self, max_bytes: int = READ_CHUNK_BYTES) -> bytes:
         """What was kept, else the next bytes from the pipe (at most `max_bytes`); b""
@@ -199,9 +241,9 @@ class _Pipe:
         return False
 
     def _widen_once(self) -> None:
-        if self._narrow:
-            self._narrow = False
-            widen_pipe(self.stream)
+        owner, self._narrow_of = self._narrow_of, None
+        if owner is not None:
+            widen_pipe(self.stream, owner)
 
     async def read_line(self, max_bytes: int) -> bytes | None:
         """The bytes up to the next newline (consumed, not returned); None if the pipe
@@ -268,12 +310,13 @@ class PyodideHost:
     deno_dir: Path
     jobs: int = 0
     cache_bytes: int = 0
+    stdin_wide: bool = False
 
     @classmethod
     def of(cls, process: trio.Process, deno_dir: Path) -> PyodideHost:
         assert process.stdout is not None
         assert process.stderr is not None
-        stdout = _Pipe(process.stdout, widen=True)
+        stdout = _Pipe(process.stdout, widen_for=process)
         return cls(process, stdout, _Pipe(process.stderr), deno_dir)
 
     @property
@@ -296,8 +339,8 @@ class PyodideHost:
         """Write one protocol line; False if the host is gone."""
         assert self.process.stdin is not None
         line = jsontext.encode(message) + b"\n"
-        if len(line) > READ_CHUNK_BYTES:
-            widen_pipe(self.process.stdin)
+        if len(line) > READ_CHUNK_BYTES and not self.stdin_wide:
+            self.stdin_wide = widen_pipe(self.process.stdin, self.process)
         try:
             await self.process.stdin.send_all(line)
         except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -32,13 +32,13 @@ use almost no CPU (`PyodideHost.rest`).
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import trio
 
+from conduit.core import b64
 from conduit.core.errors import Overloaded, SandboxCrashed
 from conduit.core.files import FileData
 from conduit.executors import outcomes
@@ -197,8 +197,14 @@ class PyodideSession:
             if self._host is None:
                 return None
             answer = await self._file_op({"op": "get", "path": path})
-        encoded = answer.get("base64")
-        return base64.b64decode(encoded) if isinstance(encoded, str) else None
+            encoded = answer.get("base64")
+            if not isinstance(encoded, str):
+                return None
+            try:
+                return b64.decode(encoded)
+            except ValueError:  # the interpreter runs the program: its answer may be forged
+                self._drop()
+                raise SandboxCrashed(_FORGED_FILE) from None
 
     async def list_files(self) -> list[FileInfo]:
         """Every regular file in the working directory, in path order."""
@@ -250,6 +256,10 @@ class PyodideSession:
 _ENDED_BETWEEN_STEPS = (
     "the session's interpreter ended between steps (its process was killed, or code a "
     "step left running used up its CPU time)"
+)
+_FORGED_FILE = (
+    "the session's interpreter answered a file read with data that is not base64; it was "
+    "reset and the next step starts afresh"
 )
 
 

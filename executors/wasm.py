@@ -1260,10 +1260,15 @@ def _rejected(capture: OutputCapture, rejected: ProgramRejected) -> Outcome:
 def _host_call(method: str, params: str) -> str:
     """The guest's `host-call`: a JSON-RPC call under the session token (runner thread)."""
     execution: _Execution | None = getattr(_RUNNING, "execution", None)
-    if execution is None or execution.interrupt.reason is not None:
+    if execution is None:
         return _rpc_error(INTERNAL_ERROR, "the execution is being stopped")
-    if method.startswith(METHOD_PREFIX):
-        return _file_call(execution, method, params)
+    if method.startswith(METHOD_PREFIX) and execution.interrupt.reason is None:
+        return _file_call(execution, method, params)  # takes what was piped, and shuts
+    if execution.guest_files is not None:
+        # Whatever the call: the guest's stdout after it is never a file's bytes.
+        execution.guest_files.shut_pipe()
+    if execution.interrupt.reason is not None:
+        return _rpc_error(INTERNAL_ERROR, "the execution is being stopped")
     if method == "tools/call":
         execution.tool_calls += 1
     try:
@@ -1370,25 +1375,26 @@ def _parse_answer(answer: str) -> dict[str, Any] | None:
 
 
 def _record(execution: _Execution, capture: OutputCapture, stream: str, data: bytes) -> None:
-    if _piped(execution, stream, data):
-        return
-    if not (execution.abandoned or execution.output_closed):  # the report may be out
+    data = _unpiped(execution, stream, data)
+    if data and not (execution.abandoned or execution.output_closed):  # the report may be out
         capture.write_nowait(stream, data)  # type: ignore[arg-type]
 
 
-def _piped(execution: _Execution, stream: str, data: bytes) -> bool:
-    """Whether `data` was a file's bytes piped on stdout (see `wasm_fs`), not output."""
+def _unpiped(execution: _Execution, stream: str, data: bytes) -> bytes:
+    """`data` less what was a file's bytes piped on stdout (see `wasm_fs`): output."""
     files = execution.guest_files
-    return stream == "stdout" and files is not None and files.piped_output(data)
+    if stream != "stdout" or files is None:
+        return data
+    taken = files.piped_output(data)
+    return data[taken:] if taken else data
 
 
 def _record_live(
     execution: _Execution, capture: OutputCapture, stream: StreamName, data: bytes
 ) -> None:
     """`_record`, also handing what was kept to the Trio side (runner thread)."""
-    if _piped(execution, stream, data):
-        return
-    if not (execution.abandoned or execution.output_closed):
+    data = _unpiped(execution, stream, data)
+    if data and not (execution.abandoned or execution.output_closed):
         kept = capture.write_nowait(stream, data)
         if kept and execution.live is not None:
             execution.live(stream, kept)

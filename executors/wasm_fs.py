@@ -20,13 +20,15 @@ to `host-call` is turned into UTF-8 by a loop in the guest's bindings, some 500 
 character, where the engine writes its stdout natively. So `fs/pipe` names the length
 of the write's base64, the guest writes its base64 and a newline on stdout, which the
 host takes here (`piped_output`) instead of the program's output, and `fs/write` with
-`piped` writes it. The pipe takes no more than the announced length and is shut by the
-next call, whatever it is: nothing the program writes later is taken.
+`piped` writes it. The pipe takes no more than the announced length and its newline,
+and nothing past the first newline: then, or when the guest makes its next host call,
+whatever it is (`shut_pipe`), it takes no more. So whatever a program does to the
+guest's `fs`, all but one announced line of its output is its own and counts against
+its limits.
 """
 
 from __future__ import annotations
 
-import binascii
 import errno
 import os
 import stat
@@ -74,6 +76,8 @@ class GuestFiles:
     # A write's base64 as it comes on stdout, and the most it may hold (see the module).
     pipe: bytearray | None = None
     pipe_bytes: int = 0
+    # Whether the pipe still takes stdout: not once it holds a newline or is full.
+    pipe_taking: bool = False
 
     def call(self, method: str, params: dict[str, Any]) -> Any:
         """Serve `fs/<operation>`; its result, or FsError."""
@@ -92,21 +96,31 @@ class GuestFiles:
             code = errno.errorcode.get(exc.errno or errno.EIO, "EIO")
             raise FsError(code, f"{code}: {exc.strerror or exc}, {path!r}") from None
 
-    def piped_output(self, data: bytes) -> bool:
-        """Whether `data`, a piece of the guest's stdout, was taken for a write
-        (Wasmtime's output thread, while the guest waits in its write)."""
+    def piped_output(self, data: bytes) -> int:
+        """How many bytes at the start of `data`, a piece of the guest's stdout, were
+        taken for a write (Wasmtime's output thread); the rest is the program's output.
+
+        The pipe takes up to its first newline and never more than announced: a line
+        longer than announced fills it, and the rest of that line is output."""
         pipe = self.pipe
-        if pipe is None:
-            return False
-        if len(pipe) + len(data) > self.pipe_bytes:
-            self.pipe_bytes = -1  # more than announced: the write fails
-        else:
-            pipe += data
-        return True
+        if pipe is None or not self.pipe_taking:
+            return 0
+        room = self.pipe_bytes - len(pipe)
+        newline = data.find(b"\n", 0, room)
+        taken = min(len(data), room if newline < 0 else newline + 1)
+        pipe += memoryview(data)[:taken]
+        if newline >= 0 or len(pipe) == self.pipe_bytes:
+            self.pipe_taking = False  # whole or broken, the write judges it
+        return taken
+
+    def shut_pipe(self) -> None:
+        """Take no more stdout, and drop what was piped (any host call but a write's)."""
+        self.pipe, self.pipe_taking = None, False
 
     def _take_pipe(self) -> bytes | None:
         """The piped base64, shutting the pipe; None if it is not whole."""
-        pipe, self.pipe = self.pipe, None
+        pipe = self.pipe
+        self.shut_pipe()
         if pipe is None or len(pipe) != self.pipe_bytes or not pipe.endswith(b"\n"):
             return None
         return bytes(memoryview(pipe)[:-1])
@@ -119,6 +133,7 @@ class GuestFiles:
             self._full()
         self.pipe = bytearray()
         self.pipe_bytes = length + 1  # the base64 and a newline
+        self.pipe_taking = True
 
     def _read(self, path: str, params: dict[str, Any]) -> dict[str, str]:
         data = workdir.read(self.scratch.path, _file(path), self.disk_bytes)
@@ -264,7 +279,7 @@ def _data_of(params: dict[str, Any]) -> bytes:
         raise FsError("ERR_INVALID_ARG_TYPE", "nothing to write")
     try:
         return b64.decode(encoded)
-    except binascii.Error:
+    except ValueError:  # binascii.Error, or a character outside ASCII
         raise FsError("ERR_INVALID_ARG_TYPE", "the data is not base64") from None
 
 

@@ -6,7 +6,6 @@ A principal sees only its own executions; the master (the `admin` scope) sees al
 
 from __future__ import annotations
 
-import binascii
 import time
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
@@ -105,7 +104,7 @@ class FileParam(Params):
             return FileData(self.path, self.text.encode("utf-8", "surrogatepass"))
         try:
             data = b64.decode(self.base64 or "")
-        except binascii.Error:
+        except ValueError:  # binascii.Error, or a character outside ASCII
             raise InvalidParams(
                 f"invalid params: file {self.path!r}: base64 is not valid base64",
                 {"field": "files.base64", "reason": "not base64", "path": self.path},

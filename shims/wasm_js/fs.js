@@ -23,28 +23,62 @@ export function makeFs(hostCall, stringify, parse, writeLine) {
   const utf8 = TextEncoder.prototype.encode.bind(new TextEncoder());
   const isView = ArrayBuffer.isView;
   const ErrorClass = Error;
+  const hasOwn = Object.hasOwn;
+  const keysOf = Object.keys;
+  const defineProperty = Object.defineProperty;
+
+  // Between `fs/pipe` and the host call after it, any program code that runs (an
+  // accessor or `toJSON` it planted on a prototype) could print into the pipe or keep
+  // the call from being made. So nothing here consults a prototype the program can
+  // reach: params are object literals (own properties, set without setters), their
+  // JSON is assembled by hand (`stringify` of an object would consult a `toJSON`), and
+  // an answer's fields are read only if they are its own.
 
   // `params` (never empty), with `bytes` if given piped on stdout ahead of it.
   function call(method, params, bytes) {
-    if (bytes !== undefined) {
-      const text = toBase64(bytes);
-      request("fs/pipe", { path: params.path, length: text.length });
-      writeLine(text);
-      params.piped = true;
-    }
-    return request(method, params);
+    if (bytes === undefined) return request(method, encode(params, ""), params.path);
+    const text = toBase64(bytes);
+    const sent = encode(params, '"piped":true');
+    request("fs/pipe", `{"path":${stringify(params.path)},"length":${text.length}}`, params.path);
+    writeLine(text);
+    return request(method, sent, params.path);
   }
 
-  function request(method, params) {
-    const answer = parse(hostCall(method, stringify(params)));
-    if (answer.error) {
-      const { message, data } = answer.error;
-      const error = new ErrorClass(message);
-      error.code = data?.code ?? "EIO";
-      if (params.path !== undefined) error.path = params.path;
+  // The JSON of `params`, whose own fields are primitives, and of the field `extra`.
+  function encode(params, extra) {
+    const names = keysOf(params);
+    let text = "";
+    for (let i = 0; i < names.length; i++) {
+      const value = params[names[i]];
+      if (value === undefined) continue;
+      const field = `${stringify(names[i])}:${stringify(value)}`;
+      text = text === "" ? field : `${text},${field}`;
+    }
+    if (extra !== "") text = text === "" ? extra : `${text},${extra}`;
+    return `{${text}}`;
+  }
+
+  // `object[name]` if it is the object's own, else undefined.
+  function own(object, name) {
+    const isObject = object !== null && typeof object === "object";
+    return isObject && hasOwn(object, name) ? object[name] : undefined;
+  }
+
+  function request(method, json, path) {
+    const answer = parse(hostCall(method, json));
+    const failure = own(answer, "error");
+    if (failure !== undefined) {
+      const error = new ErrorClass(own(failure, "message"));
+      fieldOf(error, "code", own(own(failure, "data"), "code") ?? "EIO");
+      if (path !== undefined) fieldOf(error, "path", path);
       throw error;
     }
-    return answer.result;
+    return own(answer, "result");
+  }
+
+  // Set as assignment would on a fresh Error, without a setter planted on a prototype.
+  function fieldOf(error, name, value) {
+    defineProperty(error, name, { value, writable: true, enumerable: true, configurable: true });
   }
 
   function pathOf(path) {
@@ -79,7 +113,8 @@ export function makeFs(hostCall, stringify, parse, writeLine) {
     readFileSync(path, options) {
       const encoding = encodingOf(options);
       const answer = call("fs/read", { path: pathOf(path), encoding });
-      return encoding === null ? fromBase64(answer.data) : answer.data;
+      const data = own(answer, "data");
+      return encoding === null ? fromBase64(data) : data;
     },
     writeFileSync(path, data, options) {
       const flag = typeof options === "object" && options !== null ? options.flag : undefined;

@@ -11,10 +11,13 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 import trio
 
 from conduit.core.files import FileData
+from conduit.executors import pyodide_host
 from conduit.executors.base import Limits, Outcome, Status
 from conduit.executors.outcomes import disk_limit
 from conduit.executors.pyodide_files import (
@@ -23,7 +26,7 @@ from conduit.executors.pyodide_files import (
     out_files,
     stored_files,
 )
-from conduit.executors.pyodide_host import PIPE_BYTES, _Pipe
+from conduit.executors.pyodide_host import PIPE_BYTES, WidePipes, _Pipe
 from tests.sandboxes import WAIT_S
 
 
@@ -80,7 +83,7 @@ async def test_a_host_pipe_is_widened_at_its_first_long_line_only() -> None:
         process = await nursery.start(
             partial(trio.run_process, ["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         )
-        pipe = _Pipe(process.stdout, widen=True)
+        pipe = _Pipe(process.stdout, widen_for=process)
         size = partial(fcntl.fcntl, process.stdout.fileno(), fcntl.F_GETPIPE_SZ)
         long_line = b"x" * (3 * 65536) + b"\n"
         with trio.fail_after(WAIT_S):
@@ -94,3 +97,38 @@ async def test_a_host_pipe_is_widened_at_its_first_long_line_only() -> None:
             await process.stdin.aclose()
     assert sizes[0] == 65536
     assert sizes[1] == min(PIPE_BYTES, int(Path("/proc/sys/fs/pipe-max-size").read_text()))
+
+
+def test_wide_pipes_are_bounded_and_freed_when_their_process_ends() -> None:
+    wide = WidePipes(2)
+    first, second, third = (SimpleNamespace(returncode=None) for _ in range(3))
+    assert wide.take_nowait(first) and wide.take_nowait(second)  # type: ignore[arg-type]
+    assert not wide.take_nowait(third)  # type: ignore[arg-type]
+    first.returncode = 0  # reaped: its pipes are gone
+    assert wide.take_nowait(third)  # type: ignore[arg-type]
+    wide.give_back(third)  # type: ignore[arg-type]
+    assert wide.take_nowait(third) and not wide.take_nowait(first)  # type: ignore[arg-type]
+
+
+async def test_no_pipe_is_widened_past_the_process_wide_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each worker's stdout may widen at its first long line: a pool or many sessions
+    # would otherwise take 1 MiB each of the user's pipe budget.
+    monkeypatch.setattr(pyodide_host, "WIDE_PIPES", WidePipes(1))
+    long_line = b"x" * (3 * 65536) + b"\n"
+    sizes, processes = [], []
+    async with trio.open_nursery() as nursery:
+        for _ in range(2):
+            process = await nursery.start(
+                partial(trio.run_process, ["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            )
+            processes.append(process)  # the first still running when the second widens
+            pipe = _Pipe(process.stdout, widen_for=process)
+            with trio.fail_after(WAIT_S):
+                nursery.start_soon(process.stdin.send_all, long_line)
+                assert await pipe.read_line(1 << 20) == long_line[:-1]
+            sizes.append(fcntl.fcntl(process.stdout.fileno(), fcntl.F_GETPIPE_SZ))
+        for process in processes:
+            await process.stdin.aclose()
+    assert sizes == [min(PIPE_BYTES, int(Path("/proc/sys/fs/pipe-max-size").read_text())), 65536]
