@@ -35,6 +35,9 @@ from tests.served import Served
 # A second principal with every scope, and a narrow one that may only list tools.
 OTHER_TOKEN = "cdt_attack_other_client_token_0123456789"
 NARROW_TOKEN = "cdt_attack_narrow_client_token_0123456789"
+# A client whose programs no test cancels: the daemon refuses a caller whose cancelled
+# programs are still winding down, so a test that needs its program to run uses this.
+CALM_TOKEN = "cdt_attack_calm_client_token_01234567890"
 INIT = {
     "jsonrpc": "2.0",
     "id": 1,
@@ -59,6 +62,7 @@ def http_daemon(
     clients = [
         {"name": "other", "sha256": hash_token(OTHER_TOKEN)},
         {"name": "narrow", "sha256": hash_token(NARROW_TOKEN), "scopes": ["tools"]},
+        {"name": "calm", "sha256": hash_token(CALM_TOKEN)},
     ]
     settings_ = {
         "executors.deno.enabled": False,
@@ -1129,11 +1133,12 @@ async def test_a_half_closed_client_still_gets_its_answer(port: int) -> None:
 async def test_a_half_closed_sse_client_still_gets_its_answer(port: int) -> None:
     """An SSE answer can write while the call runs: EOF only makes it probe the client."""
     async with httpx2.AsyncClient(timeout=WAIT_S) as http:
-        session = await _open_session(http, port)
+        session = await _open_session(http, port, CALM_TOKEN)
     raw = await _Raw.open(port)
     call = _call(2, "import time\ntime.sleep(2.5)\n'late'", progressToken="p")
     data = _request(
         body=json.dumps(call).encode(),
+        token=CALM_TOKEN,
         extra=(("Mcp-Session-Id", session), ("Connection", "close")),
     )
     await raw.send(data)
