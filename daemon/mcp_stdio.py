@@ -39,7 +39,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -51,7 +51,9 @@ from conduit.daemon.auth import ALL_SCOPES, Principal
 from conduit.daemon.client_settings import login_token
 from conduit.daemon.config import Config, parse_tcp_address
 from conduit.daemon.logs import configure_logging
-from conduit.daemon.server import Daemon
+
+if TYPE_CHECKING:  # the relay never loads the daemon (~45 MB, seconds of imports)
+    from conduit.daemon.server import Daemon
 
 __all__ = [
     "StdioFds",
@@ -147,6 +149,8 @@ async def serve_embedded(
     requests are answered first) or on SIGTERM/SIGINT (the daemon's drain, within
     `server.grace_period_s`). Raises `ConfigError` if the daemon cannot start.
     """
+    from conduit.daemon.server import Daemon
+
     daemon = Daemon(config, reload=reload)
     principal = stdio_principal(daemon, client)
     async with open_stdio_stream(fds) as stdio, trio.open_nursery() as nursery:

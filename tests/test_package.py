@@ -58,6 +58,24 @@ def test_the_client_imports_none_of_the_daemons_machinery() -> None:
     assert loaded == "[]"
 
 
+def test_the_mcp_relay_loads_no_daemon() -> None:
+    """`conduit mcp --connect` runs once per MCP client: it stays a relay's size."""
+    heavy = [
+        "conduit.daemon.server",
+        "conduit.executors",
+        "conduit.gateway.keeper",
+        "wasmtime",
+        "mcp",
+    ]
+    probe = (
+        f"import sys, conduit.daemon.mcp_stdio; print([m for m in {heavy!r} if m in sys.modules])"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.strip()
+    assert loaded == "[]"
+
+
 def test_protocol_reference_is_generated_from_the_method_table() -> None:
     committed = (ROOT / "docs" / "protocol.md").read_text()
     assert committed == render_protocol(), (
