@@ -808,7 +808,11 @@ async def test_timer_attacks_end_at_the_timeout(wasm_js: WasmJsExecutor, code: s
     outcome = await run(wasm_js, code, **SHORT)
     assert outcome.status is Status.TIMEOUT, outcome
     assert trio.current_time() - started < STOPPED_WITHIN_S
-    assert wasm_js.info().pool["lingering_threads"] == 0
+    # A guest stopped inside a millisecond's sleep comes back when it ends, which on a
+    # loaded machine can be after the execution was reported: soon, and never later.
+    with trio.fail_after(STOPPED_WITHIN_S):
+        while wasm_js.info().pool["lingering_threads"]:
+            await trio.sleep(0.01)
 
 
 # -- state between executions ------------------------------------------------------------
