@@ -33,8 +33,11 @@ from tests.served import Served, serving_in_a_thread
 
 PROGRAMS = 16
 WAIT_S = 1
-# The program's own time: its one-second wait and a little work (the figure).
-TIMEOUT_MS = 2000
+# The program's own time: its one-second wait and a little work. The figure
+# (all sixteen within 2 s) is the benchmark's to show (bench/tool_waits.py): here, on a
+# machine that may be busy with anything, each must only hold its whole wait, end ok
+# within a bound, and overlap the others (OVERLAPPED_WITHIN_S).
+TIMEOUT_MS = 8000
 # Sixteen one-second waits, at most two at a time, as before: 8 s.
 OVERLAPPED_WITHIN_S = PROGRAMS * WAIT_S / 2
 
