@@ -30,6 +30,7 @@ from conduit.daemon.server import ServingInfo
 from tests.conftest import MASTER_TOKEN, WAIT_S, link_wasm_cache
 from tests.e2e.helpers import daemon_in_a_thread
 from tests.e2e.mcp_helpers import ECHO, NO_SANDBOXES
+from tests.e2e.test_mcp_http import ACCEPT, INIT, MAX_MESSAGE_BYTES
 from tests.served import Served
 
 # A second principal with every scope, and a narrow one that may only list tools.
@@ -38,18 +39,6 @@ NARROW_TOKEN = "cdt_attack_narrow_client_token_0123456789"
 # A client whose programs no test cancels: the daemon refuses a caller whose cancelled
 # programs are still winding down, so a test that needs its program to run uses this.
 CALM_TOKEN = "cdt_attack_calm_client_token_01234567890"
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "attacker", "version": "1"},
-    },
-}
-ACCEPT = "application/json, text/event-stream"
-MAX_MESSAGE_BYTES = 65536
 MAX_IN_FLIGHT = 4
 
 
