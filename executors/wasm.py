@@ -98,7 +98,13 @@ from conduit.executors.wasm_build import (
 from conduit.executors.wasm_calls import add_string_import
 from conduit.executors.wasm_clock import BoundedClock, StoreClock
 from conduit.executors.wasm_fs import METHOD_PREFIX, FsError, GuestFiles
-from conduit.executors.wasm_instances import MAX_MEMORY_MIB, MIB, Instance, Instances
+from conduit.executors.wasm_instances import (
+    MAX_MEMORY_MIB,
+    MIB,
+    BaseMemoryRecord,
+    Instance,
+    Instances,
+)
 from conduit.executors.wasm_lingering import LingerBudget
 from conduit.executors.wasm_runners import Runner, Runners
 from conduit.executors.wasm_sessions import SessionSandbox, Step, WasmSession
@@ -472,6 +478,7 @@ class WasmExecutor:
             "preopen_scratch": self.preopen_files,
             "fuel": fuel,
             "base_memory_mib": base_memory_mib,
+            "record": self._base_memory_record(read_only, fuel) if self._built else None,
         }
         clock = BoundedClock(engine)
         linker = self._linker(engine)
@@ -481,6 +488,16 @@ class WasmExecutor:
             except wasmtime.WasmtimeError as exc:
                 log.warning("%s: bounded guest waits do not link (%s)", self.name, exc)
         return Instances(engine, self._linker(engine), component, **options)
+
+    def _base_memory_record(
+        self, read_only: tuple[tuple[Path, str], ...], fuel: bool
+    ) -> BaseMemoryRecord:
+        """Where the base memory of the built component's instances, made with these
+        options, is kept between starts (see `Instances`)."""
+        assert self._built is not None
+        built = self._built
+        options = (built.component_hash, read_only, self.preopen_files, fuel)
+        return BaseMemoryRecord.of(built.path.parent, *options)
 
     def _own_instances(self) -> Instances:
         """Instances in an engine of their own, for one runner (blocking): without the

@@ -27,7 +27,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import json
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -42,7 +46,7 @@ from conduit.executors.scratch import Scratch, ScratchDirs
 from conduit.executors.wasm_calls import StringExport
 from conduit.executors.wasm_clock import BoundedClock, StoreClock
 
-__all__ = ["Instance", "Instances", "OutputRoute"]
+__all__ = ["BaseMemoryRecord", "Instance", "Instances", "OutputRoute"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +70,8 @@ FIRST_INSTANCE_BACKOFF_S = 0.05
 # The largest memory limit tried when finding the smallest that instantiates: the
 # pool's bound per memory (see `_wasmtime`), in MiB.
 MAX_MEMORY_MIB = _wasmtime.POOL_MEMORY_BYTES // MIB
+# Beside a component, the base memory found for it under each set of instance options.
+BASE_MEMORY_FILE = "base-memory.json"
 # Where an instance sees its scratch directory.
 SCRATCH_GUEST = "/tmp"
 # What a guest given a scratch directory is first called with, as its instance is made:
@@ -151,6 +157,47 @@ def _files_over(scratch: Scratch, max_bytes: int) -> _wasmtime.StopReason | None
     return _wasmtime.StopReason.FILES_LIMIT if scratch.over(max_bytes) else None
 
 
+@dataclass(frozen=True)
+class BaseMemoryRecord:
+    """The base memory found for a component under one set of instance options
+    (`key`), kept in `BASE_MEMORY_FILE` in the component's directory, so that an
+    executor's next start need not find it again. Only what is sane is taken from the
+    file (anything else is found again); a record that cannot be written is logged.
+    """
+
+    component_dir: Path
+    key: str
+
+    @classmethod
+    def of(cls, component_dir: Path, *parts: object) -> BaseMemoryRecord:
+        """The record for the options `parts` (the component's hash among them)."""
+        digest = hashlib.sha256(json.dumps([str(part) for part in parts]).encode())
+        return cls(component_dir, digest.hexdigest()[:32])
+
+    def get(self) -> int | None:
+        value = self._read().get(self.key)
+        return value if type(value) is int and 1 <= value <= MAX_MEMORY_MIB else None
+
+    def put(self, mib: int) -> None:
+        kept = {**self._read(), self.key: mib}
+        target = self.component_dir / BASE_MEMORY_FILE
+        # Whole or not at all: another process may be reading it.
+        partial = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            partial.write_text(json.dumps(kept))
+            os.replace(partial, target)
+        except OSError as exc:
+            log.warning("the base memory could not be recorded: %s", exc)
+            partial.unlink(missing_ok=True)
+
+    def _read(self) -> dict[str, object]:
+        try:
+            kept = json.loads((self.component_dir / BASE_MEMORY_FILE).read_text())
+        except (OSError, ValueError, RecursionError):
+            return {}
+        return kept if isinstance(kept, dict) else {}
+
+
 class Instances:
     """Makes instances of `component` with `linker`, whose waits `clock` bounds (when
     it does: see `BoundedClock.install`), each seeing the host directories of
@@ -160,9 +207,10 @@ class Instances:
     it only through the host, see `wasm_fs`), and nothing else of the host.
 
     Creating it makes a first instance, then finds `base_memory_mib` by instantiating
-    under shrinking limits (a few milliseconds up to ~50 for CPython, once), unless
-    `base_memory_mib` is given (found for the same component in another engine):
-    blocking, like every method.
+    under shrinking limits (a dozen instances, most of an executor's start), unless
+    `base_memory_mib` is given (found for the same component in another engine), or
+    `record` has it from an earlier start (and gets it when found): blocking, like
+    every method.
     """
 
     def __init__(
@@ -178,6 +226,7 @@ class Instances:
         scratch: ScratchDirs | None = None,
         preopen_scratch: bool = True,
         base_memory_mib: int | None = None,
+        record: BaseMemoryRecord | None = None,
     ) -> None:
         self._engine = engine
         self._preopen_scratch = preopen_scratch
@@ -194,7 +243,13 @@ class Instances:
             self.base_memory_mib = base_memory_mib
             return
         self._first_instance()
+        recorded = record.get() if record is not None else None
+        if recorded is not None:
+            self.base_memory_mib = recorded
+            return
         self.base_memory_mib = self._smallest_memory_mib()
+        if record is not None:
+            record.put(self.base_memory_mib)
 
     def __repr__(self) -> str:
         return f"<Instances from {self.base_memory_mib} MiB>"

@@ -17,7 +17,7 @@ from conduit.executors.wasm import WasmExecutor
 from conduit.executors.wasm_build import ensure_component
 from conduit.executors.wasm_calls import StringImport, add_string_import
 from conduit.executors.wasm_guests import JS_GUEST
-from conduit.executors.wasm_instances import Instances
+from conduit.executors.wasm_instances import BaseMemoryRecord, Instances
 from conduit.executors.wasm_python import WasmPythonExecutor
 from tests.sandboxes import WAIT_S
 
@@ -37,12 +37,14 @@ class JsComponent:
     engine: wasmtime.Engine
     component: wasmtime.component.Component
 
-    def instances(self, host_call: StringImport = null_host_call) -> Instances:
+    def instances(
+        self, host_call: StringImport = null_host_call, record: BaseMemoryRecord | None = None
+    ) -> Instances:
         """Instances whose `host-call` is answered by `host_call`."""
         linker = wasmtime.component.Linker(self.engine)
         linker.add_wasip2()
         add_string_import(linker, "host-call", host_call)
-        return Instances(self.engine, linker, self.component, fuel=False)
+        return Instances(self.engine, linker, self.component, fuel=False, record=record)
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import json
+import shutil
 import weakref
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,14 @@ from conduit.executors import _wasmtime, wasm_instances
 from conduit.executors.base import Job, Limits, Status
 from conduit.executors.output import StreamName
 from conduit.executors.wasm import RUNNERS
-from conduit.executors.wasm_instances import FIRST_INSTANCE_TRIES, MIB, Instance, Instances
+from conduit.executors.wasm_instances import (
+    BASE_MEMORY_FILE,
+    FIRST_INSTANCE_TRIES,
+    MIB,
+    BaseMemoryRecord,
+    Instance,
+    Instances,
+)
 from conduit.executors.wasm_js import WasmJsExecutor
 from tests.executors.conftest import JsComponent
 from tests.sandboxes import WAIT_S, NoBridge
@@ -65,6 +73,84 @@ def test_a_failure_other_than_the_limit_while_finding_the_base_is_raised(
     with pytest.raises(wasmtime.WasmtimeError, match="os error 12"):
         js_instances._smallest_memory_mib()
     assert js_instances._smallest_memory_mib() == js_instances.base_memory_mib
+
+
+def not_searched(monkeypatch: pytest.MonkeyPatch) -> None:
+    def search(self: Instances) -> int:
+        raise AssertionError("the base memory was searched for again")
+
+    monkeypatch.setattr(Instances, "_smallest_memory_mib", search)
+
+
+def test_a_recorded_base_memory_is_taken_at_the_next_start(
+    js_component: JsComponent, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = BaseMemoryRecord.of(tmp_path, "component", "options")
+    found = js_component.instances(record=record).base_memory_mib
+    assert record.get() == found
+    other = BaseMemoryRecord.of(tmp_path, "component", "other options")
+    assert other.get() is None  # each set of options has its own
+    not_searched(monkeypatch)
+    assert js_component.instances(record=record).base_memory_mib == found
+
+
+@pytest.mark.parametrize(
+    "kept",
+    [
+        "not json",
+        "[1]",
+        "[" * 100_000,
+        '{"K": -1}',
+        '{"K": 0}',
+        '{"K": 4097}',
+        '{"K": true}',
+        '{"K": 10.5}',
+        '{"K": "10"}',
+        b"\xff\xfe",
+    ],
+)
+def test_a_record_that_is_not_sane_is_found_again_and_replaced(
+    js_component: JsComponent, tmp_path: Path, kept: str | bytes
+) -> None:
+    expected = js_component.instances().base_memory_mib
+    record = BaseMemoryRecord.of(tmp_path, "component")
+    file = tmp_path / BASE_MEMORY_FILE
+    if isinstance(kept, bytes):
+        file.write_bytes(kept)
+    else:
+        file.write_text(kept.replace('"K"', json.dumps(record.key)))
+    assert js_component.instances(record=record).base_memory_mib == expected
+    assert json.loads(file.read_text()) == {record.key: expected}
+
+
+def test_a_record_that_cannot_be_written_is_logged_and_found_each_time(
+    js_component: JsComponent, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    record = BaseMemoryRecord.of(tmp_path / "gone", "component")
+    assert js_component.instances(record=record).base_memory_mib > 1
+    assert "could not be recorded" in caplog.text
+    assert record.get() is None
+
+
+async def test_an_executor_records_its_base_memory_beside_the_component(
+    tmp_path: Path, wasm_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "wasm"
+    cache.mkdir()
+    for built in wasm_cache.glob("wasm-js-*"):
+        shutil.copytree(built, cache / built.name, ignore=shutil.ignore_patterns(BASE_MEMORY_FILE))
+    bases = []
+    for _ in range(2):
+        executor = WasmJsExecutor(cache_dir=cache)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(executor.serve)
+            with trio.fail_after(WAIT_S):
+                assert await executor.wait_ready(), executor.info().reason
+            bases.append(executor._instances.base_memory_mib)
+            nursery.cancel_scope.cancel()
+        assert list(cache.glob(f"wasm-js-*/{BASE_MEMORY_FILE}"))
+        not_searched(monkeypatch)  # the second start takes it from there
+    assert bases[0] == bases[1] > 1
 
 
 def failing_first(monkeypatch: pytest.MonkeyPatch, failures: int) -> list[int | None]:
