@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import itertools
 import json
 import os
@@ -145,6 +146,23 @@ def kept_dir(
 FRESH_JS_BUILD_KEY = "conduit/wasm-js-fresh-build"
 
 
+def js_build_key() -> str:
+    """What a wasm-js build's outcome depends on: its inputs and the code that builds."""
+    from conduit.executors import wasm_build, wasm_guests
+    from conduit.executors.wasm_guests import JS_GUEST
+
+    inputs_hash, _ = wasm_build.build_inputs(JS_GUEST)
+    code = b"".join(Path(module.__file__).read_bytes() for module in (wasm_build, wasm_guests))
+    return f"{inputs_hash}-{hashlib.sha256(code).hexdigest()}"
+
+
+def keep_fresh_js_build(pytestconfig: pytest.Config, record: dict[str, Any]) -> None:
+    """Keep what a from-scratch build did in pytest's cache, if it has one."""
+    cache = getattr(pytestconfig, "cache", None)
+    if cache is not None:
+        cache.set(FRESH_JS_BUILD_KEY, {"build": js_build_key(), **record})
+
+
 def build_js_from_scratch(cache: Path) -> dict[str, Any]:
     """The real wasm-js build, npm install and all, into `cache` as an earlier version
     left it (an npm install and an npm cache of its own): what the build made, what it
@@ -173,7 +191,6 @@ def wasm_cache(
     pytestconfig: pytest.Config,
     kept_dir: Callable[[str], AbstractContextManager[Path]],
     tmp_path_factory: pytest.TempPathFactory,
-    testrun_uid: str,
 ) -> Path:
     """The wasm-python and wasm-js components, built and compiled once.
 
@@ -182,8 +199,9 @@ def wasm_cache(
     ~30 s of building is paid once per clone rather than once per run.
 
     A wasm-js component that is not there yet is built as the build test wants one
-    built (`build_js_from_scratch`), and what that build did is kept for this run's
-    build test (`FRESH_JS_BUILD_KEY`), which then need not build it all over again.
+    built (`build_js_from_scratch`), and what that build did is kept, with what it was
+    built from (`FRESH_JS_BUILD_KEY`), for the build test of this run and of later
+    ones, which then need not build it all over again.
     """
     from conduit.executors import _wasmtime
     from conduit.executors.wasm_build import (
@@ -210,8 +228,7 @@ def wasm_cache(
         move_into_place(staging, target, COMPONENT_FILE)
         shutil.rmtree(staging.parent, ignore_errors=True)
         prune_superseded(cache, JS_GUEST.name, keep=target)
-        if getattr(pytestconfig, "cache", None) is not None:
-            pytestconfig.cache.set(FRESH_JS_BUILD_KEY, {"run": testrun_uid, **record})
+        keep_fresh_js_build(pytestconfig, record)
         shutil.rmtree(scratch.parent, ignore_errors=True)
 
     def build(recipe: GuestRecipe) -> None:
@@ -253,16 +270,17 @@ def fuel_components(
 
 
 @pytest.fixture
-def fresh_js_build(
-    pytestconfig: pytest.Config, wasm_cache: Path, testrun_uid: str, tmp_path: Path
-) -> dict[str, Any]:
-    """What a from-scratch wasm-js build did (see `build_js_from_scratch`): this run's
-    own, if `wasm_cache` built the component for it, else one built here and now."""
+def fresh_js_build(pytestconfig: pytest.Config, wasm_cache: Path, tmp_path: Path) -> dict[str, Any]:
+    """What a from-scratch wasm-js build did (see `build_js_from_scratch`): the one
+    `wasm_cache` made of these inputs with this build code, in this run or an earlier
+    one, else one made here and now."""
     cache = getattr(pytestconfig, "cache", None)
     kept = cache.get(FRESH_JS_BUILD_KEY, None) if cache is not None else None
-    if isinstance(kept, dict) and kept.pop("run", None) == testrun_uid:
+    if isinstance(kept, dict) and kept.pop("build", None) == js_build_key():
         return kept
-    return build_js_from_scratch(tmp_path / "wasm")
+    record = build_js_from_scratch(tmp_path / "wasm")
+    keep_fresh_js_build(pytestconfig, record)
+    return record
 
 
 @pytest.fixture(scope="session")
