@@ -416,7 +416,7 @@ async def test_a_hundred_attempts_to_block_leave_the_executor_as_it_was(
     async def attempt(index: int) -> None:
         code = SOAK_ATTEMPTS[index % len(SOAK_ATTEMPTS)]
         async with running:
-            job = Job(f"ex_block_{index}", "python", code, Limits(timeout_ms=200))
+            job = Job(f"ex_block_{index}", "python", code, Limits(timeout_ms=100))
             outcome = await wasm.run(job, NoBridge())
         assert outcome.status is Status.TIMEOUT, (code, outcome)
 
