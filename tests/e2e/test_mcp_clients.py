@@ -243,21 +243,14 @@ async def test_conformance_suite_lists_the_server_scenarios_we_classified(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["embedded", "connect"])
 async def test_conformance_server_checks_that_apply_pass(
-    mcp_clients: Path,
-    make_config: Callable[..., Config],
-    start_daemon: Any,
-    tmp_path: Path,
-    mode: str,
+    mcp_clients: Path, make_config: Callable[..., Config], tmp_path: Path
 ) -> None:
+    """Over stdio, at an embedded daemon (`--connect`'s relay passes the same lines on:
+    tests/e2e/test_mcp_stdio.py runs the SDK's client through it)."""
     # The checks run no program: sandboxes would only slow every session's start.
     config = make_config(upstreams=[ECHO], executors=NO_SANDBOXES)
     server = [CONDUIT, "mcp", "--config", config.source]
-    if mode == "connect":
-        daemon, info = await start_daemon(config)
-        await wait_upstreams(daemon, "echo")
-        server += ["--connect", info.unix_path]
     env = _client_env(tmp_path / "home")
     bridge_env = {**env, "CONDUIT_TOKEN": MASTER_TOKEN}
     results = tmp_path / "results"
