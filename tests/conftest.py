@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -23,6 +24,12 @@ from hypothesis import settings
 
 from conduit.daemon.config import Config, load_config
 from conduit.daemon.server import Daemon, ServingInfo
+
+# pytest keeps each test module's assertion-rewritten bytecode in `__pycache__` (which
+# git ignores) unless Python is told to write none: then every test process rewrites
+# and compiles all ~160 of them again, ~10 s of CPU each. The test modules' bytecode
+# is kept even where PYTHONDONTWRITEBYTECODE is set.
+sys.dont_write_bytecode = False
 
 MASTER_TOKEN = "cdt_test-master-token-0123456789abcdef"
 # Generous: real Deno under a loaded 2-core CI machine.
