@@ -1,4 +1,7 @@
-"""The metrics endpoint: just enough HTTP/1.1 for Prometheus to scrape `GET /metrics`.
+"""The metrics endpoint: just enough HTTP/1.1 for Prometheus to scrape `GET /metrics`,
+and for a load balancer or an orchestrator to ask `GET /ready` (200 when the daemon
+should be sent clients, else 503 with the reason) and `GET /live` (200 while its event
+loop answers).
 
 One request per connection (`Connection: close`), no request body, no keep-alive, no
 compression. A request must arrive whole within `REQUEST_TIMEOUT_S` and fit in
@@ -45,6 +48,9 @@ MAX_LINGER_BYTES = 65536
 RENDER_INTERVAL_S = 1.0
 
 METRICS_PATH = "/metrics"
+READY_PATH = "/ready"
+LIVE_PATH = "/live"
+_PATHS = f"{METRICS_PATH}, {READY_PATH} and {LIVE_PATH}"
 _TEXT = "text/plain; charset=utf-8"
 # HTTP ends its head with a blank CRLF line; a person typing into `nc` sends bare LFs.
 _ENDS_OF_HEAD = (b"\r\n\r\n", b"\n\n")
@@ -60,15 +66,22 @@ class _BadRequest(Exception):
 
 
 class MetricsEndpoint:
-    """Answers `GET /metrics` (and `HEAD`) with `render()`, anything else with an error.
+    """Answers `GET /metrics` (and `HEAD`) with `render()`, `GET /ready` from
+    `unready_reason()`, `GET /live` with 200, anything else with an error.
 
-    `render` returns the body and runs on the event loop: it must be quick and must not
-    block. If it raises, the scrape is answered 500 and the error logged; the endpoint
-    keeps serving.
+    `render` and `unready_reason` run on the event loop: they must be quick and must not
+    block. If one raises, the request is answered 500 and the error logged; the
+    endpoint keeps serving.
     """
 
-    def __init__(self, render: Callable[[], bytes], content_type: str) -> None:
+    def __init__(
+        self,
+        render: Callable[[], bytes],
+        content_type: str,
+        unready_reason: Callable[[], str | None] = lambda: None,
+    ) -> None:
         self._render = render
+        self._unready_reason = unready_reason
         self._content_type = content_type
         self._active = 0
         self._rendered: tuple[float, bytes] | None = None  # when, and the body
@@ -117,13 +130,26 @@ class MetricsEndpoint:
                 f"method not allowed: {method}; use GET {METRICS_PATH}",
                 extra=("Allow: GET, HEAD",),
             )
-        if target.partition("?")[0] != METRICS_PATH:
+        path = target.partition("?")[0]
+        if path == READY_PATH:
+            return self._readiness(head_only)
+        if path == LIVE_PATH:
+            return _response("200 OK", "live", head_only=head_only)
+        if path != METRICS_PATH:
             return _response(
-                "404 Not Found",
-                f"not found: {target}; the metrics are at {METRICS_PATH}",
-                head_only=head_only,
+                "404 Not Found", f"not found: {target}; served: {_PATHS}", head_only=head_only
             )
         return self._scrape(head_only)
+
+    def _readiness(self, head_only: bool) -> bytes:
+        try:
+            reason = self._unready_reason()
+        except Exception:
+            log.exception("judging readiness failed")
+            return _response("500 Internal Server Error", "judging readiness failed")
+        if reason is None:
+            return _response("200 OK", "ready", head_only=head_only)
+        return _response("503 Service Unavailable", f"not ready: {reason}", head_only=head_only)
 
     def _scrape(self, head_only: bool) -> bytes:
         now = trio.current_time()
@@ -187,7 +213,7 @@ def _response(
     head_only: bool = False,
     extra: tuple[str, ...] = (),
 ) -> bytes:
-    payload = body if isinstance(body, bytes) else (body + "\n").encode()
+    payload = body if isinstance(body, bytes) else (body + "\n").encode("utf-8", "backslashreplace")
     lines = [
         f"HTTP/1.1 {status}",
         f"Content-Type: {content_type}",

@@ -339,7 +339,7 @@ class Daemon:
             )
             log.error("metrics not served", extra={"reason": self.metrics_error})
             return
-        endpoint = MetricsEndpoint(self.metrics.exposition, CONTENT_TYPE)
+        endpoint = MetricsEndpoint(self.metrics.exposition, CONTENT_TYPE, self.unready_reason)
         await root.start(endpoint.serve, bound.listener)
         self.metrics_address = parse_tcp_address(bound.address)
 
@@ -374,6 +374,15 @@ class Daemon:
         host, port = self.mcp_http_address
         shown = f"[{host}]" if ":" in host else host
         return f"http://{shown}:{port}{self.config.mcp_http.path}"
+
+    def unready_reason(self) -> str | None:
+        """Why the daemon should be sent no new clients now (starting, draining, or a
+        language it runs by default that nothing can run); None when it should."""
+        if self._acceptors is None:
+            return "starting"
+        if self.executions.draining or self._acceptors.cancel_called:
+            return "draining"
+        return self.registry.unready_reason()
 
     def shutdown(self) -> None:
         """Stop accepting and drain; `serve` returns once drained."""

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 
 import trio
 
-from conduit.core.errors import ExecutorUnavailable, InvalidParams
+from conduit.core.errors import ExecutorUnavailable, InvalidParams, RpcError
 from conduit.executors.base import Executor, ExecutorInfo
 from conduit.executors.syntax_memo import SyntaxMemo
 
@@ -75,6 +75,19 @@ class ExecutorRegistry:
             wait = getattr(executor, "wait_ready", None)
             if wait is not None:
                 await wait()
+
+    def unready_reason(self) -> str | None:
+        """Why a program in some language of the executors' could not run now (its
+        default executor and any stand-in unavailable); None if every one could."""
+        languages = {language for e in self._executors.values() for language in e.languages}
+        if not languages:
+            return "no executor is enabled"
+        for language in sorted(languages):
+            try:
+                self.pick(language)
+            except RpcError as exc:
+                return f"{language}: {exc}"
+        return None
 
     def set_defaults(self, defaults: Mapping[str, str]) -> None:
         """Replace the language -> executor defaults (a configuration reload)."""

@@ -242,9 +242,11 @@ def test_a_non_loopback_address_needs_explicit_permission(tmp_path: Path) -> Non
 # ---- the endpoint on its own, on a virtual clock -------------------------------------
 
 
-async def _endpoint(nursery: trio.Nursery, render: Any) -> tuple[str, int]:
+async def _endpoint(
+    nursery: trio.Nursery, render: Any, unready_reason: Any = lambda: None
+) -> tuple[str, int]:
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    endpoint = MetricsEndpoint(render, "text/plain; version=0.0.4; charset=utf-8")
+    endpoint = MetricsEndpoint(render, "text/plain; version=0.0.4; charset=utf-8", unready_reason)
     await nursery.start(endpoint.serve, listeners[0])
     return listeners[0].socket.getsockname()[:2]
 
@@ -323,6 +325,54 @@ async def test_a_failing_render_is_a_500_and_serving_goes_on(
     assert b"log" in body
     assert any("rendering the metrics failed" in r.getMessage() for r in caplog.records)
     assert (await http(address, b"GET /metrics HTTP/1.1\r\n\r\n"))[0] == "HTTP/1.1 200 OK"
+
+
+async def test_ready_says_whether_and_why_not_and_live_that_it_answers(
+    nursery: trio.Nursery, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logging.getLogger("conduit"), "propagate", True)
+    reasons: list[Any] = [None, "draining", "python: lone \udc80 surrogate", RuntimeError("x")]
+
+    def unready_reason() -> str | None:
+        reason = reasons.pop(0)
+        if isinstance(reason, Exception):
+            raise reason
+        return reason
+
+    address = await _endpoint(nursery, lambda: b"m 1\n", unready_reason)
+    answers = [await http(address, b"GET /ready HTTP/1.1\r\n\r\n") for _ in range(4)]
+    assert [(status, body) for status, _, body in answers] == [
+        ("HTTP/1.1 200 OK", b"ready\n"),
+        ("HTTP/1.1 503 Service Unavailable", b"not ready: draining\n"),
+        ("HTTP/1.1 503 Service Unavailable", b"not ready: python: lone \\udc80 surrogate\n"),
+        ("HTTP/1.1 500 Internal Server Error", b"judging readiness failed\n"),
+    ]
+    assert any("judging readiness failed" in r.getMessage() for r in caplog.records)
+    live = await http(address, b"GET /live HTTP/1.1\r\n\r\n")
+    assert (live[0], live[2]) == ("HTTP/1.1 200 OK", b"live\n")
+    head = await http(address, b"HEAD /live HTTP/1.1\r\n\r\n")
+    assert head[0] == "HTTP/1.1 200 OK" and head[2] == b""
+    assert (await http(address, b"GET /metrics HTTP/1.1\r\n\r\n"))[2] == b"m 1\n"
+
+
+async def test_a_daemon_without_executors_is_not_ready(start_daemon: Any) -> None:
+    _, info = await start_daemon(**_no_executors())
+    assert info.metrics_address is not None
+    status, _, body = await http(info.metrics_address, b"GET /ready HTTP/1.1\r\n\r\n")
+    assert status == "HTTP/1.1 503 Service Unavailable"
+    assert body == b"not ready: no executor is enabled\n"
+
+
+async def test_a_daemon_is_ready_when_it_can_run_its_languages_and_not_when_draining(
+    start_daemon: Any,
+) -> None:
+    # The languages it runs are those of the executors it has.
+    python_only = {"deno": {"enabled": False}, "wasm_js": {"enabled": False}}
+    daemon, info = await start_daemon(executors=python_only)
+    assert info.metrics_address is not None
+    assert (await http(info.metrics_address, b"GET /ready HTTP/1.1\r\n\r\n"))[2] == b"ready\n"
+    daemon.shutdown()
+    assert daemon.unready_reason() == "draining"
 
 
 def _no_executors() -> dict[str, Any]:
