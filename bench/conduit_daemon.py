@@ -80,19 +80,21 @@ async def daemon(
     pyodide_pool: int | None = None,
     max_concurrent: int = 8,
     extra: str = "",
+    state_dir: Path = STATE_DIR,
 ) -> AsyncIterator[str]:
     """A `conduit serve` process with the echo upstream; yields its socket path once
     it answers `ping` (executors may still be building: see `wait_executors`).
     `wasm=False` leaves the Wasmtime executors out (a Deno-only daemon); a
     `pyodide_pool` turns the pyodide executor on with that many warm workers;
     `max_concurrent` is its `limits.max_concurrent_executions`; `extra` is TOML
-    appended to its configuration."""
+    appended to its configuration; `state_dir` one of its own, for a daemon that runs
+    beside another (it should link the cache's `wasm` in, so as not to build again)."""
     config = workdir / f"{name}.toml"
     audit = workdir / f"{name}-audit.sqlite3"
     config.write_text(_config(pool_size, wasm, pyodide_pool, max_concurrent, audit, extra))
     socket_path = str(workdir / f"{name}.sock")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONDUIT_")}
-    env["CONDUIT_STATE_DIR"] = str(STATE_DIR)
+    env["CONDUIT_STATE_DIR"] = str(state_dir)
     log = (workdir / f"{name}.log").open("wb")
     process = await trio.lowlevel.open_process(
         [str(BIN / "conduit"), "--config", str(config), "serve", "--socket", socket_path],
