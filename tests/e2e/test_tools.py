@@ -35,11 +35,13 @@ TIME = {
 
 @pytest.fixture
 async def tooled(start_daemon: Any, connect: Any) -> Callable[..., Any]:
-    """Start a daemon with the echo fixture and the published time server."""
+    """Start a daemon with the echo fixture (and the published time server, for a test
+    that asks: it takes most of a second of CPU to start)."""
 
-    async def start(**sections: Any) -> tuple[Any, Any, Any]:
-        server, info = await start_daemon(upstreams=[ECHO, TIME], **sections)
-        await wait_upstreams(server, "echo", "time")
+    async def start(*, time: bool = False, **sections: Any) -> tuple[Any, Any, Any]:
+        upstreams = [ECHO, TIME] if time else [ECHO]
+        server, info = await start_daemon(upstreams=upstreams, **sections)
+        await wait_upstreams(server, *(u["name"] for u in upstreams))
         return server, info, await connect(info)
 
     return start
@@ -324,7 +326,7 @@ async def test_python_programs_meet_both_allowlists(tooled: Any) -> None:
     """The client token's allowlist and the request's both bind a Python program."""
     token = "cdt_python-allowlist-client-0123456789abcdef"
     client_entry = {"name": "py-agent", "sha256": hash_token(token), "allowed_tools": ["echo.*"]}
-    _, _, client = await tooled(auth={"clients": [client_entry]})
+    _, _, client = await tooled(time=True, auth={"clients": [client_entry]})
     login = await client.call("auth/login", {"token": token})
     assert login["principal"]["name"] == "py-agent"
     code = """
