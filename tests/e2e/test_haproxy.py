@@ -23,7 +23,7 @@ import trio
 from conduit.client import AsyncClient, ConnectionLost
 from tests.conftest import MASTER_TOKEN, link_wasm_cache
 from tests.e2e.helpers import RunningDaemon, base_env, conduit_serve, wait_available
-from tests.e2e.test_audit_process import stored_rows
+from tests.e2e.test_audit_process import CONFIG, stored_rows
 
 HAPROXY = shutil.which("haproxy") or next(
     (p for p in ("/usr/sbin/haproxy",) if Path(p).exists()), None
@@ -44,7 +44,10 @@ pytestmark = [
 
 
 def daemon_config(audit_url: str) -> str:
-    return f"""
+    """Python only (as the kill -9 test's), on TCP and a metrics port of its own, with
+    the fleet's one token and record."""
+    return (
+        f"""
 [server]
 tcp = "127.0.0.1:0"
 [auth]
@@ -53,13 +56,9 @@ token = "{MASTER_TOKEN}"
 listen = "127.0.0.1:0"
 [audit]
 url = "{audit_url}"
-[limits]
-max_concurrent_executions = 4
-[executors.deno]
-enabled = false
-[executors.wasm_js]
-enabled = false
 """
+        + CONFIG
+    )
 
 
 @dataclass
