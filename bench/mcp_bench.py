@@ -2,13 +2,13 @@
 `tools/call`, over streamable HTTP and over stdio (`conduit mcp --connect`, a relay to
 the daemon's socket), beside the same execution sent straight to the socket.
 
-For each way in: p50 and p99 with one client, and executions/s with 8 clients, each a
-session of its own, calling one after another. Over HTTP, two clients: the official
-MCP SDK client (what agents use; its own work is in the figure) and a bare one, which
-writes a prepared request on one kept-alive connection and reads the answer, so that
-its figure less the socket's is what the daemon's HTTP adds. And the resident memory
-of the daemon's process tree with 8 MCP clients connected (stdio: the 8 relay
-processes beside it).
+For each way in: p50 and p99 with one client (the ways taking turns in blocks), and
+executions/s with 8 clients, each a session of its own, calling one after another.
+Over HTTP, two clients: the official MCP SDK client (what agents use; its own work is
+in the figure) and a bare one, which writes a prepared request on one kept-alive
+connection and reads the answer, so that its figure less the socket's is what the
+daemon's HTTP adds. And the resident memory of the daemon's process tree with 8 MCP
+clients connected (stdio: the 8 relay processes beside it).
 
 Every loop is bounded in count and time.
 """
@@ -37,6 +37,8 @@ CODE = PYTHON_REQUEST["code"]
 ARGUMENTS = {"code": CODE}
 # Untimed calls first: a client's first call sets up what later ones reuse.
 WARMUP = 20
+# Timed calls a way in makes before the next takes its turn.
+BLOCK = 10
 # The issue's target: what MCP over HTTP adds to a socket execution at p50, ms.
 HTTP_TARGET_MS = 1.0
 
@@ -73,9 +75,10 @@ async def figures(
         ways["http_sdk"] = lambda: _sdk_http_client(http_url, token)
         ways["http_bare"] = lambda: _bare_http_client(http_url, token)
     results: dict[str, Any] = {"target_ms": HTTP_TARGET_MS}
+    latencies = await _latencies(ways, calls)
     for name, opener in ways.items():
         results[name] = {
-            "latency": await _latency(opener, calls),
+            "latency": latencies[name],
             "per_s_8_clients": await _throughput(opener, duration_s),
         }
     pid = await _daemon_pid(socket_path)
@@ -86,16 +89,23 @@ async def figures(
     return results
 
 
-async def _latency(opener: Opener, calls: int) -> dict[str, float]:
-    async with opener() as call:
-        for _ in range(WARMUP):
-            await call()
-        samples = []
-        for _ in range(calls):
-            began = time.perf_counter()
-            await call()
-            samples.append(time.perf_counter() - began)
-    return percentiles(samples)
+async def _latencies(ways: dict[str, Opener], calls: int) -> dict[str, dict[str, float]]:
+    """`calls` timed calls through each way in, one client each, the ways taking turns
+    in blocks of BLOCK: a busy moment of the machine falls on all of them, so that
+    their differences are the ways' own."""
+    samples: dict[str, list[float]] = {name: [] for name in ways}
+    async with AsyncExitStack() as stack:
+        clients = {name: await stack.enter_async_context(open_()) for name, open_ in ways.items()}
+        for call in clients.values():
+            for _ in range(WARMUP):
+                await call()
+        while len(samples[next(iter(ways))]) < calls:
+            for name, call in clients.items():
+                for _ in range(BLOCK):
+                    began = time.perf_counter()
+                    await call()
+                    samples[name].append(time.perf_counter() - began)
+    return {name: percentiles(taken) for name, taken in samples.items()}
 
 
 async def _throughput(opener: Opener, duration_s: float) -> float:
@@ -104,14 +114,18 @@ async def _throughput(opener: Opener, duration_s: float) -> float:
     async with AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(opener()) for _ in range(CLIENTS)]
 
+        # Each client stops after the call it is in, never mid-call: an MCP client
+        # whose call is cancelled may fail to close.
+        started = time.perf_counter()
+        stop_at = started + duration_s
+
         async def worker(call: Call) -> None:
             nonlocal done
-            while True:
+            while time.perf_counter() < stop_at:
                 await call()
                 done += 1
 
-        started = time.perf_counter()
-        with trio.move_on_after(duration_s):
+        with trio.fail_after(duration_s + 60):
             async with trio.open_nursery() as nursery:
                 for call in clients:
                     nursery.start_soon(worker, call)
