@@ -707,24 +707,13 @@ class _HttpConnection:
                 gone = trio.CancelScope()
                 nursery.start_soon(self._watch_client, gone)
                 with gone:
-                    await self._relay_standalone(receive)
+                    await self._relay_events(receive)
                 nursery.cancel_scope.cancel()
             if not self._client_gone:
                 await self._send(h11.EndOfMessage())
         finally:
             receive.close()
             session.close_standalone(receive)
-
-    async def _relay_standalone(self, receive: trio.MemoryReceiveChannel[dict[str, Any]]) -> None:
-        while True:
-            message = None
-            with trio.move_on_after(PING_S):  # only the wait: a write is never cut short
-                try:
-                    message = await receive.receive()
-                except trio.EndOfChannel:
-                    return
-            data = _sse_event(message) if message is not None else b": ping\n\n"
-            await self._send(h11.Data(data=data))
 
     async def _initialize(self, request: _Request, parsed: Request, principal: Principal) -> None:
         if request.header(_SESSION_HEADER) is not None:
@@ -842,10 +831,11 @@ class _HttpConnection:
                 nursery.cancel_scope.cancel()
 
     async def _relay_events(self, receive: trio.MemoryReceiveChannel[dict[str, Any]]) -> None:
-        """Write a request's events until its response. While idle, an SSE comment goes
-        out now and then, soon once the client has sent EOF: a client that only
+        """Write a stream's events until it ends (a request's, at its response; the
+        standalone one, when its session closes). While idle, an SSE comment goes out
+        now and then, soon once the client has sent EOF: a client that only
         half-closed takes it, and one that is gone makes the write fail, which ends
-        the request (the nursery around this is cancelled)."""
+        the stream (the nursery around this is cancelled)."""
         while True:
             message = None
             wait_s = _PROBE_S if self._read_closed else PING_S
