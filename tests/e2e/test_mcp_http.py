@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,22 +53,33 @@ ACCEPT = "application/json, text/event-stream"
 MAX_MESSAGE_BYTES = 65536
 
 
+@contextmanager
+def python_daemon_over_http(
+    state: Path, wasm_cache: Path, clients: list[dict[str, Any]], **settings: Any
+) -> Iterator[Served[ServingInfo]]:
+    """A daemon in a thread with wasm-python alone, the echo upstream, `clients` and
+    MCP over HTTP on a free loopback port; `settings` are more (dotted keys)."""
+    link_wasm_cache(state, wasm_cache)
+    settings_ = {
+        "executors.deno.enabled": False,
+        "executors.wasm_js.enabled": False,
+        "upstreams": [ECHO],
+        "auth.clients": clients,
+        "mcp_http.listen": "127.0.0.1:0",
+        "server.max_message_bytes": MAX_MESSAGE_BYTES,
+        **settings,
+    }
+    with daemon_in_a_thread(state, settings_, upstreams=("echo",)) as served:
+        yield served
+
+
 @pytest.fixture(scope="module")
 def http_daemon(
     tmp_path_factory: pytest.TempPathFactory, wasm_cache: Path
 ) -> Iterator[Served[ServingInfo]]:
     state = tmp_path_factory.mktemp("mcp-http") / "state"
-    link_wasm_cache(state, wasm_cache)
     other = {"name": "other", "sha256": hash_token(OTHER_TOKEN)}
-    settings_ = {
-        "executors.deno.enabled": False,
-        "executors.wasm_js.enabled": False,
-        "upstreams": [ECHO],
-        "auth.clients": [other],
-        "mcp_http.listen": "127.0.0.1:0",
-        "server.max_message_bytes": MAX_MESSAGE_BYTES,
-    }
-    with daemon_in_a_thread(state, settings_, upstreams=("echo",)) as served:
+    with python_daemon_over_http(state, wasm_cache, [other]) as served:
         yield served
 
 

@@ -27,10 +27,9 @@ import trio
 from conduit.daemon import mcp_http
 from conduit.daemon.auth import hash_token
 from conduit.daemon.server import ServingInfo
-from tests.conftest import MASTER_TOKEN, WAIT_S, link_wasm_cache
-from tests.e2e.helpers import daemon_in_a_thread
-from tests.e2e.mcp_helpers import ECHO, NO_SANDBOXES
-from tests.e2e.test_mcp_http import ACCEPT, INIT, MAX_MESSAGE_BYTES
+from tests.conftest import MASTER_TOKEN, WAIT_S
+from tests.e2e.mcp_helpers import NO_SANDBOXES
+from tests.e2e.test_mcp_http import ACCEPT, INIT, MAX_MESSAGE_BYTES, python_daemon_over_http
 from tests.served import Served
 
 # A second principal with every scope, and a narrow one that may only list tools.
@@ -47,22 +46,13 @@ def http_daemon(
     tmp_path_factory: pytest.TempPathFactory, wasm_cache: Path
 ) -> Iterator[Served[ServingInfo]]:
     state = tmp_path_factory.mktemp("mcp-http-attacks") / "state"
-    link_wasm_cache(state, wasm_cache)
     clients = [
         {"name": "other", "sha256": hash_token(OTHER_TOKEN)},
         {"name": "narrow", "sha256": hash_token(NARROW_TOKEN), "scopes": ["tools"]},
         {"name": "calm", "sha256": hash_token(CALM_TOKEN)},
     ]
-    settings_ = {
-        "executors.deno.enabled": False,
-        "executors.wasm_js.enabled": False,
-        "upstreams": [ECHO],
-        "auth.clients": clients,
-        "mcp_http.listen": "127.0.0.1:0",
-        "server.max_message_bytes": MAX_MESSAGE_BYTES,
-        "server.max_in_flight_per_connection": MAX_IN_FLIGHT,
-    }
-    with daemon_in_a_thread(state, settings_, upstreams=("echo",)) as served:
+    in_flight = {"server.max_in_flight_per_connection": MAX_IN_FLIGHT}
+    with python_daemon_over_http(state, wasm_cache, clients, **in_flight) as served:
         yield served
 
 
