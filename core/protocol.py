@@ -19,6 +19,7 @@ __all__ = [
     "decode",
     "encode",
     "error_reply",
+    "is_response",
     "parse_request",
     "result_reply",
 ]
@@ -79,6 +80,17 @@ def request_id(message: Any) -> str | int | float | None:
         if _is_id(value):
             return value
     return None
+
+
+def is_response(message: Any) -> bool:
+    """Whether `message` answers a request (a result or an error, with an id) rather
+    than being one: what a client sends back for a server-to-client request."""
+    return (
+        isinstance(message, dict)
+        and "method" not in message
+        and "id" in message
+        and ("result" in message or "error" in message)
+    )
 
 
 def parse_request(message: Any) -> Request:

@@ -56,10 +56,12 @@ from conduit.core.protocol import (
     decode,
     encode,
     error_reply,
+    is_response,
     parse_request,
     request_id,
     result_reply,
 )
+from conduit.daemon.client_asks import AskTable
 from conduit.daemon.sessions import NamedSessions
 
 if TYPE_CHECKING:
@@ -165,6 +167,9 @@ class Connection:
         self.mcp_session = False
         # Set by `logging/setLevel`: the least severe MCP log level this peer hears.
         self.log_level: str | None = None
+        # Set by `initialize`: the requests this MCP client answers (`ask`).
+        self.answers: frozenset[str] = frozenset()
+        self._asks = AskTable()
         # Whether any valid token (or the peer's uid) has been seen on this connection:
         # a sandbox's presents its session token with every request, never logging in.
         self.authenticated = self.principal is not None
@@ -245,6 +250,13 @@ class Connection:
         sending nothing, once the connection is closing.
         """
         await self._send({"jsonrpc": "2.0", "method": method, "params": params})
+
+    async def ask(
+        self, method: str, params: dict[str, Any], *, request_id: Any = None
+    ) -> dict[str, Any]:
+        """Send a server-to-client request and return the client's result (see
+        `AskTable.ask`, which says what it raises); `request_id` as for `notify`."""
+        return await self._asks.ask(self._send, method, params)
 
     def start_stream(self, stream: Callable[[], Awaitable[object]]) -> None:
         """Run `stream()` in a task of this connection's, beside its requests.
@@ -338,7 +350,13 @@ class Connection:
                 await self._start(message, requests)
 
     async def _start(self, message: Any, requests: trio.Nursery) -> None:
-        """Start the task answering `message`, once one of the connection's slots is free."""
+        """Start the task answering `message`, once one of the connection's slots is free.
+
+        A response (the client's answer to an `ask`) is handed over instead; nothing
+        answers a response, so one that answers nothing of ours is dropped."""
+        if is_response(message):
+            self._asks.answer(message)
+            return
         try:  # a free slot, the usual case, is taken without a checkpoint
             self._slots.acquire_nowait()
         except trio.WouldBlock:

@@ -89,12 +89,18 @@ class Peer(Protocol):
     named_sessions: NamedSessions
     # Set by `logging/setLevel`: the least severe MCP log level it hears (None: none).
     log_level: str | None
+    # Set by `initialize`: the server-to-client requests it answers (`ask`), by method.
+    answers: frozenset[str]
 
     def login(self, token: str) -> Principal: ...
 
     async def notify(
         self, method: str, params: dict[str, Any], *, request_id: Any = None
     ) -> None: ...
+
+    async def ask(
+        self, method: str, params: dict[str, Any], *, request_id: Any = None
+    ) -> dict[str, Any]: ...
 
     def start_stream(self, stream: Callable[[], Awaitable[object]]) -> None: ...
 

@@ -6,7 +6,10 @@ One endpoint path (`mcp_http.path`, `/mcp`) answers:
   or as an SSE stream (`text/event-stream`) when notifications should flow while it
   runs (it carries `_meta.progressToken`, or the session set a log level and it is a
   `tools/call`) or when the client accepts only SSE; the stream ends with the
-  response. Notifications and responses get 202. `initialize` without
+  response. A `tools/call` from a client that answers requests (sampling,
+  elicitation) is answered as JSON unless the call asks it something first: then as
+  SSE from there on, carrying the question. Notifications and responses (the
+  client's answers) get 202. `initialize` without
   `Mcp-Session-Id` opens a session and the answer carries its id; every other message
   must carry it (400 without, 404 for one that is unknown, ended, or another
   principal's). Batches (arrays) are refused: the protocol dropped them in 2025-06-18.
@@ -45,6 +48,7 @@ closes that connection alone; it never reaches the endpoint's nursery.
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import secrets
 from collections.abc import Callable
@@ -441,13 +445,29 @@ def _accepts(accept: str | None) -> tuple[bool, bool]:
     )
 
 
-def _wants_stream(message: dict[str, Any], session: McpSession) -> bool:
+class _Answer(enum.Enum):
+    """How a request is answered: as JSON, as an SSE stream, or as JSON unless
+    something must reach the client before the response (then SSE from there on)."""
+
+    JSON = "json"
+    STREAM = "stream"
+    JSON_UNLESS_ASKED = "json-unless-asked"
+
+
+def _answer_kind(message: dict[str, Any], session: McpSession, json_ok: bool) -> _Answer:
     """Whether notifications may flow while this request runs (answer it with SSE)."""
+    if not json_ok:
+        return _Answer.STREAM
     params = message.get("params")
     meta = params.get("_meta") if isinstance(params, dict) else None
     if isinstance(meta, dict) and meta.get("progressToken") is not None:
-        return True
-    return session.log_level is not None and message.get("method") == "tools/call"
+        return _Answer.STREAM
+    if message.get("method") != "tools/call":
+        return _Answer.JSON
+    if session.log_level is not None:
+        return _Answer.STREAM
+    # A call may ask its client something (`McpSession.ask`), if the client answers.
+    return _Answer.JSON_UNLESS_ASKED if session.answers else _Answer.JSON
 
 
 def _sse_event(message: Any) -> bytes:
@@ -672,7 +692,10 @@ class _HttpConnection:
                 InvalidRequest("not acceptable: accept application/json and text/event-stream"),
             )
         message = _message(request.body)
-        if "method" not in message:  # a response to a request of ours: we send none
+        if "method" not in message:
+            # A response to a request of ours (`McpSession.ask`); one that answers
+            # none is dropped, as a response is never answered.
+            self._endpoint.session_for(request, principal).answer(message)
             await self._respond(202)
             return
         parsed = _parse(message)
@@ -686,8 +709,8 @@ class _HttpConnection:
                 await self._dispatch(parsed, principal, session)
             await self._respond(202)
             return
-        stream = sse_ok and (not json_ok or _wants_stream(message, session))
-        await self._request(parsed, principal, session, stream=stream)
+        kind = _answer_kind(message, session, json_ok) if sse_ok else _Answer.JSON
+        await self._request(parsed, principal, session, kind)
 
     async def _standalone(self, session: McpSession, request: _Request) -> None:
         """Serve the session's standalone stream until the client or the session ends."""
@@ -742,7 +765,7 @@ class _HttpConnection:
         return await self._endpoint.dispatch(parsed, principal, session)
 
     async def _request(
-        self, parsed: Request, principal: Principal, session: McpSession, *, stream: bool
+        self, parsed: Request, principal: Principal, session: McpSession, kind: _Answer
     ) -> None:
         """Run one request of `session` and answer it, as JSON or as an SSE stream."""
         if self._too_busy(session):
@@ -753,14 +776,16 @@ class _HttpConnection:
                 ),
             )
         send, receive = trio.open_memory_channel[dict[str, Any]](_EVENTS_BUFFER)
-        exchange = Exchange(trio.CancelScope(), send if stream else None)
+        exchange = Exchange(trio.CancelScope(), None if kind is _Answer.JSON else send)
         if not session.begin(parsed.id, exchange):
             raise _Refused(
                 409, InvalidRequest(f"request id {parsed.id!r} is already in flight here")
             )
         try:
-            if stream:
+            if kind is _Answer.STREAM:
                 await self._answer_streaming(parsed, principal, session, exchange, receive)
+            elif kind is _Answer.JSON_UNLESS_ASKED:
+                await self._answer_unless_asked(parsed, principal, session, exchange, receive)
             else:
                 await self._answer_json(parsed, principal, session, exchange)
         finally:
@@ -794,6 +819,9 @@ class _HttpConnection:
             nursery.start_soon(self._watch_client, exchange.scope)
             reply = await self._reply_to(parsed, principal, session, exchange)
             nursery.cancel_scope.cancel()
+        await self._respond_json(reply)
+
+    async def _respond_json(self, reply: dict[str, Any] | None) -> None:
         if reply is None:
             if self._client_gone:
                 return
@@ -801,6 +829,45 @@ class _HttpConnection:
                 404, InvalidRequest("the session ended while this request ran; it was cancelled")
             )
         await self._respond(200, encode(reply))
+
+    async def _answer_unless_asked(
+        self,
+        parsed: Request,
+        principal: Principal,
+        session: McpSession,
+        exchange: Exchange,
+        receive: trio.MemoryReceiveChannel[dict[str, Any]],
+    ) -> None:
+        """The response as JSON if it comes first; if a question for the client comes
+        first, an SSE stream from there on. EOF is taken for a disconnect, as for JSON:
+        this connection carries nothing from the client until the response."""
+        assert exchange.events is not None
+        events = exchange.events
+
+        async def run() -> None:
+            reply = await self._reply_to(parsed, principal, session, exchange)
+            if reply is not None:
+                await events.send(reply)
+            events.close()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_client, exchange.scope)
+            nursery.start_soon(run)
+            try:
+                first = await receive.receive()
+            except trio.EndOfChannel:
+                first = None
+            try:
+                if first is None or "method" not in first:
+                    await self._respond_json(first)
+                    return
+                headers = [(b"content-type", _SSE.encode()), (b"cache-control", b"no-cache")]
+                await self._send(h11.Response(status_code=200, headers=headers, reason=b"OK"))
+                await self._send(h11.Data(data=_sse_event(first)))
+                await self._relay_events(receive)
+                await self._send(h11.EndOfMessage())
+            finally:
+                nursery.cancel_scope.cancel()
 
     async def _answer_streaming(
         self,

@@ -14,8 +14,10 @@ listens to it.
 
 **Upstream tools.** A `tools/call` of an upstream tool relays what the upstream says
 about it (`open_upstream_relay`): its progress, under the client's own token, if the
-client asked for progress; and its log messages, if the client set a level and the
-message's is at it or above. Progress is coalesced as program output is: at most one
+client asked for progress; its log messages, if the client set a level and the
+message's is at it or above; and its requests to the client (`sampling/createMessage`,
+`elicitation/create`), if the client declared the capability, with the client's answer
+taken back to the upstream (`client_asks`). Progress is coalesced as program output is: at most one
 notification every `PROGRESS_INTERVAL_S`, carrying the latest values and a message of
 at most `MAX_PROGRESS_CHARS`, so an upstream flooding progress costs the client no
 more than a program printing in a loop.
@@ -33,6 +35,7 @@ from typing import Any
 
 import trio
 
+from conduit.core.errors import MethodNotFound
 from conduit.daemon.dispatcher import Peer
 from conduit.daemon.executions import OutputSink
 from conduit.gateway.upstream import CallObserver
@@ -221,7 +224,8 @@ async def open_upstream_relay(
     the block runs, or None when it asked for neither. Progress still waiting is sent
     when the block exits normally."""
     token = _progress_token(meta)
-    if peer is None or (token is None and getattr(peer, "log_level", None) is None):
+    answers = getattr(peer, "answers", frozenset())
+    if peer is None or (token is None and peer.log_level is None and not answers):
         yield None
         return
 
@@ -229,7 +233,15 @@ async def open_upstream_relay(
         level = level if level in LEVELS else "info"
         await log(peer, level, data, request_id=request_id, source=source or "upstream")
 
+    async def relay_ask(method: str, params: dict[str, Any]) -> dict[str, Any]:
+        if method not in answers:
+            raise MethodNotFound(
+                f"method not found: the MCP client that made this call does not answer "
+                f"{method} (it did not declare the capability)"
+            )
+        return await peer.ask(method, params, request_id=request_id)
+
     progress = _UpstreamProgress(peer, token, request_id) if token is not None else None
-    yield CallObserver(progress=progress, log=relay_log)
+    yield CallObserver(progress=progress, log=relay_log, ask=relay_ask)
     if progress is not None:
         await progress.flush()

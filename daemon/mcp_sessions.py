@@ -38,6 +38,7 @@ import trio
 
 from conduit.core.errors import InvalidRequest
 from conduit.daemon.auth import Principal
+from conduit.daemon.client_asks import AskTable
 from conduit.daemon.sessions import NamedSessions
 
 __all__ = ["Exchange", "McpSession", "McpSessions", "TooManySessions"]
@@ -75,6 +76,7 @@ class McpSession:
         self.transport = "mcp-http"
         self.mcp_session = False
         self.log_level: str | None = None
+        self.answers: frozenset[str] = frozenset()
         self.subscriptions: dict[str, trio.CancelScope] = {}
         self.named_sessions = NamedSessions()
         self.last_used = trio.current_time()
@@ -83,6 +85,7 @@ class McpSession:
         self._standalone: trio.MemorySendChannel[dict[str, Any]] | None = None
         self._receiving: trio.MemoryReceiveChannel[dict[str, Any]] | None = None
         self._at_close: list[Callable[[], Awaitable[object]]] = []
+        self._asks = AskTable()
 
     def __repr__(self) -> str:
         return f"<McpSession {self.principal.name} [{len(self._exchanges)} in flight]>"
@@ -118,6 +121,35 @@ class McpSession:
             # Closed: the request has been answered, or its client left.
             with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
                 await exchange.events.send(message)
+
+    async def ask(
+        self, method: str, params: dict[str, Any], *, request_id: Any = None
+    ) -> dict[str, Any]:
+        """Send a request to the client on the SSE stream of request `request_id` and
+        return its result, which it POSTs back (`answer`). Raises `RpcError` as
+        `AskTable.ask` does, and `InvalidRequest` when that request has no stream."""
+        exchange = self._exchanges.get(_key(request_id)) if request_id is not None else None
+        events = exchange.events if exchange is not None else None
+        if events is None:
+            raise InvalidRequest(
+                f"invalid request: {method} needs the request it belongs to answered as "
+                "an SSE stream (Accept: text/event-stream)"
+            )
+
+        async def send(message: dict[str, Any]) -> None:
+            try:
+                await events.send(message)
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                raise InvalidRequest(
+                    f"invalid request: the stream to send {method} on has closed"
+                ) from None
+
+        return await self._asks.ask(send, method, params)
+
+    def answer(self, message: dict[str, Any]) -> bool:
+        """The client's response to an `ask` (POSTed); False if it answers none."""
+        self.last_used = trio.current_time()
+        return self._asks.answer(message)
 
     def notify_nowait(self, method: str, params: dict[str, Any]) -> bool:
         """Queue a notification on the standalone stream; False if there is none or it

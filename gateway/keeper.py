@@ -45,9 +45,9 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from mcp_types import methods as mcp_methods
 from mcp_types.version import KNOWN_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from conduit.core.errors import UpstreamUnreachable
+from conduit.core.errors import RpcError, UpstreamUnreachable
 from conduit.core.version import VERSION
 from conduit.gateway.direct_requests import ConnectionClosed, DirectRequests
 from conduit.gateway.model import UpstreamState, UpstreamStatus
@@ -86,6 +86,13 @@ MAX_ERROR_CHARS = 500
 # How long a relayed log message may wait on the client it goes to: the connection's
 # message loop waits meanwhile, and must not for a client that stopped reading.
 _RELAY_S = 1.0
+# What a client's answer to a relayed request must be, by method.
+_ASK_RESULTS: dict[str, TypeAdapter[Any]] = {
+    "sampling/createMessage": TypeAdapter(
+        types.CreateMessageResult | types.CreateMessageResultWithTools
+    ),
+    "elicitation/create": TypeAdapter(types.ElicitResult),
+}
 
 
 _T_co = TypeVar("_T_co", covariant=True)
@@ -342,6 +349,8 @@ class SessionKeeper(abc.ABC):
         # A connection on which a call was given up (cancelled, timed out): the server
         # may still be working on it, and logging about it, for as long as it lives.
         self._abandoned_on: _Connection | None = None
+        # Requests passed on to a call's client (`_relay_ask`), by call: ended with it.
+        self._asking: dict[int, set[trio.CancelScope]] = {}
 
     def __repr__(self) -> str:
         return (
@@ -463,6 +472,8 @@ class SessionKeeper(abc.ABC):
             del self._observers[key]
             if self._solo is not None and self._solo[0] == key:
                 self._solo = None
+            for scope in self._asking.pop(key, ()):
+                scope.cancel()
 
     async def _relay_log(
         self, connection: _Connection, params: types.LoggingMessageNotificationParams
@@ -474,6 +485,44 @@ class SessionKeeper(abc.ABC):
         if observer is not None and observer.log is not None:
             with trio.move_on_after(_RELAY_S):
                 await observer.log(str(params.level), params.logger, params.data)
+
+    async def _relay_ask(
+        self, connection: _Connection, method: str, context: object, params: BaseModel
+    ) -> BaseModel:
+        """A server's request of its client (the SDK's sampling or elicitation
+        callback): passed on to the solo call's client (`_observing`), whose answer is
+        returned, or refused with an `ErrorData` the server gets as a JSON-RPC error."""
+        solo = self._solo
+        observer = self._observers.get(solo[0]) if solo and solo[1] is connection else None
+        if solo is None or observer is None or observer.ask is None:
+            return types.ErrorData(
+                code=types.INVALID_REQUEST,
+                message=f"Conduit has no client to pass {method} to: only a call made "
+                "alone, by an MCP client that answers it, can ask its client",
+            )
+        scope = trio.CancelScope()
+        self._asking.setdefault(solo[0], set()).add(scope)
+        answer: dict[str, Any] | None = None
+        with scope:
+            try:
+                answer = await observer.ask(
+                    method, params.model_dump(by_alias=True, mode="json", exclude_none=True)
+                )
+            except RpcError as exc:
+                return types.ErrorData(code=exc.code, message=exc.message)
+        if answer is None:
+            return types.ErrorData(
+                code=types.INTERNAL_ERROR,
+                message=f"the call ended before its client answered {method}",
+            )
+        try:
+            return _ASK_RESULTS[method].validate_python(answer)
+        except ValidationError as exc:
+            return types.ErrorData(
+                code=types.INVALID_PARAMS,
+                message=f"the client answered {method} with something that is not its "
+                f"result: {_first_line(exc)}",
+            )
 
     def watch_state(self, listener: StateListener) -> None:
         """Call `listener(self.status())` after every change of state (`ReportsState`).
@@ -589,6 +638,12 @@ class SessionKeeper(abc.ABC):
             cache=None,  # every listing must come from the server, not a TTL cache
             message_handler=self._on_message(connection),
             client_info=CLIENT_INFO,
+            sampling_callback=functools.partial(
+                self._relay_ask, connection, "sampling/createMessage"
+            ),
+            elicitation_callback=functools.partial(
+                self._relay_ask, connection, "elicitation/create"
+            ),
         )
         async with client:
             connection.client = client

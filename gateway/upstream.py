@@ -7,7 +7,8 @@ back-off when it dies. `call_tool` may be called from any task while it is ready
 
 An upstream that sets `relays_notifications = True` also takes a `CallObserver` in
 `call_tool` and tells it the call's progress and the log messages the server sends
-while the call runs, so they can reach the client that made the call.
+while the call runs, so they can reach the client that made the call, and passes on
+the requests the server makes of that client (sampling, elicitation).
 """
 
 from __future__ import annotations
@@ -39,11 +40,16 @@ class CallObserver:
     the call was its connection's solo call (see `SessionKeeper._observing`: stdio
     carries no hint of which request a message belongs to, so one that might belong to
     another call goes to none).
-    Either may be None: not wanted. Both must return quickly.
+    `ask(method, params)` passes on a request the server sent the client while the call
+    was its solo call (`sampling/createMessage`, `elicitation/create`) and returns the
+    client's result, or raises `RpcError` with the client's refusal; it may wait as long
+    as a person takes, and is cancelled when the call ends.
+    Any may be None: not wanted. `progress` and `log` must return quickly.
     """
 
     progress: Callable[[float, float | None, str | None], Awaitable[None]] | None = None
     log: Callable[[str, str | None, Any], Awaitable[None]] | None = None
+    ask: Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]] | None = None
 
 
 @runtime_checkable

@@ -33,8 +33,7 @@ from conduit.executors.deno import find_deno
 from conduit.executors.npm import install_lock_dir
 from tests.conftest import MASTER_TOKEN
 from tests.e2e.helpers import CONDUIT, wait_upstreams
-from tests.e2e.mcp_helpers import DENO_ONLY, ECHO, NO_SANDBOXES
-from tests.fixtures.mcp_conformance_server import command as conformance_tools
+from tests.e2e.mcp_helpers import CONFORMANCE_TOOLS, DENO_ONLY, ECHO, NO_SANDBOXES
 from tests.fixtures.mcp_http_bridge import running_bridge
 
 CLIENTS_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "mcp_clients"
@@ -48,16 +47,6 @@ INSPECTOR_TOOL_IS_ERROR = 5
 # For the Inspector's Python call: no Deno process to start.
 WASM_PYTHON_ONLY = {"deno": {"enabled": False}, "wasm_js": {"enabled": False}}
 
-# The suite's fixed test tools, as the tools-call scenarios call them: by their own names.
-CONFORMANCE_TOOLS = {
-    "name": "conformance",
-    "transport": "stdio",
-    "command": conformance_tools()[0],
-    "args": conformance_tools()[1:],
-    "bare_names": True,
-    # Its log messages are sent as handshake-era servers send them, to every client.
-    "handshake": "initialize",
-}
 # The conformance suite's server scenarios that check what Conduit implements. The
 # transport's own, and the fixed test tools' (which `mcp_conformance_server` provides as
 # an upstream with bare names), run against the daemon's endpoint; the rest also
@@ -76,20 +65,16 @@ APPLICABLE_HTTP = (
     "tools-call-error",
     "tools-call-with-progress",
     "json-schema-2020-12",
+    "tools-call-sampling",
+    "tools-call-elicitation",
+    "elicitation-sep1034-defaults",
+    "elicitation-sep1330-enums",
 )
 APPLICABLE = APPLICABLE_ANYWHERE + APPLICABLE_HTTP
 # The rest, and why each cannot pass against Conduit (docs/mcp.md says the same).
 _NO_CAPABILITY = "a capability Conduit does not declare"
-_CALLBACK = (
-    "a tool calling back into the client (server-to-client requests), which Conduit "
-    "does not relay from its upstreams"
-)
 NOT_APPLICABLE = {
     "completion-complete": _NO_CAPABILITY + " (completions)",
-    "tools-call-sampling": _CALLBACK + " (sampling)",
-    "tools-call-elicitation": _CALLBACK + " (elicitation)",
-    "elicitation-sep1034-defaults": _CALLBACK + " (elicitation)",
-    "elicitation-sep1330-enums": _CALLBACK + " (elicitation)",
     "resources-list": _NO_CAPABILITY + " (resources)",
     "resources-read-text": _NO_CAPABILITY + " (resources)",
     "resources-read-binary": _NO_CAPABILITY + " (resources)",

@@ -36,7 +36,7 @@ from tests.e2e.first_start import (
     read_replies,
 )
 from tests.e2e.helpers import CONDUIT, call, wait_for_socket, wait_upstreams
-from tests.e2e.mcp_helpers import ECHO, ENDLESS_TIMEOUT_MS, NO_SANDBOXES
+from tests.e2e.mcp_helpers import CONFORMANCE_TOOLS, ECHO, ENDLESS_TIMEOUT_MS, NO_SANDBOXES
 
 
 def conduit_mcp(config: Config, *args: str, env: dict[str, str] | None = None) -> Any:
@@ -121,14 +121,25 @@ async def _check_tools_and_programs(client: Client) -> None:
 async def test_sdk_client_runs_programs_on_an_embedded_daemon(
     make_config: Callable[..., Config],
 ) -> None:
-    config = make_config(upstreams=[ECHO])
-    async with sdk_client(conduit_mcp(config)) as client:
+    config = make_config(upstreams=[ECHO, CONFORMANCE_TOOLS])
+    asked: list[types.CreateMessageRequestParams] = []
+
+    async def sampling(context: Any, params: types.CreateMessageRequestParams) -> Any:
+        asked.append(params)
+        said = types.TextContent(text="from the client's model")
+        return types.CreateMessageResult(role="assistant", content=said, model="test")
+
+    async with sdk_client(conduit_mcp(config), sampling_callback=sampling) as client:
         capabilities = client.session.initialize_result.capabilities
         assert capabilities.tools is not None and capabilities.tools.list_changed is True
         assert capabilities.prompts is None and capabilities.resources is None
         assert capabilities.logging is not None
         await _check_tools_and_programs(client)
         await _check_progress(client)
+        # An upstream tool asking its caller's model: over stdio, on the same pipes.
+        sampled = await client.call_tool("test_sampling", {"prompt": "on stdio"})
+    assert sampled.content[0].text == "LLM response: from the client's model"  # type: ignore[union-attr]
+    assert asked[0].messages[0].content.text == "on stdio"  # type: ignore[union-attr]
 
 
 @pytest.mark.slow

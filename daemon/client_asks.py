@@ -1,0 +1,111 @@
+"""Requests the daemon sends to an MCP client, and the answers it waits for.
+
+An upstream tool may ask the client that called it for something mid-call: a model's
+completion (`sampling/createMessage`) or the user's input (`elicitation/create`).
+Conduit passes such a request on to the client whose call it belongs to (see
+`mcp_notifications.open_upstream_relay`) and waits for the answer, which the client
+sends back on the same connection (or, over HTTP, in a POST of its own) as a JSON-RPC
+response with the request's id.
+
+`AskTable` is one peer's half of that: it numbers the requests, sends them, and hands
+each answer to the task waiting for it. An answer with an id it did not send, or for
+a request no longer waited for, is dropped: a client cannot answer another's request,
+nor one that was never made. A peer has at most `MAX_WAITING` requests waiting at a
+time; past that a request fails at once rather than queue behind a client that
+answers nothing.
+
+Resource handling: nothing to close. A waiting task is cancelled by its caller's
+scope (the upstream call's end); its entry goes with it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from conduit.core.errors import InternalError, Overloaded, RpcError
+
+__all__ = ["MAX_WAITING", "AskTable"]
+
+# Each is an upstream call waiting on a person or a model; more than a few at once
+# from one client is a runaway upstream, not a workflow.
+MAX_WAITING = 8
+# The most of a client's error message passed on.
+_MAX_MESSAGE_CHARS = 1024
+
+
+class _Waiting:
+    __slots__ = ("answer", "done")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.answer: dict[str, Any] = {}
+
+
+class AskTable:
+    """One peer's requests in flight to it, by id."""
+
+    def __init__(self) -> None:
+        self._ids = itertools.count(1)
+        self._waiting: dict[str, _Waiting] = {}
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    async def ask(
+        self,
+        send: Callable[[dict[str, Any]], Awaitable[object]],
+        method: str,
+        params: dict[str, Any],
+    ) -> dict[str, Any]:
+        """Send request `method` with `send` and return the client's `result`.
+
+        Raises `RpcError`: the client's own error (its code and message), `Overloaded`
+        when `MAX_WAITING` requests already wait, `InternalError` for an answer with
+        neither a result object nor an error. Waits until answered or cancelled.
+        """
+        if len(self._waiting) >= MAX_WAITING:
+            raise Overloaded(
+                f"overloaded: {MAX_WAITING} requests already wait for this client's answer"
+            )
+        # A string no client request id needs to be unique against: ids are per direction.
+        ident = f"conduit-{next(self._ids)}"
+        waiting = self._waiting[ident] = _Waiting()
+        try:
+            await send({"jsonrpc": "2.0", "id": ident, "method": method, "params": params})
+            await waiting.done.wait()
+        finally:
+            del self._waiting[ident]
+        return _result(method, waiting.answer)
+
+    def answer(self, message: dict[str, Any]) -> bool:
+        """Hand a response from the client to the request it answers; False (and
+        dropped) if no request with its id is waiting."""
+        ident = message.get("id")
+        waiting = self._waiting.get(ident) if isinstance(ident, str) else None
+        if waiting is None or waiting.done.is_set():
+            return False
+        waiting.answer = message
+        waiting.done.set()
+        return True
+
+
+def _result(method: str, answer: dict[str, Any]) -> dict[str, Any]:
+    error = answer.get("error")
+    if isinstance(error, dict):
+        code = error.get("code")
+        message = error.get("message")
+        failure = RpcError(str(message)[:_MAX_MESSAGE_CHARS] if message is not None else "")
+        # Any integer the client chose, but never one that reads as true or false.
+        if isinstance(code, int) and not isinstance(code, bool):
+            failure.code = code  # type: ignore[misc]
+        raise failure
+    result = answer.get("result")
+    if not isinstance(result, dict):
+        raise InternalError(
+            f"the client answered {method} with neither a result object nor an error"
+        )
+    return result
