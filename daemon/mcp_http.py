@@ -724,8 +724,7 @@ class _HttpConnection:
                 409, InvalidRequest("conflict: this session's stream is already open elsewhere")
             )
         try:
-            headers = [(b"content-type", _SSE.encode()), (b"cache-control", b"no-cache")]
-            await self._send(h11.Response(status_code=200, headers=headers, reason=b"OK"))
+            await self._start_stream()
             async with trio.open_nursery() as nursery:
                 gone = trio.CancelScope()
                 nursery.start_soon(self._watch_client, gone)
@@ -841,18 +840,9 @@ class _HttpConnection:
         """The response as JSON if it comes first; if a question for the client comes
         first, an SSE stream from there on. EOF is taken for a disconnect, as for JSON:
         this connection carries nothing from the client until the response."""
-        assert exchange.events is not None
-        events = exchange.events
-
-        async def run() -> None:
-            reply = await self._reply_to(parsed, principal, session, exchange)
-            if reply is not None:
-                await events.send(reply)
-            events.close()
-
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_client, exchange.scope)
-            nursery.start_soon(run)
+            nursery.start_soon(self._reply_into_stream, parsed, principal, session, exchange)
             try:
                 first = await receive.receive()
             except trio.EndOfChannel:
@@ -861,8 +851,7 @@ class _HttpConnection:
                 if first is None or "method" not in first:
                     await self._respond_json(first)
                     return
-                headers = [(b"content-type", _SSE.encode()), (b"cache-control", b"no-cache")]
-                await self._send(h11.Response(status_code=200, headers=headers, reason=b"OK"))
+                await self._start_stream()
                 await self._send(h11.Data(data=_sse_event(first)))
                 await self._relay_events(receive)
                 await self._send(h11.EndOfMessage())
@@ -877,25 +866,30 @@ class _HttpConnection:
         exchange: Exchange,
         receive: trio.MemoryReceiveChannel[dict[str, Any]],
     ) -> None:
-        headers = [(b"content-type", _SSE.encode()), (b"cache-control", b"no-cache")]
-        await self._send(h11.Response(status_code=200, headers=headers, reason=b"OK"))
-        assert exchange.events is not None
-        events = exchange.events
-
-        async def run() -> None:
-            reply = await self._reply_to(parsed, principal, session, exchange)
-            if reply is not None:
-                await events.send(reply)
-            events.close()
-
+        await self._start_stream()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(partial(self._watch_client, exchange.scope, half_close_ok=True))
-            nursery.start_soon(run)
+            nursery.start_soon(self._reply_into_stream, parsed, principal, session, exchange)
             try:
                 await self._relay_events(receive)
                 await self._send(h11.EndOfMessage())
             finally:
                 nursery.cancel_scope.cancel()
+
+    async def _start_stream(self) -> None:
+        headers = [(b"content-type", _SSE.encode()), (b"cache-control", b"no-cache")]
+        await self._send(h11.Response(status_code=200, headers=headers, reason=b"OK"))
+
+    async def _reply_into_stream(
+        self, parsed: Request, principal: Principal, session: McpSession, exchange: Exchange
+    ) -> None:
+        """Run the request and put its response, if any, last on its events."""
+        events = exchange.events
+        assert events is not None
+        reply = await self._reply_to(parsed, principal, session, exchange)
+        if reply is not None:
+            await events.send(reply)
+        events.close()
 
     async def _relay_events(self, receive: trio.MemoryReceiveChannel[dict[str, Any]]) -> None:
         """Write a stream's events until it ends (a request's, at its response; the

@@ -27,7 +27,7 @@ from conduit.daemon.server import ServingInfo
 from tests.conftest import WAIT_S, RawClient, link_wasm_cache
 from tests.e2e.helpers import daemon_in_a_thread
 from tests.e2e.mcp_helpers import CONFORMANCE_TOOLS
-from tests.e2e.test_mcp_http import INIT, _headers, sdk_client
+from tests.e2e.test_mcp_http import INIT, _headers, mcp_url, sdk_client
 from tests.served import Served
 
 SAID = "a completion from the client's model"
@@ -51,9 +51,7 @@ def served(
 
 @pytest.fixture
 def url(served: Served[ServingInfo]) -> str:
-    address = served.value.mcp_http_address
-    assert address is not None
-    return f"http://127.0.0.1:{address[1]}/mcp"
+    return mcp_url(served)
 
 
 class Answers:

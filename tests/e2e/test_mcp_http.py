@@ -83,11 +83,16 @@ def http_daemon(
         yield served
 
 
-@pytest.fixture
-def url(http_daemon: Served[ServingInfo]) -> str:
-    address = http_daemon.value.mcp_http_address
+def mcp_url(served: Served[ServingInfo]) -> str:
+    """The MCP endpoint of a daemon served in a thread."""
+    address = served.value.mcp_http_address
     assert address is not None
     return f"http://127.0.0.1:{address[1]}/mcp"
+
+
+@pytest.fixture
+def url(http_daemon: Served[ServingInfo]) -> str:
+    return mcp_url(http_daemon)
 
 
 def _port(url: str) -> int:
