@@ -28,13 +28,17 @@ import trio
 
 from conduit.core.errors import InternalError, Overloaded, RpcError
 
-__all__ = ["MAX_WAITING", "AskTable"]
+__all__ = ["MAX_WAITING", "AskTable", "declared_answers", "undeclared"]
 
 # Each is an upstream call waiting on a person or a model; more than a few at once
 # from one client is a runaway upstream, not a workflow.
 MAX_WAITING = 8
 # The most of a client's error message passed on.
 _MAX_MESSAGE_CHARS = 1024
+# A client's error code is passed on only within JSON-RPC's usual 32-bit integers.
+_CODES = range(-(2**31), 2**31)
+# The requests a client answers, by the capability it declares for them.
+_METHODS = {"sampling": "sampling/createMessage", "elicitation": "elicitation/create"}
 
 
 class _Waiting:
@@ -51,6 +55,7 @@ class AskTable:
     def __init__(self) -> None:
         self._ids = itertools.count(1)
         self._waiting: dict[str, _Waiting] = {}
+        self._closed: str | None = None
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -67,6 +72,8 @@ class AskTable:
         when `MAX_WAITING` requests already wait, `InternalError` for an answer with
         neither a result object nor an error. Waits until answered or cancelled.
         """
+        if self._closed is not None:
+            raise InternalError(f"the client cannot answer {method}: {self._closed}")
         if len(self._waiting) >= MAX_WAITING:
             raise Overloaded(
                 f"overloaded: {MAX_WAITING} requests already wait for this client's answer"
@@ -92,6 +99,44 @@ class AskTable:
         waiting.done.set()
         return True
 
+    def close(self, reason: str) -> None:
+        """No answer can come any more (`reason`): fail what waits, and what is asked."""
+        self._closed = reason
+        for waiting in self._waiting.values():
+            waiting.answer = {"error": {"code": InternalError.code, "message": reason}}
+            waiting.done.set()
+
+
+def declared_answers(capabilities: dict[str, Any]) -> dict[str, frozenset[str]]:
+    """The requests a client answers, from the capabilities it declared in
+    `initialize`, each with the sub-capabilities declared for it (`tools` and `context`
+    for sampling, `form` and `url` for elicitation; an empty elicitation is `form`)."""
+    answers = {}
+    for capability, method in _METHODS.items():
+        declared = capabilities.get(capability)
+        if isinstance(declared, dict):
+            subs = frozenset(name for name, value in declared.items() if isinstance(value, dict))
+            if capability == "elicitation" and not subs & {"form", "url"}:
+                subs |= {"form"}
+            answers[method] = subs
+    return answers
+
+
+def undeclared(answers: dict[str, frozenset[str]], method: str, params: dict[str, Any]) -> str:
+    """What of request `method` with `params` the client did not declare it answers
+    (MCP forbids sending it), or "" if nothing."""
+    if method not in answers:
+        return f"{method} (it did not declare the capability)"
+    declared = answers[method]
+    if method == "elicitation/create":
+        mode = params.get("mode", "form")
+        return "" if mode in declared else f"{mode!r}-mode elicitation"
+    if (params.get("tools") or params.get("toolChoice")) and "tools" not in declared:
+        return "sampling with tools"
+    if params.get("includeContext", "none") != "none" and "context" not in declared:
+        return "sampling with includeContext"
+    return ""
+
 
 def _result(method: str, answer: dict[str, Any]) -> dict[str, Any]:
     error = answer.get("error")
@@ -99,8 +144,8 @@ def _result(method: str, answer: dict[str, Any]) -> dict[str, Any]:
         code = error.get("code")
         message = error.get("message")
         failure = RpcError(str(message)[:_MAX_MESSAGE_CHARS] if message is not None else "")
-        # Any integer the client chose, but never one that reads as true or false.
-        if isinstance(code, int) and not isinstance(code, bool):
+        # Any 32-bit integer the client chose, but never one that reads as true or false.
+        if isinstance(code, int) and not isinstance(code, bool) and code in _CODES:
             failure.code = code  # type: ignore[misc]
         raise failure
     result = answer.get("result")

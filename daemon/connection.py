@@ -168,7 +168,7 @@ class Connection:
         # Set by `logging/setLevel`: the least severe MCP log level this peer hears.
         self.log_level: str | None = None
         # Set by `initialize`: the requests this MCP client answers (`ask`).
-        self.answers: frozenset[str] = frozenset()
+        self.answers: dict[str, frozenset[str]] = {}
         self._asks = AskTable()
         # Whether any valid token (or the peer's uid) has been seen on this connection:
         # a sandbox's presents its session token with every request, never logging in.
@@ -325,6 +325,9 @@ class Connection:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             # The peer is gone entirely (reset): nobody will read our answers.
             self._scope.cancel()
+        finally:
+            # Nothing more is read, so no answer to a request of ours can come.
+            self._asks.close("its connection is no longer read (it closed, or is draining)")
 
     async def _read_requests(self, requests: trio.Nursery) -> None:
         max_bytes = self._limits.max_message_bytes
@@ -400,6 +403,9 @@ class Connection:
         return answered or None
 
     async def _answer(self, message: Any) -> dict[str, Any] | None:
+        if is_response(message):  # in a batch: an answer to an `ask`
+            self._asks.answer(message)
+            return None
         try:
             request = parse_request(message)
         except InvalidRequest as exc:

@@ -89,8 +89,9 @@ class Peer(Protocol):
     named_sessions: NamedSessions
     # Set by `logging/setLevel`: the least severe MCP log level it hears (None: none).
     log_level: str | None
-    # Set by `initialize`: the server-to-client requests it answers (`ask`), by method.
-    answers: frozenset[str]
+    # Set by `initialize`: the server-to-client requests it answers (`ask`), by method,
+    # each with the sub-capabilities it declared (`client_asks.declared_answers`).
+    answers: dict[str, frozenset[str]]
 
     def login(self, token: str) -> Principal: ...
 

@@ -806,6 +806,9 @@ class _HttpConnection:
                 result = await self._dispatch(parsed, principal, session)
             except RpcError as exc:
                 return error_reply(parsed.id, exc)
+            finally:
+                # Answered: the client may use its id again as soon as it has the answer.
+                session.end(parsed.id)
             return result_reply(parsed.id, result)
         if exchange.cancelled_by_client:
             return error_reply(parsed.id, RequestCancelled())

@@ -36,6 +36,7 @@ from typing import Any
 import trio
 
 from conduit.core.errors import MethodNotFound
+from conduit.daemon.client_asks import undeclared
 from conduit.daemon.dispatcher import Peer
 from conduit.daemon.executions import OutputSink
 from conduit.gateway.upstream import CallObserver
@@ -224,7 +225,7 @@ async def open_upstream_relay(
     the block runs, or None when it asked for neither. Progress still waiting is sent
     when the block exits normally."""
     token = _progress_token(meta)
-    answers = getattr(peer, "answers", frozenset())
+    answers = getattr(peer, "answers", {})
     if peer is None or (token is None and peer.log_level is None and not answers):
         yield None
         return
@@ -234,10 +235,9 @@ async def open_upstream_relay(
         await log(peer, level, data, request_id=request_id, source=source or "upstream")
 
     async def relay_ask(method: str, params: dict[str, Any]) -> dict[str, Any]:
-        if method not in answers:
+        if refused := undeclared(answers, method, params):
             raise MethodNotFound(
-                f"method not found: the MCP client that made this call does not answer "
-                f"{method} (it did not declare the capability)"
+                f"method not found: the MCP client that made this call does not answer {refused}"
             )
         return await peer.ask(method, params, request_id=request_id)
 

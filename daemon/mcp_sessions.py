@@ -76,7 +76,7 @@ class McpSession:
         self.transport = "mcp-http"
         self.mcp_session = False
         self.log_level: str | None = None
-        self.answers: frozenset[str] = frozenset()
+        self.answers: dict[str, frozenset[str]] = {}
         self.subscriptions: dict[str, trio.CancelScope] = {}
         self.named_sessions = NamedSessions()
         self.last_used = trio.current_time()

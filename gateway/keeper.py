@@ -45,10 +45,11 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from mcp_types import methods as mcp_methods
 from mcp_types.version import KNOWN_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, ValidationError
 
-from conduit.core.errors import RpcError, UpstreamUnreachable
+from conduit.core.errors import UpstreamUnreachable
 from conduit.core.version import VERSION
+from conduit.gateway.asks import CallAsks
 from conduit.gateway.direct_requests import ConnectionClosed, DirectRequests
 from conduit.gateway.model import UpstreamState, UpstreamStatus
 from conduit.gateway.settings import HttpUpstreamSettings, StdioUpstreamSettings
@@ -86,13 +87,6 @@ MAX_ERROR_CHARS = 500
 # How long a relayed log message may wait on the client it goes to: the connection's
 # message loop waits meanwhile, and must not for a client that stopped reading.
 _RELAY_S = 1.0
-# What a client's answer to a relayed request must be, by method.
-_ASK_RESULTS: dict[str, TypeAdapter[Any]] = {
-    "sampling/createMessage": TypeAdapter(
-        types.CreateMessageResult | types.CreateMessageResultWithTools
-    ),
-    "elicitation/create": TypeAdapter(types.ElicitResult),
-}
 
 
 _T_co = TypeVar("_T_co", covariant=True)
@@ -349,8 +343,10 @@ class SessionKeeper(abc.ABC):
         # A connection on which a call was given up (cancelled, timed out): the server
         # may still be working on it, and logging about it, for as long as it lives.
         self._abandoned_on: _Connection | None = None
-        # Requests passed on to a call's client (`_relay_ask`), by call: ended with it.
-        self._asking: dict[int, set[trio.CancelScope]] = {}
+        # Requests passed on to a call's client (`_relay_ask`), ended with the call, and
+        # each call's deadline, which stands still while they wait.
+        self._asks = CallAsks()
+        self._deadlines: dict[int, trio.CancelScope] = {}
 
     def __repr__(self) -> str:
         return (
@@ -424,7 +420,10 @@ class SessionKeeper(abc.ABC):
                 f"upstream {self.name!r} lost its connection ({connection.lost_reason}); "
                 "it is being reconnected"
             )
-        with trio.move_on_after(timeout_s) as deadline, self._observing(observer, connection):
+        with (
+            trio.move_on_after(timeout_s) as deadline,
+            self._observing(observer, connection, deadline),
+        ):
             try:
                 progress = observer.progress if observer is not None else None
                 # The SDK session matches progress to its request; direct calls do not.
@@ -452,7 +451,9 @@ class SessionKeeper(abc.ABC):
         return result.model_dump(by_alias=True, mode="json", exclude_none=True)
 
     @contextlib.contextmanager
-    def _observing(self, observer: CallObserver | None, connection: _Connection) -> Iterator[None]:
+    def _observing(
+        self, observer: CallObserver | None, connection: _Connection, deadline: trio.CancelScope
+    ) -> Iterator[None]:
         """Count a call in flight, with what it wants relayed, while the block runs.
 
         A log message carries no hint of its request (not on stdio), so the call that
@@ -463,6 +464,7 @@ class SessionKeeper(abc.ABC):
         solo = not self._observers and self._abandoned_on is not connection
         self._solo = (key, connection) if solo else None
         self._observers[key] = observer
+        self._deadlines[key] = deadline
         try:
             yield
         except trio.Cancelled:
@@ -470,10 +472,10 @@ class SessionKeeper(abc.ABC):
             raise
         finally:
             del self._observers[key]
+            del self._deadlines[key]
             if self._solo is not None and self._solo[0] == key:
                 self._solo = None
-            for scope in self._asking.pop(key, ()):
-                scope.cancel()
+            self._asks.end(key)
 
     async def _relay_log(
         self, connection: _Connection, params: types.LoggingMessageNotificationParams
@@ -500,29 +502,8 @@ class SessionKeeper(abc.ABC):
                 message=f"Conduit has no client to pass {method} to: only a call made "
                 "alone, by an MCP client that answers it, can ask its client",
             )
-        scope = trio.CancelScope()
-        self._asking.setdefault(solo[0], set()).add(scope)
-        answer: dict[str, Any] | None = None
-        with scope:
-            try:
-                answer = await observer.ask(
-                    method, params.model_dump(by_alias=True, mode="json", exclude_none=True)
-                )
-            except RpcError as exc:
-                return types.ErrorData(code=exc.code, message=exc.message)
-        if answer is None:
-            return types.ErrorData(
-                code=types.INTERNAL_ERROR,
-                message=f"the call ended before its client answered {method}",
-            )
-        try:
-            return _ASK_RESULTS[method].validate_python(answer)
-        except ValidationError as exc:
-            return types.ErrorData(
-                code=types.INVALID_PARAMS,
-                message=f"the client answered {method} with something that is not its "
-                f"result: {_first_line(exc)}",
-            )
+        key = solo[0]
+        return await self._asks.relay(key, observer, self._deadlines.get(key), method, params)
 
     def watch_state(self, listener: StateListener) -> None:
         """Call `listener(self.status())` after every change of state (`ReportsState`).
@@ -632,18 +613,23 @@ class SessionKeeper(abc.ABC):
     @asynccontextmanager
     async def _connect(self, connection: _Connection) -> AsyncIterator[None]:
         """Open the transport and the SDK client over it, negotiating the version."""
+        asks: dict[str, Any] = {}
+        if self._settings.ask_clients:  # declared only then: see the setting
+            asks = {
+                "sampling_callback": functools.partial(
+                    self._relay_ask, connection, "sampling/createMessage"
+                ),
+                "elicitation_callback": functools.partial(
+                    self._relay_ask, connection, "elicitation/create"
+                ),
+            }
         client = Client(
             self._watched(connection),
             mode="legacy" if self._settings.handshake == "initialize" else "auto",
             cache=None,  # every listing must come from the server, not a TTL cache
             message_handler=self._on_message(connection),
             client_info=CLIENT_INFO,
-            sampling_callback=functools.partial(
-                self._relay_ask, connection, "sampling/createMessage"
-            ),
-            elicitation_callback=functools.partial(
-                self._relay_ask, connection, "elicitation/create"
-            ),
+            **asks,
         )
         async with client:
             connection.client = client

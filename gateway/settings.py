@@ -84,6 +84,11 @@ class _UpstreamBase(BaseModel):
     # Programs still call `tools.<name>.<tool>`. A name another tool already has (or an
     # execute tool's) is shadowed: prefer prefixed names unless a client needs these.
     bare_names: bool = False
+    # Let this upstream's tools ask the MCP client that called them for a completion
+    # (sampling) or the user's input (elicitation): the capabilities are declared to it,
+    # and its requests passed on (docs/mcp.md). Off, it is told no client can answer,
+    # so a tool that adapts to its client does; programs in sandboxes never can.
+    ask_clients: bool = False
 
     @field_validator("name")
     @classmethod

@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field
 
 from conduit.core.errors import NotFound
 from conduit.core.version import VERSION
+from conduit.daemon.client_asks import declared_answers
 from conduit.daemon.dispatcher import CallContext, MethodRouter, Params
 from conduit.daemon.methods.executions import origin_of
 
@@ -23,12 +24,6 @@ __all__ = ["PROTOCOL_VERSIONS"]
 
 # Newest first; a client asking for one of these gets it, anything else gets the newest.
 PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
-
-# The server-to-client requests an MCP client answers, by the capability it declares.
-ANSWERED_BY_CAPABILITY = {
-    "sampling": "sampling/createMessage",
-    "elicitation": "elicitation/create",
-}
 
 INSTRUCTIONS = (
     "Conduit runs programs in fresh sandboxes. Call execute (or the execute_* tools) "
@@ -52,11 +47,7 @@ async def initialize(params: InitializeParams, ctx: CallContext) -> dict[str, An
         version = PROTOCOL_VERSIONS[0]
     if ctx.peer is not None:
         ctx.peer.mcp_session = True
-        ctx.peer.answers = frozenset(
-            method
-            for capability, method in ANSWERED_BY_CAPABILITY.items()
-            if isinstance(params.capabilities.get(capability), dict)
-        )
+        ctx.peer.answers = declared_answers(params.capabilities)
     return {
         "protocolVersion": version,
         "capabilities": {"tools": {"listChanged": True}, "logging": {}},

@@ -30,6 +30,8 @@ CONFORMANCE_TOOLS = {
     "command": conformance_tools()[0],
     "args": conformance_tools()[1:],
     "bare_names": True,
+    # Its sampling and elicitation tools ask the client that called them.
+    "ask_clients": True,
     # Handshake-era: log messages go to every client, and tools ask their client with
     # server-to-client requests (a 2026-07-28 server asks within its result instead).
     "handshake": "initialize",

@@ -205,9 +205,10 @@ async def test_over_http_a_call_is_json_unless_it_asks_then_sse(url: str) -> Non
 async def test_an_answer_that_is_not_a_result_fails_the_call_not_the_upstream(url: str) -> None:
     async with httpx2.AsyncClient(timeout=WAIT_S) as http:
         headers = await _session(http, url)
-        for answer in ({"result": {"role": 7}}, {"result": []}, {"error": {"code": "x"}}):
+        answers = ({"result": {"role": 7}}, {"result": []}, {"error": {"code": "x"}})
+        for ident, answer in enumerate(answers):
             asking = {"name": "test_sampling", "arguments": {"prompt": "garbage"}}
-            request = {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": asking}
+            request = {"jsonrpc": "2.0", "id": ident, "method": "tools/call", "params": asking}
             async with http.stream("POST", url, json=request, headers=headers) as streamed:
                 events = streamed.aiter_lines()
                 asked = await _next_event(events)
@@ -216,7 +217,7 @@ async def test_an_answer_that_is_not_a_result_fails_the_call_not_the_upstream(ur
                 failed = await _next_event(events)
             assert failed["error"]["code"] == UpstreamError.code, failed
         # The upstream is still there for the next call.
-        plain = {"jsonrpc": "2.0", "id": 6, "method": "tools/call"}
+        plain = {"jsonrpc": "2.0", "id": 9, "method": "tools/call"}
         plain["params"] = {"name": "test_simple_text", "arguments": {}}
         assert (await http.post(url, json=plain, headers=headers)).json()["result"]["content"]
 
