@@ -62,6 +62,10 @@ class Attacks:
     language: str
     harmless: str
     wait_s: float = WAIT_S
+    # Whether `refused` runs `harmless` after each attack. Where a fresh interpreter
+    # is dear (Pyodide), each attack's own refusal shows that the one before it left
+    # the executor working, and a module ends with `still_works` for the last.
+    check_after_each: bool = True
 
     async def run(self, executor: Executor, code: str, **limits: Any) -> Outcome:
         """The outcome of `code` as a job with `limits`; fails after `wait_s`."""
@@ -73,9 +77,14 @@ class Attacks:
         """Run an attack; assert it failed, and that a harmless program runs after it."""
         outcome = await self.run(executor, code, **limits)
         assert outcome.status is not Status.OK, outcome
+        if self.check_after_each:
+            await self.still_works(executor)
+        return outcome
+
+    async def still_works(self, executor: Executor) -> None:
+        """Assert that a harmless program runs and answers 2."""
         after = await self.run(executor, self.harmless)
         assert (after.status, after.result) == (Status.OK, 2), after
-        return outcome
 
     async def refused_with(self, executor: Executor, code: str, refusal: str) -> Outcome:
         """`refused()`, asserting also that the program ended in an error saying `refusal`."""

@@ -3,8 +3,9 @@
 Python runs in WebAssembly inside a Deno process that holds no permission once the
 program exists; `import js` and `pyodide.code.run_js` reach that process's JavaScript,
 so every row here is tried from Python, and the JavaScript ones through Deno's own
-APIs. Each asserts that the attempt is refused, and that the next execution still works
-(an attack must not break the executor for everyone else).
+APIs. Each asserts that the attempt is refused; that the executor still works after it
+(an attack must not break the executor for everyone else) shows in the next attempt's
+refusal, and after the last in `test_the_executor_still_works_after_every_attack`.
 
 Slow: each interpreter restores Pyodide from its snapshot. The attempts share one
 executor, as a daemon's programs do: each still runs in a fresh interpreter.
@@ -53,7 +54,7 @@ def pyodide(
         yield executor
 
 
-_attacks = Attacks("python", "1 + 1", wait_s=LOAD_WAIT_S)
+_attacks = Attacks("python", "1 + 1", wait_s=LOAD_WAIT_S, check_after_each=False)
 refused = _attacks.refused
 
 
@@ -234,6 +235,12 @@ async def test_attack_is_refused(pyodide: SharedPyodide, code: str, refusal: str
     assert "root:" not in seen
 
 
+async def test_the_executor_still_works_after_every_attack(pyodide: SharedPyodide) -> None:
+    """Run after the rows above (pytest keeps a module's order): the last one left the
+    executor working too."""
+    await _attacks.still_works(pyodide)
+
+
 # -- resources ----------------------------------------------------------------------------
 
 
@@ -241,6 +248,7 @@ async def test_an_infinite_loop_times_out(pyodide: SharedPyodide) -> None:
     limits, status = TIMES_OUT
     outcome = await refused(pyodide, "while True:\n    pass", **limits)
     assert outcome.status is status
+    await _attacks.still_works(pyodide)  # its interpreter was stopped, not the executor
 
 
 async def test_output_flood_is_stopped(pyodide: SharedPyodide) -> None:
@@ -248,6 +256,7 @@ async def test_output_flood_is_stopped(pyodide: SharedPyodide) -> None:
     outcome = await refused(pyodide, code, output_bytes=100_000, timeout_ms=60_000)
     assert outcome.status is Status.OUTPUT_LIMIT
     assert len(outcome.stdout) == 100_000
+    await _attacks.still_works(pyodide)
 
 
 # -- the tool-callback channel ------------------------------------------------------------
