@@ -16,6 +16,7 @@ MODULES = {
     "pydantic_ai": ("pydantic_ai", "pydantic-ai-slim", "pydantic-ai"),
     "openai_agents": ("agents", "openai-agents", "openai-agents"),
     "langchain": ("langchain_core", "langchain-core", "langchain"),
+    "ray": ("ray", "ray", "ray"),
 }
 FRAMEWORKS = sorted(framework for framework, _, _ in MODULES.values())
 
