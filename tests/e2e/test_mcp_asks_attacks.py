@@ -187,8 +187,24 @@ async def _streamed(
 async def _answer(
     http: httpx2.AsyncClient, url: str, headers: dict[str, str], asked: Any, **answer: Any
 ) -> None:
-    reply = {"jsonrpc": "2.0", "id": asked["id"], **answer}
-    assert (await http.post(url, json=reply, headers=headers)).status_code == 202
+    # Escaped as JSON may carry them: lone surrogates included.
+    reply = json.dumps({"jsonrpc": "2.0", "id": asked["id"], **answer}).encode()
+    assert (await http.post(url, content=reply, headers=headers)).status_code == 202
+
+
+async def _asked_once(running: Running, **answer: Any) -> dict[str, Any]:
+    """The hostile `ask_once` called over HTTP and its question given `answer` (a
+    `result` or an `error`): the call's final event."""
+    with trio.fail_after(TEST_S):
+        async with httpx2.AsyncClient(timeout=WAIT_S) as http:
+            headers = await _session(http, running.url)
+            async with _streamed(http, running.url, _call(1, "ask_once"), headers) as events:
+                asked = await events.next()
+                assert asked is not None
+                await _answer(http, running.url, headers, asked, **answer)
+                final = await events.next()
+    assert final is not None
+    return final
 
 
 def _told(reply: dict[str, Any]) -> Any:
@@ -330,17 +346,7 @@ async def test_answers_from_another_connection_or_to_nothing_are_dropped(
 async def test_odd_error_objects_reach_the_upstream_as_plain_errors(
     running: Running, error: dict[str, Any], told: dict[str, Any]
 ) -> None:
-    with trio.fail_after(TEST_S):
-        async with httpx2.AsyncClient(timeout=WAIT_S) as http:
-            headers = await _session(http, running.url)
-            async with _streamed(http, running.url, _call(1, "ask_once"), headers) as events:
-                asked = await events.next()
-                assert asked is not None
-                body = json.dumps({"jsonrpc": "2.0", "id": asked["id"], "error": error})
-                posted = await http.post(running.url, content=body.encode(), headers=headers)
-                assert posted.status_code == 202
-                final = await events.next()
-    assert final is not None
+    final = await _asked_once(running, error=error)
     assert _told(final) == {"error": told}
     await _until_nothing_waits(running)
 
@@ -349,15 +355,7 @@ async def test_odd_error_objects_reach_the_upstream_as_plain_errors(
 async def test_an_answer_without_a_result_object_is_an_error_to_the_upstream(
     running: Running, result: Any
 ) -> None:
-    with trio.fail_after(TEST_S):
-        async with httpx2.AsyncClient(timeout=WAIT_S) as http:
-            headers = await _session(http, running.url)
-            async with _streamed(http, running.url, _call(1, "ask_once"), headers) as events:
-                asked = await events.next()
-                assert asked is not None
-                await _answer(http, running.url, headers, asked, result=result)
-                final = await events.next()
-    assert final is not None
+    final = await _asked_once(running, result=result)
     told = _told(final)["error"]
     assert told["code"] == -32603
     assert "neither a result object nor an error" in told["message"]
