@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import os
 import shutil
 import signal
 import subprocess
@@ -65,6 +66,9 @@ CHUNK_SIZE = 32
 # Chunks waiting at each node, so that it never idles between two.
 CHUNKS_PER_NODE = 2
 _PR_SET_PDEATHSIG = 1
+# Each actor's directory (socket, config, log), and the daemon's pid in it.
+_DIR_PREFIX = "conduit-ray-"
+_PID_FILE = "daemon.pid"
 # What `executors/list` shows of an executor that has yet to take its first program.
 _STARTING = {"not started", "building", "starting"}
 
@@ -99,9 +103,11 @@ class ConduitNode:
     """A Ray actor serving one Conduit daemon on its node (see the module docstring)."""
 
     def __init__(self, config: str | None, state_dir: str | None, concurrency: int) -> None:
-        self._dir = Path(tempfile.mkdtemp(prefix="conduit-ray-"))
+        _sweep_leftovers()
+        self._dir = Path(tempfile.mkdtemp(prefix=_DIR_PREFIX))
         self.socket = str(self._dir / "conduit.sock")
-        self._concurrency = concurrency
+        # One for the node, across every chunk it has been given at once.
+        self._limit = asyncio.Semaphore(max(concurrency, 1))
         argv = [sys.executable, "-m", "conduit.daemon", "serve", "--socket", self.socket]
         argv += ["--config", config or self._default_config()]
         if state_dir is not None:
@@ -114,18 +120,19 @@ class ConduitNode:
             stderr=subprocess.STDOUT,
             preexec_fn=_die_with_parent,  # noqa: PLW1509 (one libc call, nothing else)
         )
+        (self._dir / _PID_FILE).write_text(str(self._daemon.pid))
         self._wait_until_serving()
 
     def node_id(self) -> str:
         return str(ray.get_runtime_context().get_node_id())
 
     async def run(self, programs: list[Program]) -> list[Outcome]:
-        """Run `programs` on this node's daemon, `concurrency` at a time, in order."""
-        limit = asyncio.Semaphore(self._concurrency)
+        """Run `programs` on this node's daemon, `concurrency` at a time across all
+        its chunks, in order. Whatever one program raises is its own `BatchError`."""
         async with AsyncClient(unix_path=self.socket, token="", timeout_s=None) as client:
 
             async def one(program: Program) -> Outcome:
-                async with limit:
+                async with self._limit:
                     try:
                         return await client.execute(
                             program.code,
@@ -134,8 +141,8 @@ class ConduitNode:
                             inputs=program.inputs,
                             executor=program.executor,
                         )
-                    except ConduitError as exc:
-                        return BatchError(type(exc).__name__, str(exc))
+                    except Exception as exc:  # its own outcome, whatever it is
+                        return BatchError(type(exc).__name__, str(exc)[:2000])
 
             return list(await asyncio.gather(*(one(program) for program in programs)))
 
@@ -217,33 +224,40 @@ class ConduitNodes:
 
     def run(self, programs: Iterable[Program | str]) -> list[Outcome]:
         """One outcome per program, in order (see the module docstring)."""
-        batch = [Program(p) if isinstance(p, str) else p for p in programs]
-        chunks = [
-            (start, batch[start : start + self._chunk_size])
-            for start in range(0, len(batch), self._chunk_size)
+        given = [Program(p) if isinstance(p, str) else p for p in programs]
+        outcomes: list[Outcome | None] = [
+            None if isinstance(p, Program) else BatchError("TypeError", _not_a_program(p))
+            for p in given
         ]
-        outcomes: list[Outcome | None] = [None] * len(batch)
-        waiting: dict[Any, tuple[Any, int, int]] = {}  # ref: (actor, start, count)
+        # Only programs go out; each chunk remembers where its outcomes go.
+        runnable = [index for index, outcome in enumerate(outcomes) if outcome is None]
+        chunks = [
+            runnable[start : start + self._chunk_size]
+            for start in range(0, len(runnable), max(self._chunk_size, 1))
+        ]
+        waiting: dict[Any, tuple[Any, list[int]]] = {}  # ref: (actor, indices)
         pending = iter(chunks)
 
         def send(actor: Any) -> None:
             chunk = next(pending, None)
             if chunk is not None:
-                start, programs_ = chunk
-                waiting[actor.run.remote(programs_)] = (actor, start, len(programs_))
+                waiting[actor.run.remote([given[i] for i in chunk])] = (actor, chunk)
 
         for actor in self.actors:
             for _ in range(CHUNKS_PER_NODE):
                 send(actor)
         while waiting:
             [done], _ = ray.wait(list(waiting), num_returns=1)
-            actor, start, count = waiting.pop(done)
+            actor, chunk = waiting.pop(done)
             try:
-                outcomes[start : start + count] = ray.get(done)
+                results = ray.get(done)
             except RayError as exc:
                 lost = BatchError(type(exc).__name__, _first_line(exc))
-                outcomes[start : start + count] = [lost] * count
+                results = [lost] * len(chunk)
                 continue  # a node that failed a chunk is given no more
+            finally:
+                for index, outcome in zip(chunk, results, strict=True):
+                    outcomes[index] = outcome
             send(actor)
         if any(outcome is None for outcome in outcomes):
             self._fail_unsent(outcomes)
@@ -272,6 +286,19 @@ def run_batch(programs: Iterable[Program | str], **options: Any) -> list[Outcome
         return nodes.run(programs)
 
 
+def _sweep_leftovers() -> None:
+    """Remove what killed actors left on this node: the directories whose daemon (its
+    pid file says which) is gone. A killed actor cannot clean up after itself."""
+    for path in Path(tempfile.gettempdir()).glob(f"{_DIR_PREFIX}*"):
+        try:
+            pid = int((path / _PID_FILE).read_text())
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (OSError, ValueError):
+            continue  # starting (no pid yet), or not ours to judge
+
+
 def _starting(executor: Mapping[str, Any]) -> bool:
     return (executor.get("pool") or {}).get("state") in _STARTING
 
@@ -279,6 +306,10 @@ def _starting(executor: Mapping[str, Any]) -> bool:
 def _die_with_parent() -> None:
     """In the daemon's process, before it runs: SIGTERM when the actor's process ends."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _not_a_program(item: object) -> str:
+    return f"a batch holds Program or str items, not {type(item).__name__}"
 
 
 def _first_line(exc: BaseException) -> str:

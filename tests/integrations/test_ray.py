@@ -11,7 +11,13 @@ import pytest
 import ray
 
 from conduit.client import Client, ConduitError, ExecutionResult
-from conduit.integrations.ray import BatchError, ConduitNodes, Program, run_batch
+from conduit.integrations.ray import (
+    BatchError,
+    ConduitNodes,
+    Program,
+    _sweep_leftovers,
+    run_batch,
+)
 from tests.conftest import link_wasm_cache
 
 # Ray's own start, and a node's daemon's, on a loaded two-core machine.
@@ -49,10 +55,15 @@ def test_a_batch_comes_back_in_order_with_each_programs_outcome(
     programs[13] = Program("while True:\n    pass", limits={"timeout_ms": 200})
     programs[21] = Program("1", language="cobol")
     programs[30] = Program("inputs['x'] + 1", inputs={"x": 41})
+    programs[33] = Program("1", limits={"timeout_ms": "soon"})  # type: ignore[dict-item]
+    programs[35] = 5  # type: ignore[call-overload]
     outcomes = run_batch(programs, **node_settings)
     assert len(outcomes) == 40
+    # A bad item, or one the client cannot even send, is its own error only.
+    assert isinstance(outcomes[33], BatchError), outcomes[33]
+    assert isinstance(outcomes[35], BatchError) and outcomes[35].type == "TypeError"
     for index, outcome in enumerate(outcomes):
-        if index in (7, 13, 21, 30):
+        if index in (7, 13, 21, 30, 33, 35):
             continue
         assert isinstance(outcome, ExecutionResult) and outcome.result == index * index, outcome
     assert isinstance(outcomes[7], ExecutionResult) and outcomes[7].status == "error"
@@ -88,6 +99,13 @@ def test_a_node_that_dies_fails_its_programs_not_the_batch(
     while time.monotonic() < deadline and _serving(socket):
         time.sleep(0.1)
     assert not _serving(socket), "the dead actor's daemon is still serving"
+    # What it left behind goes when the next actor on the node starts.
+    leftover = Path(socket).parent
+    deadline = time.monotonic() + WAIT_S
+    while leftover.exists() and time.monotonic() < deadline:
+        _sweep_leftovers()  # the daemon's exit may not be reaped by the kernel yet
+        time.sleep(0.1)
+    assert not leftover.exists()
 
 
 def _socket_of(actor: object) -> str:
