@@ -69,6 +69,10 @@ class ClientError(ConduitError):
     """Raised by a client itself (`conduit.client`); the daemon never sends these."""
 
 
+# JSON-RPC error codes as peers read them: 32-bit integers.
+_WIRE_CODES = range(-(2**31), 2**31)
+
+
 class RpcError(ConduitError):
     """An error that is answered on the wire as a JSON-RPC error object."""
 
@@ -93,10 +97,15 @@ class RpcError(ConduitError):
 
     @classmethod
     def from_wire(cls, error: dict[str, Any]) -> RpcError:
-        """Rebuild the most specific error class for a wire error object."""
-        code = error.get("code", InternalError.code)
+        """Rebuild the most specific error class for a wire error object, whoever sent
+        it: a code that is not a 32-bit integer (a bool, a string, 4,000 digits) is
+        taken as an internal error's, and a message that is not text is made text."""
+        code = error.get("code")
+        if not isinstance(code, int) or isinstance(code, bool) or code not in _WIRE_CODES:
+            code = InternalError.code
         klass = RpcError._by_code.get(code, RpcError)
-        exc = klass(str(error.get("message", "")), error.get("data"))
+        message = error.get("message")
+        exc = klass("" if message is None else str(message), error.get("data"))
         if klass is RpcError:
             exc.code = code  # type: ignore[misc]  # an unknown code keeps its number
         return exc

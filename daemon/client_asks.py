@@ -35,8 +35,6 @@ __all__ = ["MAX_WAITING", "AskTable", "declared_answers", "undeclared"]
 MAX_WAITING = 8
 # The most of a client's error message passed on.
 _MAX_MESSAGE_CHARS = 1024
-# A client's error code is passed on only within JSON-RPC's usual 32-bit integers.
-_CODES = range(-(2**31), 2**31)
 # The requests a client answers, by the capability it declares for them.
 _METHODS = {"sampling": "sampling/createMessage", "elicitation": "elicitation/create"}
 
@@ -141,12 +139,8 @@ def undeclared(answers: dict[str, frozenset[str]], method: str, params: dict[str
 def _result(method: str, answer: dict[str, Any]) -> dict[str, Any]:
     error = answer.get("error")
     if isinstance(error, dict):
-        code = error.get("code")
-        message = error.get("message")
-        failure = RpcError(str(message)[:_MAX_MESSAGE_CHARS] if message is not None else "")
-        # Any 32-bit integer the client chose, but never one that reads as true or false.
-        if isinstance(code, int) and not isinstance(code, bool) and code in _CODES:
-            failure.code = code  # type: ignore[misc]
+        failure = RpcError.from_wire(error)
+        failure.message = failure.message[:_MAX_MESSAGE_CHARS]
         raise failure
     result = answer.get("result")
     if not isinstance(result, dict):
