@@ -152,6 +152,10 @@ async def test_a_runner_is_out_of_the_idle_class_before_its_next_work(
         with trio.fail_after(WAIT_S):
             (await runners.take()).hand(lowering(first))
             await wait_done(first)
+            # Taken only once ready: a `take` that found none would hurry the runner,
+            # which is then left in its usual class through the next work too.
+            while not runners.ready:
+                await trio.sleep(0.01)
             (await runners.take()).hand(lowering(second))
             await wait_done(second)
         nursery.cancel_scope.cancel()
