@@ -33,6 +33,11 @@ class DaemonStatistics:
     # Where MCP over HTTP answers (None: off), and its sessions open now.
     mcp_http_url: str | None = None
     mcp_http_sessions: int = 0
+    # Why the daemon should be sent no programs now (None: it should), and which
+    # executors are still preparing (building, probing their runtime): while some are,
+    # the reason may yet go away; once none are, it stays until an operator acts.
+    unready_reason: str | None = None
+    preparing: tuple[str, ...] = ()
 
 
 class Control(Protocol):

@@ -247,6 +247,8 @@ class Daemon:
             metrics_error=self.metrics_error,
             mcp_http_url=self.mcp_http_url(),
             mcp_http_sessions=len(self.mcp_sessions),
+            unready_reason=self.unready_reason(),
+            preparing=tuple(self.registry.preparing()),
         )
 
     def _tools_changed(self) -> None:

@@ -447,6 +447,11 @@ class DenoExecutor:
         await self._settled.wait()
         return self._reason is None
 
+    @property
+    def preparing(self) -> bool:
+        """Whether `wait_ready` would still wait."""
+        return not self._settled.is_set()
+
     async def _probe(self) -> str | None:
         """Check Deno, the shim and the directories; return why not usable, or None."""
         if self._deno is None:

@@ -234,6 +234,11 @@ class PyodideExecutor:
         await self._settled.wait()
         return self._reason is None
 
+    @property
+    def preparing(self) -> bool:
+        """Whether `wait_ready` would still wait."""
+        return not self._settled.is_set()
+
     async def _prepare(self) -> str | None:
         """Everything a worker process needs, made once; why the executor cannot run, or
         None."""

@@ -76,6 +76,10 @@ class ExecutorRegistry:
             if wait is not None:
                 await wait()
 
+    def preparing(self) -> list[str]:
+        """The executors still preparing in the background (see `wait_ready`)."""
+        return [e.name for e in self._executors.values() if getattr(e, "preparing", False)]
+
     def unready_reason(self) -> str | None:
         """Why a program in some language of the executors' could not run now (its
         default executor and any stand-in unavailable); None if every one could."""

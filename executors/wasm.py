@@ -436,6 +436,11 @@ class WasmExecutor:
         await self._settled.wait()
         return self._reason is None
 
+    @property
+    def preparing(self) -> bool:
+        """Whether `wait_ready` would still wait."""
+        return not self._settled.is_set()
+
     def _load(self) -> None:
         self._built = None  # set once built: then a failure is one of loading
         built = ensure_component(self.recipe, self._cache_dir, self._progress)

@@ -25,7 +25,8 @@ async def reload(params: NoParams, ctx: CallContext) -> dict[str, Any]:
 
 @router.method("daemon/status", params=NoParams, scope="admin")
 async def status(params: NoParams, ctx: CallContext) -> dict[str, Any]:
-    """Uptime, connections, executions, admission queue, sessions, audit store, metrics."""
+    """Uptime, connections, executions, admission queue, readiness (as `GET /ready`
+    answers, and which executors are still preparing), sessions, audit store, metrics."""
     daemon = ctx.control.statistics()
     admission = ctx.admission.statistics()
     return {
@@ -46,6 +47,11 @@ async def status(params: NoParams, ctx: CallContext) -> dict[str, Any]:
             "live": len(ctx.sessions),
             "max_total": ctx.sessions.config.max_total,
             "max_per_principal": ctx.sessions.config.max_per_principal,
+        },
+        "ready": {
+            "ok": daemon.unready_reason is None,
+            "reason": daemon.unready_reason,
+            "preparing": list(daemon.preparing),
         },
         "auth_failures": daemon.auth_failures,
         "metrics": {

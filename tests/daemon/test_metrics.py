@@ -375,6 +375,28 @@ async def test_a_daemon_is_ready_when_it_can_run_its_languages_and_not_when_drai
     assert daemon.unready_reason() == "draining"
 
 
+async def test_status_says_what_ready_says_and_what_is_still_preparing(
+    start_daemon: Any, connect: Any, tmp_path: Path
+) -> None:
+    # JavaScript only on a Deno that is not there: settled, and unready until fixed.
+    missing = {
+        "deno": {"binary": str(tmp_path / "no-deno")},
+        "wasm_js": {"enabled": False},
+        "wasm_python": {"enabled": False},
+    }
+    daemon, info = await start_daemon(executors=missing)
+    client = await connect(info)
+    with trio.fail_after(WAIT_S):
+        while (ready := (await client.call("daemon/status"))["ready"])["preparing"]:
+            await trio.sleep(0.05)
+    assert ready["ok"] is False
+    assert ready["reason"] == daemon.unready_reason()
+    assert ready["reason"].startswith("javascript: ")
+    assert info.metrics_address is not None
+    body = (await http(info.metrics_address, b"GET /ready HTTP/1.1\r\n\r\n"))[2]
+    assert body == f"not ready: {ready['reason']}\n".encode()
+
+
 def _no_executors() -> dict[str, Any]:
     """Executors off: these tests are about the endpoint, not about running programs."""
     return {
