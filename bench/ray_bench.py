@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -82,7 +83,8 @@ def figures(total: int, concurrency: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--total", type=int, default=2000, help="programs per batch")
-    parser.add_argument("--concurrency", type=int, default=16)
+    # As `ConduitNodes` runs by default: a program per CPU.
+    parser.add_argument("--concurrency", type=int, default=len(os.sched_getaffinity(0)))
     args = parser.parse_args()
     result = figures(args.total, args.concurrency)
     print(f"{args.total} trivial Python programs, {args.concurrency} in flight")

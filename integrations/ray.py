@@ -13,23 +13,30 @@ results[1].status   # "error"
 
 `ConduitNodes` starts a `ConduitNode` actor on every alive node, pinned there, and each
 starts a daemon of its own (`conduit serve` on a private Unix socket, its state in
-`state_dir`: the node's built components are kept there between runs). `run` deals the
-programs out in chunks, a few in flight per node and the next to whichever node
-finishes first, and returns one entry per program, in order: its `ExecutionResult`
-(a failing program is a result with its status, as always), or a `BatchError` when it
-could not be run or its answer was lost (its node died, the daemon refused it). One
-program, or one node, never fails the batch, and no program is sent twice: one whose
-answer was lost may have run. `run_batch` is the same for a single batch.
+`state_dir`: the node's built components are kept there between runs). A node whose
+daemon cannot run programs (an executor failed, the daemon exited) is left out and
+named in `failed`; only when every node fails does the constructor raise.
 
-Resource handling: `close` (or leaving the `with`) stops every daemon and actor. A
-daemon is started with the parent-death signal set, so one whose actor is killed stops
-too.
+`run` deals the programs out in chunks, a few in flight per node and the next to
+whichever node finishes first, and returns one entry per program, in order: its
+`ExecutionResult` (a failing program is a result with its status, as always), or a
+`BatchError` when it could not be run or its answer was lost (its node died, the daemon
+refused it, no answer within its time limit plus `ANSWER_MARGIN_S`). One program, or
+one node, never fails the batch. No program is sent twice once it may have run; one
+that surely did not (the daemon refused it before running it, or was gone) is dealt
+again, to another node if its own is gone, at most `MAX_DEALS` times. A node runs
+`concurrency` programs at once: by default its CPUs, as many as its WebAssembly
+executors compute at once, so CPU-bound programs never queue inside the daemon (where
+waiting counts against them); raise it for programs that mostly wait on tools.
+
+Resource handling: `close` (or leaving the `with`) stops every daemon and actor, all at
+once. A node whose actor died is dropped for good. A daemon is started with the
+parent-death signal set, so one whose actor is killed stops too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import os
 import shutil
@@ -38,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,25 +60,44 @@ try:
 except ModuleNotFoundError as exc:
     raise missing_extra("ray", "ray", "ray") from exc
 
-from conduit.client import AsyncClient, Client, ConduitError, ExecutionResult
+from conduit.client import (
+    AsyncClient,
+    Backoff,
+    Client,
+    ConduitError,
+    ConnectionFailed,
+    ConnectionLost,
+    ExecutionResult,
+    ExecutorUnavailable,
+    Overloaded,
+    Timeout,
+)
 
 __all__ = ["BatchError", "ConduitNode", "ConduitNodes", "Program", "run_batch"]
 
 # A node's first start builds the WebAssembly components (a minute or two).
 START_TIMEOUT_S = 600.0
-# Programs a node runs at once; its daemon queues what its executors cannot take yet.
-CONCURRENCY = 16
 # Programs per task sent to a node: large enough that Ray's own cost per task is small
 # beside the programs', small enough that nodes finish together.
 CHUNK_SIZE = 32
 # Chunks waiting at each node, so that it never idles between two.
 CHUNKS_PER_NODE = 2
+# How often a program that surely did not run is dealt out before its refusal stands.
+MAX_DEALS = 3
+# A program refused as overloaded is tried again on its node after these pauses.
+OVERLOADED_PAUSES_S = (0.5, 2.0)
+# Beyond a program's own time limit, how long its answer is waited for: the daemon's
+# admission queue and its CPU queue (30 s each by default), and the rest.
+ANSWER_MARGIN_S = 90.0
+# The daemon's `limits.defaults.timeout_ms`, for a program that names none.
+DEFAULT_PROGRAM_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 60.0
 _PR_SET_PDEATHSIG = 1
 # Each actor's directory (socket, config, log), and the daemon's pid in it.
 _DIR_PREFIX = "conduit-ray-"
 _PID_FILE = "daemon.pid"
-# What `executors/list` shows of an executor that has yet to take its first program.
-_STARTING = {"not started", "building", "starting"}
+# What the daemon's readiness says before it has started at all.
+_STARTING = "starting"
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +126,22 @@ class BatchError:
 Outcome = ExecutionResult | BatchError
 
 
+@dataclass(frozen=True, slots=True)
+class _Unrun:
+    """A program that surely did not run (refused before it started, or never sent)."""
+
+    error: BatchError
+
+
+@dataclass(frozen=True, slots=True)
+class _ChunkDone:
+    """What a node hands back for a chunk: an entry per program, and whether its daemon
+    is still there to take more."""
+
+    outcomes: list[Outcome | _Unrun]
+    serving: bool
+
+
 class ConduitNode:
     """A Ray actor serving one Conduit daemon on its node (see the module docstring)."""
 
@@ -121,37 +164,71 @@ class ConduitNode:
             preexec_fn=_die_with_parent,  # noqa: PLW1509 (one libc call, nothing else)
         )
         (self._dir / _PID_FILE).write_text(str(self._daemon.pid))
-        self._wait_until_serving()
+        try:
+            self._wait_until_ready()
+        except RuntimeError as exc:  # told by `unready`, with the daemon stopped
+            self._unready: str | None = str(exc)
+            self.close()
+        else:
+            self._unready = None
+
+    def unready(self) -> str | None:
+        """Why this node's daemon could not serve, or None: it serves."""
+        return self._unready
 
     def node_id(self) -> str:
         return str(ray.get_runtime_context().get_node_id())
 
-    async def run(self, programs: list[Program]) -> list[Outcome]:
+    def status(self) -> dict[str, Any]:
+        """The daemon's `daemon/status`."""
+        with Client(unix_path=self.socket, token="", timeout_s=10) as client:
+            return dict(client.call("daemon/status"))
+
+    async def run(self, programs: list[Program]) -> _ChunkDone:
         """Run `programs` on this node's daemon, `concurrency` at a time across all
         its chunks, in order. Whatever one program raises is its own `BatchError`."""
-        async with AsyncClient(unix_path=self.socket, token="", timeout_s=None) as client:
+        try:
+            # Its own daemon's private socket: nobody restarts a daemon there, so a
+            # failed connection is not retried.
+            once = Backoff(attempts=1)
+            async with AsyncClient(unix_path=self.socket, token="", backoff=once) as client:
+                outcomes = await asyncio.gather(*(self._one(client, p) for p in programs))
+        except ConnectionFailed as exc:  # nothing was sent
+            unrun = _Unrun(BatchError(type(exc).__name__, str(exc)[:2000]))
+            outcomes = [unrun] * len(programs)
+        return _ChunkDone(list(outcomes), serving=self._daemon.poll() is None)
 
-            async def one(program: Program) -> Outcome:
-                async with self._limit:
-                    try:
-                        return await client.execute(
-                            program.code,
-                            language=program.language,
-                            limits=program.limits,
-                            inputs=program.inputs,
-                            executor=program.executor,
-                        )
-                    except Exception as exc:  # its own outcome, whatever it is
-                        return BatchError(type(exc).__name__, str(exc)[:2000])
-
-            return list(await asyncio.gather(*(one(program) for program in programs)))
+    async def _one(self, client: AsyncClient, program: Program) -> Outcome | _Unrun:
+        """`program`'s outcome; `_Unrun` if the daemon surely did not run it."""
+        async with self._limit:
+            for pause_s in (*OVERLOADED_PAUSES_S, None):
+                if self._daemon.poll() is not None:
+                    return _Unrun(BatchError("DaemonExited", "the node's daemon exited"))
+                try:
+                    return await client.execute(
+                        program.code,
+                        language=program.language,
+                        limits=program.limits,
+                        inputs=program.inputs,
+                        executor=program.executor,
+                        timeout_s=_answer_within_s(program),
+                    )
+                except Overloaded as exc:
+                    if pause_s is None:
+                        return _Unrun(_batch_error(exc))
+                    await asyncio.sleep(pause_s)
+                except (ExecutorUnavailable, ConnectionFailed) as exc:
+                    return _Unrun(_batch_error(exc))
+                except Exception as exc:  # its own outcome, whatever it is
+                    return _batch_error(exc)
+        raise AssertionError("unreachable")  # the last pause is None
 
     def close(self) -> None:
         """Stop the daemon (it drains) and remove what this actor made."""
         if self._daemon.poll() is None:
             self._daemon.send_signal(signal.SIGTERM)
             try:
-                self._daemon.wait(timeout=30)
+                self._daemon.wait(timeout=STOP_TIMEOUT_S / 2)
             except subprocess.TimeoutExpired:
                 self._daemon.kill()
                 self._daemon.wait()
@@ -164,22 +241,27 @@ class ConduitNode:
         path.write_text('[metrics]\nlisten = "127.0.0.1:0"\n')
         return str(path)
 
-    def _wait_until_serving(self) -> None:
-        """Until the daemon answers and none of its executors is still starting (a
-        program sent sooner would wait for it, within its own timeout only)."""
+    def _wait_until_ready(self) -> None:
+        """Until the daemon says it is ready (what its `GET /ready` says); raises
+        `RuntimeError` at once when it exits, refuses the actor, or is settled unready
+        (an executor failed: it stays so until an operator acts)."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self._daemon.poll() is not None:
                 raise RuntimeError(f"the node's daemon exited: {self._tail()}")
             try:
                 with Client(unix_path=self.socket, token="", timeout_s=5) as client:
-                    executors = client.call("executors/list")["executors"]
-            except ConduitError:
-                executors = None
-            if executors is not None and not any(map(_starting, executors)):
+                    ready = client.call("daemon/status")["ready"]
+            except (ConnectionFailed, ConnectionLost, Timeout):
+                ready = None  # not listening yet, or too busy starting to answer
+            except ConduitError as exc:
+                raise RuntimeError(f"the node's daemon refused its actor: {exc}") from None
+            if ready is not None and ready["ok"]:
                 return
+            if ready is not None and not ready["preparing"] and ready["reason"] != _STARTING:
+                raise RuntimeError(f"the node's daemon cannot run programs: {ready['reason']}")
             time.sleep(0.1)
-        raise RuntimeError(f"the node's daemon did not start in {START_TIMEOUT_S:g} s")
+        raise RuntimeError(f"the node's daemon was not ready in {START_TIMEOUT_S:g} s")
 
     def _tail(self) -> str:
         self._log.flush()
@@ -194,27 +276,53 @@ class ConduitNodes:
         *,
         config: str | None = None,
         state_dir: str | None = None,
-        concurrency: int = CONCURRENCY,
+        concurrency: int | None = None,
         chunk_size: int = CHUNK_SIZE,
     ) -> None:
         """`config` and `state_dir` are paths on every node (None: the defaults, with
-        the metrics endpoint on a free port)."""
+        the metrics endpoint on a free port); `concurrency` is programs at once per
+        node (None: the node's CPUs).
+
+        Raises `RuntimeError` when no node's daemon became ready, naming each reason.
+        """
         if not ray.is_initialized():
             ray.init()
-        self._chunk_size = chunk_size
+        self._chunk_size = max(chunk_size, 1)
+        # Node id -> why its daemon could not serve.
+        self.failed: dict[str, str] = {}
+        self.actors: list[Any] = []
         remote = ray.remote(num_cpus=0, max_restarts=0)(ConduitNode)
-        self.actors = [
-            remote.options(
+        starting = {
+            node["NodeID"]: remote.options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-            ).remote(config, state_dir, concurrency)
+            ).remote(config, state_dir, concurrency or _cpus(node))
             for node in ray.nodes()
             if node["Alive"]
-        ]
-        try:
-            ray.get([actor.node_id.remote() for actor in self.actors])
-        except BaseException:
-            self.close()
-            raise
+        }
+        self._start(starting)
+
+    def _start(self, starting: dict[str, Any]) -> None:
+        """Keep the actors whose daemon became ready; kill the rest, noting why."""
+        ready = {actor.unready.remote(): (node, actor) for node, actor in starting.items()}
+        done, late = ray.wait(list(ready), num_returns=len(ready), timeout=START_TIMEOUT_S + 60)
+        for ref in late:
+            node, actor = ready[ref]
+            self.failed[node] = f"not ready in {START_TIMEOUT_S:g} s"
+            ray.kill(actor)
+        for ref in done:
+            node, actor = ready[ref]
+            try:
+                why = ray.get(ref)
+            except RayError as exc:
+                why = _first_line(exc)
+            if why is None:
+                self.actors.append(actor)
+            else:
+                self.failed[node] = why
+                ray.kill(actor)
+        if not self.actors:
+            reasons = "; ".join(f"{node[:12]}: {why}" for node, why in self.failed.items())
+            raise RuntimeError(f"no node's Conduit daemon became ready: {reasons or 'no node'}")
 
     def __enter__(self) -> ConduitNodes:
         return self
@@ -225,65 +333,94 @@ class ConduitNodes:
     def run(self, programs: Iterable[Program | str]) -> list[Outcome]:
         """One outcome per program, in order (see the module docstring)."""
         given = [Program(p) if isinstance(p, str) else p for p in programs]
-        outcomes: list[Outcome | None] = [
-            None if isinstance(p, Program) else BatchError("TypeError", _not_a_program(p))
-            for p in given
-        ]
-        # Only programs go out; each chunk remembers where its outcomes go.
-        runnable = [index for index, outcome in enumerate(outcomes) if outcome is None]
-        chunks = [
-            runnable[start : start + self._chunk_size]
-            for start in range(0, len(runnable), max(self._chunk_size, 1))
-        ]
+        deal = _Deal(given, self._chunk_size)
         waiting: dict[Any, tuple[Any, list[int]]] = {}  # ref: (actor, indices)
-        pending = iter(chunks)
+        dropped: list[Any] = []  # nodes whose actor or daemon is gone: no more programs
 
-        def send(actor: Any) -> None:
-            chunk = next(pending, None)
-            if chunk is not None:
-                waiting[actor.run.remote([given[i] for i in chunk])] = (actor, chunk)
+        def top_up() -> None:
+            held = Counter(id(actor) for actor, _ in waiting.values())
+            for actor in self.actors:
+                for _ in range(CHUNKS_PER_NODE - held[id(actor)]):
+                    chunk = deal.next_chunk()
+                    if chunk:
+                        waiting[actor.run.remote([given[i] for i in chunk])] = (actor, chunk)
 
-        for actor in self.actors:
-            for _ in range(CHUNKS_PER_NODE):
-                send(actor)
+        top_up()
         while waiting:
             [done], _ = ray.wait(list(waiting), num_returns=1)
             actor, chunk = waiting.pop(done)
             try:
-                results = ray.get(done)
-            except RayError as exc:
-                lost = BatchError(type(exc).__name__, _first_line(exc))
-                results = [lost] * len(chunk)
-                continue  # a node that failed a chunk is given no more
-            finally:
-                for index, outcome in zip(chunk, results, strict=True):
-                    outcomes[index] = outcome
-            send(actor)
-        if any(outcome is None for outcome in outcomes):
-            self._fail_unsent(outcomes)
-        return [outcome for outcome in outcomes if outcome is not None]
+                answer: _ChunkDone = ray.get(done)
+            except RayError as exc:  # the node is gone, and what it held may have run
+                deal.lost(chunk, BatchError(type(exc).__name__, _first_line(exc)))
+                dropped.append(actor)
+            else:
+                deal.answered(chunk, answer.outcomes)
+                if not answer.serving:
+                    dropped.append(actor)  # its other chunks still come back
+            self.actors = [a for a in self.actors if a not in dropped]
+            top_up()  # programs dealt again go to whichever node is free first
+        _stop(dropped)
+        return deal.finish()
 
     def close(self) -> None:
-        """Stop every node's daemon, then its actor."""
-        for actor in self.actors:
-            with contextlib.suppress(RayError):  # already gone: its daemon went with it
-                ray.get(actor.close.remote(), timeout=60)
-            ray.kill(actor)
+        """Stop every node's daemon, then its actor: all at once."""
+        _stop(self.actors)
         self.actors = []
 
-    @staticmethod
-    def _fail_unsent(outcomes: list[Outcome | None]) -> None:
-        """Every node failed: what was never sent is an error, not a gap."""
-        unsent = BatchError("NoNodeLeft", "every node failed before this program was sent")
-        for index, outcome in enumerate(outcomes):
-            if outcome is None:
-                outcomes[index] = unsent
+
+class _Deal:
+    """Which programs of a batch are still to go out, and each one's outcome."""
+
+    def __init__(self, given: list[Any], chunk_size: int) -> None:
+        self._outcomes: list[Outcome | None] = [
+            None if isinstance(p, Program) else BatchError("TypeError", _not_a_program(p))
+            for p in given
+        ]
+        self._chunk_size = chunk_size
+        self._deals = [0] * len(given)
+        # Only programs go out, each as often as it is dealt.
+        runnable = [index for index, outcome in enumerate(self._outcomes) if outcome is None]
+        self._pending: deque[int] = deque(runnable)
+
+    def next_chunk(self) -> list[int]:
+        chunk = []
+        while self._pending and len(chunk) < self._chunk_size:
+            index = self._pending.popleft()
+            self._deals[index] += 1
+            chunk.append(index)
+        return chunk
+
+    def answered(self, chunk: list[int], outcomes: list[Outcome | _Unrun]) -> None:
+        for index, outcome in zip(chunk, outcomes, strict=True):
+            if isinstance(outcome, _Unrun) and self._deals[index] < MAX_DEALS:
+                self._pending.append(index)  # it did not run: anyone may take it
+            else:
+                self._outcomes[index] = outcome.error if isinstance(outcome, _Unrun) else outcome
+
+    def lost(self, chunk: list[int], error: BatchError) -> None:
+        for index in chunk:
+            self._outcomes[index] = error
+
+    def finish(self) -> list[Outcome]:
+        """Every outcome; what never went out (every node failed) is an error, not a gap."""
+        unsent = BatchError("NoNodeLeft", "every node failed before this program was run")
+        return [unsent if outcome is None else outcome for outcome in self._outcomes]
 
 
 def run_batch(programs: Iterable[Program | str], **options: Any) -> list[Outcome]:
     """Start the nodes, run one batch, stop them (`ConduitNodes` takes `options`)."""
     with ConduitNodes(**options) as nodes:
         return nodes.run(programs)
+
+
+def _stop(actors: list[Any]) -> None:
+    """Stop the actors' daemons, all at once, then the actors."""
+    stopping = [actor.close.remote() for actor in actors]
+    if stopping:
+        ray.wait(stopping, num_returns=len(stopping), timeout=STOP_TIMEOUT_S)
+    for actor in actors:
+        ray.kill(actor)
 
 
 def _sweep_leftovers() -> None:
@@ -299,8 +436,19 @@ def _sweep_leftovers() -> None:
             continue  # starting (no pid yet), or not ours to judge
 
 
-def _starting(executor: Mapping[str, Any]) -> bool:
-    return (executor.get("pool") or {}).get("state") in _STARTING
+def _cpus(node: Mapping[str, Any]) -> int:
+    """The CPUs Ray counts on `node` (at least one)."""
+    return max(int((node.get("Resources") or {}).get("CPU", 1)), 1)
+
+
+def _answer_within_s(program: Program) -> float:
+    timeout_ms = (program.limits or {}).get("timeout_ms")
+    own_s = timeout_ms / 1000 if isinstance(timeout_ms, int) else DEFAULT_PROGRAM_TIMEOUT_S
+    return own_s + ANSWER_MARGIN_S
+
+
+def _batch_error(exc: BaseException) -> BatchError:
+    return BatchError(type(exc).__name__, str(exc)[:2000])
 
 
 def _die_with_parent() -> None:

@@ -25,8 +25,10 @@ async def reload(params: NoParams, ctx: CallContext) -> dict[str, Any]:
 
 @router.method("daemon/status", params=NoParams, scope="admin")
 async def status(params: NoParams, ctx: CallContext) -> dict[str, Any]:
-    """Uptime, connections, executions, admission queue, readiness (as `GET /ready`
-    answers, and which executors are still preparing), sessions, audit store, metrics."""
+    """Uptime, connections, executions, admission queue, readiness, sessions, audit, metrics.
+
+    `ready` is what `GET /ready` answers, and which executors are still preparing.
+    """
     daemon = ctx.control.statistics()
     admission = ctx.admission.statistics()
     return {
