@@ -13,31 +13,36 @@ results[1].status   # "error"
 
 `ConduitNodes` starts a `ConduitNode` actor on every alive node, pinned there, and each
 starts a daemon of its own (`conduit serve` on a private Unix socket, its state in
-`state_dir`: the node's built components are kept there between runs). A node whose
-daemon cannot run programs (an executor failed, the daemon exited) is left out and
-named in `failed`; only when every node fails does the constructor raise.
+`state_dir`: the node's built components are kept there between runs) and waits until
+it is ready with nothing left preparing. A node whose daemon cannot run programs (an
+executor failed, the daemon exited) is left out and named in `failed`; only when every
+node fails does the constructor raise.
 
-`run` deals the programs out in chunks, a few in flight per node and the next to
-whichever node finishes first, and returns one entry per program, in order: its
-`ExecutionResult` (a failing program is a result with its status, as always), or a
-`BatchError` when it could not be run or its answer was lost (its node died, the daemon
-refused it, no answer within its time limit plus `ANSWER_MARGIN_S`). One program, or
-one node, never fails the batch. No program is sent twice once it may have run; one
-that surely did not (the daemon refused it before running it, or was gone) is dealt
-again, to another node if its own is gone, at most `MAX_DEALS` times. A node runs
-`concurrency` programs at once: by default its CPUs, as many as its WebAssembly
-executors compute at once, so CPU-bound programs never queue inside the daemon (where
-waiting counts against them); raise it for programs that mostly wait on tools.
+`run` deals the programs out in chunks, enough held at each node to keep it busy and
+the next to whichever node finishes first, and returns one entry per program, in order:
+its `ExecutionResult` (a failing program is a result with its status, as always), or a
+`BatchError` when it could not be run or its answer was lost (its node or daemon died,
+the daemon refused it, no answer within its time limit, the daemon's queues and
+`ANSWER_MARGIN_S`). One program, or one node, never fails the batch. No program is sent
+twice once it may have run; one that surely did not (refused as overloaded or rate
+limited, or its daemon was gone) is dealt again, to whichever node is free, at most
+`MAX_DEALS` times. A node runs `concurrency` programs at once: by default its CPUs, as
+many as its WebAssembly executors compute at once, so CPU-bound programs never queue
+inside the daemon (where waiting counts against them), and never more than its daemon
+admits (`limits.max_concurrent_executions`); raise it for programs that mostly wait on
+tools.
 
 Resource handling: `close` (or leaving the `with`) stops every daemon and actor, all at
-once. A node whose actor died is dropped for good. A daemon is started with the
-parent-death signal set, so one whose actor is killed stops too.
+once. A node whose actor or daemon died is stopped, named in `failed` and given no more
+programs. A daemon is started with the parent-death signal set, so one whose actor is
+killed stops too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -68,8 +73,8 @@ from conduit.client import (
     ConnectionFailed,
     ConnectionLost,
     ExecutionResult,
-    ExecutorUnavailable,
     Overloaded,
+    RateLimited,
     Timeout,
 )
 
@@ -86,11 +91,9 @@ CHUNKS_PER_NODE = 2
 MAX_DEALS = 3
 # A program refused as overloaded is tried again on its node after these pauses.
 OVERLOADED_PAUSES_S = (0.5, 2.0)
-# Beyond a program's own time limit, how long its answer is waited for: the daemon's
-# admission queue and its CPU queue (30 s each by default), and the rest.
-ANSWER_MARGIN_S = 90.0
-# The daemon's `limits.defaults.timeout_ms`, for a program that names none.
-DEFAULT_PROGRAM_TIMEOUT_S = 10.0
+# Beyond a program's own time limit and the daemon's two queues (admission, CPU: each
+# bounded by its `limits.queue_timeout_s`), how long its answer is waited for.
+ANSWER_MARGIN_S = 30.0
 STOP_TIMEOUT_S = 60.0
 _PR_SET_PDEATHSIG = 1
 # Each actor's directory (socket, config, log), and the daemon's pid in it.
@@ -149,8 +152,7 @@ class ConduitNode:
         _sweep_leftovers()
         self._dir = Path(tempfile.mkdtemp(prefix=_DIR_PREFIX))
         self.socket = str(self._dir / "conduit.sock")
-        # One for the node, across every chunk it has been given at once.
-        self._limit = asyncio.Semaphore(max(concurrency, 1))
+        self._wanted = max(concurrency, 1)
         argv = [sys.executable, "-m", "conduit.daemon", "serve", "--socket", self.socket]
         argv += ["--config", config or self._default_config()]
         if state_dir is not None:
@@ -165,7 +167,7 @@ class ConduitNode:
         )
         (self._dir / _PID_FILE).write_text(str(self._daemon.pid))
         try:
-            self._wait_until_ready()
+            self._settle(self._wait_until_ready())
         except RuntimeError as exc:  # told by `unready`, with the daemon stopped
             self._unready: str | None = str(exc)
             self.close()
@@ -175,6 +177,19 @@ class ConduitNode:
     def unready(self) -> str | None:
         """Why this node's daemon could not serve, or None: it serves."""
         return self._unready
+
+    def concurrency(self) -> int:
+        """Programs this node runs at once."""
+        return self._concurrency
+
+    def _settle(self, executions: Mapping[str, Any]) -> None:
+        """Take the ready daemon's limits (`daemon/status` → `executions`): no more at
+        once than it admits, and answers awaited as long as its queues may hold them."""
+        self._concurrency = min(self._wanted, int(executions["capacity"]))
+        # One for the node, across every chunk it has been given at once.
+        self._limit = asyncio.Semaphore(self._concurrency)
+        self._default_timeout_s = float(executions["default_timeout_ms"]) / 1000
+        self._queues_s = 2 * float(executions["queue_timeout_s"])
 
     def node_id(self) -> str:
         return str(ray.get_runtime_context().get_node_id())
@@ -193,9 +208,9 @@ class ConduitNode:
             once = Backoff(attempts=1)
             async with AsyncClient(unix_path=self.socket, token="", backoff=once) as client:
                 outcomes = await asyncio.gather(*(self._one(client, p) for p in programs))
-        except ConnectionFailed as exc:  # nothing was sent
+        except ConnectionFailed as exc:  # nothing was sent, and its private socket is dead
             unrun = _Unrun(BatchError(type(exc).__name__, str(exc)[:2000]))
-            outcomes = [unrun] * len(programs)
+            return _ChunkDone([unrun] * len(programs), serving=False)
         return _ChunkDone(list(outcomes), serving=self._daemon.poll() is None)
 
     async def _one(self, client: AsyncClient, program: Program) -> Outcome | _Unrun:
@@ -211,17 +226,26 @@ class ConduitNode:
                         limits=program.limits,
                         inputs=program.inputs,
                         executor=program.executor,
-                        timeout_s=_answer_within_s(program),
+                        timeout_s=self._answer_within_s(program),
                     )
-                except Overloaded as exc:
+                except (Overloaded, RateLimited) as exc:
                     if pause_s is None:
                         return _Unrun(_batch_error(exc))
                     await asyncio.sleep(pause_s)
-                except (ExecutorUnavailable, ConnectionFailed) as exc:
+                except ConnectionFailed as exc:
                     return _Unrun(_batch_error(exc))
                 except Exception as exc:  # its own outcome, whatever it is
                     return _batch_error(exc)
         raise AssertionError("unreachable")  # the last pause is None
+
+    def _answer_within_s(self, program: Program) -> float:
+        """How long `program`'s answer may take: its time limit (as the daemon reads
+        it; a limit it will refuse is refused at once), its queues, and a margin."""
+        try:
+            own_s = float((program.limits or {})["timeout_ms"]) / 1000
+        except (KeyError, TypeError, ValueError):
+            own_s = self._default_timeout_s
+        return max(own_s, 0.0) + self._queues_s + ANSWER_MARGIN_S
 
     def close(self) -> None:
         """Stop the daemon (it drains) and remove what this actor made."""
@@ -241,23 +265,26 @@ class ConduitNode:
         path.write_text('[metrics]\nlisten = "127.0.0.1:0"\n')
         return str(path)
 
-    def _wait_until_ready(self) -> None:
-        """Until the daemon says it is ready (what its `GET /ready` says); raises
-        `RuntimeError` at once when it exits, refuses the actor, or is settled unready
-        (an executor failed: it stays so until an operator acts)."""
+    def _wait_until_ready(self) -> Mapping[str, Any]:
+        """Until the daemon says it is ready (what its `GET /ready` says) with nothing
+        left preparing (no build beside the programs, no stand-in for an executor still
+        starting); its `daemon/status` → `executions` then. Raises `RuntimeError` at
+        once when it exits, refuses the actor, or is unready with nothing preparing (an
+        executor failed, a runtime is missing)."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self._daemon.poll() is not None:
                 raise RuntimeError(f"the node's daemon exited: {self._tail()}")
             try:
                 with Client(unix_path=self.socket, token="", timeout_s=5) as client:
-                    ready = client.call("daemon/status")["ready"]
+                    status = client.call("daemon/status")
             except (ConnectionFailed, ConnectionLost, Timeout):
-                ready = None  # not listening yet, or too busy starting to answer
+                status = None  # not listening yet, or too busy starting to answer
             except ConduitError as exc:
                 raise RuntimeError(f"the node's daemon refused its actor: {exc}") from None
-            if ready is not None and ready["ok"]:
-                return
+            ready = status["ready"] if status is not None else None
+            if ready is not None and ready["ok"] and not ready["preparing"]:
+                return status["executions"]  # type: ignore[index]
             if ready is not None and not ready["preparing"] and ready["reason"] != _STARTING:
                 raise RuntimeError(f"the node's daemon cannot run programs: {ready['reason']}")
             time.sleep(0.1)
@@ -281,25 +308,31 @@ class ConduitNodes:
     ) -> None:
         """`config` and `state_dir` are paths on every node (None: the defaults, with
         the metrics endpoint on a free port); `concurrency` is programs at once per
-        node (None: the node's CPUs).
+        node (None: the node's CPUs; never more than its daemon admits at once).
 
         Raises `RuntimeError` when no node's daemon became ready, naming each reason.
         """
         if not ray.is_initialized():
             ray.init()
         self._chunk_size = max(chunk_size, 1)
-        # Node id -> why its daemon could not serve.
+        # Node id -> why it takes no programs: its daemon could not serve, or died.
         self.failed: dict[str, str] = {}
         self.actors: list[Any] = []
+        self._nodes: dict[Any, _Node] = {}  # actor -> its node
         remote = ray.remote(num_cpus=0, max_restarts=0)(ConduitNode)
-        starting = {
-            node["NodeID"]: remote.options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-            ).remote(config, state_dir, concurrency or _cpus(node))
-            for node in ray.nodes()
-            if node["Alive"]
-        }
-        self._start(starting)
+        starting: dict[str, Any] = {}
+        try:
+            for node in ray.nodes():
+                if node["Alive"]:
+                    affinity = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+                    starting[node["NodeID"]] = remote.options(scheduling_strategy=affinity).remote(
+                        config, state_dir, concurrency or _cpus(node)
+                    )
+            self._start(starting)
+        except BaseException:
+            for actor in starting.values():
+                ray.kill(actor)
+            raise
 
     def _start(self, starting: dict[str, Any]) -> None:
         """Keep the actors whose daemon became ready; kill the rest, noting why."""
@@ -316,6 +349,7 @@ class ConduitNodes:
             except RayError as exc:
                 why = _first_line(exc)
             if why is None:
+                self._nodes[actor] = _Node(node, ray.get(actor.concurrency.remote()))
                 self.actors.append(actor)
             else:
                 self.failed[node] = why
@@ -335,32 +369,29 @@ class ConduitNodes:
         given = [Program(p) if isinstance(p, str) else p for p in programs]
         deal = _Deal(given, self._chunk_size)
         waiting: dict[Any, tuple[Any, list[int]]] = {}  # ref: (actor, indices)
-        dropped: list[Any] = []  # nodes whose actor or daemon is gone: no more programs
+        dropped: list[Any] = []
 
         def top_up() -> None:
-            held = Counter(id(actor) for actor, _ in waiting.values())
+            held = Counter(actor for actor, _ in waiting.values())
             for actor in self.actors:
-                for _ in range(CHUNKS_PER_NODE - held[id(actor)]):
+                for _ in range(self._chunks_for(actor) - held[actor]):
                     chunk = deal.next_chunk()
                     if chunk:
                         waiting[actor.run.remote([given[i] for i in chunk])] = (actor, chunk)
 
-        top_up()
-        while waiting:
-            [done], _ = ray.wait(list(waiting), num_returns=1)
-            actor, chunk = waiting.pop(done)
-            try:
-                answer: _ChunkDone = ray.get(done)
-            except RayError as exc:  # the node is gone, and what it held may have run
-                deal.lost(chunk, BatchError(type(exc).__name__, _first_line(exc)))
-                dropped.append(actor)
-            else:
-                deal.answered(chunk, answer.outcomes)
-                if not answer.serving:
+        try:
+            top_up()
+            while waiting:
+                [done], _ = ray.wait(list(waiting), num_returns=1)
+                actor, chunk = waiting.pop(done)
+                gone = self._take_answer(deal, actor, chunk, done)
+                if gone is not None:
+                    self.failed[self._nodes[actor].node_id] = gone
                     dropped.append(actor)  # its other chunks still come back
-            self.actors = [a for a in self.actors if a not in dropped]
-            top_up()  # programs dealt again go to whichever node is free first
-        _stop(dropped)
+                self.actors = [a for a in self.actors if a not in dropped]
+                top_up()  # programs dealt again go to whichever node is free first
+        finally:
+            _stop(dropped)
         return deal.finish()
 
     def close(self) -> None:
@@ -368,15 +399,34 @@ class ConduitNodes:
         _stop(self.actors)
         self.actors = []
 
+    def _chunks_for(self, actor: Any) -> int:
+        """Chunks held at `actor`'s node: enough to keep all it runs at once busy, and
+        one more, so that it never idles between two."""
+        return -(-self._nodes[actor].concurrency // self._chunk_size) + 1
+
+    def _take_answer(self, deal: _Deal, actor: Any, chunk: list[int], ref: Any) -> str | None:
+        """Put `actor`'s answer for `chunk` into `deal`; why the node must take no more
+        programs, or None."""
+        try:
+            answer: _ChunkDone = ray.get(ref)
+        except RayError as exc:  # the node is gone, and what it held may have run
+            deal.lost(chunk, BatchError(type(exc).__name__, _first_line(exc)))
+            return f"its actor died: {_first_line(exc)}"
+        deal.answered(chunk, answer.outcomes)
+        return None if answer.serving else "its daemon stopped serving"
+
+
+@dataclass(frozen=True, slots=True)
+class _Node:
+    node_id: str
+    concurrency: int
+
 
 class _Deal:
     """Which programs of a batch are still to go out, and each one's outcome."""
 
     def __init__(self, given: list[Any], chunk_size: int) -> None:
-        self._outcomes: list[Outcome | None] = [
-            None if isinstance(p, Program) else BatchError("TypeError", _not_a_program(p))
-            for p in given
-        ]
+        self._outcomes: list[Outcome | None] = [_malformed(p) for p in given]
         self._chunk_size = chunk_size
         self._deals = [0] * len(given)
         # Only programs go out, each as often as it is dealt.
@@ -441,12 +491,6 @@ def _cpus(node: Mapping[str, Any]) -> int:
     return max(int((node.get("Resources") or {}).get("CPU", 1)), 1)
 
 
-def _answer_within_s(program: Program) -> float:
-    timeout_ms = (program.limits or {}).get("timeout_ms")
-    own_s = timeout_ms / 1000 if isinstance(timeout_ms, int) else DEFAULT_PROGRAM_TIMEOUT_S
-    return own_s + ANSWER_MARGIN_S
-
-
 def _batch_error(exc: BaseException) -> BatchError:
     return BatchError(type(exc).__name__, str(exc)[:2000])
 
@@ -456,8 +500,18 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _not_a_program(item: object) -> str:
-    return f"a batch holds Program or str items, not {type(item).__name__}"
+def _malformed(item: object) -> BatchError | None:
+    """Why `item` cannot go out as a program (it would fail the whole chunk on the way
+    to its node), or None."""
+    if not isinstance(item, Program):
+        return BatchError(
+            "TypeError", f"a batch holds Program or str items, not {type(item).__name__}"
+        )
+    try:
+        json.dumps([item.code, item.language, item.limits, item.inputs, item.executor])
+    except (TypeError, ValueError) as exc:  # as the wire would refuse it
+        return BatchError("TypeError", f"the program does not fit in JSON: {exc}"[:2000])
+    return None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -43,6 +43,9 @@ async def status(params: NoParams, ctx: CallContext) -> dict[str, Any]:
             "queued": admission.waiting,
             "capacity": admission.capacity,
             "queue_size": admission.queue_size,
+            # What a client needs to know how long an answer may take.
+            "queue_timeout_s": ctx.executions.limits.queue_timeout_s,
+            "default_timeout_ms": ctx.executions.limits.defaults.timeout_ms,
             "draining": ctx.executions.draining,
         },
         "sessions": {

@@ -391,6 +391,9 @@ async def test_status_says_what_ready_says_and_what_is_still_preparing(
             await trio.sleep(0.05)
     assert ready["ok"] is False
     assert ready["reason"] == daemon.unready_reason()
+    # And what a client needs to know how long an answer may take.
+    executions = (await client.call("daemon/status"))["executions"]
+    assert (executions["queue_timeout_s"], executions["default_timeout_ms"]) == (30.0, 10_000)
     assert ready["reason"].startswith("javascript: ")
     assert info.metrics_address is not None
     body = (await http(info.metrics_address, b"GET /ready HTTP/1.1\r\n\r\n"))[2]

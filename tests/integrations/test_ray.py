@@ -79,17 +79,22 @@ def test_a_batch_comes_back_in_order_with_each_programs_outcome(
     programs[30] = Program("inputs['x'] + 1", inputs={"x": 41})
     programs[33] = Program("1", limits={"timeout_ms": "soon"})  # type: ignore[dict-item]
     programs[35] = 5  # type: ignore[call-overload]
+    programs[36] = Program("1", inputs={"x": object()})  # would fail its chunk on the way
+    programs[38] = Program("1", executor="pyodide")  # not enabled: on no node
     with ConduitNodes(**node_settings, chunk_size=4) as nodes:
         assert len(nodes.actors) == 2 and nodes.failed == {}
         outcomes = nodes.run(programs)
         ran = [_recorded(actor) for actor in nodes.actors]
+        assert nodes.run([]) == []
     assert all(ran), f"a node ran nothing: {ran}"
     assert len(outcomes) == 40
     # A bad item, or one the client cannot even send, is its own error only.
     assert isinstance(outcomes[33], BatchError), outcomes[33]
     assert isinstance(outcomes[35], BatchError) and outcomes[35].type == "TypeError"
+    assert isinstance(outcomes[36], BatchError) and "JSON" in outcomes[36].message
+    assert isinstance(outcomes[38], BatchError) and outcomes[38].type == "ExecutorUnavailable"
     for index, outcome in enumerate(outcomes):
-        if index in (7, 13, 21, 30, 33, 35):
+        if index in (7, 13, 21, 30, 33, 35, 36, 38):
             continue
         assert isinstance(outcome, ExecutionResult) and outcome.result == index * index, outcome
     assert isinstance(outcomes[7], ExecutionResult) and outcomes[7].status == "error"
@@ -127,6 +132,7 @@ def test_a_node_whose_actor_dies_fails_what_it_held_and_is_dropped(
         socket = _socket_of(doomed)
         outcomes = _run_while(nodes, [BUSY] * 16, lambda: ray.kill(doomed))
         assert nodes.actors == [survivor]
+        assert "actor died" in "".join(nodes.failed.values()), nodes.failed
         again = nodes.run(["6 * 7"] * 4)
     assert [getattr(o, "result", o) for o in again] == [42] * 4
     done = [o for o in outcomes if isinstance(o, ExecutionResult)]
@@ -151,6 +157,7 @@ def test_a_node_whose_daemon_dies_hands_back_what_it_never_ran(
         pid = int((Path(_socket_of(doomed)).parent / "daemon.pid").read_text())
         outcomes = _run_while(nodes, programs, lambda: os.kill(pid, signal.SIGKILL))
         assert nodes.actors == [survivor]
+        assert list(nodes.failed.values()) == ["its daemon stopped serving"]
         listed = _recorded_codes(_socket_of(survivor))
     lost = [i for i, o in enumerate(outcomes) if isinstance(o, BatchError)]
     assert all(outcomes[i].type in {"ConnectionLost"} for i in lost), outcomes  # type: ignore[union-attr]
