@@ -57,6 +57,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--socket", help="Unix socket path")
     serve.add_argument("--tcp", help="also listen on HOST:PORT (loopback unless allowed)")
     serve.add_argument("--state-dir", help="where tokens and caches live")
+    serve.add_argument(
+        "--until-stdin-closes",
+        action="store_true",
+        help="also stop (draining) when standard input ends: for a supervisor's pipe",
+    )
 
     run = commands.add_parser("exec", help="run a program through the daemon")
     _add_connection_flags(run)
@@ -247,7 +252,10 @@ def _serve(args: argparse.Namespace) -> int:
     reload = partial(_config, args, **overrides)
     config = reload()
     configure_logging(config.server.log_level)
-    trio.run(partial(serve, config, reload=reload, handle_signals=True))
+    until_closed = args.until_stdin_closes
+    trio.run(
+        partial(serve, config, reload=reload, handle_signals=True, until_stdin_closes=until_closed)
+    )
     return 0
 
 

@@ -37,6 +37,7 @@ import resource
 import secrets
 import signal
 import stat
+import sys
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from functools import partial
@@ -98,6 +99,8 @@ _REFUSAL_S = 1.0
 # A peer can be refused as often as it connects; a line of each kind this often (with
 # how many were left out) tells an operator as much as a line per connection would.
 REFUSAL_LOG_EVERY_S = 10.0
+# Bytes read from standard input at a time, when its end is what is awaited.
+_STDIN_CHUNK = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +211,7 @@ class Daemon:
         self.started_at = trio.current_time() if _in_trio() else 0.0
         self._notifier = systemd.Notifier(None)
         self._acceptors: trio.CancelScope | None = None
+        self._stopping = False  # shutdown() was asked
         self._refusal_log = _ThrottledLog(REFUSAL_LOG_EVERY_S)
 
     @property
@@ -314,6 +318,8 @@ class Daemon:
         async with trio.open_nursery() as connections:
             async with trio.open_nursery() as acceptors:
                 self._acceptors = acceptors.cancel_scope
+                if self._stopping:  # asked while starting
+                    acceptors.cancel_scope.cancel()
                 # Holds the nursery open until shutdown() even with no listener at all.
                 acceptors.start_soon(trio.sleep_forever)
                 for listener in bound:
@@ -387,7 +393,9 @@ class Daemon:
         return self.registry.unready_reason()
 
     def shutdown(self) -> None:
-        """Stop accepting and drain; `serve` returns once drained."""
+        """Stop accepting and drain; `serve` returns once drained. Asked before the
+        daemon accepts, it stops as soon as it would start to."""
+        self._stopping = True
         if self._acceptors is not None:
             self._acceptors.cancel()
 
@@ -792,11 +800,31 @@ async def serve(
     *,
     reload: Callable[[], Config] | None = None,
     handle_signals: bool = False,
+    until_stdin_closes: bool = False,
     task_status: trio.TaskStatus[ServingInfo] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run a daemon for `config` until cancelled or shut down.
+    """Run a daemon for `config` until cancelled or shut down (with `until_stdin_closes`,
+    also once its standard input reaches its end: its supervisor is gone).
 
     `task_status.started()` receives a `ServingInfo` once every listener accepts.
     """
     daemon = Daemon(config, reload=reload)
-    await daemon.serve(handle_signals=handle_signals, task_status=task_status)
+    async with trio.open_nursery() as nursery:
+        if until_stdin_closes:
+            nursery.start_soon(_shutdown_when_stdin_closes, daemon)
+        await daemon.serve(handle_signals=handle_signals, task_status=task_status)
+        nursery.cancel_scope.cancel()
+
+
+async def _shutdown_when_stdin_closes(daemon: Daemon) -> None:
+    """Read standard input, ignoring what comes, and shut `daemon` down at its end.
+
+    A supervisor that holds the other end of a pipe (`conduit.integrations.ray`) need
+    not outlive the daemon to stop it: the kernel closes the pipe whatever way the
+    supervisor ends, which no signal sent on its death guarantees.
+    """
+    async with trio.lowlevel.FdStream(os.dup(sys.stdin.fileno())) as stdin:
+        while await stdin.receive_some(_STDIN_CHUNK):
+            pass
+    log.info("shutting down: standard input closed")
+    daemon.shutdown()

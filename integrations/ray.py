@@ -34,14 +34,13 @@ tools.
 
 Resource handling: `close` (or leaving the `with`) stops every daemon and actor, all at
 once. A node whose actor or daemon died is stopped, named in `failed` and given no more
-programs. A daemon is started with the parent-death signal set, so one whose actor is
-killed stops too.
+programs. A daemon stops when its actor's process ends, however it ends: it reads a
+pipe from the actor (`conduit serve --until-stdin-closes`) that the kernel closes then.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import json
 import os
 import shutil
@@ -95,7 +94,6 @@ OVERLOADED_PAUSES_S = (0.5, 2.0)
 # bounded by its `limits.queue_timeout_s`), how long its answer is waited for.
 ANSWER_MARGIN_S = 30.0
 STOP_TIMEOUT_S = 60.0
-_PR_SET_PDEATHSIG = 1
 # Each actor's directory (socket, config, log), and the daemon's pid in it.
 _DIR_PREFIX = "conduit-ray-"
 _PID_FILE = "daemon.pid"
@@ -153,17 +151,16 @@ class ConduitNode:
         self._dir = Path(tempfile.mkdtemp(prefix=_DIR_PREFIX))
         self.socket = str(self._dir / "conduit.sock")
         self._wanted = max(concurrency, 1)
-        argv = [sys.executable, "-m", "conduit.daemon", "serve", "--socket", self.socket]
+        # It stops when this process does, however that happens: the kernel closes the
+        # pipe it reads (a parent-death signal would follow the starting thread instead).
+        argv = [sys.executable, "-m", "conduit.daemon", "serve", "--until-stdin-closes"]
+        argv += ["--socket", self.socket]
         argv += ["--config", config or self._default_config()]
         if state_dir is not None:
             argv += ["--state-dir", state_dir]
         self._log = (self._dir / "daemon.log").open("wb")
         self._daemon = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 (one libc call, nothing else)
+            argv, stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT
         )
         (self._dir / _PID_FILE).write_text(str(self._daemon.pid))
         try:
@@ -256,6 +253,8 @@ class ConduitNode:
             except subprocess.TimeoutExpired:
                 self._daemon.kill()
                 self._daemon.wait()
+        if self._daemon.stdin is not None:
+            self._daemon.stdin.close()
         self._log.close()
         shutil.rmtree(self._dir, ignore_errors=True)
 
@@ -493,11 +492,6 @@ def _cpus(node: Mapping[str, Any]) -> int:
 
 def _batch_error(exc: BaseException) -> BatchError:
     return BatchError(type(exc).__name__, str(exc)[:2000])
-
-
-def _die_with_parent() -> None:
-    """In the daemon's process, before it runs: SIGTERM when the actor's process ends."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _malformed(item: object) -> BatchError | None:

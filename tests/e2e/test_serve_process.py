@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import resource
 import signal
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,16 @@ import pytest
 import trio
 
 from conduit.core.errors import Overloaded, Unauthenticated
-from tests.conftest import RawClient
-from tests.e2e.helpers import CONDUIT, base_env, call, conduit_serve, execute, farewells
+from tests.conftest import WAIT_S, RawClient
+from tests.e2e.helpers import (
+    CONDUIT,
+    base_env,
+    call,
+    conduit_serve,
+    execute,
+    farewells,
+    wait_for_socket,
+)
 from tests.fixtures.mcp_echo_server import command as echo_command
 
 
@@ -116,6 +125,41 @@ async def test_executions_arriving_while_draining_are_refused(
     reply = await client.request("execute", {"language": "typescript", "code": "1"})
     assert reply["error"]["code"] == Overloaded.code
     assert "shutting down" in reply["error"]["message"]
+
+
+async def test_until_stdin_closes_stops_when_the_supervisors_pipe_closes(
+    tmp_path: Path, short_dir: Path
+) -> None:
+    sock = str(short_dir / "c.sock")
+    log = tmp_path / "daemon.log"
+    command = [CONDUIT, "serve", "--socket", sock, "--until-stdin-closes"]
+    with log.open("wb") as stderr:
+        daemon = await trio.lowlevel.open_process(
+            command, env=base_env(tmp_path / "state"), stdin=subprocess.PIPE, stderr=stderr
+        )
+    try:
+        await wait_for_socket(sock, daemon)
+        assert daemon.stdin is not None
+        await daemon.stdin.send_all(b"anything written is ignored\n")
+        assert (await call(sock, "ping"))["result"] == {}
+        await daemon.stdin.aclose()  # as when the supervisor dies, however it does
+        with trio.fail_after(WAIT_S):
+            assert await daemon.wait() == 0
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+    assert "standard input closed" in log.read_text()
+
+
+async def test_a_stop_asked_while_starting_is_not_lost(tmp_path: Path, short_dir: Path) -> None:
+    """Standard input at its end from the start: the daemon stops once it can."""
+    command = [CONDUIT, "serve", "--socket", str(short_dir / "c.sock"), "--until-stdin-closes"]
+    with trio.fail_after(WAIT_S):
+        done = await trio.run_process(
+            command, env=base_env(tmp_path / "state"), stdin=b"", capture_stderr=True, check=False
+        )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert b"standard input closed" in done.stderr
 
 
 async def test_bad_config_stops_start_up_with_one_line(tmp_path: Path) -> None:
