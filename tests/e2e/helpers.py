@@ -6,6 +6,7 @@ would; `execute()` and `wait_upstreams()` serve the tests that run it in-process
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -176,6 +177,16 @@ def daemon_in_a_thread(
     `state_dir` (give it the session's builds first), its socket in a short directory
     of its own, the master token, a free metrics port, and `settings` (dotted keys) on
     top. Yields once its executors are ready and the `upstreams` named are up."""
+    with daemon_object_in_a_thread(state_dir, settings, upstreams=upstreams) as served:
+        yield dataclasses.replace(served, value=served.value[0])  # type: ignore[arg-type]
+
+
+@contextmanager
+def daemon_object_in_a_thread(
+    state_dir: Path, settings: dict[str, Any], *, upstreams: tuple[str, ...] = ()
+) -> Iterator[Served[tuple[ServingInfo, Daemon]]]:
+    """`daemon_in_a_thread`, serving the daemon's `ServingInfo` and the `Daemon` itself
+    (for tests that look inside it, in its own thread: `Served.call_sync`)."""
     socket_dir = Path(tempfile.mkdtemp(prefix="cd-", dir="/tmp"))  # socket paths are short
     config = load_config(
         environ={},
@@ -188,14 +199,14 @@ def daemon_in_a_thread(
         },
     )
 
-    async def start(nursery: trio.Nursery) -> ServingInfo:
+    async def start(nursery: trio.Nursery) -> tuple[ServingInfo, Daemon]:
         daemon = Daemon(config)
         with trio.fail_after(WAIT_S):
             info: ServingInfo = await nursery.start(daemon.serve)
             await daemon.registry.wait_ready()
         if upstreams:
             await wait_upstreams(daemon, *upstreams)
-        return info
+        return info, daemon
 
     try:
         with serving_in_a_thread(start) as served:

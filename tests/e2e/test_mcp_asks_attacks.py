@@ -13,8 +13,6 @@ Conduit answered them.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -27,15 +25,14 @@ import trio
 
 from conduit.core.errors import Overloaded
 from conduit.daemon.client_asks import MAX_WAITING
-from conduit.daemon.config import load_config
 from conduit.daemon.server import Daemon, ServingInfo
 from conduit.gateway import asks
-from tests.conftest import MASTER_TOKEN, WAIT_S, RawClient, link_wasm_cache
-from tests.e2e.helpers import wait_upstreams
+from tests.conftest import WAIT_S, RawClient, link_wasm_cache
+from tests.e2e.helpers import daemon_object_in_a_thread
 from tests.e2e.mcp_helpers import CONFORMANCE_TOOLS
 from tests.e2e.test_mcp_http import INIT, _headers
 from tests.fixtures.mcp_asking_server import command as asking_server
-from tests.served import Served, serving_in_a_thread
+from tests.served import Served
 
 # Every upstream call's deadline (`gateway.call_timeout_s`; an upstream's own
 # `call_timeout_s` is not what bounds an MCP call): short, so a client that never
@@ -70,7 +67,6 @@ def _running(root: Path, wasm_cache: Path, *, programs: bool = True) -> Iterator
     """A daemon with the three upstreams and MCP over HTTP; with `programs`, wasm-python."""
     state = root / "state"
     link_wasm_cache(state, wasm_cache)
-    socket_dir = Path(tempfile.mkdtemp(prefix="cd-", dir="/tmp"))  # socket paths are short
     hostile = {
         "name": "hostile",
         "transport": "stdio",
@@ -82,37 +78,19 @@ def _running(root: Path, wasm_cache: Path, *, programs: bool = True) -> Iterator
     }
     # The same server, not let ask: it is told no client can answer.
     quiet = {**hostile, "name": "quiet", "bare_names": False, "ask_clients": False}
-    config = load_config(
-        environ={},
-        overrides={
-            "server.socket": str(socket_dir / "c.sock"),
-            "server.state_dir": str(state),
-            "auth.token": MASTER_TOKEN,
-            "metrics.listen": "127.0.0.1:0",
-            "executors.deno.enabled": False,
-            "executors.wasm_js.enabled": False,
-            "executors.wasm_python.enabled": programs,
-            "server.max_in_flight_per_connection": 4,
-            "gateway.call_timeout_s": CALL_TIMEOUT_S,
-            "upstreams": [CONFORMANCE_TOOLS, hostile, quiet],
-            "mcp_http.listen": "127.0.0.1:0",
-        },
-    )
-
-    async def start(nursery: trio.Nursery) -> tuple[ServingInfo, Daemon]:
-        daemon = Daemon(config)
-        with trio.fail_after(WAIT_S):
-            info: ServingInfo = await nursery.start(daemon.serve)
-            await daemon.registry.wait_ready()
-        await wait_upstreams(daemon, "conformance", "hostile", "quiet")
-        return info, daemon
-
-    try:
-        with serving_in_a_thread(start) as served:
-            info, daemon = served.value
-            yield Running(info, daemon, served)
-    finally:
-        shutil.rmtree(socket_dir, ignore_errors=True)
+    settings = {
+        "executors.deno.enabled": False,
+        "executors.wasm_js.enabled": False,
+        "executors.wasm_python.enabled": programs,
+        "server.max_in_flight_per_connection": 4,
+        "gateway.call_timeout_s": CALL_TIMEOUT_S,
+        "upstreams": [CONFORMANCE_TOOLS, hostile, quiet],
+        "mcp_http.listen": "127.0.0.1:0",
+    }
+    upstreams = ("conformance", "hostile", "quiet")
+    with daemon_object_in_a_thread(state, settings, upstreams=upstreams) as served:
+        info, daemon = served.value
+        yield Running(info, daemon, served)
 
 
 @pytest.fixture(scope="module")
