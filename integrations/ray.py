@@ -97,8 +97,6 @@ STOP_TIMEOUT_S = 60.0
 # Each actor's directory (socket, config, log), and the daemon's pid in it.
 _DIR_PREFIX = "conduit-ray-"
 _PID_FILE = "daemon.pid"
-# What the daemon's readiness says before it has started at all.
-_STARTING = "starting"
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,9 +185,6 @@ class ConduitNode:
         self._limit = asyncio.Semaphore(self._concurrency)
         self._default_timeout_s = float(executions["default_timeout_ms"]) / 1000
         self._queues_s = 2 * float(executions["queue_timeout_s"])
-
-    def node_id(self) -> str:
-        return str(ray.get_runtime_context().get_node_id())
 
     def status(self) -> dict[str, Any]:
         """The daemon's `daemon/status`."""
@@ -284,7 +279,7 @@ class ConduitNode:
             ready = status["ready"] if status is not None else None
             if ready is not None and ready["ok"] and not ready["preparing"]:
                 return status["executions"]  # type: ignore[index]
-            if ready is not None and not ready["preparing"] and ready["reason"] != _STARTING:
+            if ready is not None and not ready["preparing"]:
                 raise RuntimeError(f"the node's daemon cannot run programs: {ready['reason']}")
             time.sleep(0.1)
         raise RuntimeError(f"the node's daemon was not ready in {START_TIMEOUT_S:g} s")
