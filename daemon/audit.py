@@ -15,12 +15,15 @@ executions/list|get|stats ─▶ reading connections of their own, in worker thr
 ```
 
 Guarantees. An execution's `running` row is written with the next batch after it
-starts; its end replaces it, and the answer to its client waits (at most
-`ANSWER_WAIT_S`) for the transaction holding that end to commit. So a client that has
-its result finds its record, even after `kill -9`; and a daemon killed mid-execution
-finds its `running` rows at its next start and marks them `interrupted`. Waiting
-answers end the writer's gathering at once, so under load they share commits (group
-commit) and alone they cost one commit each.
+starts; its end replaces it. Each record is also appended to the journal
+(`audit_journal`) as it is handed over, and the answer to a client goes once its
+record is there; without a journal (another daemon holds it, it cannot be written, or
+it is full) the answer waits (at most `ANSWER_WAIT_S`) for the transaction holding
+that end to commit, and waiting answers end the writer's gathering at once, so under
+load they share commits. Either way a client that has its result finds its record,
+even after `kill -9`: a read waits for the records handed over before it, and the
+next start writes what the journal holds before it marks the last life's `running`
+rows `interrupted`.
 
 A store that cannot be opened or written is logged once per kind of failure; the daemon
 keeps running executions (answers stop waiting for it), records wait in the buffer and
@@ -41,12 +44,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
 
 from conduit.core.errors import InvalidParams, StoreUnavailable
 from conduit.daemon.audit_backend import AuditBackend, open_backend
+from conduit.daemon.audit_journal import JOURNAL_NAME, RecordJournal
 from conduit.daemon.audit_rows import BadCursor, ExecutionQuery, Page
 from conduit.daemon.config import AuditConfig
 from conduit.daemon.events import BusEvent
@@ -123,6 +128,7 @@ class AuditStatistics:
     purged: int  # rows deleted by retention
     size_bytes: int  # what the store takes, as of the last upkeep
     reason: str | None  # why the store is failing or unavailable
+    journal: bool  # whether answers go once their records are journaled, not committed
 
 
 class AuditStore:
@@ -164,6 +170,15 @@ class AuditStore:
         # Taken from the buffer and not yet written (kept across failed attempts).
         self._pending: list[Record] = []
         self._upkept = trio.Event()
+        # Every record handed over is also appended here (`audit_journal`), so an
+        # answer need not wait for its commit; None if it could not be had.
+        self._journal_path = Path(state_dir) / JOURNAL_NAME
+        self._journal: RecordJournal | None = None
+        # Whether every record handed over since the journal was last emptied is in it.
+        self._journal_whole = False
+        # What the journal held at start, written before the last life's running rows
+        # are marked interrupted.
+        self._replaying: list[Record] = []
 
     def __repr__(self) -> str:
         return (
@@ -198,6 +213,8 @@ class AuditStore:
             self._dropped += 1
             return
         self._handed += 1
+        if self._journal is not None and not self._journal.append(record):
+            self._journal_whole = False
         if self._handed - self._done >= MAX_BATCH_RECORDS:
             self._write_now.set()
 
@@ -217,10 +234,13 @@ class AuditStore:
                 return
 
     async def wait_recorded(self) -> None:
-        """Return once the records handed over before this call are committed: what an
-        answer waits for. Returns at once while the store is not working (off,
-        failing, unavailable), and after `ANSWER_WAIT_S` if it is too slow."""
+        """Return once the records handed over before this call are safe: in the
+        journal, or else committed. What an answer waits for. Returns at once while the
+        store is not working (off, failing, unavailable), and after `ANSWER_WAIT_S` if
+        it is too slow."""
         if self._state is not AuditState.OPEN or self._done >= self._handed:
+            return
+        if self._journal_whole:
             return
         with trio.move_on_after(ANSWER_WAIT_S) as waited:
             await self.wait_flushed()
@@ -250,6 +270,8 @@ class AuditStore:
         if self._state is AuditState.OFF:
             task_status.started()
             return
+        if self.config.uses_journal():
+            await self._open_journal()
         await self._open()
         task_status.started()
         try:
@@ -264,6 +286,8 @@ class AuditStore:
                         pass
                 self._count_left_behind()
                 await self._close()
+                if self._journal is not None:
+                    self._journal.close(remove=True)
 
     async def _write_forever(self) -> None:
         backoff_s = RETRY_FIRST_S
@@ -328,6 +352,7 @@ class AuditStore:
         self._done += len(batch)
         if self._handed == self._done:
             self._logged.discard("buffer full")
+            self._caught_up()
         self._attempted()
         return True
 
@@ -368,6 +393,7 @@ class AuditStore:
                 return True
             try:
                 await self._in_writer(self._backend.open)
+                await self._replay()
                 if not self._swept:
                     self._interrupted = await self._in_writer(self._backend.mark_interrupted)
                     self._swept = True
@@ -388,6 +414,42 @@ class AuditStore:
             )
         self._retry_now.set()
         return True
+
+    async def _open_journal(self) -> None:
+        """Take the journal, keeping what a past life left in it for `_replay`."""
+        try:
+            journal, self._replaying = await trio.to_thread.run_sync(
+                RecordJournal.open, self._journal_path
+            )
+        except OSError as exc:
+            log.warning(
+                "audit journal %s cannot be had (%s): answers wait for their records' commits",
+                self._journal_path,
+                exc,
+            )
+            return
+        self._journal, self._journal_whole = journal, True
+
+    async def _replay(self) -> None:
+        """Write what the journal held at start, before running rows are marked."""
+        if not self._replaying:
+            return
+        try:
+            await self._in_writer(self._backend.insert_records, self._replaying)
+        except Exception as exc:
+            if self._backend.unavailable(exc):
+                raise
+            await self._write_one_by_one(self._replaying)
+        log.info("audit: %d records written from the journal", len(self._replaying))
+        self._replaying = []
+        if self._handed == self._done:
+            self._caught_up()
+
+    def _caught_up(self) -> None:
+        """Everything handed over is committed: the journal may be emptied."""
+        if self._journal is not None and not self._replaying:
+            self._journal.clear()
+            self._journal_whole = self._journal.is_open
 
     async def _close(self) -> None:
         self._opened = False
@@ -472,9 +534,11 @@ class AuditStore:
 
     def reconfigure(self, config: AuditConfig) -> None:
         """Apply a reloaded `[audit]`: retention and interval from the next upkeep on."""
-        fixed = ("enabled", "path", "url", "daemon_id")
+        fixed = ("enabled", "path", "url", "daemon_id", "journal")
         if any(getattr(config, name) != getattr(self.config, name) for name in fixed):
-            log.warning("audit.enabled, path, url and daemon_id changes take effect on restart")
+            log.warning(
+                "audit.enabled, path, url, daemon_id and journal changes take effect on restart"
+            )
         self.config = config.model_copy(update={name: getattr(self.config, name) for name in fixed})
 
     def statistics(self) -> AuditStatistics:
@@ -491,6 +555,7 @@ class AuditStore:
             purged=self._purged,
             size_bytes=self._size_bytes,
             reason=self._reason,
+            journal=self._journal is not None and self._journal.is_open,
         )
 
     # ---- reading -------------------------------------------------------------------

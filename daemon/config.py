@@ -253,6 +253,11 @@ class AuditConfig(_Section):
     max_bytes: Annotated[int, Field(ge=64 * 1024)] = 256 * 1024 * 1024
     # Ten minutes: the store outgrows max_bytes by at most what ten minutes write.
     purge_interval_s: Annotated[float, Field(gt=0, le=86_400)] = 600.0
+    # Whether an answer goes once its record is in the journal beside the state
+    # (`audit.journal`) rather than once it is committed; None = with SQLite only. A
+    # store other daemons read (PostgreSQL, a shared SQLite file) wants false: there an
+    # answer's record is visible to every daemon's reads by the time it arrives.
+    journal: bool | None = None
 
     @field_validator("url")
     @classmethod
@@ -266,6 +271,10 @@ class AuditConfig(_Section):
         if self.path and self.url:
             raise ValueError("give audit.path (SQLite) or audit.url (PostgreSQL), not both")
         return self
+
+    def uses_journal(self) -> bool:
+        """Whether answers wait for the journal rather than the commit (`journal`)."""
+        return self.journal if self.journal is not None else not self.url
 
     def database_path(self, state_dir: str) -> str:
         """Where the SQLite store lives: `path`, resolved against `state_dir`."""

@@ -129,3 +129,7 @@ class SessionRecord:
     end_reason: str | None = None
     steps: int = 0
     resets: int = 0
+
+    def to_wire(self) -> dict[str, Any]:
+        """The record as JSON-ready data."""
+        return asdict(self)

@@ -27,6 +27,7 @@ from conduit.core.errors import Forbidden, InvalidParams, NotFound, StoreUnavail
 from conduit.daemon import audit
 from conduit.daemon.audit import BUFFER_RECORDS, AuditState
 from conduit.daemon.audit_db import store_bytes
+from conduit.daemon.audit_journal import JOURNAL_NAME, record_from_line
 from conduit.daemon.auth import hash_token, new_token
 from conduit.daemon.events import BusEvent, EventType
 from conduit.daemon.records import ExecutionRecord, ToolCallRecord, code_digest
@@ -449,6 +450,8 @@ async def test_hostile_text_and_numbers_never_fail_a_write(
     ran = await client.call("execute", python(code))
     assert ran["status"] == "error"
 
+    with trio.fail_after(WAIT_S):
+        await server.audit.wait_flushed()
     stats = server.audit.statistics()
     assert (stats.recorded, stats.lost) == (3, 0)
     # PostgreSQL's text cannot hold NUL: it becomes U+FFFD; SQLite keeps it.
@@ -568,7 +571,10 @@ async def test_an_answer_waits_for_its_commit_but_not_for_a_stalled_store(
 ) -> None:
     monkeypatch.setattr(logging.getLogger("conduit"), "propagate", True)
     monkeypatch.setattr(audit, "ANSWER_WAIT_S", 0.5)
-    server, info = await start_daemon(**PYTHON_ONLY)
+    # Without the journal (PostgreSQL's default), the answer waits for the commit.
+    server, info = await start_daemon(audit={"journal": False}, **PYTHON_ONLY)
+    assert not (Path(server.config.server.state_dir) / JOURNAL_NAME).exists()
+    assert not server.audit.statistics().journal
     client = await connect(info)
     backend = server.audit._backend
     insert = backend.insert_records
@@ -601,6 +607,46 @@ async def test_an_answer_waits_for_its_commit_but_not_for_a_stalled_store(
     with trio.fail_after(WAIT_S):
         await server.audit.wait_flushed()
     assert committed[-1] == late["execution_id"]
+
+
+@sqlite_only
+async def test_an_answer_waits_for_its_journal_line_not_its_commit(
+    start_daemon: Any, connect: Any, monkeypatch: Any, tmp_path: Path
+) -> None:
+    # Nothing is committed unless someone asks: only the journal can make the answer safe.
+    monkeypatch.setattr(audit, "WRITE_DELAY_S", 600.0)
+    server, info = await start_daemon(**PYTHON_ONLY)
+    client = await connect(info)
+    journal = Path(server.config.server.state_dir) / JOURNAL_NAME
+    assert server.audit.statistics().journal
+    backend = server.audit._backend
+    insert = backend.insert_records
+    release = threading.Event()
+
+    def stalling(records: list[Any]) -> int:
+        release.wait(WAIT_S)
+        return insert(records)
+
+    monkeypatch.setattr(backend, "insert_records", stalling)
+    ran = await client.call("execute", python("1"))
+    assert ran["status"] == "ok"
+    # Answered before any commit, and not as a store too slow to wait for: the journal
+    # holds the execution's start and end, as a next start would replay them.
+    assert server.audit.statistics().unconfirmed == 0
+    assert sqlite_rows(server.audit.path, "SELECT count(*) FROM executions") == [(0,)]
+    lines = journal.read_bytes().splitlines()
+    held = [record_from_line(line) for line in lines]
+    assert [(r.execution_id, r.status) for r in held] == [
+        (ran["execution_id"], "running"),
+        (ran["execution_id"], "ok"),
+    ]
+    # A read still finds it: it waits for the records handed over before it.
+    release.set()
+    with trio.fail_after(WAIT_S):
+        got = await client.call("executions/get", {"execution_id": ran["execution_id"]})
+    assert got["status"] == "ok"
+    # Once everything handed over is committed, the journal is emptied.
+    assert journal.read_bytes() == b""
 
 
 # ---- retention -------------------------------------------------------------------
