@@ -241,8 +241,11 @@ def write_whole():
             setattr(sys, f"__{name}__", whole)
 
 
-def _returns_at_top(body):
-    """Whether a `return` appears outside every function and class of `body`."""
+def _returns_at_top(code, body):
+    """Whether a `return` appears outside every function and class of `body`, parsed
+    from `code` (whose text names `return` if any of it does)."""
+    if "return" not in code:
+        return False
     stack = list(body)
     while stack:
         node = stack.pop()
@@ -265,7 +268,7 @@ def _prepare(code, allow_await, filename=PROGRAM_FILE):
     tree = ast.parse(code, filename, "exec")
     body = tree.body
     last = body[-1] if body else None
-    if _returns_at_top(body):
+    if _returns_at_top(code, body):
         if isinstance(last, ast.Expr):
             body[-1] = ast.copy_location(ast.Return(value=last.value), last)
         kind = ast.AsyncFunctionDef if allow_await else ast.FunctionDef
@@ -281,10 +284,12 @@ def _prepare(code, allow_await, filename=PROGRAM_FILE):
         value = ast.Await(called) if allow_await else called
         call = ast.Assign(targets=[ast.Name(RESULT_NAME, ast.Store())], value=value)
         tree.body = [ast.copy_location(function, body[0]), ast.copy_location(call, body[-1])]
+        ast.fix_missing_locations(tree)
     elif isinstance(last, ast.Expr):
-        assign = ast.Assign(targets=[ast.Name(RESULT_NAME, ast.Store())], value=last.value)
+        # Located here rather than by `fix_missing_locations`, which walks the whole tree.
+        target = ast.copy_location(ast.Name(RESULT_NAME, ast.Store()), last)
+        assign = ast.Assign(targets=[target], value=last.value)
         body[-1] = ast.copy_location(assign, last)
-    ast.fix_missing_locations(tree)
     flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT if allow_await else 0
     return compile(tree, filename, "exec", flags=flags, dont_inherit=True)
 
