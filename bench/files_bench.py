@@ -5,8 +5,9 @@
 
 The daemon is the agent benchmark's (`agent_bench.py`: every executor on, its pools);
 file runs and trivial runs alternate in blocks, so a busy moment of the machine falls
-on both. The full benchmark (`bench/run.py`) measures the same round trip among the
-rest of the sessions figures.
+on both; each run of either kind starts once the executor's pool is full. The full
+benchmark (`bench/run.py`) measures the same round trip among the rest of the
+sessions figures.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from bench import sessions
 from bench.agent_bench import EXECUTORS, MAX_CONCURRENT, POOLS, settle
 from bench.client import Client
 from bench.conduit_daemon import daemon, executors, unavailable_reason, wait_executors
+from bench.latency import wait_pool_full
 from bench.pyodide_bench import wait_pyodide
 from bench.stats import percentiles
 
@@ -49,11 +51,11 @@ async def figures(workdir: Path, names: list[str], runs: int) -> dict[str, Any]:
                 results[name] = {"skipped": why}
                 continue
             await settle(path, {name: POOLS.get(name, 0)})
-            results[name] = await _alternating(path, name, runs)
+            results[name] = await _alternating(path, name, POOLS.get(name, 0), runs)
         return results
 
 
-async def _alternating(path: str, executor: str, runs: int) -> dict[str, Any]:
+async def _alternating(path: str, executor: str, pool: int, runs: int) -> dict[str, Any]:
     client = await Client.open(path)
     request = {"language": sessions.LANGUAGES[executor], "executor": executor}
     trivial = {**request, "code": TRIVIAL[request["language"]]}
@@ -61,8 +63,9 @@ async def _alternating(path: str, executor: str, runs: int) -> dict[str, Any]:
     plain: list[float] = []
     try:
         while len(files) < runs:
-            files.extend(await sessions.file_samples(client, executor, BLOCK))
+            files.extend(await sessions.file_samples(client, executor, pool, BLOCK))
             for _ in range(BLOCK):
+                await wait_pool_full(client, pool, executor)
                 began = time.perf_counter()
                 await client.call("execute", trivial)
                 plain.append(time.perf_counter() - began)

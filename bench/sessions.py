@@ -1,6 +1,8 @@
 """Sessions on every executor (issue 25): a session's step (`x += 1`), p50 and p99; a
-1 MB file in and the same file back out, in a fresh sandbox; and the memory each idle
-session holds, as the daemon's process tree's resident memory grows with them.
+1 MB file in and the same file back out, in a fresh sandbox (each run once the
+executor's pool is full, as the trivial figures are taken: back to back, a run would
+also wait for the pool to start the sandbox the last one used up); and the memory each
+idle session holds, as the daemon's process tree's resident memory grows with them.
 
 Run in the agent daemon (`bench/agent_bench.py`), every executor on. Memory is read
 from /proc (the daemon and every process under it), before and after opening
@@ -18,6 +20,7 @@ from typing import Any
 import trio
 
 from bench.client import Client, RpcError
+from bench.latency import wait_pool_full
 from bench.stats import percentiles
 
 # Each executor's language, and the step that counts (its first step defines x).
@@ -47,14 +50,15 @@ IDLE_SESSIONS = 4
 SETTLE_S = 2.0
 
 
-async def figures(path: str, executors: list[str], steps: int, file_runs: int) -> dict[str, Any]:
+async def figures(path: str, pools: dict[str, int], steps: int, file_runs: int) -> dict[str, Any]:
+    """The figures of each executor in `pools` (name: its pool's size, 0 for none)."""
     client = await Client.open(path)
     try:
         results: dict[str, Any] = {"targets_ms": TARGETS_MS, "file_target_ms": FILE_TARGET_MS}
-        for name in executors:
+        for name, pool in pools.items():
             results[name] = {
                 "step": await _guarded(_steps(client, name, steps)),
-                "file": await _guarded(_file_round_trip(client, name, file_runs)),
+                "file": await _guarded(_file_round_trip(client, name, pool, file_runs)),
                 "idle_mb": await _guarded(_idle_memory(client, name)),
             }
         return results
@@ -95,12 +99,13 @@ async def _step(client: Client, session_id: str, code: str) -> Any:
     return result["result"]
 
 
-async def _file_round_trip(client: Client, executor: str, runs: int) -> dict[str, Any]:
-    return percentiles(await file_samples(client, executor, runs))
+async def _file_round_trip(client: Client, executor: str, pool: int, runs: int) -> dict[str, Any]:
+    return percentiles(await file_samples(client, executor, pool, runs))
 
 
-async def file_samples(client: Client, executor: str, runs: int) -> list[float]:
-    """Seconds each of `runs` round trips of a 1 MB file took, after one untimed."""
+async def file_samples(client: Client, executor: str, pool: int, runs: int) -> list[float]:
+    """Seconds each of `runs` round trips of a 1 MB file took, after one untimed, each
+    once the executor's pool (of `pool`) is full."""
     language = LANGUAGES[executor]
     data = os.urandom(FILE_BYTES)
     request = {
@@ -112,6 +117,7 @@ async def file_samples(client: Client, executor: str, runs: int) -> list[float]:
     }
     samples = []
     for run in range(runs + 1):
+        await wait_pool_full(client, pool, executor)
         began = time.perf_counter()
         result = await client.call("execute", request)
         elapsed = time.perf_counter() - began
