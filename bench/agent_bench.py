@@ -67,7 +67,7 @@ async def figures(workdir: Path, n: dict[str, int]) -> dict[str, Any]:
             )
         await settle(path, pools)
         results["sessions"] = await sessions.figures(
-            path, pools, n["session_steps"], n["file_runs"]
+            path, pools, n["session_steps"], n["file_runs"], workdir
         )
     return results
 

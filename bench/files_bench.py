@@ -52,6 +52,7 @@ async def figures(workdir: Path, names: list[str], runs: int) -> dict[str, Any]:
                 continue
             await settle(path, {name: POOLS.get(name, 0)})
             results[name] = await _alternating(path, name, POOLS.get(name, 0), runs)
+        results["wire_reference"] = {"file": await sessions.wire_reference(workdir, runs)}
         return results
 
 
@@ -84,6 +85,9 @@ def main() -> None:
     for name, figure in found.items():
         if "skipped" in figure:
             print(f"{name:12s} skipped: {figure['skipped']}")
+            continue
+        if "trivial" not in figure:
+            print(f"{name:12s} file p50 {figure['file']['p50_ms']:7.1f} ms (nothing run)")
             continue
         file, plain = figure["file"], figure["trivial"]
         print(

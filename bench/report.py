@@ -352,7 +352,7 @@ def _sessions(sessions: dict[str, Any]) -> None:
         f"out p50 ms (target {file_target:g}); resident MB per idle session:"
     )
     for name, figures in sessions.items():
-        if name in ("targets_ms", "file_target_ms"):
+        if name in ("targets_ms", "file_target_ms", "wire_reference"):
             continue
         step, file, idle = figures["step"], figures["file"], figures["idle_mb"]
         step_text = (
@@ -368,6 +368,8 @@ def _sessions(sessions: dict[str, Any]) -> None:
         )
         idle_text = f"{idle['per_session_mb']:.1f}" if "per_session_mb" in idle else "-"
         print(f"    {name:14}step {step_text}; file {file_text}; idle {idle_text} MB")
+    wire = sessions["wire_reference"]
+    print(f"    reference: a file's wire form alone (bench/wire_echo.py), p50 {wire['p50_ms']:.2f}")
 
 
 def _number(value: float | None, width: int, decimals: int) -> str:

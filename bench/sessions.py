@@ -3,6 +3,8 @@
 executor's pool is full, as the trivial figures are taken: back to back, a run would
 also wait for the pool to start the sandbox the last one used up); and the memory each
 idle session holds, as the daemon's process tree's resident memory grows with them.
+Beside the file figure, its reference: the same round trip through `wire_echo.py`,
+which decodes, writes, reads and encodes the file as the daemon does and runs nothing.
 
 Run in the agent daemon (`bench/agent_bench.py`), every executor on. Memory is read
 from /proc (the daemon and every process under it), before and after opening
@@ -13,7 +15,11 @@ from __future__ import annotations
 
 import base64
 import os
+import subprocess
+import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +54,23 @@ COPY = {
 }
 IDLE_SESSIONS = 4
 SETTLE_S = 2.0
+WIRE_ECHO = Path(__file__).with_name("wire_echo.py")
+# How long the reference server may take to start.
+WIRE_ECHO_START_S = 30
 
 
-async def figures(path: str, pools: dict[str, int], steps: int, file_runs: int) -> dict[str, Any]:
-    """The figures of each executor in `pools` (name: its pool's size, 0 for none)."""
+async def figures(
+    path: str, pools: dict[str, int], steps: int, file_runs: int, workdir: Path
+) -> dict[str, Any]:
+    """The figures of each executor in `pools` (name: its pool's size, 0 for none),
+    and the wire form's reference (its server's socket in `workdir`)."""
     client = await Client.open(path)
     try:
-        results: dict[str, Any] = {"targets_ms": TARGETS_MS, "file_target_ms": FILE_TARGET_MS}
+        results: dict[str, Any] = {
+            "targets_ms": TARGETS_MS,
+            "file_target_ms": FILE_TARGET_MS,
+            "wire_reference": await wire_reference(workdir, file_runs),
+        }
         for name, pool in pools.items():
             results[name] = {
                 "step": await _guarded(_steps(client, name, steps)),
@@ -117,7 +133,8 @@ async def file_samples(client: Client, executor: str, pool: int, runs: int) -> l
     }
     samples = []
     for run in range(runs + 1):
-        await wait_pool_full(client, pool, executor)
+        if pool:
+            await wait_pool_full(client, pool, executor)
         began = time.perf_counter()
         result = await client.call("execute", request)
         elapsed = time.perf_counter() - began
@@ -128,6 +145,36 @@ async def file_samples(client: Client, executor: str, pool: int, runs: int) -> l
         if run:  # the first is a warm-up
             samples.append(elapsed)
     return samples
+
+
+async def wire_reference(workdir: Path, runs: int) -> dict[str, Any]:
+    """The 1 MB round trip through `wire_echo.py`: the wire form's own cost."""
+    async with _wire_echo(workdir / "wire.sock") as path:
+        client = await Client.open(path)
+        try:
+            return percentiles(await file_samples(client, "wasm-python", 0, runs))
+        finally:
+            await client.aclose()
+
+
+@asynccontextmanager
+async def _wire_echo(path: Path) -> AsyncIterator[str]:
+    """The reference server, running for the block; its socket path."""
+    process = await trio.lowlevel.open_process(
+        [sys.executable, str(WIRE_ECHO), str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert process.stdout is not None
+        with trio.fail_after(WIRE_ECHO_START_S):
+            started = await process.stdout.receive_some()
+        if started.strip() != b"ready":
+            raise RuntimeError("the wire echo server did not start")
+        yield str(path)
+    finally:
+        process.kill()
+        await process.wait()
 
 
 async def _idle_memory(client: Client, executor: str) -> dict[str, Any]:
