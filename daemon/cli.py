@@ -683,10 +683,12 @@ def _component_details(pool: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, value) lines for the component keys an executor's info carries.
 
     Generic: any executor whose `info().pool` has `component`, `component_hash`,
-    `build_inputs`, `compiled_cache` or `timings` (the Wasmtime ones) gets them shown;
-    others (Deno's pool statistics) get nothing.
+    `build_inputs`, `compiled_cache` or `timings` (the Wasmtime ones) gets them shown,
+    and `os_sandbox` (Deno's); the rest of a pool's statistics is not.
     """
     lines: list[tuple[str, str]] = []
+    if pool.get("os_sandbox"):  # Deno's: bubblewrap, or why its workers run without
+        lines.append(("os sandbox", escape(str(pool["os_sandbox"]))))
     if pool.get("component"):
         lines.append(("component", str(pool["component"])))
     if pool.get("component_hash"):

@@ -218,6 +218,13 @@ class ExecutorsConfig(_Section):
     python: str = "wasm-python"
     typescript: str = "deno"
     javascript: str = "wasm-js"
+    # Deno's and Pyodide's worker processes run inside bubblewrap (namespaces, an empty
+    # read-only file system, seccomp: executors/os_sandbox.py). "required": where the
+    # host cannot make that sandbox, those executors are unavailable and say why;
+    # "optional": they then run under Deno's permissions alone, and say so at start.
+    os_sandbox: Literal["required", "optional"] = "required"
+    # The bubblewrap binary; "" = `bwrap` on PATH.
+    bwrap: str = ""
     deno: DenoConfig = DenoConfig()
     wasm_python: WasmPythonConfig = WasmPythonConfig()
     wasm_js: WasmConfig = WasmConfig()

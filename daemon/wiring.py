@@ -77,8 +77,8 @@ def _deno_hosted(
     callback: CallbackAddress | None,
     **options: Any,
 ) -> DenoExecutor | PyodideExecutor:
-    """A Deno-process executor (deno, pyodide) from its `[executors.<name>]` section,
-    with `options` of its own kind."""
+    """A Deno-process executor (deno, pyodide) from its `[executors.<name>]` section
+    and the operating-system sandbox's settings, with `options` of its own kind."""
     section = getattr(config.executors, kind.name)
     return kind(
         binary=section.binary or None,
@@ -87,6 +87,8 @@ def _deno_hosted(
         memory_mb=config.limits.defaults.memory_mb,
         cache_dir=Path(config.server.state_dir) / kind.name,
         callback=callback,
+        os_sandbox=config.executors.os_sandbox,
+        bwrap=config.executors.bwrap or None,
         **options,
     )
 

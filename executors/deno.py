@@ -107,9 +107,19 @@ from conduit.executors.disk_watch import DiskWatch
 from conduit.executors.file_digest import file_version
 from conduit.executors.js_session import rewrite_step
 from conduit.executors.js_syntax import Dialect, prepare_parsed
+from conduit.executors.os_sandbox import (
+    NOT_PROBED,
+    Confinement,
+    Contained,
+    SandboxChoice,
+    Spawn,
+    Stopper,
+    choose,
+)
 from conduit.executors.output import OutputCapture, ResultSplitter, read_buffered
 from conduit.executors.pool import WarmPool
 from conduit.executors.process import (
+    Limited,
     ProcessLimits,
     apply_limits,
     cpu_backstop_s,
@@ -121,7 +131,6 @@ from conduit.executors.process import (
     read_vm_data_bytes,
     sandbox_process_options,
     set_soft_limit,
-    signal_process_group,
 )
 from conduit.executors.scratch import Scratch, ScratchDirs
 
@@ -310,7 +319,7 @@ def _flag_path(path: str, what: str) -> str:
 
 
 @dataclasses.dataclass(eq=False)
-class DenoWorker:
+class DenoWorker(Contained):
     """One started `deno run` process waiting for its job. Used once, then closed."""
 
     process: trio.Process
@@ -323,11 +332,13 @@ class DenoWorker:
     # exit until `aclose` (`released`), so what the program left can still be read.
     taken: bool = False
     released: trio.Event = dataclasses.field(default_factory=trio.Event)
+    # Inside the operating-system sandbox: how its runtime is stopped (`Contained`).
+    stopper: Stopper | None = None
 
     def kill(self) -> None:
-        """SIGKILL the worker's process group now; its task reaps it."""
+        """SIGKILL the worker now; its task reaps it."""
         self.killed = True
-        signal_process_group(self.process)
+        self.kill_process()
 
     @property
     def alive(self) -> bool:
@@ -385,6 +396,8 @@ class DenoExecutor:
         start_timeout_s: float = START_TIMEOUT_S,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         max_disk_mb: int = DEFAULT_MAX_DISK_MB,
+        os_sandbox: str = "required",
+        bwrap: str | None = None,
     ) -> None:
         self._cache_dir = Path(cache_dir)
         self._work_dir = Path(work_dir) if work_dir is not None else self._cache_dir / "work"
@@ -405,6 +418,11 @@ class DenoExecutor:
         self._cold_starts_other_heap = 0
         self._settled = trio.Event()  # set once `serve` knows whether Deno works
         self._sessions = SessionSlots(max_sessions)
+        # "required" or "optional" (see `os_sandbox`); the sandbox once probed, or why
+        # there is none.
+        self._os_sandbox_mode = os_sandbox
+        self._bwrap = bwrap
+        self._os_sandbox: SandboxChoice = NOT_PROBED
 
     def __repr__(self) -> str:
         state = "available" if self._reason is None else f"unavailable: {self._reason}"
@@ -473,7 +491,16 @@ class DenoExecutor:
             self._version = await read_version(self._deno, self._work_dir)
         except ExecutorError as exc:
             return str(exc)
-        return None
+        return await self._probe_os_sandbox()
+
+    async def _probe_os_sandbox(self) -> str | None:
+        """Make the workers' operating-system sandbox; the executor's reason to be
+        unavailable if it is required and cannot be made."""
+        assert self._deno is not None
+        self._os_sandbox = await choose(
+            self.name, self._os_sandbox_mode, self._bwrap, self._deno, self._work_dir
+        )
+        return self._os_sandbox.refusal
 
     def _prepare_dirs(self) -> None:
         self._cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -498,6 +525,7 @@ class DenoExecutor:
         pool["memory_mb"] = self._memory_mb
         pool["cold_starts_other_heap"] = self._cold_starts_other_heap
         pool["sessions"] = self._sessions.held
+        pool["os_sandbox"] = self._os_sandbox.state()
         return ExecutorInfo(
             name=self.name,
             languages=tuple(sorted(self.languages)),
@@ -614,23 +642,33 @@ class DenoExecutor:
     ) -> DenoWorker:
         env = minimal_env({**DENO_ENV, "DENO_DIR": str(deno_dir)})
         options = sandbox_process_options(cwd=scratch.path, env=env)
+        command = self._command(heap_mb, scratch.path)
+        spawn = self._confined(command, deno_dir, scratch.path)
+        stop = kill_process_group
+        if spawn is not None:
+            command, options["pass_fds"] = spawn.argv, spawn.pass_fds
+            stop = spawn.stopper.deliver_cancel
         try:
             process: trio.Process = await nursery.start(
                 partial(
                     trio.run_process,
-                    self._command(heap_mb, scratch.path),
+                    command,
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     check=False,
-                    deliver_cancel=kill_process_group,
+                    deliver_cancel=stop,
                     **options,
                 )
             )
         except OSError as exc:
+            if spawn is not None:
+                spawn.close()
             raise RuntimeMissing(f"cannot start Deno ({self._deno}): {exc}") from exc
         worker = DenoWorker(process, heap_mb, scratch, taken=session)
         try:
+            if spawn is not None:
+                await _start_runtime(worker, spawn)
             _limit(worker, ProcessLimits(cpu_s=cpu_s, file_bytes=self._max_file_bytes))
             prelude = _encode_prelude(self._callback, scratch.path, session=session)
             await _send_prelude(process, prelude)
@@ -640,6 +678,23 @@ class DenoExecutor:
             await worker.aclose()
             raise
         return worker
+
+    def _confined(self, command: list[str], deno_dir: Path, workdir: Path) -> Spawn | None:
+        """`command` inside the operating-system sandbox, if there is one: it sees the
+        shims, its DENO_DIR and working directory, and the callback socket alone."""
+        sandbox = self._os_sandbox.sandbox
+        if sandbox is None:
+            return None
+        sockets: tuple[Path, ...] = ()
+        if self._callback is not None and self._callback.unix_path is not None:
+            sockets = (Path(self._callback.unix_path),)
+        confinement = Confinement(
+            cwd=workdir,
+            read_only=(self._shim.parent,),
+            writable=(deno_dir, workdir),
+            sockets=sockets,
+        )
+        return sandbox.spawn(command, confinement)
 
     async def _wait_ready(self, worker: DenoWorker) -> None:
         """Wait for the shim's READY line; raise SandboxCrashed if it does not come."""
@@ -665,12 +720,12 @@ class DenoExecutor:
 
     def _limit_memory(self, worker: DenoWorker) -> None:
         """Cap writable memory at the idle size plus the heap limit plus slack."""
-        idle_bytes = read_vm_data_bytes(worker.process.pid)
+        idle_bytes = read_vm_data_bytes(worker.limited.pid)
         if idle_bytes is None:
             raise SandboxCrashed("a Deno worker exited right after starting")
         limit = idle_bytes + worker.heap_mb * MIB + DATA_SLACK_BYTES
         try:
-            lower_rlimit(worker.process, resource.RLIMIT_DATA, limit, limit)
+            lower_rlimit(worker.limited, resource.RLIMIT_DATA, limit, limit)
         except ProcessLookupError as exc:
             raise SandboxCrashed("a Deno worker exited right after starting") from exc
 
@@ -731,8 +786,8 @@ class DenoExecutor:
         leaves. Past it the system ends the worker, and the next step starts afresh."""
         assert isinstance(worker, DenoWorker)
         with contextlib.suppress(OSError):  # gone already: the next step sees it
-            used = math.ceil(cpu_seconds(worker.process.pid))
-            set_soft_limit(worker.process, resource.RLIMIT_CPU, used + SESSION_IDLE_CPU_S)
+            used = math.ceil(cpu_seconds(worker.limited.pid))
+            set_soft_limit(worker.limited, resource.RLIMIT_CPU, used + SESSION_IDLE_CPU_S)
 
     async def run_step(self, worker: SessionWorker, job: Job, bridge: ToolBridge) -> Outcome | None:
         """Run `job` as a session's step on `worker` (one `start_session_worker` gave),
@@ -846,8 +901,8 @@ class DenoExecutor:
         assert process.stdout is not None
         assert process.stderr is not None
         try:
-            _limit_cpu(process, cpu_backstop_s(limits.timeout_ms / 1000), one_shot=one_shot)
-            _limit_file_size(process, disk.max_bytes, one_shot=one_shot)
+            _limit_cpu(worker.limited, cpu_backstop_s(limits.timeout_ms / 1000), one_shot=one_shot)
+            _limit_file_size(worker.limited, disk.max_bytes, one_shot=one_shot)
         except ProcessLookupError:
             return None
         # Limits are enforced by killing the sandbox the moment they are hit.
@@ -905,7 +960,7 @@ class DenoExecutor:
             stdout,
             timed_out=deadline.cancelled_caught,
             disk_hit=disk.hit,
-            returncode=process.returncode,
+            returncode=worker.returncode,
             is_out_of_memory=self.is_out_of_memory,
         )
 
@@ -914,7 +969,7 @@ class DenoExecutor:
 SESSION_IDLE_CPU_S = 5
 
 
-def _limit_cpu(process: trio.Process, cpu_s: int, *, one_shot: bool) -> None:
+def _limit_cpu(process: Limited, cpu_s: int, *, one_shot: bool) -> None:
     """The CPU backstop for the job about to run. A one-shot worker's limit only ever
     goes down; a session's worker has used CPU in earlier steps, so its soft limit is
     set that far above what it has used, under the hard limit of its whole life."""
@@ -925,7 +980,7 @@ def _limit_cpu(process: trio.Process, cpu_s: int, *, one_shot: bool) -> None:
         set_soft_limit(process, resource.RLIMIT_CPU, used + cpu_s)
 
 
-def _limit_file_size(process: trio.Process, max_bytes: int, *, one_shot: bool) -> None:
+def _limit_file_size(process: Limited, max_bytes: int, *, one_shot: bool) -> None:
     """No file the job writes may take more than its whole disk limit: a backstop for
     one that grows faster than `DiskWatch` looks. A session's worker keeps the hard
     limit it started with, under which each step sets its own."""
@@ -967,9 +1022,21 @@ async def _with_files(
     return outcome
 
 
+async def _start_runtime(worker: DenoWorker, spawn: Spawn) -> None:
+    """Learn Deno's own process in the sandbox `spawn` started; SandboxCrashed (with
+    what bwrap said) if it reported none."""
+    try:
+        await worker.start_runtime(spawn)
+    except OSError as exc:
+        worker.killed = True
+        stderr = await _read_briefly(worker.process.stderr, START_ERROR_BYTES)
+        why = f"a Deno worker's sandbox failed to start: {exc}; stderr: {stderr!r}"
+        raise SandboxCrashed(why) from None
+
+
 def _limit(worker: DenoWorker, limits: ProcessLimits) -> None:
     try:
-        apply_limits(worker.process, limits)
+        apply_limits(worker.limited, limits)
     except ProcessLookupError as exc:
         raise SandboxCrashed("a Deno worker exited right after starting") from exc
 

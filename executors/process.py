@@ -24,11 +24,12 @@ import resource
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
 __all__ = [
+    "Limited",
     "ProcessLimits",
     "apply_limits",
     "cpu_backstop_s",
@@ -42,6 +43,19 @@ __all__ = [
     "set_soft_limit",
     "signal_process_group",
 ]
+
+
+class Limited(Protocol):
+    """A process limits are set on: a `trio.Process`, or a runtime inside an operating-
+    system sandbox (`os_sandbox.SandboxedProcess`). `returncode` is None only while
+    `pid` is known to name it."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
 
 # The CPU limit is a backstop behind the wall-clock timeout, which is what normally
 # stops a program. CPU time adds up over all threads (V8 collects garbage in helper
@@ -92,7 +106,7 @@ def cpu_backstop_s(timeout_s: float) -> int:
     return math.ceil(timeout_s * CPU_BACKSTOP_FACTOR) + CPU_BACKSTOP_SLACK_S
 
 
-def apply_limits(process: trio.Process, limits: ProcessLimits) -> None:
+def apply_limits(process: Limited, limits: ProcessLimits) -> None:
     """Set `limits` on the live `process` (only ever lowering them).
 
     Raises `ProcessLookupError` if the process is gone.
@@ -150,7 +164,7 @@ def _is_infinite(value: int) -> bool:
     return value == resource.RLIM_INFINITY or value < 0
 
 
-def lower_rlimit(process: trio.Process, which: int, soft: int, hard: int) -> None:
+def lower_rlimit(process: Limited, which: int, soft: int, hard: int) -> None:
     """Lower resource limit `which` of the live `process` to (`soft`, `hard`).
 
     Never raises a limit: a value above the current one is clamped to it, because only
@@ -187,7 +201,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def set_soft_limit(process: trio.Process, which: int, soft: int) -> None:
+def set_soft_limit(process: Limited, which: int, soft: int) -> None:
     """Set the soft limit `which` of the live `process`, under its hard limit.
 
     Unlike `lower_rlimit`, this may raise the soft limit again (never past the hard

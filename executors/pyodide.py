@@ -70,10 +70,12 @@ from conduit.executors.deno import (
     read_version,
 )
 from conduit.executors.npm import install_locked, locked_version
+from conduit.executors.os_sandbox import NOT_PROBED, Confinement, SandboxChoice, Spawn, choose
 from conduit.executors.packages import project_names, requirements_key
 from conduit.executors.process import (
     DEFAULT_FILE_BYTES,
     DEFAULT_OPEN_FILES,
+    Limited,
     kill_process_group,
     minimal_env,
     sandbox_process_options,
@@ -175,6 +177,8 @@ class PyodideExecutor:
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         max_processes: int = MAX_PROCESSES,
         packages: Sequence[str] = (),
+        os_sandbox: str = "required",
+        bwrap: str | None = None,
     ) -> None:
         self._cache_dir = Path(cache_dir)
         self._requirements = tuple(sorted(set(packages)))
@@ -202,6 +206,10 @@ class PyodideExecutor:
         self._sessions = SessionRegistry(max_sessions)
         self._reason: str | None = "the executor has not been started (serve() has not run)"
         self._settled = trio.Event()
+        # What the worker processes run in (see `os_sandbox`), once probed.
+        self._os_sandbox_mode = os_sandbox
+        self._bwrap = bwrap
+        self._os_sandbox: SandboxChoice = NOT_PROBED
 
     def __repr__(self) -> str:
         state = "available" if self._reason is None else f"unavailable: {self._reason}"
@@ -274,7 +282,10 @@ class PyodideExecutor:
             return str(exc)
         except OSError as exc:
             return f"the Pyodide snapshot could not be built: {exc}"
-        return None
+        self._os_sandbox = await choose(
+            self.name, self._os_sandbox_mode, self._bwrap, deno, self._work_dir
+        )
+        return self._os_sandbox.refusal
 
     def _add_packages(self, time_zones: Path) -> Path:
         """The zip the interpreters import from: `time_zones`, plus the packages when
@@ -412,6 +423,7 @@ class PyodideExecutor:
         pool["memory_mb"] = self._memory_mb
         pool["snapshot"] = str(self._snapshot) if self._snapshot else None
         pool["sessions"] = self._sessions.statistics()
+        pool["os_sandbox"] = self._os_sandbox.state()
         return ExecutorInfo(
             name=self.name,
             languages=tuple(sorted(self.languages)),
@@ -427,6 +439,32 @@ class PyodideExecutor:
     def _pyodide_files(self) -> list[Path]:
         assert self._pyodide_dir is not None
         return [self._pyodide_dir / name for name in (*PYODIDE_FILES, *PYODIDE_MODULES)]
+
+    def _confined(self, command: list[str], deno_dir: Path) -> Spawn | None:
+        """`command` inside the operating-system sandbox, if there is one: it sees
+        Pyodide's files, the shims and its DENO_DIR, and the callback socket alone."""
+        sandbox = self._os_sandbox.sandbox
+        if sandbox is None:
+            return None
+        assert self._pyodide_dir is not None
+        assert self._snapshot is not None
+        assert self._time_zones is not None
+        sockets: tuple[Path, ...] = ()
+        if self._callback is not None and self._callback.unix_path is not None:
+            sockets = (Path(self._callback.unix_path),)
+        confinement = Confinement(
+            cwd=self._work_dir,
+            read_only=(
+                self._work_dir,
+                shim_path(WORKER_SCRIPT).parent,
+                self._pyodide_dir,
+                self._snapshot,
+                self._time_zones,
+            ),
+            writable=(deno_dir,),
+            sockets=sockets,
+        )
+        return sandbox.spawn(command, confinement)
 
     def _command(self) -> list[str]:
         """`deno run` of a worker process. It may read what it loads, and gives up all
@@ -482,24 +520,35 @@ class PyodideExecutor:
 
     async def _start_host(self, nursery: trio.Nursery, deno_dir: Path) -> PyodideHost:
         env = minimal_env({**DENO_ENV, "DENO_DIR": str(deno_dir)})
+        options = sandbox_process_options(cwd=self._work_dir, env=env)
+        command = self._command()
+        spawn = self._confined(command, deno_dir)
+        stop = kill_process_group
+        if spawn is not None:
+            command, options["pass_fds"] = spawn.argv, spawn.pass_fds
+            stop = spawn.stopper.deliver_cancel
         try:
             process: trio.Process = await nursery.start(
                 partial(
                     trio.run_process,
-                    self._command(),
+                    command,
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     check=False,
-                    deliver_cancel=kill_process_group,
-                    **sandbox_process_options(cwd=self._work_dir, env=env),
+                    deliver_cancel=stop,
+                    **options,
                 )
             )
         except OSError as exc:
+            if spawn is not None:
+                spawn.close()
             raise RuntimeMissing(f"cannot start Deno ({self._deno}): {exc}") from exc
         host = PyodideHost.of(process, deno_dir)
         try:
-            _limit_host(process)
+            if spawn is not None:
+                await _start_runtime(host, spawn)
+            _limit_host(host.limited)
             await host.send({"callback": _address(self._callback)})
             await host.wait_ready(self._start_timeout_s)
         except ProcessLookupError as exc:
@@ -580,7 +629,16 @@ class PyodideExecutor:
         return error.type == "MemoryError"
 
 
-def _limit_host(process: trio.Process) -> None:
+async def _start_runtime(host: PyodideHost, spawn: Spawn) -> None:
+    """Learn Deno's own process in the sandbox `spawn` started; SandboxCrashed (with
+    what bwrap said) if it reported none."""
+    try:
+        await host.start_runtime(spawn)
+    except OSError as exc:
+        raise SandboxCrashed(f"a Pyodide worker's sandbox failed to start: {exc}") from None
+
+
+def _limit_host(process: Limited) -> None:
     """A new worker process's limits: no core dumps, bounded files and descriptors, and
     a CPU budget for starting; each program's own limits are set as it is handed over
     (`PyodideHost.run`). The hard limits stay where they are so those can be raised."""

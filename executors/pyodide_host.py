@@ -56,13 +56,13 @@ from conduit.core import jsontext
 from conduit.core.errors import SandboxCrashed
 from conduit.executors import outcomes
 from conduit.executors.base import ErrorInfo, Job, Limits, Outcome, Status
+from conduit.executors.os_sandbox import Contained, Stopper
 from conduit.executors.output import READ_CHUNK_BYTES, OutputCapture, StreamName
 from conduit.executors.process import (
     cpu_backstop_s,
     cpu_seconds,
     read_vm_data_bytes,
     set_soft_limit,
-    signal_process_group,
 )
 from conduit.executors.pyodide_files import (
     MIB,
@@ -297,7 +297,7 @@ def _tree_bytes(root: Path) -> int:
 
 
 @dataclasses.dataclass(eq=False)
-class PyodideHost:
+class PyodideHost(Contained):
     """One started host with an interpreter ready or being made; owned by one task.
 
     `deno_dir` is its private DENO_DIR; `cache_bytes` what it held when the host last
@@ -311,6 +311,10 @@ class PyodideHost:
     jobs: int = 0
     cache_bytes: int = 0
     stdin_wide: bool = False
+    # Deno's own process, which limits and readings are for: inside an operating-system
+    # sandbox, not `process` (bwrap) but its child. None: `process`.
+    # Inside the operating-system sandbox: how its runtime is stopped (`Contained`).
+    stopper: Stopper | None = None
 
     @classmethod
     def of(cls, process: trio.Process, deno_dir: Path) -> PyodideHost:
@@ -324,8 +328,8 @@ class PyodideHost:
         return self.process.returncode is None
 
     def kill(self) -> None:
-        """SIGKILL the host's process group now; its task reaps it."""
-        signal_process_group(self.process)
+        """SIGKILL the host now; its task reaps it."""
+        self.kill_process()
 
     async def aclose(self) -> None:
         """Kill the host and close its pipes. Idempotent; safe when cancelled."""
@@ -422,7 +426,7 @@ class PyodideHost:
     def _limit(self, limits: Limits, kept: Kept | None) -> None:
         """This program's CPU and data limits, counted from what the host holds now (a
         session's memory, from what it held before the session's first step)."""
-        process = self.process
+        process = self.limited
         used = cpu_seconds(process.pid)
         cpu_s = math.ceil(used) + cpu_backstop_s(limits.timeout_ms / 1000)
         set_soft_limit(process, resource.RLIMIT_CPU, cpu_s)
@@ -433,9 +437,9 @@ class PyodideHost:
     def data_bytes(self) -> int:
         """The writable memory the host holds now. Raises `ProcessLookupError` if it
         is gone."""
-        held = read_vm_data_bytes(self.process.pid)
+        held = read_vm_data_bytes(self.limited.pid)
         if held is None:
-            raise ProcessLookupError(self.process.pid)
+            raise ProcessLookupError(self.limited.pid)
         return held
 
     def rest(self) -> bool:
@@ -444,8 +448,8 @@ class PyodideHost:
         host that is gone, or in which a step had Deno cache code (which would grow
         over a session's steps), cannot."""
         try:
-            used = cpu_seconds(self.process.pid)
-            set_soft_limit(self.process, resource.RLIMIT_CPU, math.ceil(used) + SESSION_IDLE_CPU_S)
+            used = cpu_seconds(self.limited.pid)
+            set_soft_limit(self.limited, resource.RLIMIT_CPU, math.ceil(used) + SESSION_IDLE_CPU_S)
         except ProcessLookupError:
             return False
         return self.alive and not self._cache_grew()
@@ -504,9 +508,9 @@ class PyodideHost:
         if self._cache_grew():
             raise HostBroken("a program made the Pyodide worker cache code of its own")
         try:
-            set_soft_limit(self.process, resource.RLIMIT_DATA, resource.RLIM_INFINITY)
-            used = cpu_seconds(self.process.pid)
-            set_soft_limit(self.process, resource.RLIMIT_CPU, math.ceil(used) + IDLE_CPU_S)
+            set_soft_limit(self.limited, resource.RLIMIT_DATA, resource.RLIM_INFINITY)
+            used = cpu_seconds(self.limited.pid)
+            set_soft_limit(self.limited, resource.RLIMIT_CPU, math.ceil(used) + IDLE_CPU_S)
         except ProcessLookupError as exc:
             raise HostBroken("the Pyodide worker exited between programs") from exc
         if not await self.send({"prepare": True}):
@@ -519,7 +523,7 @@ class PyodideHost:
         with trio.move_on_after(THREAD_EXIT_TIMEOUT_S):
             while True:
                 try:
-                    if worker_threads(self.process.pid) == expected and self.alive:
+                    if worker_threads(self.limited.pid) == expected and self.alive:
                         return
                 except ProcessLookupError:
                     break
@@ -610,7 +614,7 @@ class _JobReading:
             outcome = outcomes.answered(outcome, self.payload, is_out_of_memory, "Pyodide worker")
             outcome.files = self.files.files
             return outcomes.disk_limit(outcome, limits) if self.files.disk_full else outcome
-        returncode = self._host.process.returncode
+        returncode = self._host.returncode
         return outcomes.process_ended(outcome, returncode, limits, "Pyodide worker")
 
 

@@ -1,7 +1,7 @@
 """Finding the processes a test started in /proc, to prove none outlives it.
 
-Sandboxes are found as this process's `deno` children; upstream servers by a marker
-the test puts on their command line (`--tag WORD`).
+Sandboxes are found as this process's `deno` children (or its `bwrap`s'); upstream
+servers by a marker the test puts on their command line (`--tag WORD`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import trio
 
-__all__ = ["deno_children", "leftovers", "leftovers_beyond", "processes_with"]
+__all__ = ["deno_children", "leftovers", "leftovers_beyond", "namespaced_pids", "processes_with"]
 
 # A SIGKILLed process is gone once its parent reaps it; that takes milliseconds.
 REAP_WAIT_S = 5
@@ -34,9 +34,22 @@ def _processes() -> Iterator[tuple[int, str, str, int]]:
 
 
 def deno_children() -> set[int]:
-    """Pids of this process's `deno` children, zombies included."""
+    """Pids of this process's `deno` children, zombies included: its own, and those
+    inside the operating-system sandboxes it started (children of its `bwrap`s)."""
     me = os.getpid()
-    return {pid for pid, name, _, ppid in _processes() if name == "deno" and ppid == me}
+    processes = list(_processes())
+    parents = {me} | {pid for pid, name, _, ppid in processes if name == "bwrap" and ppid == me}
+    return {pid for pid, name, _, ppid in processes if name == "deno" and ppid in parents}
+
+
+def namespaced_pids(pid: int) -> list[int]:
+    """Process `pid`'s pid in each PID namespace it is in, outermost first (`NSpid`):
+    two numbers for a process inside a sandbox's own namespace, the second 1 for its
+    first process."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return [int(word) for word in line.split()[1:]]
+    return [pid]
 
 
 def processes_with(marker: str) -> list[int]:

@@ -357,7 +357,8 @@ async def test_doctor_reports_each_executor(tmp_path: Path, wasm: Any) -> None:
     assert inputs.keys() == pool["build_inputs"].keys()
     assert details["compiled cache"] == ["valid: loaded without compiling"]
     assert "deserialize" in details["timings"][0]
-    assert not _details(report, "deno")  # its line is as it was
+    # Deno's workers are inside the operating-system sandbox, and it says so.
+    assert _details(report, "deno") == {"os sandbox": ["bubblewrap"]}
     # What it waited for, step by step, as the log says it.
     assert re.search(r"^wasm-python: load done in \d+\.\d s$", report, re.MULTILINE), report
 

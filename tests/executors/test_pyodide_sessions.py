@@ -23,6 +23,7 @@ from conduit.executors.base import Job, Limits, Outcome, SessionSpec, Status, St
 from conduit.executors.pyodide import PyodideExecutor
 from conduit.executors.pyodide_sessions import PyodideSession
 from tests.executors.test_pyodide import pyodide_workers
+from tests.processes import namespaced_pids
 from tests.sandboxes import LOAD_WAIT_S, WAIT_S, NoBridge, start_pyodide
 from tests.served import Served, serving_in_a_thread
 
@@ -73,6 +74,15 @@ class Sessions:
 
         return await self._served.call_sync(pid)
 
+    async def runtime_of(self, session: PyodideSession) -> int:
+        """The pid of the Deno process inside the sandbox of the worker `session` holds."""
+
+        def pid() -> int:
+            assert session._host is not None, session
+            return session._host.limited.pid
+
+        return await self._served.call_sync(pid)
+
     async def counts(self) -> dict[str, Any]:
         """The executor's count of sessions and of the processes they hold."""
         info = await self._served.call_sync(self._served.value.info)
@@ -96,6 +106,17 @@ async def session(sessions: Sessions) -> AsyncIterator[PyodideSession]:
     opened = await sessions.open("one")
     yield opened
     await sessions.close(opened)
+
+
+async def test_the_worker_runs_inside_the_operating_system_sandbox(
+    sessions: Sessions, session: PyodideSession
+) -> None:
+    assert (await sessions.step(session, "1")).result == 1
+    info = await sessions._served.call_sync(sessions._served.value.info)
+    assert info.pool["os_sandbox"] == "bubblewrap"
+    runtime = await sessions.runtime_of(session)
+    assert runtime != await sessions.process_of(session)  # bwrap's child, not bwrap
+    assert namespaced_pids(runtime) == [runtime, 1]  # PID 1 of a namespace of its own
 
 
 async def test_variables_are_kept_from_step_to_step(

@@ -1,0 +1,199 @@
+"""The operating-system sandbox under Deno's workers, from the attacker's side.
+
+The programs here run with every Deno permission granted (`deno run -A`), in the
+sandbox a worker gets (`OsSandbox.spawn`, with a worker's confinement): as if Deno's
+permission checks were gone. What still stops them is the sandbox alone. Then the
+Deno executor itself: its workers are inside it, and `executors.os_sandbox` decides
+what happens where it cannot be made.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from conduit.executors.base import Job
+from conduit.executors.deno import DenoExecutor, find_deno
+from conduit.executors.os_sandbox import (
+    BLOCKED_SYSCALLS,
+    Confinement,
+    OsSandbox,
+    find_bwrap,
+    run_confined,
+    runtime_returncode,
+    seccomp_program,
+)
+from tests.processes import deno_children, namespaced_pids
+from tests.sandboxes import WAIT_S, NoBridge, wait_for
+
+SHIMS = Path(__file__).resolve().parents[2] / "shims"
+
+# What the program tries, each answered "ok: ..." or "<error name>: ...".
+ATTACK = Path(__file__).resolve().parents[1] / "fixtures" / "os_sandbox_attack.js"
+
+EPERM = 1
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> OsSandbox:
+    bwrap, deno = find_bwrap(), find_deno()
+    assert bwrap is not None, "bubblewrap is needed: apt install bubblewrap"
+    assert deno is not None
+    return OsSandbox(bwrap, deno, seccomp_program())
+
+
+@pytest.fixture
+def listening(short_dir: Path) -> Iterator[tuple[int, Path, Path]]:
+    """A TCP port on the host's loopback, the callback socket and a socket beside it
+    (the daemon's client socket, say), all listening."""
+    tcp = socket.create_server(("127.0.0.1", 0))
+    callback, neighbour = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
+    callback.bind(str(short_dir / "sandbox.sock"))
+    neighbour.bind(str(short_dir / "conduit.sock"))
+    for server in (callback, neighbour):
+        server.listen()
+    try:
+        yield tcp.getsockname()[1], short_dir / "sandbox.sock", short_dir / "conduit.sock"
+    finally:
+        for server in (tcp, callback, neighbour):
+            server.close()
+
+
+async def attack_findings(sandbox: OsSandbox, tmp_path: Path, *args: str) -> dict[str, Any]:
+    """ATTACK's findings, run as a worker is: with -A, in a worker's confinement."""
+    workdir, deno_dir = tmp_path / "work", tmp_path / "deno-dir"
+    workdir.mkdir()
+    deno_dir.mkdir()
+    (workdir / "attack.js").write_text(ATTACK.read_text())
+    callback = Path(args[3])
+    confinement = Confinement(
+        cwd=workdir,
+        read_only=(SHIMS,),
+        writable=(deno_dir, workdir),
+        sockets=(callback,),
+    )
+    command = [sandbox.runtime, "run", "-A", "--no-prompt", "attack.js", *args]
+    env = {"DENO_DIR": str(deno_dir), "NO_COLOR": "1", "HOME": str(Path.home())}
+    with trio.fail_after(WAIT_S):
+        done = await run_confined(sandbox, command, confinement, env)
+    assert done.returncode == 0, done.stderr.decode()
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+async def test_a_program_with_every_permission_still_reaches_nothing(
+    sandbox: OsSandbox, tmp_path: Path, listening: tuple[int, Path, Path]
+) -> None:
+    state = tmp_path / "daemon-state"
+    state.mkdir()
+    (state / "secret").write_text("the master token")
+    port, callback, neighbour = listening
+    home = str(Path.home())
+    token = secrets.token_hex(8)
+    planted = [Path(f"{where}/conduit-planted-{token}") for where in ("/etc", "", "/usr", "/tmp")]
+    try:
+        places = (str(state), home, str(port), str(callback), str(neighbour), token)
+        tried = await attack_findings(sandbox, tmp_path, *places)
+        assert not [path for path in planted if path.exists()]
+    finally:
+        for path in planted:
+            path.unlink(missing_ok=True)
+
+    # The daemon's files, home and the system's secrets are not there at all.
+    for name in ("read state", "list home", "read shadow", "read passwd"):
+        assert tried[name].startswith("NotFound"), (name, tried[name])
+    # Nothing outside the private /tmp (and the working directory) can be written.
+    for name in ("write /etc", "write /", "write /usr"):
+        assert not tried[name].startswith("ok"), (name, tried[name])
+    assert tried["write tmp"] == 'ok: "written"'  # its own /tmp, gone with it
+    # Its own PID namespace: it is PID 1 and sees no other process.
+    assert (tried["pid"], tried["processes"]) == ("ok: 1", 'ok: ["1"]')
+    # Its own network namespace: loopback only, and the host's loopback is not it.
+    assert tried["interfaces"] == 'ok: ["lo"]'
+    assert tried["tcp to the host"].startswith("ConnectionRefused"), tried["tcp to the host"]
+    # No program to run, and of the daemon's sockets only the callback.
+    assert tried["shell"].startswith("NotFound"), tried["shell"]
+    assert tried["neighbour socket"].startswith("NotFound"), tried["neighbour socket"]
+    assert tried["callback"] == 'ok: "connected"'
+    # The seccomp filter: no tracing, no new namespaces, no mounts.
+    for name in ("ptrace", "unshare user", "mount"):
+        assert tried[name] == f"ok: [-1,{EPERM}]", (name, tried[name])
+
+
+def test_the_filter_names_what_a_runtime_never_needs() -> None:
+    for name in ("ptrace", "mount", "keyctl", "bpf", "perf_event_open", "userfaultfd"):
+        assert name in BLOCKED_SYSCALLS
+    assert {"init_module", "finit_module", "unshare", "setns"} <= set(BLOCKED_SYSCALLS)
+    assert seccomp_program()  # libseccomp made a program of it
+
+
+def test_a_signal_that_ended_the_runtime_reads_as_one() -> None:
+    assert runtime_returncode(None) is None
+    assert runtime_returncode(0) == 0
+    assert runtime_returncode(3) == 3
+    assert runtime_returncode(128 + 9) == -9  # SIGKILL, as trio.Process says it
+    assert runtime_returncode(128 + 5) == -5  # V8's out-of-memory trap
+
+
+# ---- the Deno executor ---------------------------------------------------------------
+
+
+async def start(nursery: trio.Nursery, tmp_path: Path, **options: Any) -> DenoExecutor:
+    executor = DenoExecutor(cache_dir=tmp_path / "deno", pool_size=1, **options)
+    with trio.fail_after(WAIT_S):
+        await nursery.start(executor.serve)
+    return executor
+
+
+async def pid_of_a_program(executor: DenoExecutor) -> Any:
+    with trio.fail_after(WAIT_S):
+        outcome = await executor.run(Job("ex_pid", "typescript", "Deno.pid"), NoBridge())
+    return outcome.result
+
+
+async def test_every_worker_runs_inside_the_sandbox(nursery: trio.Nursery, tmp_path: Path) -> None:
+    executor = await start(nursery, tmp_path)
+    assert executor.info().pool["os_sandbox"] == "bubblewrap"  # type: ignore[index]
+    assert await pid_of_a_program(executor) == 1
+    # Seen from the host: each worker's Deno is PID 1 of a namespace of its own.
+    await wait_for(lambda: executor.info().pool["idle"] == 1)  # type: ignore[index]
+    workers = deno_children()
+    assert workers
+    for pid in workers:
+        assert namespaced_pids(pid)[1:] == [1]
+        status = dict(
+            line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        )
+        # No new privileges, a seccomp filter (mode 2), no capabilities at all.
+        assert (status["NoNewPrivs"], status["Seccomp"]) == ("1", "2")
+        assert int(status["CapEff"], 16) == int(status["CapBnd"], 16) == 0
+
+
+async def test_without_the_sandbox_a_required_one_makes_the_executor_unavailable(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    executor = await start(nursery, tmp_path, bwrap=str(tmp_path / "no-bwrap"))
+    info = executor.info()
+    assert not info.available
+    assert info.reason is not None
+    assert "bubblewrap (bwrap) was not found" in info.reason
+    assert 'executors.os_sandbox = "optional"' in info.reason
+
+
+async def test_an_optional_sandbox_runs_under_denos_permissions_alone_and_says_so(
+    nursery: trio.Nursery, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    executor = await start(
+        nursery, tmp_path, bwrap=str(tmp_path / "no-bwrap"), os_sandbox="optional"
+    )
+    info = executor.info()
+    assert info.available
+    assert info.pool["os_sandbox"].startswith("none: bubblewrap (bwrap) was not found")  # type: ignore[index]
+    assert await pid_of_a_program(executor) != 1
+    assert any("Deno's permissions alone" in r.getMessage() for r in caplog.records)
