@@ -243,19 +243,32 @@ def proc_status(pid: int) -> dict[str, int]:
 
 
 def idle_workers(daemon_pid: int) -> list[dict[str, int]]:
-    """/proc status of the daemon's Pyodide worker children (all idle when settled)."""
-    found = []
+    """/proc status of the daemon's Pyodide worker processes (all idle when settled):
+    its children running the worker script, or, inside the operating-system sandbox,
+    those of its `bwrap` children."""
+    processes = _processes()
+    parents = {daemon_pid} | {
+        pid for pid, (ppid, name, _) in processes.items() if ppid == daemon_pid and name == "bwrap"
+    }
+    return [
+        proc_status(pid)
+        for pid, (ppid, name, cmdline) in processes.items()
+        if ppid in parents and name != "bwrap" and b"pyodide_worker.js" in cmdline
+    ]
+
+
+def _processes() -> dict[int, tuple[int, str, bytes]]:
+    """Every process's parent, name and command line, by pid (those that exit as they
+    are read are left out)."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text(encoding="ascii", errors="replace")
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
             ppid = int(stat.rpartition(")")[2].split()[1])
-            if ppid != daemon_pid:
-                continue
-            if b"pyodide_worker.js" not in (entry / "cmdline").read_bytes():
-                continue
-            found.append(proc_status(int(entry.name)))
+            found[int(entry.name)] = (ppid, name, (entry / "cmdline").read_bytes())
         except (OSError, ValueError, IndexError):
             continue  # exited meanwhile
     return found

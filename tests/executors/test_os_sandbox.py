@@ -66,19 +66,27 @@ def listening(short_dir: Path) -> Iterator[tuple[int, Path, Path]]:
             server.close()
 
 
-async def attack_findings(sandbox: OsSandbox, tmp_path: Path, *args: str) -> dict[str, Any]:
-    """ATTACK's findings, run as a worker is: with -A, in a worker's confinement."""
+def confinement_of(worker: str, tmp_path: Path, callback: Path) -> Confinement:
+    """What a `worker` ("deno" or "pyodide") process is given (as `DenoExecutor` and
+    `PyodideExecutor` confine theirs): a Deno worker its working directory read-write,
+    a Pyodide one its files (here, a directory standing for them) read-only."""
     workdir, deno_dir = tmp_path / "work", tmp_path / "deno-dir"
     workdir.mkdir()
     deno_dir.mkdir()
+    if worker == "deno":
+        return Confinement(workdir, (SHIMS,), (deno_dir, workdir), (callback,))
+    pyodide_files = tmp_path / "pyodide"
+    pyodide_files.mkdir()
+    return Confinement(workdir, (workdir, SHIMS, pyodide_files), (deno_dir,), (callback,))
+
+
+async def attack_findings(
+    sandbox: OsSandbox, worker: str, tmp_path: Path, *args: str
+) -> dict[str, Any]:
+    """ATTACK's findings, run as a worker is: with -A, in a worker's confinement."""
+    confinement = confinement_of(worker, tmp_path, Path(args[3]))
+    workdir, deno_dir = confinement.cwd, tmp_path / "deno-dir"
     (workdir / "attack.js").write_text(ATTACK.read_text())
-    callback = Path(args[3])
-    confinement = Confinement(
-        cwd=workdir,
-        read_only=(SHIMS,),
-        writable=(deno_dir, workdir),
-        sockets=(callback,),
-    )
     command = [sandbox.runtime, "run", "-A", "--no-prompt", "attack.js", *args]
     env = {"DENO_DIR": str(deno_dir), "NO_COLOR": "1", "HOME": str(Path.home())}
     with trio.fail_after(WAIT_S):
@@ -87,8 +95,9 @@ async def attack_findings(sandbox: OsSandbox, tmp_path: Path, *args: str) -> dic
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
+@pytest.mark.parametrize("worker", ["deno", "pyodide"])
 async def test_a_program_with_every_permission_still_reaches_nothing(
-    sandbox: OsSandbox, tmp_path: Path, listening: tuple[int, Path, Path]
+    sandbox: OsSandbox, worker: str, tmp_path: Path, listening: tuple[int, Path, Path]
 ) -> None:
     state = tmp_path / "daemon-state"
     state.mkdir()
@@ -99,7 +108,7 @@ async def test_a_program_with_every_permission_still_reaches_nothing(
     planted = [Path(f"{where}/conduit-planted-{token}") for where in ("/etc", "", "/usr", "/tmp")]
     try:
         places = (str(state), home, str(port), str(callback), str(neighbour), token)
-        tried = await attack_findings(sandbox, tmp_path, *places)
+        tried = await attack_findings(sandbox, worker, tmp_path, *places)
         assert not [path for path in planted if path.exists()]
     finally:
         for path in planted:
