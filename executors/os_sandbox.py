@@ -140,14 +140,10 @@ def seccomp_program() -> bytes:
         rules.add_rule(
             pyseccomp.ERRNO(errno.EPERM), "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, flag, flag)
         )
-    read, write = os.pipe()
-    try:
-        with os.fdopen(write, "wb", closefd=True) as sink:
-            rules.export_bpf(sink)
-        with os.fdopen(read, "rb", closefd=False) as source:
-            return source.read()
-    finally:
-        os.close(read)
+    with os.fdopen(os.memfd_create("conduit-seccomp-build", 0), "w+b") as program:
+        rules.export_bpf(program)
+        program.seek(0)
+        return program.read()
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +345,8 @@ class OsSandbox:
             "--as-pid-1",
             "--cap-drop",
             "ALL",
+            "--hostname",  # not the host's, in its own UTS namespace
+            "sandbox",
             *_SYSTEM_MOUNTS,
             *self._mounts(confinement),
             # The root, a tmpfs holding the mount points, read-only once they are made.

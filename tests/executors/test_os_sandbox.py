@@ -123,6 +123,7 @@ async def test_a_program_with_every_permission_still_reaches_nothing(
     assert tried["write tmp"] == 'ok: "written"'  # its own /tmp, gone with it
     # Its own PID namespace: it is PID 1 and sees no other process.
     assert (tried["pid"], tried["processes"]) == ("ok: 1", 'ok: ["1"]')
+    assert tried["hostname"] == 'ok: "sandbox"'  # not the host's name
     # Its own network namespace: loopback only, and the host's loopback is not it.
     assert tried["interfaces"] == 'ok: ["lo"]'
     assert tried["tcp to the host"].startswith("ConnectionRefused"), tried["tcp to the host"]
