@@ -375,10 +375,17 @@ class AuditStore:
         self._progress.unpark_all()
 
     def _count_left_behind(self) -> None:
-        """At exit: what could not be written is counted and said, not silently lost."""
+        """At exit: what could not be written is counted and said, not silently lost
+        (or, all in the journal, said to wait there for the next start)."""
         left = len(self._pending) + len(self._take_waiting(BUFFER_RECORDS))
         self._pending = []
-        if left:
+        if left and self._journal_whole:
+            log.warning(
+                "audit: %d records wait in the journal for the next start to write them",
+                left,
+                extra={"path": self.path, "reason": self._reason},
+            )
+        elif left:
             self._dropped += left
             log.error(
                 "audit: %d records could not be written before the daemon stopped",
@@ -422,7 +429,10 @@ class AuditStore:
                 RecordJournal.open, self._journal_path
             )
         except OSError as exc:
-            log.warning(
+            # Held by another daemon sharing the state directory: theirs, and no fault.
+            level = logging.INFO if isinstance(exc, BlockingIOError) else logging.WARNING
+            log.log(
+                level,
                 "audit journal %s cannot be had (%s): answers wait for their records' commits",
                 self._journal_path,
                 exc,
