@@ -16,7 +16,7 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -591,12 +591,7 @@ async def test_an_answer_waits_for_its_commit_but_not_for_a_stalled_store(
     assert committed == [ran["execution_id"]]
 
     release = threading.Event()
-
-    def stalling(records: list[Any]) -> int:
-        release.wait(WAIT_S)
-        return recording(records)
-
-    monkeypatch.setattr(backend, "insert_records", stalling)
+    monkeypatch.setattr(backend, "insert_records", stalled(recording, release))
     late = await client.call("execute", python("2"))
     # Answered while the store is still stalled on its record.
     assert late["execution_id"] not in committed
@@ -607,6 +602,18 @@ async def test_an_answer_waits_for_its_commit_but_not_for_a_stalled_store(
     with trio.fail_after(WAIT_S):
         await server.audit.wait_flushed()
     assert committed[-1] == late["execution_id"]
+
+
+def stalled(
+    insert: Callable[[list[Any]], int], release: threading.Event
+) -> Callable[[list[Any]], int]:
+    """`insert`, once `release` is set: a store stalled until then."""
+
+    def stalling(records: list[Any]) -> int:
+        release.wait(WAIT_S)
+        return insert(records)
+
+    return stalling
 
 
 @sqlite_only
@@ -622,12 +629,7 @@ async def test_an_answer_waits_for_its_journal_line_not_its_commit(
     backend = server.audit._backend
     insert = backend.insert_records
     release = threading.Event()
-
-    def stalling(records: list[Any]) -> int:
-        release.wait(WAIT_S)
-        return insert(records)
-
-    monkeypatch.setattr(backend, "insert_records", stalling)
+    monkeypatch.setattr(backend, "insert_records", stalled(insert, release))
     ran = await client.call("execute", python("1"))
     assert ran["status"] == "ok"
     # Answered before any commit, and not as a store too slow to wait for: the journal
