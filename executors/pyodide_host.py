@@ -61,6 +61,7 @@ from conduit.executors.output import READ_CHUNK_BYTES, OutputCapture, StreamName
 from conduit.executors.process import (
     cpu_backstop_s,
     cpu_seconds,
+    describe_returncode,
     read_vm_data_bytes,
     set_soft_limit,
 )
@@ -354,10 +355,12 @@ class PyodideHost(Contained):
     async def wait_ready(self, timeout_s: float) -> None:
         """Until the host writes READY, and nothing else; raises HostBroken otherwise."""
         received = b""
+        ended = False
         with trio.move_on_after(timeout_s):
             while len(received) < len(READY):
                 chunk = await self.stdout.receive()
                 if not chunk:
+                    ended = True
                     break
                 received += chunk
         self.stdout.keep(received[len(READY) :])
@@ -371,6 +374,11 @@ class PyodideHost(Contained):
             if not received
             else f"it wrote {received[:200]!r} instead of its ready line"
         )
+        if ended:  # it closed its output: it ended, and how says why
+            await self._wait_exit()
+            code = self.returncode
+            how = describe_returncode(code) if code is not None else "its exit not yet seen"
+            why = f"it ended ({how}) before its ready line"
         raise HostBroken(f"a Pyodide worker failed to start: {why}; stderr: {stderr!r}")
 
     # -- one program ------------------------------------------------------------------
