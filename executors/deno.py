@@ -72,7 +72,6 @@ import resource
 import secrets
 import shutil
 import signal
-import subprocess
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -115,6 +114,7 @@ from conduit.executors.os_sandbox import (
     Spawn,
     Stopper,
     choose,
+    worker_run,
 )
 from conduit.executors.output import OutputCapture, ResultSplitter, read_buffered
 from conduit.executors.pool import WarmPool
@@ -309,6 +309,13 @@ def permission_flags(callback: CallbackAddress | None, workdir: Path | None = No
         return net
     paths = ",".join(files)
     return [*net, f"--allow-read={paths}", f"--allow-write={paths}"]
+
+
+def callback_sockets(callback: CallbackAddress | None) -> tuple[Path, ...]:
+    """What an operating-system sandbox binds in for `callback`: its Unix socket."""
+    if callback is None or callback.unix_path is None:
+        return ()
+    return (Path(callback.unix_path),)
 
 
 def _flag_path(path: str, what: str) -> str:
@@ -644,23 +651,8 @@ class DenoExecutor:
         options = sandbox_process_options(cwd=scratch.path, env=env)
         command = self._command(heap_mb, scratch.path)
         spawn = self._confined(command, deno_dir, scratch.path)
-        stop = kill_process_group
-        if spawn is not None:
-            command, options["pass_fds"] = spawn.argv, spawn.pass_fds
-            stop = spawn.stopper.deliver_cancel
         try:
-            process: trio.Process = await nursery.start(
-                partial(
-                    trio.run_process,
-                    command,
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    check=False,
-                    deliver_cancel=stop,
-                    **options,
-                )
-            )
+            process: trio.Process = await nursery.start(worker_run(command, spawn, options))
         except OSError as exc:
             if spawn is not None:
                 spawn.close()
@@ -685,14 +677,11 @@ class DenoExecutor:
         sandbox = self._os_sandbox.sandbox
         if sandbox is None:
             return None
-        sockets: tuple[Path, ...] = ()
-        if self._callback is not None and self._callback.unix_path is not None:
-            sockets = (Path(self._callback.unix_path),)
         confinement = Confinement(
             cwd=workdir,
             read_only=(self._shim.parent,),
             writable=(deno_dir, workdir),
-            sockets=sockets,
+            sockets=callback_sockets(self._callback),
         )
         return sandbox.spawn(command, confinement)
 

@@ -45,13 +45,15 @@ import os
 import shutil
 import signal
 import subprocess
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import trio
 
-from conduit.executors.process import Limited, signal_process_group
+from conduit.executors.process import Limited, kill_process_group, signal_process_group
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,7 @@ __all__ = [
     "run_confined",
     "runtime_returncode",
     "seccomp_program",
+    "worker_run",
 ]
 
 # Refused with EPERM. Grouped by what they would reach.
@@ -305,6 +308,29 @@ class Contained:
             raise
         finally:
             spawn.close()
+
+
+def worker_run(
+    command: list[str], spawn: Spawn | None, options: dict[str, Any]
+) -> Callable[..., Awaitable[trio.Process]]:
+    """`trio.run_process` of a worker process, its pipes held, for `nursery.start`:
+    `command` as it is, or the sandboxed form `spawn` made of it, with its descriptors
+    and its way to be stopped. `options`: `process.sandbox_process_options`."""
+    if spawn is None:
+        argv, extra = command, {"deliver_cancel": kill_process_group}
+    else:
+        extra = {"pass_fds": spawn.pass_fds, "deliver_cancel": spawn.stopper.deliver_cancel}
+        argv = spawn.argv
+    return partial(
+        trio.run_process,
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        check=False,
+        **options,
+        **extra,
+    )
 
 
 def _parent_of(pid: int) -> int | None:

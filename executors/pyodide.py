@@ -41,7 +41,6 @@ import re
 import resource
 import secrets
 import shutil
-import subprocess
 import zipfile
 from collections.abc import Sequence
 from functools import partial
@@ -65,12 +64,20 @@ from conduit.executors.base import (
 from conduit.executors.deno import (
     DENO_ENV,
     SANDBOX_FLAGS,
+    callback_sockets,
     find_deno,
     permission_flags,
     read_version,
 )
 from conduit.executors.npm import install_locked, locked_version
-from conduit.executors.os_sandbox import NOT_PROBED, Confinement, SandboxChoice, Spawn, choose
+from conduit.executors.os_sandbox import (
+    NOT_PROBED,
+    Confinement,
+    SandboxChoice,
+    Spawn,
+    choose,
+    worker_run,
+)
 from conduit.executors.packages import project_names, requirements_key
 from conduit.executors.process import (
     DEFAULT_FILE_BYTES,
@@ -449,9 +456,6 @@ class PyodideExecutor:
         assert self._pyodide_dir is not None
         assert self._snapshot is not None
         assert self._time_zones is not None
-        sockets: tuple[Path, ...] = ()
-        if self._callback is not None and self._callback.unix_path is not None:
-            sockets = (Path(self._callback.unix_path),)
         confinement = Confinement(
             cwd=self._work_dir,
             read_only=(
@@ -462,7 +466,7 @@ class PyodideExecutor:
                 self._time_zones,
             ),
             writable=(deno_dir,),
-            sockets=sockets,
+            sockets=callback_sockets(self._callback),
         )
         return sandbox.spawn(command, confinement)
 
@@ -523,23 +527,8 @@ class PyodideExecutor:
         options = sandbox_process_options(cwd=self._work_dir, env=env)
         command = self._command()
         spawn = self._confined(command, deno_dir)
-        stop = kill_process_group
-        if spawn is not None:
-            command, options["pass_fds"] = spawn.argv, spawn.pass_fds
-            stop = spawn.stopper.deliver_cancel
         try:
-            process: trio.Process = await nursery.start(
-                partial(
-                    trio.run_process,
-                    command,
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    check=False,
-                    deliver_cancel=stop,
-                    **options,
-                )
-            )
+            process: trio.Process = await nursery.start(worker_run(command, spawn, options))
         except OSError as exc:
             if spawn is not None:
                 spawn.close()
