@@ -118,3 +118,16 @@ def test_a_journal_that_cannot_be_written_is_given_up(tmp_path: Path) -> None:
     assert not journal.append(fabricated("ex_1", 1.0))
     assert not journal.is_open
     assert not journal.append(fabricated("ex_2", 1.0))
+
+
+def test_a_number_no_json_can_carry_comes_back_empty_never_failing(tmp_path: Path) -> None:
+    huge = 10**5000  # past Python's 4,300-digit limit for text
+    record = fabricated("ex_huge", 1.0, memory_peak_bytes=huge, exit_code=2**70)
+    line = journal_line(record)
+    back = record_from_line(line[:-1])
+    assert (back.memory_peak_bytes, back.exit_code) == (None, 2**70)
+    journal, _ = RecordJournal.open(tmp_path / "audit.journal")
+    assert journal.append(record)
+    journal.close(remove=False)
+    _, left = RecordJournal.open(tmp_path / "audit.journal")
+    assert [r.execution_id for r in left] == ["ex_huge"]
