@@ -197,9 +197,9 @@ def bindings(draw: st.DrawFn, depth: int = 0) -> Binding:
             if len(part.bound) == 1 and part.pattern == part.bound[0][0] and draw(st.booleans()):
                 entries.append(part.pattern)  # shorthand
                 values.append(f"{part.pattern}: {part.value}")
-            else:
-                entries.append(f"k{index}: {part.pattern}")
-                values.append(f"k{index}: {part.value}")
+            else:  # (a key no shorthand name can be: keys are distinct)
+                entries.append(f'"k {index}": {part.pattern}')
+                values.append(f'"k {index}": {part.value}')
         pattern, value = "{" + ", ".join(entries) + "}", "{" + ", ".join(values) + "}"
     return Binding(pattern, value, tuple(pair for part in parts for pair in part.bound))
 

@@ -128,6 +128,7 @@ def test_a_node_whose_actor_dies_fails_what_it_held_and_is_dropped(
     """What it held comes back as errors, never resent; the other node runs the rest,
     and the next batch; its daemon goes with it, and what it left is swept."""
     with ConduitNodes(**node_settings, chunk_size=4) as nodes:
+        assert len(nodes.actors) == 2, nodes.failed
         doomed, survivor = nodes.actors
         socket = _socket_of(doomed)
         outcomes = _run_while(nodes, [BUSY] * 16, lambda: ray.kill(doomed))
@@ -153,6 +154,7 @@ def test_a_node_whose_daemon_dies_hands_back_what_it_never_ran(
     errors; none runs twice (the audit store both share says so)."""
     programs = [f"{BUSY}\n{i}" for i in range(16)]
     with ConduitNodes(**node_settings, chunk_size=4) as nodes:
+        assert len(nodes.actors) == 2, nodes.failed
         doomed, survivor = nodes.actors
         pid = int((Path(_socket_of(doomed)).parent / "daemon.pid").read_text())
         outcomes = _run_while(nodes, programs, lambda: os.kill(pid, signal.SIGKILL))
