@@ -80,12 +80,16 @@ async def execute_samples(
     warmup: int = 0,
     pool_of: str = "deno",
     check: Check = check_result,
+    pause_s: float = 0.0,
 ) -> list[float]:
     """`runs` sequential executions of `params`, each timed end to end (seconds), after
     `warmup` untimed ones; with `warm_pool`, each starts when `pool_of`'s pool is full
-    again. `check` raises if a result is not the expected one. Runs in a worker thread
+    again, and with `pause_s`, that long after the one before (else at once: back to
+    back). `check` raises if a result is not the expected one. Runs in a worker thread
     (see the module's docstring)."""
-    series = functools.partial(_series, path, params, runs, warm_pool, warmup, pool_of, check)
+    series = functools.partial(
+        _series, path, params, runs, warm_pool, warmup, pool_of, check, pause_s
+    )
     # Abandoned on cancellation: the thread ends when the daemon closes its connection.
     return await trio.to_thread.run_sync(series, abandon_on_cancel=True)
 
@@ -98,6 +102,7 @@ def _series(
     warmup: int,
     pool_of: str,
     check: Check,
+    pause_s: float,
 ) -> list[float]:
     deadline = time.monotonic() + SERIES_BUDGET_S
     samples: list[float] = []
@@ -107,6 +112,8 @@ def _series(
         while len(samples) < runs and time.monotonic() < deadline:
             if warm_pool:
                 wait_pool_full_blocking(client, warm_pool, pool_of)
+            if pause_s:
+                time.sleep(pause_s)
             started = time.perf_counter()
             result = client.call("execute", params)
             samples.append(time.perf_counter() - started)

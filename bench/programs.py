@@ -14,11 +14,15 @@ import random
 from typing import Any
 
 TYPESCRIPT = "const xs = [1, 2, 3];\nxs.reduce((a, b) => a + b, 0)"
+# The same with types, as TypeScript: they are erased before it runs on wasm-js.
+TYPESCRIPT_TYPED = "const xs: number[] = [1, 2, 3];\nxs.reduce((a: number, b: number) => a + b, 0)"
 PYTHON = "xs=[1,2,3]\nsum(xs)"
 JAVASCRIPT = "const xs=[1,2,3];\nxs.reduce((a,b)=>a+b,0)"
 RESULT = 6
 
-TYPESCRIPT_REQUEST: dict[str, Any] = {"language": "typescript", "code": TYPESCRIPT}
+# No executor named: TypeScript whose types erase runs on wasm-js.
+TYPESCRIPT_REQUEST: dict[str, Any] = {"language": "typescript", "code": TYPESCRIPT_TYPED}
+DENO_REQUEST: dict[str, Any] = {**TYPESCRIPT_REQUEST, "executor": "deno"}
 # No executor named: the default for python is wasm-python.
 PYTHON_REQUEST: dict[str, Any] = {"language": "python", "code": PYTHON}
 PYODIDE_REQUEST: dict[str, Any] = {"language": "python", "executor": "pyodide", "code": PYTHON}

@@ -16,6 +16,10 @@ PYTHON_EXEC_PER_S = 150.0
 TS_TOOL_OVERHEAD_MS = 1.0
 PY_TOOL_OVERHEAD_MS = 0.3
 TS_HUNDRED_CALLS_MS = 150.0
+# TypeScript on its route (wasm-js, types erased).
+TS_ROUTE_P50_MS = 1.5
+TS_ROUTE_PER_S = 500.0
+TS_ROUTE_HUNDRED_CALLS_MS = 50.0
 PEER_RATIO = 500.0
 PING_PER_S = 15_000
 PYODIDE_WARM_P50_MS = 20.0
@@ -77,6 +81,29 @@ def _typescript(results: dict[str, Any]) -> None:
         f"(target >= {TS_VS_DENO:.0f}x, p50 <= {TS_P50_MS:.0f} ms)"
     )
     print(f"execute throughput, 8 clients         {results['execute_8clients_per_s']:10.1f} exec/s")
+    if "typescript" in results:
+        _typescript_route(results["typescript"])
+
+
+def _typescript_route(figures: dict[str, Any]) -> None:
+    print("execute, trivial TypeScript with no executor named (wasm-js, types erased):")
+    for name, label in (("paced", "paced (20 ms apart)"), ("back_to_back", "back to back")):
+        print(row(f"conduit, {label}", figures[name]))
+        p50 = figures[name]["p50_ms"]
+        print(f"  (target <= {TS_ROUTE_P50_MS} ms: {verdict(p50 <= TS_ROUTE_P50_MS)})")
+    print(row("the same on deno, back to back (pool of 2)", figures["deno_back_to_back"]))
+    per_s = figures["clients_per_s"]
+    print(
+        f"execute throughput, 8 clients, TypeScript {per_s:7.1f} exec/s "
+        f"(target >= {TS_ROUTE_PER_S:.0f}: {verdict(per_s >= TS_ROUTE_PER_S)})"
+    )
+    hundred = figures["hundred_tool_calls"]
+    print(row("TypeScript with 100 sequential tool calls", hundred))
+    print(
+        f"  (target <= {TS_ROUTE_HUNDRED_CALLS_MS:.0f} ms: "
+        f"{verdict(hundred['p50_ms'] <= TS_ROUTE_HUNDRED_CALLS_MS)})"
+    )
+    print(row("erasing the types of 180 lines, on the host", figures["erase_report"]))
 
 
 def _python(results: dict[str, Any]) -> None:

@@ -6,8 +6,11 @@ Starts real `conduit serve` processes (a warm Deno pool, then no pool for cold s
 on sockets in a temporary directory and measures, over loopback only:
 
 - `ping` requests/s on one pipelined connection and on 8 connections;
-- `execute` of a trivial TypeScript program (deno), p50/p99, warm and cold, and
-  executions/s with 8 concurrent clients; a plain `deno run` is its reference;
+- `execute` of a trivial TypeScript program on deno, p50/p99, warm and cold, and
+  executions/s with 8 concurrent clients; a plain `deno run` is its reference; and on
+  its route (wasm-js, its types erased) paced and back to back, with 8 clients and
+  with 100 tool calls, beside deno back to back and the erasure's own time
+  (bench/typescript.py);
 - `execute` of a trivial Python program (wasm-python) and of trivial JavaScript on
   wasm-js (skipped, with the reason, while that executor is not available), and Python
   executions/s with 8 concurrent clients;
@@ -46,10 +49,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import trio
 
-from bench import agent_bench, machine, mcp_bench, pyodide_bench, tool_calls, wasm_bench
+from bench import (
+    agent_bench,
+    machine,
+    mcp_bench,
+    pyodide_bench,
+    tool_calls,
+    typescript,
+    wasm_bench,
+)
 from bench.conduit_daemon import daemon, wait_executors, wait_upstream
 from bench.latency import execute_latency, plain_deno
-from bench.programs import PYTHON_REQUEST, TYPESCRIPT_REQUEST
+from bench.programs import DENO_REQUEST, PYTHON_REQUEST
 from bench.report import report
 from bench.throughput import execute_throughput, ping_connections, ping_pipelined
 
@@ -68,6 +79,9 @@ def iterations(quick: bool) -> dict[str, int]:
         "ping_per_connection": 10_000,
         "ts_warm": 200,
         "ts_cold": 60,
+        # TypeScript on its route (wasm-js), and back to back on deno.
+        "ts_route": 1000,
+        "ts_deno_back_to_back": 100,
         "plain_deno": 60,
         "throughput_s": 10,
         # A Wasmtime execution takes a millisecond or two: 1000 span seconds, not one
@@ -126,17 +140,18 @@ async def conduit_figures(workdir: Path, n: dict[str, int]) -> dict[str, Any]:
         results["ping_pipelined_rps"] = await ping_pipelined(path, n["ping"])
         results["ping_8conn_rps"] = await ping_connections(path, n["ping_per_connection"])
         results["execute_warm"] = await execute_latency(
-            path, TYPESCRIPT_REQUEST, n["ts_warm"], warm_pool=2
+            path, DENO_REQUEST, n["ts_warm"], warm_pool=2
         )
         results["execute_8clients_per_s"] = await execute_throughput(
-            path, TYPESCRIPT_REQUEST, THROUGHPUT_CLIENTS, n["throughput_s"]
+            path, DENO_REQUEST, THROUGHPUT_CLIENTS, n["throughput_s"]
         )
+        results["typescript"] = await typescript.figures(path, n, THROUGHPUT_CLIENTS)
         results.update(await wasm_figures(path, n, beside))
         results["peer"] = beside.figures()
     # Cold Deno only, as before the Wasmtime executors: nothing else loads or competes.
     async with daemon(workdir, "cold", pool_size=0, wasm=False) as path:
         await wait_executors(path)
-        results["execute_cold"] = await execute_latency(path, TYPESCRIPT_REQUEST, n["ts_cold"])
+        results["execute_cold"] = await execute_latency(path, DENO_REQUEST, n["ts_cold"])
     results["plain_deno_run"] = plain_deno(n["plain_deno"], workdir)
     results["direct_mcp_call"] = await tool_calls.direct_mcp_calls(n["direct_mcp"])
     results["direct_mcp_call_legacy"] = await tool_calls.direct_mcp_calls(

@@ -445,10 +445,16 @@ def _print_result(result: dict[str, Any], written: dict[str, int], *, raw: bool)
 
 
 def _error_detail(error: dict[str, Any]) -> str:
-    """The program's traceback, or its error's type and message, safe to print."""
-    if error.get("traceback"):
-        return escape_lines(error["traceback"]).rstrip()
-    return f"{escape(error.get('type'))}: {escape(error.get('message'))}".rstrip()
+    """The program's error's type and message, and its traceback, safe to print (a
+    traceback holding the message already, as Python's and V8's do, alone)."""
+    header = f"{escape(error.get('type'))}: {escape(error.get('message'))}".rstrip()
+    traceback = error.get("traceback")
+    if not traceback:
+        return header
+    frames = escape_lines(traceback).rstrip()
+    if str(error.get("message") or "") in traceback:
+        return frames
+    return f"{header}\n{frames}"
 
 
 def _exit_status(result: dict[str, Any]) -> int:

@@ -216,7 +216,8 @@ class PyodideConfig(_Section):
 
 class ExecutorsConfig(_Section):
     python: str = "wasm-python"
-    typescript: str = "deno"
+    # TypeScript whose types erase; the rest goes to deno (`wasm_js.typescript_lacks`).
+    typescript: str = "wasm-js"
     javascript: str = "wasm-js"
     # Deno's and Pyodide's worker processes run inside bubblewrap (namespaces, an empty
     # read-only file system, seccomp: executors/os_sandbox.py). "required": where the

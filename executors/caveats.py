@@ -39,12 +39,19 @@ CANNOT_USE = {
         "program using Intl, toLocaleString or localeCompare runs on deno instead when "
         "deno is enabled, unless it names executor 'wasm-js')"
     ),
+    # TypeScript with no deno to take what its types do not erase into.
+    "wasm-js/typescript": (
+        "what needs a TypeScript compiler (enum, namespace, decorators, parameter "
+        "properties), imports or require (for files use the global `fs`), the network "
+        "(no fetch; call tools instead), or Intl"
+    ),
 }
 
 
-def cannot_use(executor: str | None) -> str:
-    """One sentence saying what programs cannot use on `executor`; "" if unknown."""
-    line = CANNOT_USE.get(executor or "")
+def cannot_use(executor: str | None, language: str | None = None) -> str:
+    """One sentence saying what programs (in `language`) cannot use on `executor`; ""
+    if unknown."""
+    line = CANNOT_USE.get(f"{executor}/{language}") or CANNOT_USE.get(executor or "")
     return f"Programs on {executor} cannot use {line}." if line else ""
 
 

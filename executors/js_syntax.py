@@ -345,6 +345,48 @@ class Syntax:
             if found is not None:
                 yield found
 
+    def loads_modules(self) -> bool:
+        """Whether the program has an import declaration, an `import(…)`, `require(…)`
+        or `import.meta`, or `export … from`: what needs a module loader. A program
+        that is not `complete` is taken to."""
+        if not self.complete:
+            return True
+        for node in self._nodes(self._places(("import", "require", "export"))):
+            kind = node.type
+            if kind in ("import", "import_statement", "meta_property"):
+                return True
+            if kind == "export_statement" and node.child_by_field_name("source") is not None:
+                return True
+            if kind == "call_expression":
+                callee = node.child_by_field_name("function")
+                is_name = callee is not None and callee.type == "identifier"
+                if is_name and _unescape(self._text(callee)) == "require":
+                    return True
+        return False
+
+    def globals_used(self, words: Iterable[str]) -> set[str]:
+        """Those of `words` the program uses as globals: names it reads but never
+        declares (as a variable, function, class, parameter or import, anywhere: a
+        name declared in one scope counts as the program's own in every other), and
+        properties of the global object (`globalThis.X`, whatever it declares). A
+        program that is not `complete` uses none."""
+        if not self.complete:
+            return set()
+        wanted = set(words)
+        read: set[str] = set()
+        declared: set[str] = set()
+        properties: set[str] = set()
+        for node in self._nodes(self._places(wanted)):
+            if node.type in _NAMES:
+                name = _unescape(self._text(node))
+                if name in wanted:
+                    (declared if _declares(node) else read).add(name)
+            elif node.type in ("member_expression", "subscript_expression"):
+                found = self._mention(node)
+                if found is not None and found.value in wanted:
+                    properties.add(found.value)
+        return (read - declared) | properties
+
     def _places(self, words: Iterable[str]) -> list[int] | None:
         """The sorted byte offsets where `words` occur, or None if escapes may hide them."""
         if b"\\u" in self._data:
@@ -436,6 +478,48 @@ class Syntax:
         return Mention(kind, value, self.offset(node.start_byte), has_arguments)
 
 
+# Where a name is declared: the parent's type, and the field the name is in (None: any).
+_DECLARING_FIELDS = {
+    "variable_declarator": "name",
+    "function_declaration": "name",
+    "generator_function_declaration": "name",
+    "function_expression": "name",
+    "generator_function": "name",
+    "class_declaration": "name",
+    "class": "name",
+    "arrow_function": "parameter",
+    "catch_clause": "parameter",
+    "assignment_pattern": "left",
+    "object_assignment_pattern": "left",
+    "pair_pattern": "value",
+    "for_in_statement": "left",
+}
+_DECLARING = frozenset(
+    {
+        "formal_parameters",
+        "array_pattern",
+        "rest_pattern",
+        "import_specifier",
+        "import_clause",
+        "namespace_import",
+    }
+)
+
+
+def _declares(name: tree_sitter.Node) -> bool:
+    """Whether the identifier `name` is where a name is declared (or, in a
+    destructuring assignment or `for (x of …)`, assigned: taken for the same)."""
+    if name.type == "shorthand_property_identifier_pattern":
+        return True
+    parent = name.parent
+    if parent is None:
+        return False
+    if parent.type in _DECLARING:
+        return True
+    field = _DECLARING_FIELDS.get(parent.type)
+    return field is not None and parent.child_by_field_name(field) == name
+
+
 def children(node: tree_sitter.Node) -> Iterator[tree_sitter.Node]:
     """`node`'s children one at a time. `node.children` makes them all in one call that
     holds the GIL throughout: tens of milliseconds of a stalled event loop for a program
@@ -469,19 +553,20 @@ class PreparedModule:
     line_offset: int
     imports: tuple[str, ...] = ()
 
-    def function_expression(self, *, asynchronous: bool = True) -> str:
+    def function_expression(self, *, asynchronous: bool = True, strict: bool = False) -> str:
         """The program as `(async function () { ... })`, line for line as in `text`,
         for a runtime with no module loader (so only for a program with no imports).
 
         With `asynchronous=False` it is a plain `(function () { ... })`, whose body
         runs as the async one would for a program that `may_await` says cannot await;
         its caller must then settle the function's value as an async function's would
-        be.
+        be. With `strict=True` its code is strict mode code, as a module's is.
         """
         if self.imports:
             raise ValueError("a program with import declarations needs a module loader")
         body = self.text.removeprefix(_FUNCTION_HEAD)
-        return f"({_ASYNC_HEAD if asynchronous else _PLAIN_HEAD}{body})"
+        head = _ASYNC_HEAD if asynchronous else _PLAIN_HEAD
+        return f"({head}{_STRICT if strict else ''}{body})"
 
 
 def may_await(code: str) -> bool:
@@ -547,6 +632,7 @@ def prepare_parsed(code: str, syntax: Syntax | None) -> PreparedModule:
 _EXPORT_DEFAULT = "export default "
 _ASYNC_HEAD = "async function () {"
 _PLAIN_HEAD = "function () {"
+_STRICT = '"use strict";'
 _FUNCTION_HEAD = f"{_EXPORT_DEFAULT}{_ASYNC_HEAD}"
 # Hoisted imports share the header's line, so the program always starts on line 2.
 _LINE_OFFSET = 1
@@ -559,6 +645,11 @@ _KEPT, _GONE, _EXPRESSION, _EXPORTED_EXPRESSION = "kept", "gone", "expression", 
 # Expression statements that are declarations in disguise: TypeScript's `namespace N
 # {}`, which the grammar reads as an expression.
 _NOT_VALUES = frozenset(("internal_module",))
+# TypeScript's statements that are types alone: no code, so no value either (the last
+# value before them is the program's, as once their types are erased).
+_TYPES_ALONE = frozenset(
+    ("interface_declaration", "type_alias_declaration", "ambient_declaration", "function_signature")
+)
 # `using` declarations, newer than the grammar, which reads them as expressions.
 _USING = re.compile(rb"(?:await[ \t]+)?using[ \t]+[\w$\\\x80-\xff]")
 _LINE_BREAK = re.compile(r"[\n\r\u2028\u2029]")
@@ -599,8 +690,8 @@ def _plan_statement(
     data: bytes, statement: tree_sitter.Node, imports: list[str], edits: list[_Edit]
 ) -> str:
     kind = statement.type
-    if kind == "empty_statement":
-        return _GONE  # an empty statement has no value to return
+    if kind == "empty_statement" or kind in _TYPES_ALONE:
+        return _GONE  # no value to return
     if kind == "import_statement":
         text = _decode(data[statement.start_byte : statement.end_byte])
         imports.append(_single_line(text))
@@ -656,7 +747,7 @@ def _plan_export(data: bytes, statement: tree_sitter.Node, edits: list[_Edit]) -
         edits.append(
             (export.start_byte, export.end_byte, b" " * (export.end_byte - export.start_byte))
         )
-        return _KEPT
+        return _GONE if target.type in _TYPES_ALONE else _KEPT
     # The words go with the space after them, unless that holds a line break.
     words_end = target.start_byte
     if _LINE_BREAK.search(_decode(data[default.end_byte : target.start_byte])):

@@ -6,9 +6,11 @@ daemon. `pick` chooses the executor for a request or says precisely why none fit
 `pick_ready` first waits, within a bound, for the one it wants to finish starting.
 
 With no executor named, a program that uses what its language's default lacks (the
-executor's `lacks(code, syntax)` says so: `Intl` on wasm-js) goes to another available
-executor for the language, when the configuration has one; a named executor always runs
-it. A parse made to tell is kept in the request's `SyntaxMemo` for the program's later
+executor's `lacks(code, syntax, language)` says so: `Intl` on wasm-js, or TypeScript
+whose types do not simply erase) goes to another available executor for the language,
+when the configuration has one; a named executor always runs it. A session (no program
+yet) does not go to an executor that runs only part of its language (`partly`: wasm-js
+and TypeScript). A parse made to tell is kept in the request's `SyntaxMemo` for the program's later
 readers.
 """
 
@@ -32,7 +34,7 @@ log = logging.getLogger("conduit.executors")
 KNOWN_EXECUTORS = {
     "deno": ("typescript", "javascript"),
     "wasm-python": ("python",),
-    "wasm-js": ("javascript",),
+    "wasm-js": ("javascript", "typescript"),
     "pyodide": ("python",),
 }
 
@@ -157,8 +159,16 @@ class ExecutorRegistry:
                 {"field": "language", "reason": "no executor configured"},
             )
         chosen = self._executors.get(chosen_name)
+        others = [
+            e for e in self._executors.values() if e is not chosen and language in e.languages
+        ]
         if chosen is None:
-            raise _disabled_error(chosen_name)
+            if name is not None or not others:
+                raise _disabled_error(chosen_name)
+            # A default the configuration leaves out: the others stand in, as for
+            # one that is unavailable.
+            fitting = [e for e in others if e.name not in lacking]
+            return [*fitting, *(e for e in others if e.name in lacking)]
         if language not in chosen.languages:
             raise InvalidParams(
                 f"invalid params: executor {chosen_name!r} runs "
@@ -167,9 +177,6 @@ class ExecutorRegistry:
             )
         if name is not None:
             return [chosen]
-        others = [
-            e for e in self._executors.values() if e is not chosen and language in e.languages
-        ]
         if chosen.name not in lacking:
             return [chosen, *others]
         fitting = [e for e in others if e.name not in lacking]
@@ -198,14 +205,22 @@ class ExecutorRegistry:
         )
 
     def _lacking(self, language: str, name: str | None, code: str, syntax: SyntaxMemo) -> set[str]:
-        """The executors for `language` that lack what `code` uses; none when the
-        request names its executor, which then runs the program as it is."""
-        if name is not None or not code:
+        """The executors for `language` that lack what `code` uses (`lacks(code,
+        syntax, language)` says what); none when the request names its executor,
+        which then runs the program as it is. With no program (a session's, whose
+        steps are yet to come), those that run only part of the language (`partly`)."""
+        if name is not None:
             return set()
         lacking = set()
         for executor in self._executors.values():
+            if language not in executor.languages:
+                continue
+            if not code:
+                if language in getattr(executor, "partly", ()):
+                    lacking.add(executor.name)
+                continue
             lacks = getattr(executor, "lacks", None)
-            if language in executor.languages and lacks is not None and lacks(code, syntax):
+            if lacks is not None and lacks(code, syntax, language):
                 lacking.add(executor.name)
         return lacking
 
@@ -233,6 +248,22 @@ class ExecutorRegistry:
 
     def defaults(self) -> dict[str, str]:
         return dict(self._defaults)
+
+    def describing(self) -> dict[str, str]:
+        """For each language, the executor whose limits its programs meet, for a
+        model writing one: the default's, unless that runs only part of the language
+        (`partly`: wasm-js and TypeScript) and a configured executor runs the rest."""
+        described = {}
+        for language, name in self._defaults.items():
+            chosen = self._executors.get(name)
+            whole = [
+                e.name
+                for e in self._executors.values()
+                if language in e.languages and language not in getattr(e, "partly", ())
+            ]
+            partial = chosen is not None and language in getattr(chosen, "partly", ())
+            described[language] = whole[0] if partial and whole else name
+        return described
 
     def packages(self, name: str) -> dict[str, str]:
         """The versions of the packages executor `name` installed for its programs

@@ -10,8 +10,10 @@ reader parses, the others read that parse, and the executor, the last, `take`s i
 that the tree goes as soon as its last reader is done with it.
 
 A memo holds one parse, of one program in one dialect: a reader asking for another
-replaces it. It belongs to one request and is never shared, so no reader ever sees
-another request's program, nor learns whether one was parsed.
+replaces it. A TypeScript program's erasure (`ts_erase`: the JavaScript it means, and
+that JavaScript's parse) is held beside it, made by the registry's reader when wasm-js
+may run it, and taken by wasm-js. It belongs to one request and is never shared, so no
+reader ever sees another request's program, nor learns whether one was parsed.
 
 Whoever makes a request wait between readers (for an execution slot, for an executor
 still starting) lets go of its parse first (`forget`): a tree held through a wait of
@@ -26,8 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from conduit.executors import js_syntax
+from conduit.executors import js_syntax, ts_erase
 from conduit.executors.js_syntax import Dialect, Syntax
+from conduit.executors.ts_erase import Erased, NotErasable
 
 __all__ = ["SyntaxMemo"]
 
@@ -44,10 +47,12 @@ class _Parse:
 class SyntaxMemo:
     """A request's parse of its program, made by the first reader that asks for it."""
 
-    __slots__ = ("_held",)
+    __slots__ = ("_erasure", "_held")
 
     def __init__(self) -> None:
         self._held: _Parse | None = None
+        # A TypeScript program's erasure (`ts_erase`), held beside its parse.
+        self._erasure: tuple[str, Erased | NotErasable] | None = None
 
     def __repr__(self) -> str:
         held = self._held
@@ -71,6 +76,21 @@ class SyntaxMemo:
         self._held = None
         return syntax
 
+    def erase(self, code: str) -> Erased | NotErasable:
+        """`ts_erase.erase` of the TypeScript program `code` (its parse taken from, or
+        kept in, this memo), kept for the next reader."""
+        held = self._erasure
+        if held is None or held[0] != code:
+            held = self._erasure = (code, ts_erase.erase(self.parse(code, "typescript")))
+        return held[1]
+
+    def take_erased(self, code: str) -> Erased | NotErasable:
+        """`erase`, for the program's last reader: the memo no longer holds anything."""
+        erasure = self.erase(code)
+        self.forget()
+        return erasure
+
     def forget(self) -> None:
         """Let go of the parse held, if any (a request about to wait)."""
         self._held = None
+        self._erasure = None

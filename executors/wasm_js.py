@@ -30,14 +30,23 @@ either, so that the registry can give it to an executor that has them.
 from __future__ import annotations
 
 from conduit.core import jsontext
-from conduit.executors.base import ErrorInfo, Job
+from conduit.core.errors import InvalidParams
+from conduit.executors.base import ErrorInfo, Job, SessionSpec
 from conduit.executors.js_session import rewrite_step
-from conduit.executors.js_syntax import MentionKind, may_await, prepare_module, prepare_parsed
+from conduit.executors.js_syntax import (
+    MentionKind,
+    Syntax,
+    may_await,
+    prepare_module,
+    prepare_parsed,
+)
 from conduit.executors.syntax_memo import SyntaxMemo
+from conduit.executors.ts_erase import NotErasable
 from conduit.executors.wasm import ProgramRejected, WasmExecutor
 from conduit.executors.wasm_guests import JS_GUEST
+from conduit.executors.wasm_sessions import WasmSession
 
-__all__ = ["WasmJsExecutor", "uses_intl"]
+__all__ = ["DENO_ONLY_GLOBALS", "WasmJsExecutor", "typescript_lacks", "uses_intl"]
 
 # SpiderMonkey's report when the guest's linear memory cannot grow (a catchable error).
 OUT_OF_MEMORY = "out of memory"
@@ -70,6 +79,61 @@ LOCALE_CASE_METHODS = frozenset({"toLocaleUpperCase", "toLocaleLowerCase"})
 _INTL_WORDS = ("Intl", "toLocale", "localeCompare")
 
 
+# The globals Deno's runtime has and this guest's has not (a test compares both
+# runtimes' global objects): a TypeScript program that uses one runs on deno.
+DENO_ONLY_GLOBALS = frozenset(
+    """
+    Atomics BroadcastChannel Buffer Cache CacheStorage CloseEvent DOMMatrix
+    DOMMatrixReadOnly DOMPoint DOMPointReadOnly DOMQuad DOMRect DOMRectReadOnly Deno
+    ErrorEvent EventSource FileReader GPU GPUAdapter GPUAdapterInfo GPUBindGroup
+    GPUBindGroupLayout GPUBuffer GPUBufferUsage GPUCanvasContext GPUColorWrite
+    GPUCommandBuffer GPUCommandEncoder GPUCompilationInfo GPUCompilationMessage
+    GPUComputePassEncoder GPUComputePipeline GPUDevice GPUDeviceLostInfo GPUError
+    GPUInternalError GPUMapMode GPUOutOfMemoryError GPUPipelineError GPUPipelineLayout
+    GPUQuerySet GPUQueue GPURenderBundle GPURenderBundleEncoder GPURenderPassEncoder
+    GPURenderPipeline GPUSampler GPUShaderModule GPUShaderStage GPUSupportedFeatures
+    GPUSupportedLimits GPUTexture GPUTextureUsage GPUTextureView GPUUncapturedErrorEvent
+    GPUValidationError ImageBitmap ImageBitmapRenderingContext ImageData Intl Location
+    Lock LockManager MessageChannel MessageEvent MessagePort Navigator NavigatorUAData
+    OffscreenCanvas PerformanceEntry PerformanceMark PerformanceMeasure
+    PerformanceObserver PerformanceObserverEntryList ProgressEvent PromiseRejectionEvent
+    QuotaExceededError SharedArrayBuffer Storage Temporal TextDecoderStream
+    TextEncoderStream TransformStreamDefaultController URLPattern WebAssembly WebSocket
+    Window Worker WritableStreamDefaultController WritableStreamDefaultWriter alert
+    clearImmediate close closed confirm createImageBitmap getParent global localStorage
+    name navigator onbeforeunload onerror onload onunhandledrejection onunload process
+    prompt reportError sessionStorage setImmediate
+    """.split()  # noqa: SIM905 (a list of words, kept as words)
+)
+
+
+def typescript_lacks(code: str, syntax: SyntaxMemo) -> str | None:
+    """What the TypeScript program `code` needs that wasm-js does not give it, or None:
+    it runs there, its types erased, meaning what it means on deno. The rule:
+
+    1. its types erase (`ts_erase`: no enum, namespace, decorator, parameter property
+       or anything else that needs a compiler, and nothing whose reading erasure
+       would change);
+    2. it loads no module (`import`, `import()`, `require`: wasm-js has no loader);
+    3. it uses none of Deno's globals the guest lacks (`DENO_ONLY_GLOBALS`: `Deno`,
+       `process`, `WebSocket`...), nor `Intl` or a locale (`uses_intl`).
+
+    The erasure is kept in `syntax` for the executor.
+    """
+    erasure = syntax.erase(code)
+    if isinstance(erasure, NotErasable):
+        return f"TypeScript that needs a compiler: {erasure.reason}"
+    erased = erasure.syntax
+    if erased.loads_modules():
+        return "modules to import"
+    used = erased.globals_used(DENO_ONLY_GLOBALS)
+    if used:
+        return f"Deno's globals: {', '.join(sorted(used))}"
+    if _intl_in(erasure.code, erased):
+        return "Intl"
+    return None
+
+
 def uses_intl(code: str, syntax: SyntaxMemo | None = None) -> bool:
     """Whether `code` names `Intl`, calls a method whose answer is the locale's, or
     names a locale for a case mapping.
@@ -82,8 +146,14 @@ def uses_intl(code: str, syntax: SyntaxMemo | None = None) -> bool:
     if not any(word in code for word in _INTL_WORDS):
         return False
     memo = syntax if syntax is not None else SyntaxMemo()
-    parsed = memo.parse(code, "javascript")
+    return _intl_in(code, memo.parse(code, "javascript"))
+
+
+def _intl_in(code: str, parsed: Syntax | None) -> bool:
+    """`uses_intl`, read from a parse of `code` made already."""
     if parsed is None or not parsed.complete:
+        return False
+    if not any(word in code for word in _INTL_WORDS):
         return False
     for mention in parsed.mentions(_INTL_WORDS):
         if mention.kind in (MentionKind.NAME, MentionKind.GLOBAL_PROPERTY):
@@ -101,7 +171,9 @@ class WasmJsExecutor(WasmExecutor):
     """Runs JavaScript programs in fresh SpiderMonkey-on-Wasmtime instances."""
 
     name = "wasm-js"
-    languages = frozenset({"javascript"})
+    languages = frozenset({"javascript", "typescript"})
+    # TypeScript only as far as `typescript_lacks` allows, and never in a session.
+    partly = frozenset({"typescript"})
     recipe = JS_GUEST
     runtime = "SpiderMonkey"
     # Kept resident, the pages a trivial program touches need no faults: its run halves,
@@ -120,28 +192,47 @@ class WasmJsExecutor(WasmExecutor):
     preopen_files = False
 
     @staticmethod
-    def lacks(code: str, syntax: SyntaxMemo | None = None) -> str | None:
-        """What `code` uses that this executor does not have ("Intl"), or None."""
+    def lacks(
+        code: str, syntax: SyntaxMemo | None = None, language: str = "javascript"
+    ) -> str | None:
+        """What `code` uses that this executor does not have, or None: `Intl` for
+        JavaScript, `typescript_lacks` for TypeScript."""
+        if language == "typescript":
+            return typescript_lacks(code, SyntaxMemo() if syntax is None else syntax)
         return "Intl" if uses_intl(code, syntax) else None
 
     def request_for(self, job: Job, *, session: bool = False) -> str:
         if session:  # a step's source is rewritten: the request's parse is not of it
             code = self.session_source(job.code)
             module = prepare_module(code, "javascript")
+        elif job.language == "typescript":
+            code, parsed = _erased(job)
+            module = prepare_parsed(code, parsed)
         else:
             code = job.code
             module = prepare_parsed(code, job.syntax.take(code, "javascript"))
         if module.imports:
             raise ProgramRejected(ErrorInfo("SyntaxError", NO_IMPORTS))
         asynchronous = may_await(code)
+        # TypeScript is a module to deno, and a module's code is strict.
+        strict = job.language == "typescript"
         request = {
-            "function": module.function_expression(asynchronous=asynchronous),
+            "function": module.function_expression(asynchronous=asynchronous, strict=strict),
             "asynchronous": asynchronous,
             "line_offset": module.line_offset,
             "inputs": job.inputs,
             "timeout_ms": job.limits.timeout_ms,
         }
         return jsontext.dumps(request)
+
+    async def open_session(self, spec: SessionSpec) -> WasmSession:
+        if spec.language == "typescript":
+            raise InvalidParams(
+                "invalid params: wasm-js runs TypeScript programs one at a time, not in "
+                "sessions; open the session with executor 'deno', or in javascript",
+                {"field": "language", "reason": "no TypeScript sessions on wasm-js"},
+            )
+        return await super().open_session(spec)
 
     def session_source(self, code: str) -> str:
         """A session step's program as the guest runs it. Every step runs in the same
@@ -158,3 +249,18 @@ class WasmJsExecutor(WasmExecutor):
         if any(sign in trap for sign in MODULE_LOAD_SIGNS):
             return ErrorInfo("Error", NO_MODULE_LOADER)
         return None
+
+
+def _erased(job: Job) -> tuple[str, Syntax]:
+    """A TypeScript job's program as JavaScript, and its parse; `ProgramRejected`
+    when its types do not erase (only a request naming wasm-js gets here then)."""
+    erasure = job.syntax.take_erased(job.code)
+    if isinstance(erasure, NotErasable):
+        raise ProgramRejected(
+            ErrorInfo(
+                "SyntaxError",
+                f"wasm-js runs TypeScript whose types erase, and this has {erasure.reason}; "
+                "run it with executor 'deno'",
+            )
+        )
+    return erasure.code, erasure.syntax

@@ -63,7 +63,8 @@ def render_declarations(language: str, tools: list[UpstreamTool], catalogue: Cat
 def _render(params: SdkParams, ctx: CallContext) -> dict[str, Any]:
     tools = _selected(params, ctx)
     text = render_declarations(params.language, tools, ctx.tools.catalogue)
-    caveat = cannot_use(ctx.executions.registry.defaults().get(params.language))
+    executor = ctx.executions.registry.describing().get(params.language)
+    caveat = cannot_use(executor, params.language)
     if caveat:
         text = f"{_COMMENT[params.language]}{caveat}\n{text}"
     return {

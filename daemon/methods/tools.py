@@ -80,7 +80,7 @@ _SESSIONS = (
 _DESCRIPTIONS = {
     "python": "Run Python. The value of the last expression, or of a top-level return, "
     "is the result; print() goes to stdout. " + _SESSIONS,
-    "typescript": "Run TypeScript on Deno. Top-level await works; the value of the "
+    "typescript": "Run TypeScript. Top-level await works; the value of the "
     "final expression, or of a top-level return, is the result. " + _SESSIONS,
     "javascript": "Run JavaScript. Top-level await works; the value of the final "
     "expression, or of a top-level return, is the result. " + _SESSIONS,
@@ -237,13 +237,14 @@ async def builtin_tool_list(
     packages: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
     """The execute tools as MCP `Tool`s, their descriptions declaring `tools` and
-    saying what programs cannot use on each language's default executor (`defaults`),
+    saying what programs cannot use on the executor each language's programs meet the
+    limits of (`defaults`: `ExecutorRegistry.describing`),
     and which packages it has installed (`packages`: versions by name, by language)."""
     listed = []
     for name, language in BUILTIN_TOOLS.items():
         section = await _section(language, tools, catalogue)
         notes = (
-            cannot_use(defaults.get(language)),
+            cannot_use(defaults.get(language), language),
             installed_packages((packages or {}).get(language, {})),
         )
         summary = " ".join([_DESCRIPTIONS[language], *(note for note in notes if note)])
@@ -282,7 +283,7 @@ async def list_tools(params: ToolListParams, ctx: CallContext) -> dict[str, Any]
     if principal.kind == "session" or "execute" not in principal.scopes:
         return {"tools": upstream_tools}
     registry = ctx.executions.registry
-    defaults = registry.defaults()
+    defaults = registry.describing()
     packages = {language: registry.packages(name) for language, name in defaults.items()}
     builtin = await builtin_tool_list(visible, ctx.tools.catalogue, defaults, packages)
     return {"tools": builtin + upstream_tools}

@@ -209,7 +209,7 @@ class FakeExecutor:
         *,
         name: str = "fake",
         languages: frozenset[str] = frozenset({"python"}),
-        lacks: Callable[[str, SyntaxMemo], str | None] | None = None,
+        lacks: Callable[[str, SyntaxMemo, str], str | None] | None = None,
     ) -> None:
         self.script = script
         self.name = name

@@ -289,7 +289,9 @@ async def test_list_filters_and_pages_newest_first(start_daemon: Any, connect: A
     ids = []
     for n in range(5):
         ids.append((await client.call("execute", python(f"{n}")))["execution_id"])
-    failed = await client.call("execute", {"language": "typescript", "code": "throw 1"})
+    failed = await client.call(
+        "execute", {"language": "typescript", "code": "throw 1", "executor": "deno"}
+    )
     js = await client.call("execute", {"language": "javascript", "code": "1"})
     ids += [failed["execution_id"], js["execution_id"]]
 

@@ -28,7 +28,7 @@ async def test_result_output_and_shape(client: Any) -> None:
     assert result["exit_code"] == 0
     assert result["error"] is None
     assert result["truncated"] == {"stdout": False, "stderr": False}
-    assert result["executor"] == "deno"
+    assert result["executor"] == "wasm-js"  # TypeScript whose types erase: no Deno needed
     assert result["execution_id"].startswith("ex_")
     assert set(result) == {
         "execution_id", "status", "result", "stdout", "stderr", "exit_code", "error",
@@ -197,7 +197,7 @@ async def test_executors_list_reports_deno_and_its_pool(client: Any) -> None:
     assert deno["pool"] is not None
     python = next(e for e in listed["executors"] if e["name"] == "wasm-python")
     assert python["available"] is True and python["version"].startswith("CPython 3.14")
-    assert listed["defaults"]["typescript"] == "deno"
+    assert listed["defaults"]["typescript"] == "wasm-js"
 
 
 async def test_nc_style_session(client: Any) -> None:

@@ -342,7 +342,9 @@ LINES = 3000
 NOISY = {
     "execute_python": f"for i in range({LINES}):\n    print('py', i)\nimport sys\n"
     f"for i in range({LINES}):\n    print('err', i, file=sys.stderr)\n'done'",
-    "execute_typescript": f"for (let i = 0; i < {LINES}; i++) console.log('ts', i);\n"
+    # (`Deno.pid`: on deno, whose worker is a process of its own with its own stdout.)
+    "execute_typescript": f"const pid: number = Deno.pid;\n"
+    f"for (let i = 0; i < {LINES}; i++) console.log('ts', i);\n"
     f"for (let i = 0; i < {LINES}; i++) console.error('err', i);\n'done'",
     "execute_javascript": f"for (let i = 0; i < {LINES}; i++) console.log('js', i);\n'done'",
 }

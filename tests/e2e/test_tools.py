@@ -262,7 +262,7 @@ async def test_session_tokens_die_with_their_execution(tooled: Any) -> None:
         return minted[-1]
 
     server.auth.mint_session = recording_mint
-    result = await execute(client, "await tools.echo.echo({ text: 'x' }); 1")
+    result = await execute(client, "await tools.echo.echo({ text: 'x' }); 1", executor="deno")
     assert result["status"] == "ok"
     assert len(minted) == 1
     assert server.auth.live_sessions() == 0

@@ -27,7 +27,8 @@ class StandIn:
     languages: frozenset[str]
     available: bool = True
     reason: str | None = field(default=None)
-    lacks: Callable[[str, SyntaxMemo], str | None] | None = None
+    lacks: Callable[[str, SyntaxMemo, str], str | None] | None = None
+    partly: frozenset[str] = frozenset()
 
     @property
     def unavailable_reason(self) -> str | None:
@@ -166,7 +167,7 @@ async def test_another_stands_in_once_the_wait_is_over(autojump_clock: trio.abc.
     assert trio.current_time() == 5
 
 
-def _no_intl(code: str, _syntax: SyntaxMemo) -> str | None:
+def _no_intl(code: str, _syntax: SyntaxMemo, _language: str = "javascript") -> str | None:
     return "Intl" if "Intl" in code else None
 
 
@@ -225,6 +226,48 @@ async def test_a_parse_made_to_pick_is_kept_unless_the_pick_waits(
     assert picked is deno
     assert syntax.take(code, "javascript") is not None
     assert len(parses.made) == (2 if deno_starting else 1)
+
+
+def typescript_registry(*, deno: bool = True) -> tuple[ExecutorRegistry, StandIn, StandIn]:
+    """wasm-js as TypeScript's default, running only what `typescript_lacks` allows."""
+    on_deno = StandIn("deno", frozenset({"javascript", "typescript"}))
+    wasm_js = StandIn(
+        "wasm-js",
+        frozenset({"javascript", "typescript"}),
+        lacks=WasmJsExecutor.lacks,
+        partly=frozenset({"typescript"}),
+    )
+    executors = [wasm_js, on_deno] if deno else [wasm_js]
+    chosen = ExecutorRegistry(executors, {"typescript": "wasm-js", "javascript": "wasm-js"})  # type: ignore[arg-type]
+    return chosen, on_deno, wasm_js
+
+
+def test_typescript_whose_types_erase_runs_on_wasm_js_and_the_rest_on_deno() -> None:
+    chosen, deno, wasm_js = typescript_registry()
+    assert chosen.pick("typescript", code="const x: number = 1; x") is wasm_js
+    assert chosen.pick("typescript", code="enum E { A }") is deno
+    assert chosen.pick("typescript", code="Deno.pid") is deno
+    assert chosen.pick("typescript", "wasm-js", code="enum E { A }") is wasm_js  # named
+    # A session, whose programs are yet to come, goes where all of them can run.
+    assert chosen.pick("typescript") is deno
+    assert chosen.describing()["typescript"] == "deno"
+    assert chosen.describing()["javascript"] == "wasm-js"
+
+
+def test_without_deno_wasm_js_takes_typescript_and_says_what_it_cannot_run() -> None:
+    chosen, _, wasm_js = typescript_registry(deno=False)
+    assert chosen.pick("typescript", code="enum E { A }") is wasm_js  # and refuses it
+    assert chosen.pick("typescript") is wasm_js
+    assert chosen.describing()["typescript"] == "wasm-js"
+
+
+def test_a_default_left_out_of_the_configuration_gives_way_to_another() -> None:
+    deno = StandIn("deno", frozenset({"javascript", "typescript"}))
+    chosen = ExecutorRegistry([deno], {"typescript": "wasm-js", "javascript": "wasm-js"})  # type: ignore[list-item]
+    assert chosen.pick("typescript", code="const x: number = 1") is deno
+    assert chosen.pick("javascript") is deno
+    with pytest.raises(ExecutorUnavailable, match="disabled in the configuration"):
+        chosen.pick("typescript", "wasm-js")
 
 
 @dataclass

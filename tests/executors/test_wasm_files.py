@@ -73,7 +73,7 @@ INPUTS = (
 async def run(
     executor: WasmExecutor, code: str, files: tuple[FileData, ...] = (), **limits: Any
 ) -> Outcome:
-    language = next(iter(executor.languages))
+    language = min(executor.languages - getattr(executor, "partly", frozenset()))
     job = Job("ex_files", language, code, Limits(**limits), files=files)
     with trio.fail_after(WAIT_S):
         return await executor.run(job, NoBridge())

@@ -1,0 +1,72 @@
+"""TypeScript on both of its executors: wasm-js (its types erased on the host) and deno.
+
+- trivial TypeScript, paced (a pause before each, as an agent's requests come) and back
+  to back, on the route a request with no executor takes (wasm-js), and back to back on
+  deno with its pool of two;
+- executions/s with 8 clients on the route;
+- a TypeScript program making 100 tool calls, on the route;
+- the host's time to erase the types of a 180-line program (`tests/fixtures/ts_report.ts`),
+  its parse included, in this process.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.latency import check_result, execute_latency
+from bench.programs import DENO_REQUEST, TYPESCRIPT_REQUEST
+from bench.stats import Figures, percentiles
+from bench.throughput import execute_throughput
+from bench.tool_calls import ts_hundred_calls
+from conduit.executors import js_syntax, ts_erase
+
+REPORT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "ts_report.ts"
+# Between two paced executions: longer than an instance's reset after its answer.
+PACE_S = 0.02
+ERASE_RUNS = 50
+
+
+def on(executor: str) -> Any:
+    """A check that the result is the expected one, and came from `executor`."""
+
+    def check(result: dict[str, Any]) -> None:
+        check_result(result)
+        if result.get("executor") != executor:
+            raise AssertionError(f"ran on {result.get('executor')}, not {executor}: {result}")
+
+    return check
+
+
+async def figures(path: str, n: dict[str, int], clients: int) -> dict[str, Any]:
+    runs = n["ts_route"]
+    wasm = on("wasm-js")
+    return {
+        "paced": await execute_latency(
+            path, TYPESCRIPT_REQUEST, runs, warmup=20, pause_s=PACE_S, check=wasm
+        ),
+        "back_to_back": await execute_latency(path, TYPESCRIPT_REQUEST, runs, check=wasm),
+        "deno_back_to_back": await execute_latency(
+            path, DENO_REQUEST, n["ts_deno_back_to_back"], check=on("deno")
+        ),
+        "clients_per_s": await execute_throughput(
+            path, TYPESCRIPT_REQUEST, clients, n["throughput_s"]
+        ),
+        "hundred_tool_calls": await ts_hundred_calls(
+            path, n["ts_hundred_calls"], executor="wasm-js"
+        ),
+        "erase_report": erase_time(),
+    }
+
+
+def erase_time() -> Figures:
+    """Parsing and erasing the 180-line program, `ERASE_RUNS` times."""
+    code = REPORT.read_text()
+    samples = []
+    for _ in range(ERASE_RUNS):
+        started = time.perf_counter()
+        erased = ts_erase.erase(js_syntax.parse(code, "typescript"))
+        samples.append(time.perf_counter() - started)
+        assert isinstance(erased, ts_erase.Erased), erased
+    return percentiles(samples)

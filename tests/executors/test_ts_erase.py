@@ -1,0 +1,260 @@
+"""TypeScript's types erased to the JavaScript they mean, or refused with why: every
+construct on both sides of the line, the attacks on it, and a generator's programs."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conduit.executors import js_syntax
+from conduit.executors.syntax_memo import SyntaxMemo
+from conduit.executors.ts_erase import Erased, NotErasable, erase
+from conduit.executors.wasm_js import typescript_lacks
+
+
+def erased(code: str) -> str:
+    result = erase(js_syntax.parse(code, "typescript"))
+    assert isinstance(result, Erased), result
+    _assert_kept_in_place(code, result.code)
+    return result.code
+
+
+def refused(code: str) -> str:
+    result = erase(js_syntax.parse(code, "typescript"))
+    assert isinstance(result, NotErasable), result
+    return result.reason
+
+
+def _assert_kept_in_place(code: str, javascript: str) -> None:
+    """Byte for byte the same length and lines; what is left is where it was."""
+    before, after = code.encode(), javascript.encode()
+    assert len(before) == len(after)
+    for old, new in zip(before, after, strict=True):
+        assert new == old or new in b" ;", (code, javascript)
+        assert (old in b"\n\r") == (new in b"\n\r")
+
+
+@pytest.mark.parametrize(
+    ("code", "javascript"),
+    [
+        ("let x: number = 1; x", "let x         = 1; x"),
+        (
+            "function f<T>(a: T, b?: string): T { return a }",
+            "function f   (a   , b         )    { return a }",
+        ),
+        (
+            "const g = async <T,>(a: T): Promise<T> => a",
+            "const g = async     (a   )             => a",
+        ),
+        ("y as any; z!; w satisfies W", "y       ; z ; w            "),
+        ("new Map<string, number>()", "new Map                ()"),
+        ("f<T>(x); a?.b!.c", "f   (x); a?.b .c"),
+        ("interface A { x: number }\nA", ";                        \nA"),
+        ("type B = { y: string }", ";                     "),
+        ("import type { C } from './c'", ";                           "),
+        ("export type D = 1", ";                "),
+        ("declare const e: number", ";                      "),
+        (
+            "function h(a: string): void;\nfunction h(a) {}",
+            ";                           \nfunction h(a) {}",
+        ),
+        ("let q!: number", "let q         "),
+        ("try {} catch (e: unknown) {}", "try {} catch (e         ) {}"),
+        ("for (const x of xs as number[]) {}", "for (const x of xs            ) {}"),
+        ("const k = [1, 2] as const", "const k = [1, 2]         "),
+        (
+            "function a(x: unknown): asserts x is string {}",
+            "function a(x         )                      {}",
+        ),
+        (
+            "function b(x: any): x is number { return true }",
+            "function b(x     )              { return true }",
+        ),
+        ("let u: `a${string}` = 'a'", "let u               = 'a'"),
+        ("let v: /* c */ number = 1", "let v                 = 1"),
+        # A column counts bytes: the two of `é` are two spaces.
+        ("let w: 'é' = 'é'", "let w       = 'é'"),
+    ],
+)
+def test_erasable_syntax_becomes_spaces_and_keeps_its_place(code: str, javascript: str) -> None:
+    assert erased(code) == javascript
+
+
+def test_a_class_keeps_its_code_and_loses_its_types() -> None:
+    code = (
+        "abstract class A<T> extends B<T> implements C, D {\n"
+        "  private x?: number = 1\n"
+        "  y!: string\n"
+        "  declare z: number\n"
+        "  abstract m(): void\n"
+        "  static readonly k: number = 2;\n"
+        "  [key: string]: any\n"
+        "  protected override n(a: T): T { return a }\n"
+        "  o?(): void {}\n"
+        "}"
+    )
+    assert erased(code).splitlines() == [
+        "         class A    extends B                    {",
+        "          x          = 1",
+        "  y         ",
+        "  ;                ",
+        "  ;                 ",
+        "  static          k         = 2;",
+        "  ;                 ",
+        "                     n(a   )    { return a }",
+        "  o ()       {}",
+        "}",
+    ]
+
+
+def test_a_statement_that_goes_still_ends_the_one_before() -> None:
+    """Without the `;`, `(foo)()` would call `1`."""
+    assert erased("let x = 1\ntype A = B\n(foo)()") == "let x = 1\n;         \n(foo)()"
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        ("enum E { A }", "an enum (line 1)"),
+        ("const enum E { A }", "an enum"),
+        ("namespace N { export const a = 1 }", "a namespace"),
+        ("\n@sealed class K {}", "a decorator (line 2)"),
+        ("class K { constructor(private x: number) {} }", "a parameter property"),
+        ("class K { constructor(readonly x: number) {} }", "a parameter property"),
+        ("function f(this: Window) {}", "a this parameter"),
+        ("let v = <any>w", "a <T> cast"),
+        ("import fs = require('fs')", "import = require()"),
+        ("export = 1", "export ="),
+        ("const a = 1; export { type a }", "a type among imported or exported names"),
+        ("const f = (a):\n  number => a", "an arrow function's return type over lines"),
+        ("let y = x as any\n(z)", "code right after an `as` type (line 1)"),
+        ("let y = (x as any).b; let z = x as any\n.b", "code right after an `as` type (line 1)"),
+        ("let q = z satisfies number\n[0]", "a type's line starting with ["),
+        ("let x: = 1", "a syntax error (line 1)"),
+        ("let a = 1\nlet b = (", "a syntax error (line 2)"),
+    ],
+)
+def test_what_needs_a_compiler_is_refused_saying_what_and_where(code: str, reason: str) -> None:
+    assert reason in refused(code)
+
+
+def test_a_declare_block_goes_whole_whatever_it_holds() -> None:
+    """TypeScript emits nothing for a `declare`d statement, even a body with code in it
+    (an error to the compiler, never code to run)."""
+    code = "declare namespace N { globalThis.hacked = true }\ndeclare module 'm' { f() }\n1"
+    assert erased(code) == (
+        ";                                               \n;                         \n1"
+    )
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        # Code can hide in no type: comments and strings in types are types.
+        "let a: number /* */ = 1; a",
+        "let b: '*/ evil() /*' = '*/ evil() /*'",
+        "type T = `${'a'}`; let c: T = 'a'",
+        # An escaped keyword is no keyword: `\\u0065num` names a variable.
+        "let \\u0065num = 1; \\u0065num",
+        # `a < b > (c)` is a call with a type argument to TypeScript too.
+        "a < b > (c)",
+        # Generic arrow functions in every spelling.
+        "const f = <T,>(x: T) => x; const g = <T extends unknown>(x: T) => x",
+        # The call binds first, whatever operator is before it.
+        "!f<T>(x); a + b.c<T>(x); await g<T>(); typeof h<T>()",
+    ],
+)
+def test_types_that_hide_nothing_are_erased(code: str) -> None:
+    erased(code)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "\\u0065num E { A }",  # an identifier, then a block: not the enum it looks like
+        "let x: number\u2028= 1",
+        "let s = x as T\n`tag`",
+        "let t = x satisfies T\n?.y",
+        "declare\nenum E { A }",  # `declare` alone on its line is an expression
+    ],
+)
+def test_readings_erasure_could_change_are_refused_or_kept_exactly(code: str) -> None:
+    """Either refused, or erased to text the check found to read the same."""
+    result = erase(js_syntax.parse(code, "typescript"))
+    if isinstance(result, Erased):
+        _assert_kept_in_place(code, result.code)
+
+
+def test_a_call_with_type_arguments_reads_as_typescript_reads_it() -> None:
+    """The grammar reads `await f<T>()` as `(await f)<T>()`; the erased program must
+    still be the call TypeScript means, and is run."""
+    javascript = erased("const r = await Promise.resolve<number>(42); r")
+    assert javascript == "const r = await Promise.resolve        (42); r"
+
+
+@pytest.mark.parametrize(
+    ("code", "lacks"),
+    [
+        ("const x: number = 1; x", None),
+        ("enum E { A }", "TypeScript that needs a compiler: an enum (line 1)"),
+        ("import { z } from 'npm:zod'; z", "modules to import"),
+        ("const m: string = await import('./m.ts')", "modules to import"),
+        ("import type { Z } from 'zod'; 1", None),
+        ("const p: number = Deno.pid", "Deno's globals: Deno"),
+        ("const q: number = globalThis.process.pid", "Deno's globals: process"),
+        ("function f(name: string) { return name }; f('a')", None),
+        ("close()", "Deno's globals: close"),
+        ("const n: string = (1234.5).toLocaleString('de')", "Intl"),
+        ("let t: Deno.Signal", None),  # a type: gone with it
+    ],
+)
+def test_the_rule_for_wasm_js_names_what_a_program_needs(code: str, lacks: str | None) -> None:
+    assert typescript_lacks(code, SyntaxMemo()) == lacks
+
+
+_PIECES = [
+    "let a: number = 1",
+    "const b = a as unknown as string",
+    "interface I { x: number; y?: string }",
+    "type U = I | null",
+    "function f<T>(v: T): T { return v }",
+    "f<number>(a)",
+    "class C<T> { private v!: T; get(): T { return this.v } }",
+    "enum E { A }",
+    "x!",
+    "(",
+    ")",
+    "{",
+    "}",
+    "\n",
+    "//",
+    "/*",
+    "`${",
+    "'",
+    "<",
+    ">",
+    ":",
+    "?",
+    "as",
+    "satisfies",
+    "declare",
+    "@d",
+    "\\u0061",
+    "\u2028",
+    ";",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(_PIECES), st.text(max_size=6)), max_size=12))
+def test_any_text_is_erased_in_place_or_refused(pieces: list[str]) -> None:
+    code = " ".join(pieces)
+    result = erase(js_syntax.parse(code, "typescript"))
+    if isinstance(result, Erased):
+        _assert_kept_in_place(code, result.code)
+        assert result.syntax.complete and result.syntax.code == result.code
+    else:
+        assert re.search(r"\w", result.reason)
