@@ -173,6 +173,10 @@ class DenoConfig(_Section):
     binary: str = ""
     # Two idle workers cover a burst of two on a two-core machine; each costs ~34 MB.
     pool_size: Annotated[int, Field(ge=0, le=64)] = 2
+    # While requests find no idle worker, the pool aims for one more each time, up to
+    # this many (and only while over 1 GB of memory is available); a minute without
+    # such a request takes one back, down to `pool_size`.
+    max_pool_size: Annotated[int, Field(ge=0, le=64)] = 8
     # Sessions (sessions/create) on this executor at once: each holds a Deno process of
     # its own (~40 MB and up, as its program's state grows, to its memory limit).
     max_sessions: Annotated[int, Field(ge=0, le=1024)] = 16

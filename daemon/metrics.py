@@ -405,7 +405,11 @@ class _State:
 _POOL_COUNTERS = {
     "cold_starts": (
         "conduit_pool_cold_starts",
-        "Executions that found no idle worker and started one themselves.",
+        "Executions that found no idle worker.",
+    ),
+    "waited_for_start": (
+        "conduit_pool_waited_for_start",
+        "Executions that found no idle worker and took one whose start was under way.",
     ),
     "deaths": ("conduit_pool_worker_deaths", "Idle workers that exited on their own."),
     "start_failures": ("conduit_pool_start_failures", "Worker starts that failed."),

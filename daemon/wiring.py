@@ -47,7 +47,15 @@ def build_registry(config: Config, callback: CallbackAddress | None) -> Executor
 
         # Its workers' file size cap until a job's own disk limit replaces it.
         max_disk_mb = config.limits.maxima.disk_mb
-        executors.append(_deno_hosted(DenoExecutor, config, callback, max_disk_mb=max_disk_mb))
+        executors.append(
+            _deno_hosted(
+                DenoExecutor,
+                config,
+                callback,
+                max_disk_mb=max_disk_mb,
+                max_pool_size=config.executors.deno.max_pool_size,
+            )
+        )
     wasm_cache = Path(config.server.state_dir) / "wasm"
     wasm_python = config.executors.wasm_python
     if wasm_python.enabled:

@@ -127,6 +127,7 @@ from conduit.executors.process import (
     describe_returncode,
     kill_process_group,
     lower_rlimit,
+    memory_available_bytes,
     minimal_env,
     read_vm_data_bytes,
     sandbox_process_options,
@@ -186,6 +187,9 @@ INLINE_PREPARE_CHARS = 4096
 # A worker starts in ~20-50 ms; this is generous for a loaded machine, and a start
 # that takes longer means something is broken.
 START_TIMEOUT_S = 10.0
+# The pool grows past its `pool_size` while requests find it empty, only while this much
+# memory is left (an idle worker holds ~34 MB).
+GROW_FLOOR_BYTES = 1024 * MIB
 VERSION_TIMEOUT_S = 10.0
 # How much stderr to keep when explaining a worker that failed to start.
 START_ERROR_BYTES = 4096
@@ -401,6 +405,7 @@ class DenoExecutor:
         memory_mb: int = Limits().memory_mb,
         callback: CallbackAddress | None = None,
         start_timeout_s: float = START_TIMEOUT_S,
+        max_pool_size: int | None = None,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         max_disk_mb: int = DEFAULT_MAX_DISK_MB,
         os_sandbox: str = "required",
@@ -418,7 +423,14 @@ class DenoExecutor:
         self._start_timeout_s = start_timeout_s
         self._shim = Path(str(importlib.resources.files("conduit.shims") / self.shim))
         self._pool: WarmPool[DenoWorker] = WarmPool(
-            partial(self._run_worker, memory_mb, IDLE_WORKER_CPU_S), size=pool_size, name=self.name
+            partial(self._run_worker, memory_mb, IDLE_WORKER_CPU_S),
+            size=pool_size,
+            max_size=max_pool_size,
+            # Starts beyond the cores only slow each other down: back to back, a
+            # request waits for one under way (a third of a whole start, on average).
+            max_starting=os.cpu_count() or 1,
+            may_grow=_room_for_a_worker,
+            name=self.name,
         )
         self._version: str | None = None
         self._reason: str | None = "the executor has not been started (serve() has not run)"
@@ -731,10 +743,13 @@ class DenoExecutor:
         nonce = secrets.token_hex(NONCE_BYTES)
         request = await self._request(job, bridge, nonce, self.program_fields)
         if job.limits.memory_mb == self._memory_mb:
-            worker = self._pool.acquire_nowait()
+            began = trio.current_time()
+            worker = await self._pool.acquire(within_s=self._start_timeout_s)
             if worker is not None:
+                waited_s = trio.current_time() - began
                 outcome = await self._run_on(worker, job, request, nonce)
                 if outcome is not None:
+                    outcome.queue_s += waited_s  # a start under way, waited for
                     return outcome
                 log.warning("a warm Deno worker died before taking its job; starting one cold")
         else:
@@ -1146,3 +1161,9 @@ def _cut_oom_report(stderr: str) -> str:
     cuts = [stderr.find(start) for start in OOM_REPORT_STARTS]
     found = [cut for cut in cuts if cut >= 0]
     return stderr[: min(found)] if found else stderr
+
+
+def _room_for_a_worker() -> bool:
+    """Whether the machine has memory for one more idle worker (`GROW_FLOOR_BYTES`)."""
+    available = memory_available_bytes()
+    return available is None or available > GROW_FLOOR_BYTES

@@ -1,11 +1,18 @@
 """A warm pool of pre-started, one-shot workers.
 
-`WarmPool` keeps `size` workers started and idle, hands each out at most once, and
-starts replacements in the background. A worker is anything started by a `spawn`
-function in trio's `task_status` style: `spawn` runs the worker for its whole life,
-calls `task_status.started(worker)` once the worker is ready for a job, and returns
-when the worker has exited. The pool never reuses a worker: whoever acquires one owns
-it and must `aclose()` it after its single job.
+`WarmPool` keeps workers started and idle, hands each out at most once, and starts
+replacements in the background. It aims for `size` idle workers, and more while
+requests find none: each miss raises the aim by one, up to `max_size` (and only while
+`may_grow` says the machine has room), and a minute without a miss lowers it by one,
+back to `size`. A request that finds none waits for a start already under way
+(`acquire`) rather than adding one of its own: that start began earlier, so it ends
+sooner.
+
+A worker is anything started by a `spawn` function in trio's `task_status` style:
+`spawn` runs the worker for its whole life, calls `task_status.started(worker)` once
+the worker is ready for a job, and returns when the worker has exited. The pool never
+reuses a worker: whoever acquires one owns it and must `aclose()` it after its single
+job.
 
 The pool knows nothing about processes or jobs. Like httpcore's connection pool it
 changes its bookkeeping without awaiting, and closes workers as a separate step that
@@ -38,6 +45,9 @@ MAX_BACKOFF_S = 30.0
 # Long enough for a trivial program to finish before its replacement starts competing
 # for the CPU; short enough that a long program does not leave the pool a worker short.
 REFILL_DELAY_S = 0.05
+
+# A minute without a request finding the pool empty: one worker fewer is aimed for.
+SHRINK_AFTER_S = 60.0
 
 # Closing an idle worker is a kill and a reap; a worker that takes longer than this is
 # left to its task, which the nursery still waits for.
@@ -88,12 +98,15 @@ class PoolStatistics:
     """A snapshot of a `WarmPool`, for `executors/list` and metrics."""
 
     state: PoolState
-    size: int  # idle workers the pool aims to keep
+    size: int  # idle workers the pool aims to keep now
+    base_size: int  # ... when nobody has found it empty for a while
+    max_size: int  # ... at most
     idle: int  # started, ready, waiting to be handed out
     starting: int  # being started (or waiting out a back-off after a failed start)
     in_use: int  # handed out and not yet exited
     handed_out: int  # workers handed out since the pool started
-    cold_starts: int  # acquire_nowait() calls that found no idle worker
+    cold_starts: int  # acquire calls that found no idle worker
+    waited_for_start: int  # of those, served by a start already under way
     refills: int  # workers started successfully
     refill_seconds_total: float  # time those starts took, spawn to ready, summed
     last_refill_s: float | None  # how long the latest successful start took
@@ -110,11 +123,27 @@ class WarmPool(Generic[W]):
     out a worker or None.
     """
 
-    def __init__(self, spawn: Spawn, *, size: int, name: str = "pool") -> None:
+    def __init__(
+        self,
+        spawn: Spawn,
+        *,
+        size: int,
+        max_size: int | None = None,
+        max_starting: int | None = None,
+        may_grow: Callable[[], bool] = lambda: True,
+        name: str = "pool",
+    ) -> None:
         if size < 0:
             raise ValueError(f"pool size must be zero or more, not {size}")
         self._spawn = spawn
+        self._base_size = size
+        self._max_size = max(size, max_size if max_size is not None else size)
+        self._may_grow = may_grow
+        # Starts at once beyond the first fill: more than the cores only slows each.
+        self._max_starting = max_starting if max_starting is not None else math.inf
+        # What the pool aims for now: `size`, raised by misses, lowered by quiet.
         self._size = size
+        self._last_miss = -math.inf
         self._name = name
         self._state = PoolState.CLOSED
         self._idle: list[W] = []
@@ -122,6 +151,9 @@ class WarmPool(Generic[W]):
         self._starting = 0
         self._handed_out = 0
         self._cold_starts = 0
+        self._waited_for_start = 0
+        self._waiting = 0  # acquirers waiting for a start under way
+        self._adopted = trio.Event()  # set (and replaced) each time a worker is adopted
         self._refills = 0
         self._refill_seconds_total = 0.0
         self._last_refill_s: float | None = None
@@ -139,7 +171,7 @@ class WarmPool(Generic[W]):
         return (
             f"<WarmPool {self._name} [{self._state.name}] "
             f"[Workers: {len(self._idle)} idle, {self._starting} starting, "
-            f"{len(self._in_use)} in use | target {self._size}]>"
+            f"{len(self._in_use)} in use | target {self._size} of {self._max_size}]>"
         )
 
     def statistics(self) -> PoolStatistics:
@@ -147,11 +179,14 @@ class WarmPool(Generic[W]):
         return PoolStatistics(
             state=self._state,
             size=self._size,
+            base_size=self._base_size,
+            max_size=self._max_size,
             idle=len(self._idle),
             starting=self._starting,
             in_use=len(self._in_use),
             handed_out=self._handed_out,
             cold_starts=self._cold_starts,
+            waited_for_start=self._waited_for_start,
             refills=self._refills,
             refill_seconds_total=self._refill_seconds_total,
             last_refill_s=self._last_refill_s,
@@ -168,7 +203,53 @@ class WarmPool(Generic[W]):
         """
         if not self._idle:
             self._cold_starts += 1
+            self._missed()
             return None
+        return self._hand_out()
+
+    async def acquire(self, *, within_s: float) -> W | None:
+        """An idle worker; else the next one the pool makes ready, waited for up to
+        `within_s` (the pool starts one for each acquirer waiting, `max_starting` at
+        a time); None when it does not come, while starts are failing, or for a pool
+        of no workers at all (`max_size` 0): start one yourself then, as for
+        `acquire_nowait`."""
+        if self._idle:
+            return self._hand_out()
+        self._cold_starts += 1
+        if self._failures_in_a_row or self._nursery is None or not self._max_size:
+            self._missed()
+            return None
+        self._waiting += 1
+        self._missed()
+        try:
+            with trio.move_on_after(within_s):
+                while not self._idle:
+                    await self._adopted.wait()
+                self._waited_for_start += 1
+                return self._hand_out()
+        finally:
+            self._waiting -= 1
+        return None
+
+    def _missed(self) -> None:
+        """A request found no idle worker: aim for one more, if there is room, and
+        start what the aim lacks now (not after `REFILL_DELAY_S`: one is wanted)."""
+        self._last_miss = trio.current_time()
+        if self._size < self._max_size and self._may_grow():
+            self._size += 1
+        self._fill()
+
+    def _fill(self) -> None:
+        """Start workers until the idle and starting ones make the aim and one for
+        each acquirer waiting, at most `max_starting` at a time."""
+        if self._nursery is None or self._state is not PoolState.READY:
+            return
+        wanted = self._size + self._waiting
+        while len(self._idle) + self._starting < wanted and self._starting < self._max_starting:
+            self._starting += 1
+            self._nursery.start_soon(self._start_one, True)
+
+    def _hand_out(self) -> W:
         worker = self._idle.pop()
         self._in_use.add(worker)
         self._handed_out += 1
@@ -224,11 +305,23 @@ class WarmPool(Generic[W]):
     async def _keep_filled(self) -> None:
         assert self._nursery is not None
         while True:
-            while len(self._idle) + self._starting < self._size:
-                self._starting += 1
-                self._nursery.start_soon(self._start_one, True)
-            await self._changed.wait()
+            self._fill()
+            with trio.move_on_after(SHRINK_AFTER_S):
+                await self._changed.wait()
             self._changed = trio.Event()
+            self._shrink_if_quiet()
+
+    def _shrink_if_quiet(self) -> None:
+        """Aim for one worker fewer (down to `size`) after `SHRINK_AFTER_S` without a
+        miss, closing an idle one beyond the aim."""
+        if self._size <= self._base_size:
+            return
+        if trio.current_time() - self._last_miss < SHRINK_AFTER_S:
+            return
+        self._size -= 1
+        self._last_miss = trio.current_time()  # the next step down is as far away
+        if len(self._idle) > self._size and self._nursery is not None:
+            self._nursery.start_soon(self._close_all, [self._idle.pop(0)])
 
     async def _start_one(self, back_off: bool) -> None:
         """Start one worker into the idle list; `self._starting` was already counted."""
@@ -263,8 +356,12 @@ class WarmPool(Generic[W]):
         self._last_refill_s = took_s
         if self._state is PoolState.DRAINING:
             worker.kill()  # started too late to be used; its task then ends
+        elif len(self._idle) >= self._size + self._waiting:
+            worker.kill()  # started for an acquirer that stopped waiting: not wanted
         else:
             self._idle.append(worker)
+            self._adopted.set()
+            self._adopted = trio.Event()
 
     def _forget(self, worker: W) -> None:
         if worker in self._idle:

@@ -229,6 +229,19 @@ def read_vm_data_bytes(pid: int) -> int | None:
     return None
 
 
+def memory_available_bytes() -> int | None:
+    """What the kernel says could be allocated without swapping (`MemAvailable`), or
+    None if it does not say."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def describe_returncode(returncode: int) -> str:
     """Human words for a `trio.Process.returncode` ("exit code 3", "signal SIGKILL")."""
     if returncode >= 0:
