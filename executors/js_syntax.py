@@ -368,24 +368,85 @@ class Syntax:
         """Those of `words` the program uses as globals: names it reads but never
         declares (as a variable, function, class, parameter or import, anywhere: a
         name declared in one scope counts as the program's own in every other), and
-        properties of the global object (`globalThis.X`, whatever it declares). A
-        program that is not `complete` uses none."""
+        properties of the global object, however it is reached: `globalThis.X`,
+        `(0, globalThis)["X"]`, `globalThis.self.X`, `const { X } = globalThis`, or
+        through a name given it (`const g = globalThis; g.X`). A program that is not
+        `complete` uses none."""
         if not self.complete:
             return set()
         wanted = set(words)
+        aliases = self._global_aliases()
         read: set[str] = set()
         declared: set[str] = set()
         properties: set[str] = set()
         for node in self._nodes(self._places(wanted)):
-            if node.type in _NAMES:
+            kind = node.type
+            if kind in _NAMES:
                 name = _unescape(self._text(node))
                 if name in wanted:
                     (declared if _declares(node) else read).add(name)
-            elif node.type in ("member_expression", "subscript_expression"):
-                found = self._mention(node)
-                if found is not None and found.value in wanted:
-                    properties.add(found.value)
+            elif kind in ("member_expression", "subscript_expression"):
+                if self._is_global(node.child_by_field_name("object"), aliases):
+                    properties |= self._keys([node]) & wanted
+            elif kind == "variable_declarator":
+                pattern = node.child_by_field_name("name")
+                destructured = pattern is not None and pattern.type == "object_pattern"
+                if destructured and self._is_global(node.child_by_field_name("value"), aliases):
+                    properties |= self._keys(pattern.named_children) & wanted  # type: ignore[union-attr]
         return (read - declared) | properties
+
+    def _global_aliases(self) -> set[str]:
+        """Names the program gives the global object (`const g = globalThis`)."""
+        aliases: set[str] = set()
+        for node in self._nodes(self._places(_GLOBAL_OBJECTS)):
+            if node.type == "variable_declarator":
+                name, value = node.child_by_field_name("name"), node.child_by_field_name("value")
+            elif node.type == "assignment_expression":
+                name, value = node.child_by_field_name("left"), node.child_by_field_name("right")
+            else:
+                continue
+            if name is not None and name.type == "identifier" and self._is_global(value, aliases):
+                aliases.add(_unescape(self._text(name)))
+        return aliases
+
+    def _is_global(self, node: tree_sitter.Node | None, aliases: set[str]) -> bool:
+        """Whether `node` is the global object (seen through parentheses, a comma
+        sequence's last operand, and `globalThis.self`-like chains)."""
+        node = _operand(node)
+        if node is None:
+            return False
+        if node.type == "identifier":
+            name = _unescape(self._text(node))
+            return name in _GLOBAL_OBJECTS or name in aliases
+        if node.type == "member_expression":
+            named = node.child_by_field_name("property")
+            if named is not None and _unescape(self._text(named)) in _GLOBAL_OBJECTS:
+                return self._is_global(node.child_by_field_name("object"), aliases)
+        return False
+
+    def _keys(self, nodes: Iterable[tree_sitter.Node]) -> set[str]:
+        """The property names `nodes` read: a member's property, a literal index, a
+        destructuring pattern's keys."""
+        keys: set[str] = set()
+        for node in nodes:
+            kind = node.type
+            if kind == "member_expression":
+                found = node.child_by_field_name("property")
+            elif kind == "subscript_expression":
+                index = node.child_by_field_name("index")
+                literal = None if index is None else self._literal(MentionKind.NAME, index)
+                if literal is not None:
+                    keys.add(literal.value)
+                continue
+            elif kind in ("pair_pattern", "object_assignment_pattern"):
+                found = node.child_by_field_name("key") or node.child_by_field_name("left")
+            else:
+                found = node
+            if found is not None and found.type in (*_NAMES, "property_identifier"):
+                keys.add(_unescape(self._text(found)))
+            elif found is not None and found.type == "string":
+                keys.add(_unescape(self._text(found)[1:-1]))
+        return keys
 
     def _places(self, words: Iterable[str]) -> list[int] | None:
         """The sorted byte offsets where `words` occur, or None if escapes may hide them."""
@@ -518,6 +579,15 @@ def _declares(name: tree_sitter.Node) -> bool:
         return True
     field = _DECLARING_FIELDS.get(parent.type)
     return field is not None and parent.child_by_field_name(field) == name
+
+
+def _operand(node: tree_sitter.Node | None) -> tree_sitter.Node | None:
+    """`node` without the parentheses around it, or the comma sequence whose value
+    it is (`(0, x)` is `x`)."""
+    while node is not None and node.type in ("parenthesized_expression", "sequence_expression"):
+        inner = [child for child in node.named_children if not child.is_extra]
+        node = inner[-1] if inner else None
+    return node
 
 
 def children(node: tree_sitter.Node) -> Iterator[tree_sitter.Node]:

@@ -113,10 +113,59 @@ _TRANSPARENT = frozenset(
 )
 # Class names are type identifiers to TypeScript's grammar.
 _NAMED = frozenset({"class_declaration", "abstract_class_declaration", "class"})
-# The next token after an offset: the space and comments before it, and its first bytes.
-_NEXT_TOKEN = re.compile(rb"((?:\s|//[^\n\r]*|/\*(?:[^*]|\*(?!/))*\*/)*)(\?\.|[^\s])?")
+# JavaScript's line terminators, and its white space (Unicode's, and U+FEFF).
+_LINE_BREAK = re.compile(r"[\n\r\u2028\u2029]")
+_SPACE = r"[\s\ufeff]"
+# The next token after an offset: the space and comments before it, and its start.
+_NEXT_TOKEN = re.compile(
+    rf"((?:{_SPACE}|//[^\n\r\u2028\u2029]*|/\*[\s\S]*?\*/)*)(\?\.|\*\*|\+\+|--|[^\s\ufeff])?"
+)
+# The space and comments that end a text.
+_TRAILING_GAP = re.compile(rf"(?:{_SPACE}|/\*[\s\S]*?\*/)*\Z")
 # A line of a type that starts with `[`.
-_BRACKET_LINE = re.compile(rb"[\n\r][ \t]*\[")
+_BRACKET_LINE = re.compile(rf"[\n\r\u2028\u2029]{_SPACE}*\[")
+# What may stand between a `<` and a `>` as type arguments: names, dots, commas,
+# `|`, `&`, `[]` and more `<` (see `_comparison`).
+_TYPE_LIST = re.compile(rb"\s*[A-Za-z_$][\w$.,|&\[\]<\s]*")
+# What ends TypeScript's `as` expression but would continue JavaScript's.
+_NOT_AFTER_AS = frozenset({"(", "`", ".", "?.", "**", "!", "++", "--", "<"})
+# Right operands of `<` that would be types to TypeScript (`f < () => T > x`).
+_TYPE_LIKE_OPERANDS = frozenset(
+    {"arrow_function", "function_expression", "new_expression", "class", "object", "array"}
+)
+# What TypeScript's non-null `!` follows (a left-hand side expression).
+_NON_NULL_OPERANDS = frozenset(
+    {
+        "identifier", "member_expression", "subscript_expression", "call_expression",
+        "parenthesized_expression", "non_null_expression", "this", "super",
+        "new_expression", "string", "number", "template_string", "array", "object",
+    }
+)  # fmt: skip
+# How far a gap is looked through for the next token (comments longer are refused).
+_GAP_BYTES = 4096
+# Words that are TypeScript's statements or modifiers before what follows them; alone
+# as a statement, or as a class field's name with no value, TypeScript may read them
+# with what follows where JavaScript reads a name.
+_KEYWORDS = frozenset(
+    {
+        "declare", "abstract", "type", "interface", "namespace", "module", "global",
+        "enum", "export", "readonly", "public", "private", "protected", "override",
+        "get", "set", "static", "async", "accessor", "in", "out",
+    }
+)  # fmt: skip
+# Those that start a statement to TypeScript when what follows is on the next line.
+_STATEMENT_WORDS = frozenset(
+    {"declare", "abstract", "type", "interface", "namespace", "module", "global", "enum", "export"}
+)
+# The keyword child that starts these declarations.
+_LEADING_KEYWORD = frozenset(
+    {
+        "abstract_class_declaration",
+        "interface_declaration",
+        "type_alias_declaration",
+        "ambient_declaration",
+    }
+)
 _KEEP_LINE_BREAKS = re.compile(rb"\xe2\x80[\xa8\xa9]|[^\n\r]")
 
 
@@ -202,27 +251,27 @@ class _Eraser:
         assert node is not None
         kind = node.type
         if kind in _NEEDS_COMPILER:
-            raise _Refused(f"{_NEEDS_COMPILER[kind]} (line {node.start_point.row + 1})")
+            raise _Refused(f"{_NEEDS_COMPILER[kind]} (line {_line(node)})")
+        _check_reading(self._data, node)
         if kind in _TYPES:
-            self._arrow_return_type(node)
-            self._array_on_new_line(node)
-            self._erase(node.start_byte, node.end_byte)
-            parent = node.parent
-            if kind == "type_arguments" and parent is not None and parent.type == "call_expression":
-                self.calls.append(self.edits[-1])
+            self._type(node)
             return False
         if kind in _TYPE_STATEMENTS or _is_declared_field(node):
             self._erase(node.start_byte, node.end_byte, statement=True)
             return False
         if kind in _TYPE_TOKENS:
+            _alone_on_its_line(self._data, node)
             self._erase(node.start_byte, node.end_byte)
             return False
         if kind in ("as_expression", "satisfies_expression"):
             keyword = node.child(1)
             assert keyword is not None
             self._erase(keyword.start_byte, node.end_byte)
-            self._continued(node)
+            self._continued(node, keyword)
         elif kind == "non_null_expression":
+            operand = node.named_child(0)
+            if operand is None or operand.type not in _NON_NULL_OPERANDS:
+                raise _Refused(f"a `!` TypeScript does not take there (line {_line(node)})")
             self._erase(node.end_byte - 1, node.end_byte)
         elif kind in ("required_parameter", "optional_parameter"):
             self._parameter(node)
@@ -230,7 +279,33 @@ class _Eraser:
             return self._module_statement(node)
         elif kind in _MARKED or kind == "abstract_class_declaration":
             self._markers(node)
+        elif kind == "binary_expression":
+            self._comparison(node)
         return True
+
+    def _type(self, node: tree_sitter.Node) -> None:
+        """Erase a type (annotation, parameters, arguments, implements clause)."""
+        parent = node.parent
+        if node.type == "type_arguments" and parent is not None:
+            arguments = parent.child_by_field_name("arguments")
+            callee = parent.child_by_field_name("function")
+            if callee is not None and callee.type in ("as_expression", "satisfies_expression"):
+                raise _Refused(f"type arguments after an `as` type (line {_line(node)})")
+            if parent.type == "call_expression" and arguments is not None:
+                if arguments.type != "arguments":
+                    raise _Refused(f"a tagged template with type arguments (line {_line(node)})")
+            elif parent.type not in ("new_expression", "extends_clause") or (
+                parent.type == "new_expression" and arguments is None
+            ):
+                raise _Refused(f"type arguments with no call (line {_line(node)})")
+        _no_bracket_line(self._data, node)
+        self._erase(node.start_byte, node.end_byte)
+        if (
+            node.type == "type_arguments"
+            and parent is not None
+            and parent.type == "call_expression"
+        ):
+            self.calls.append(self.edits[-1])
 
     def _erase(self, start: int, end: int, *, statement: bool = False) -> None:
         self.edits.append((start, end, statement))
@@ -238,6 +313,10 @@ class _Eraser:
     def _markers(self, node: tree_sitter.Node) -> None:
         for child in js_syntax.children(node):
             if not child.is_named and child.type in _MARKERS:
+                if child.type == "readonly" and node.type == "method_definition":
+                    raise _Refused(f"a readonly method (line {_line(node)})")
+                if child.type in ("readonly", "abstract"):
+                    _alone_on_its_line(self._data, child)
                 self._erase(child.start_byte, child.end_byte)
 
     def _parameter(self, node: tree_sitter.Node) -> None:
@@ -272,32 +351,149 @@ class _Eraser:
             raise _Refused(f"a type among imported or exported names (line {line})")
         return True
 
-    def _continued(self, node: tree_sitter.Node) -> None:
+    def _continued(self, node: tree_sitter.Node, keyword: tree_sitter.Node) -> None:
         """TypeScript ends an `as` or `satisfies` expression at its type: what comes
-        next (`(`, `` ` ``, `.`; `[` on a new line) is no call, tag or member of it,
-        whatever the grammar here made of it (after erasure JavaScript would read
-        one). Such a program is refused."""
-        found = _NEXT_TOKEN.match(self._data, node.end_byte)
-        token = found[2] if found else b""
-        if token in (b"(", b"`", b".", b"?.") or (token == b"[" and b"\n" in found[1]):
-            raise _Refused(f"code right after an `as` type (line {node.end_point.row + 1})")
-        self._array_on_new_line(node)
+        next (`(`, `` ` ``, `.`, `?.`, `**`; `[` on a new line) is no call, tag, member
+        or operand of it, whatever the grammar here made of it (after erasure
+        JavaScript would read one). Nor does the keyword follow a line break or a
+        digit (`1as T` and `x` + new line + `as T` are not TypeScript). Such a
+        program is refused."""
+        line = _line(node)
+        before = self._data[max(keyword.start_byte - 1, 0) : keyword.start_byte]
+        if before.isdigit() or _breaks_line(self._data[: keyword.start_byte], backwards=True):
+            raise _Refused(f"an `{keyword.type}` keyword after a line break (line {line})")
+        gap, token = _next_token(self._data, node.end_byte)
+        if token in _NOT_AFTER_AS or (token == "[" and _LINE_BREAK.search(gap)):
+            raise _Refused(f"code right after an `{keyword.type}` type (line {line})")
+        if node.parent is not None and node.parent.type == "non_null_expression":
+            raise _Refused(f"a `!` right after an `{keyword.type}` type (line {line})")
+        _no_bracket_line(self._data, node)
 
-    def _array_on_new_line(self, node: tree_sitter.Node) -> None:
-        """TypeScript never continues a type with `[` on a new line (an array or an
-        indexed type): a new line starting with `[` inside a type is code there."""
-        if _BRACKET_LINE.search(self._data, node.start_byte, node.end_byte):
-            raise _Refused(f"a type's line starting with [ (line {node.start_point.row + 1})")
-
-    def _arrow_return_type(self, node: tree_sitter.Node) -> None:
-        """An arrow function's return type spanning lines would leave a line break
-        before its `=>`, where JavaScript allows none."""
-        parent = node.parent
-        if parent is None or parent.type != "arrow_function" or node.type in ("type_parameters",):
+    def _comparison(self, node: tree_sitter.Node) -> None:
+        """`f < T > x` and `a < b, c > d`: comparisons to this grammar that TypeScript
+        may read as type arguments (or the other way round). Refused: a `>` whose left
+        operand ends in a `<` comparison, and a `<` whose nearest `>` after it
+        encloses only what a list of types could be."""
+        operator = node.child_by_field_name("operator")
+        if operator is None:
             return
-        if b"\n" in self._data[node.start_byte : node.end_byte]:
-            line = node.start_point.row + 1
-            raise _Refused(f"an arrow function's return type over lines (line {line})")
+        if operator.type in (">", ">>", ">>>", ">="):
+            left = node.child_by_field_name("left")
+            while left is not None and left.type == "binary_expression":
+                inner = left.child_by_field_name("operator")
+                if inner is not None and inner.type == "<":
+                    raise _Refused(f"a < … > TypeScript may read as types (line {_line(node)})")
+                left = left.child_by_field_name("right")
+        elif operator.type == "<":
+            right = node.child_by_field_name("right")
+            if right is not None and right.type in _TYPE_LIKE_OPERANDS:
+                raise _Refused(f"a < … > TypeScript may read as types (line {_line(node)})")
+            closing = self._data.find(b">", operator.end_byte)
+            if closing >= 0 and _TYPE_LIST.fullmatch(self._data, operator.end_byte, closing):
+                raise _Refused(f"a < … > TypeScript may read as types (line {_line(node)})")
+
+
+def _line(node: tree_sitter.Node) -> int:
+    return node.start_point.row + 1
+
+
+def _text(data: bytes) -> str:
+    """Text to look for spaces and line breaks in (a character cut at an end is
+    replaced)."""
+    return data.decode("utf-8", "replace")
+
+
+def _next_token(data: bytes, offset: int) -> tuple[str, str]:
+    """The space and comments after `offset`, and the token that follows ("" at the
+    end, or past `_GAP_BYTES` of comments: a gap that long is taken as a line break)."""
+    found = _NEXT_TOKEN.match(_text(data[offset : offset + _GAP_BYTES]))
+    assert found is not None  # the pattern matches the empty string
+    if found[2] is None and offset + _GAP_BYTES < len(data):
+        return "\n", ""
+    return found[1], found[2] or ""
+
+
+def _breaks_line(data: bytes, *, backwards: bool = False) -> bool:
+    """Whether the space (and comments) that `data` ends with, or with `backwards`
+    False starts with, holds a line break (or a comment, to be safe)."""
+    if backwards:
+        tail = _text(data[-_GAP_BYTES:])
+        gap = tail[_TRAILING_GAP.search(tail).start() :]  # type: ignore[union-attr]
+    else:
+        gap = _next_token(data, 0)[0]
+    return bool(_LINE_BREAK.search(gap)) or "/" in gap
+
+
+def _no_bracket_line(data: bytes, node: tree_sitter.Node) -> None:
+    """TypeScript never continues a type with `[` on a new line (an array or an
+    indexed type): a line inside a type starting with `[` is code there."""
+    if _BRACKET_LINE.search(_text(data[node.start_byte : node.end_byte])):
+        raise _Refused(f"a type's line starting with [ (line {_line(node)})")
+
+
+def _alone_on_its_line(data: bytes, token: tree_sitter.Node) -> None:
+    """A modifier that a line break or a comment parts from what it modifies: the
+    grammars read it one way or the other; refused."""
+    if _breaks_line(data[token.end_byte : token.end_byte + _GAP_BYTES]):
+        word = _text(data[token.start_byte : token.end_byte])
+        raise _Refused(f"`{word}` ending a line (line {_line(token)})")
+
+
+def _check_reading(data: bytes, node: tree_sitter.Node) -> None:
+    """Refuse `node` where TypeScript's reading and this grammar's part, or where the
+    erased text would read otherwise to JavaScript (see each case)."""
+    kind = node.type
+    if kind == "arrow_function":
+        _arrow_on_one_line(data, node)
+    elif kind == "expression_statement":
+        named = [child for child in node.named_children if not child.is_extra]
+        if len(named) == 1 and _is_keyword(data, named[0], _STATEMENT_WORDS):
+            raise _Refused(f"a keyword alone as a statement (line {_line(node)})")
+    elif kind in _LEADING_KEYWORD:
+        keyword = node.child(0)
+        if keyword is not None and not keyword.is_named:
+            _alone_on_its_line(data, keyword)
+    elif kind == "public_field_definition":
+        valued = node.child_by_field_name("value") is not None
+        if not valued and _is_keyword(data, node.child_by_field_name("name")):
+            raise _Refused(f"a field named like a keyword, with no value (line {_line(node)})")
+    elif kind == "formal_parameters":
+        parameters = [child for child in node.named_children if not child.is_extra]
+        if any(_is_rest(parameter) for parameter in parameters[:-1]):
+            raise _Refused(f"a rest parameter that is not the last (line {_line(node)})")
+
+
+def _is_keyword(
+    data: bytes, name: tree_sitter.Node | None, words: frozenset[str] = _KEYWORDS
+) -> bool:
+    """Whether `name` is a name spelled as one of `words`."""
+    if name is None or name.type not in ("identifier", "property_identifier"):
+        return False
+    return _text(data[name.start_byte : name.end_byte]) in words
+
+
+def _is_rest(parameter: tree_sitter.Node) -> bool:
+    inner = parameter.named_child(0)
+    return parameter.type == "rest_pattern" or (inner is not None and inner.type == "rest_pattern")
+
+
+def _arrow_on_one_line(data: bytes, arrow: tree_sitter.Node) -> None:
+    """JavaScript allows no line break before `=>`, nor between `async` and the
+    parameters: erasing a return type or type parameters must not leave one."""
+    parameters = arrow.child_by_field_name("parameters") or arrow.child_by_field_name("parameter")
+    token = next((child for child in js_syntax.children(arrow) if child.type == "=>"), None)
+    if parameters is None or token is None:
+        return
+    if _LINE_BREAK.search(_text(data[parameters.end_byte : token.start_byte])):
+        raise _Refused(f"a line break before an arrow function's => (line {_line(arrow)})")
+    first = arrow.child(0)
+    after_async = (
+        b""
+        if first is None or first.type != "async"
+        else data[first.end_byte : parameters.start_byte]
+    )
+    if _LINE_BREAK.search(_text(after_async)):
+        raise _Refused(f"a line break after an arrow function's async (line {_line(arrow)})")
 
 
 def _is_declared_field(node: tree_sitter.Node) -> bool:

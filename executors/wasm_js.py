@@ -116,7 +116,10 @@ def typescript_lacks(code: str, syntax: SyntaxMemo) -> str | None:
        would change);
     2. it loads no module (`import`, `import()`, `require`: wasm-js has no loader);
     3. it uses none of Deno's globals the guest lacks (`DENO_ONLY_GLOBALS`: `Deno`,
-       `process`, `WebSocket`...), nor `Intl` or a locale (`uses_intl`).
+       `process`, `WebSocket`...; `Deno` wherever the word is), nor `Intl` or a
+       locale (`uses_intl`). A name the program declares anywhere is its own, and a
+       global reached by a name built at run time (`globalThis["De" + "no"]`) is
+       not seen.
 
     The erasure is kept in `syntax` for the executor.
     """
@@ -127,6 +130,8 @@ def typescript_lacks(code: str, syntax: SyntaxMemo) -> str | None:
     if erased.loads_modules():
         return "modules to import"
     used = erased.globals_used(DENO_ONLY_GLOBALS)
+    if "Deno" in erasure.code:  # however it is reached, even in a comment or a string
+        used.add("Deno")
     if used:
         return f"Deno's globals: {', '.join(sorted(used))}"
     if _intl_in(erasure.code, erased):

@@ -129,7 +129,7 @@ def test_a_statement_that_goes_still_ends_the_one_before() -> None:
         ("import fs = require('fs')", "import = require()"),
         ("export = 1", "export ="),
         ("const a = 1; export { type a }", "a type among imported or exported names"),
-        ("const f = (a):\n  number => a", "an arrow function's return type over lines"),
+        ("const f = (a):\n  number => a", "a line break before an arrow function's =>"),
         ("let y = x as any\n(z)", "code right after an `as` type (line 1)"),
         ("let y = (x as any).b; let z = x as any\n.b", "code right after an `as` type (line 1)"),
         ("let q = z satisfies number\n[0]", "a type's line starting with ["),
@@ -258,3 +258,67 @@ def test_any_text_is_erased_in_place_or_refused(pieces: list[str]) -> None:
         assert result.syntax.complete and result.syntax.code == result.code
     else:
         assert re.search(r"\w", result.reason)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        # `<…>`: comparisons to one grammar, type arguments to the other.
+        "let lo = 1, mid = 3\nconsole.log(lo < mid, mid > -1)",
+        "console.log([a < b, c > -d])",
+        "const idn = id<number>\nconsole.log(typeof idn)",
+        "html<string>`a${1}b`",
+        "let v = g <() => any>\nconsole.log(v)",
+        "new Array<any> - b",
+        # Unicode space and line breaks around what follows an `as` type.
+        "let y = f as any\u00a0\n(2)",
+        "let y = f as any\u2028(2)",
+        "let y = f as any //c\u2028(2)",
+        "let y = f as any\ufeff\n.a",
+        "let q = z satisfies number\u2028[0]",
+        "let r = x as any ++",
+        "-a as number ** 2",
+        "x\nsatisfies T",
+        "1as number",
+        "x as T!",
+        # Line breaks JavaScript does not allow where types were.
+        "const f = (): '\u2028' => 1",
+        "const g = (x: number)\n: number => x",
+        "const h = async <T,>\n(x: T) => x",
+        # Class members TypeScript reads otherwise.
+        "class A { get: number\n foo() { return 1 } }",
+        "class A { static: number\n foo() {} }",
+        "class K { readonly\n x = 2 }",
+        "class K { private\n m() {} }",
+        "class K { readonly m() {} }",
+        # Statements TypeScript reads as declarations across a line.
+        "let declare = 5\ndeclare\nlet x = 1",
+        "declare//c\nlet x = 1",
+        "abstract\nclass C {}",
+        "export\ntype T = 1",
+        "interface\nI {}",
+        # What swc accepts and JavaScript does not.
+        "((...x, y: any) => x)",
+        "let v = g ++!",
+    ],
+)
+def test_readings_found_by_attack_are_refused(code: str) -> None:
+    result = erase(js_syntax.parse(code, "typescript"))
+    assert isinstance(result, NotErasable), result
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "typeof (globalThis as any).Deno",
+        "const { Deno } = globalThis as any",
+        "(0, globalThis).Deno",
+        "globalThis.globalThis.Deno",
+        "const g = globalThis; g.Deno",
+        "function f(Deno: any) {}\ntypeof Deno",
+        "const { process: p } = globalThis as any; p",
+        "let h: any; h = window; h.navigator",
+    ],
+)
+def test_deno_reached_another_way_still_goes_to_deno(code: str) -> None:
+    assert typescript_lacks(code, SyntaxMemo()) is not None
