@@ -236,15 +236,26 @@ class _Eraser:
         self.edits: list[_Edit] = []
         # The type arguments of calls, among `edits` (see `_reference`).
         self.calls: list[_Edit] = []
+        # The erased types of `as` and `satisfies` expressions the walk is still in.
+        self._tails: list[tuple[int, int]] = []
 
     def run(self, root: tree_sitter.Node) -> list[_Edit]:
         cursor = root.walk()
         while True:
-            if self._visit(cursor.node) and cursor.goto_first_child():
+            if self._visit_unerased(cursor.node) and cursor.goto_first_child():
                 continue
             while not cursor.goto_next_sibling():
                 if not cursor.goto_parent():
                     return self.edits
+
+    def _visit_unerased(self, node: tree_sitter.Node | None) -> bool:
+        """`_visit`, unless `node` lies in the erased type of an `as` or `satisfies`
+        expression (after its keyword): that is gone with whatever it holds."""
+        assert node is not None
+        self._tails = [tail for tail in self._tails if tail[1] > node.start_byte]
+        if any(start <= node.start_byte and node.end_byte <= end for start, end in self._tails):
+            return False
+        return self._visit(node)
 
     def _visit(self, node: tree_sitter.Node | None) -> bool:
         """Erase what `node` is of types; whether its children are still to be visited."""
@@ -267,6 +278,7 @@ class _Eraser:
             keyword = node.child(1)
             assert keyword is not None
             self._erase(keyword.start_byte, node.end_byte)
+            self._tails.append((keyword.start_byte, node.end_byte))
             self._continued(node, keyword)
         elif kind == "non_null_expression":
             operand = node.named_child(0)

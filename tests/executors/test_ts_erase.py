@@ -163,6 +163,8 @@ def test_a_declare_block_goes_whole_whatever_it_holds() -> None:
         "a < b > (c)",
         # Generic arrow functions in every spelling.
         "const f = <T,>(x: T) => x; const g = <T extends unknown>(x: T) => x",
+        # A type after `as` or `satisfies` goes whole, type arguments and all.
+        "const l = { a: 1 } as const satisfies Record<string, number>; l",
         # The call binds first, whatever operator is before it.
         "!f<T>(x); a + b.c<T>(x); await g<T>(); typeof h<T>()",
     ],
