@@ -452,8 +452,8 @@ class Syntax:
         """The sorted byte offsets where `words` occur, or None if escapes may hide them."""
         if b"\\u" in self._data:
             return None
-        pattern = b"|".join(re.escape(_encode(word)) for word in words)
-        return [found.start() for found in re.finditer(pattern, self._data)] if pattern else []
+        pattern = _words_pattern(tuple(words))
+        return [found.start() for found in pattern.finditer(self._data)] if pattern else []
 
     def _nodes(self, places: list[int] | None) -> Iterator[tree_sitter.Node]:
         """Every node in document order, depth first, without recursion; with `places`,
@@ -579,6 +579,14 @@ def _declares(name: tree_sitter.Node) -> bool:
         return True
     field = _DECLARING_FIELDS.get(parent.type)
     return field is not None and parent.child_by_field_name(field) == name
+
+
+@functools.lru_cache(maxsize=64)
+def _words_pattern(words: tuple[str, ...]) -> re.Pattern[bytes] | None:
+    """A pattern finding any of `words` (None for none), compiled once per list."""
+    if not words:
+        return None
+    return re.compile(b"|".join(re.escape(_encode(word)) for word in words))
 
 
 def _operand(node: tree_sitter.Node | None) -> tree_sitter.Node | None:
