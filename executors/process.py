@@ -219,23 +219,21 @@ def set_soft_limit(process: Limited, which: int, soft: int) -> None:
 
 def read_vm_data_bytes(pid: int) -> int | None:
     """The writable private memory (VmData) of process `pid`, or None if unknown."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("VmData:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    return _kib_field(f"/proc/{pid}/status", "VmData:")
 
 
 def memory_available_bytes() -> int | None:
     """What the kernel says could be allocated without swapping (`MemAvailable`), or
     None if it does not say."""
+    return _kib_field("/proc/meminfo", "MemAvailable:")
+
+
+def _kib_field(path: str, label: str) -> int | None:
+    """The bytes of the `label` line (in kB) of a /proc file, or None if unknown."""
     try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
+        with open(path, encoding="ascii") as fields:
+            for line in fields:
+                if line.startswith(label):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None

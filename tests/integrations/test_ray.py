@@ -3,11 +3,13 @@ by its actor, each program run once."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
 import threading
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -81,8 +83,8 @@ def test_a_batch_comes_back_in_order_with_each_programs_outcome(
     programs[35] = 5  # type: ignore[call-overload]
     programs[36] = Program("1", inputs={"x": object()})  # would fail its chunk on the way
     programs[38] = Program("1", executor="pyodide")  # not enabled: on no node
-    with ConduitNodes(**node_settings, chunk_size=4) as nodes:
-        assert len(nodes.actors) == 2 and nodes.failed == {}
+    with two_nodes(**node_settings, chunk_size=4) as nodes:
+        assert nodes.failed == {}
         outcomes = nodes.run(programs)
         ran = [_recorded(actor) for actor in nodes.actors]
         assert nodes.run([]) == []
@@ -114,7 +116,7 @@ def test_cpu_bound_programs_never_queue_inside_a_node(
     link_wasm_cache(state, wasm_cache)
     config = tmp_path / "node.toml"
     config.write_text(_PYTHON_ONLY + "[limits]\nqueue_timeout_s = 0.1\n")
-    with ConduitNodes(config=str(config), state_dir=str(state), chunk_size=2) as nodes:
+    with two_nodes(config=str(config), state_dir=str(state), chunk_size=2) as nodes:
         outcomes = nodes.run([BUSY] * 8)
         refused = [_refused_as_overloaded(actor) for actor in nodes.actors]
     assert [getattr(o, "status", o) for o in outcomes] == ["ok"] * 8
@@ -127,8 +129,7 @@ def test_a_node_whose_actor_dies_fails_what_it_held_and_is_dropped(
 ) -> None:
     """What it held comes back as errors, never resent; the other node runs the rest,
     and the next batch; its daemon goes with it, and what it left is swept."""
-    with ConduitNodes(**node_settings, chunk_size=4) as nodes:
-        assert len(nodes.actors) == 2, nodes.failed
+    with two_nodes(**node_settings, chunk_size=4) as nodes:
         doomed, survivor = nodes.actors
         socket = _socket_of(doomed)
         outcomes = _run_while(nodes, [BUSY] * 16, lambda: ray.kill(doomed))
@@ -153,8 +154,7 @@ def test_a_node_whose_daemon_dies_hands_back_what_it_never_ran(
     """Programs its daemon never took go to the other node; those it may have run are
     errors; none runs twice (the audit store both share says so)."""
     programs = [f"{BUSY}\n{i}" for i in range(16)]
-    with ConduitNodes(**node_settings, chunk_size=4) as nodes:
-        assert len(nodes.actors) == 2, nodes.failed
+    with two_nodes(**node_settings, chunk_size=4) as nodes:
         doomed, survivor = nodes.actors
         pid = int((Path(_socket_of(doomed)).parent / "daemon.pid").read_text())
         outcomes = _run_while(nodes, programs, lambda: os.kill(pid, signal.SIGKILL))
@@ -182,6 +182,22 @@ def test_nodes_that_cannot_run_programs_fail_at_once_saying_why(
         run_batch(["1"], config=str(config), state_dir=str(tmp_path / "state"))
     assert time.monotonic() - started < WAIT_S
     assert caught.value.args[0].count("cannot run programs") == 2  # each node's reason
+
+
+@contextlib.contextmanager
+def two_nodes(**options: Any) -> Iterator[ConduitNodes]:
+    """`ConduitNodes` with both nodes serving. A start that left one out is tried once
+    more, saying why it did (seen once in CI under load, reason then unknown): these
+    tests are about what happens after both serve."""
+    for attempt in (1, 2):
+        nodes = ConduitNodes(**options)
+        if len(nodes.actors) == 2 or attempt == 2:
+            break
+        warnings.warn(f"a node did not start, trying again: {nodes.failed}", stacklevel=2)
+        nodes.close()
+    with nodes:
+        assert len(nodes.actors) == 2, nodes.failed
+        yield nodes
 
 
 def _run_while(nodes: ConduitNodes, programs: list[Any], stop: Callable[[], None]) -> list[Any]:
