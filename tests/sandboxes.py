@@ -89,7 +89,7 @@ class Attacks:
     async def refused_with(self, executor: Executor, code: str, refusal: str) -> Outcome:
         """`refused()`, asserting also that the program ended in an error saying `refusal`."""
         outcome = await self.refused(executor, code)
-        assert outcome.status is Status.ERROR
+        assert outcome.status is Status.ERROR, outcome
         assert refusal in error_text(outcome)
         return outcome
 
