@@ -75,7 +75,11 @@ class ServerConfig(_Section):
     socket: str = Field(default_factory=default_socket_path)
     tcp: str = ""
     allow_remote_tcp: bool = False
-    state_dir: str = Field(default_factory=default_state_dir)
+    # Made absolute where it is read: the sandboxes' directories under it are named on
+    # their runtimes' command lines, which take no relative path.
+    state_dir: Annotated[str, AfterValidator(os.path.abspath)] = Field(
+        default_factory=default_state_dir
+    )
     # 8 MiB holds any sane program plus inputs; larger lines are refused, not buffered.
     max_message_bytes: Annotated[int, Field(ge=1024, le=256 * 1024 * 1024)] = 8 * 1024 * 1024
     # Enough for an agent pipelining tool discovery and a few executions at once.

@@ -151,3 +151,13 @@ def test_packages_other_than_requirements_are_refused(
     with pytest.raises(ConfigError, match=r"executors\.pyodide\.packages\.0") as refused:
         load_config(_write(tmp_path, text), environ={})
     assert why in str(refused.value)
+
+
+def test_a_relative_state_dir_is_made_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sandboxes' directories under it are named on command lines that take no
+    relative path (Deno refused them: `--state-dir state` left deno unavailable)."""
+    monkeypatch.chdir(tmp_path)
+    config = load_config(None, environ={}, overrides={"server.state_dir": "state"})
+    assert config.server.state_dir == str(tmp_path / "state")
