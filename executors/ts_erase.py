@@ -19,6 +19,13 @@ node at the same offsets. A type that hid code (`/* */` and template literals in
 unicode escapes, a line break the erasure exposed to automatic semicolon insertion)
 fails that check and the program is refused, never run with another meaning.
 
+The check trusts this grammar's reading of the TypeScript, and TypeScript's own parser
+reads some texts otherwise (`a < b > c`, what follows an `as` type, a modifier ending
+its line, `declare` alone on one): those are refused by rules of their own
+(`_check_reading`, `_comparison`, `_continued`), each saying what and where. A test runs
+generated programs through real Deno both ways to keep them honest
+(tests/executors/test_ts_erase_deno.py).
+
 A `declare`d statement goes whole, as TypeScript emits nothing for it, whatever its
 body holds.
 """
