@@ -210,13 +210,16 @@ class WarmPool(Generic[W]):
     async def acquire(self, *, within_s: float) -> W | None:
         """An idle worker; else the next one the pool makes ready, waited for up to
         `within_s` (the pool starts one for each acquirer waiting, `max_starting` at
-        a time); None when it does not come, while starts are failing, or for a pool
-        of no workers at all (`max_size` 0): start one yourself then, as for
-        `acquire_nowait`."""
+        a time); None when it does not come, when `max_starting` acquirers wait
+        already, while starts are failing, or for a pool of no workers at all
+        (`max_size` 0): start one yourself then, as for `acquire_nowait`."""
         if self._idle:
             return self._hand_out()
         self._cold_starts += 1
-        if self._failures_in_a_row or self._nursery is None or not self._max_size:
+        # Beyond `max_starting` waiting, a burst is better served by starts of its own
+        # at once than by a queue for the pool's (a start is not all CPU).
+        crowded = self._waiting >= self._max_starting
+        if self._failures_in_a_row or self._nursery is None or not self._max_size or crowded:
             self._missed()
             return None
         self._waiting += 1

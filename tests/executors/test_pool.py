@@ -132,3 +132,22 @@ async def test_a_quiet_minute_takes_one_worker_back(
     await trio.sleep(2 * SHRINK_AFTER_S + 1)
     stats = pool.statistics()
     assert stats.size == 1 and stats.idle == 1  # back to its base, idle ones closed
+
+
+async def test_a_burst_beyond_max_starting_is_left_to_start_its_own(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    """Sixteen at once: two wait for the pool's starts, the rest start their own at
+    once rather than queue behind them."""
+    pool: WarmPool[_Worker] = WarmPool(_spawn, size=0, max_size=4, max_starting=2, name="f")
+    await nursery.start(pool.run)
+    got: list[_Worker | None] = []
+
+    async def one() -> None:
+        got.append(await pool.acquire(within_s=5))
+
+    async with trio.open_nursery() as burst:
+        for _ in range(16):
+            burst.start_soon(one)
+    assert sum(worker is not None for worker in got) == 2
+    assert pool.statistics().waited_for_start == 2
