@@ -163,10 +163,10 @@ class ExecutorRegistry:
             e for e in self._executors.values() if e is not chosen and language in e.languages
         ]
         if chosen is None:
-            if name is not None or not others:
+            if name is not None or not others or chosen_name not in KNOWN_EXECUTORS:
                 raise _disabled_error(chosen_name)
-            # A default the configuration leaves out: the others stand in, as for
-            # one that is unavailable.
+            # A default the configuration leaves out (disabled, not misspelt): the
+            # others stand in, as for one that is unavailable.
             fitting = [e for e in others if e.name not in lacking]
             return [*fitting, *(e for e in others if e.name in lacking)]
         if language not in chosen.languages:

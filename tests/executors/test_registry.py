@@ -268,6 +268,9 @@ def test_a_default_left_out_of_the_configuration_gives_way_to_another() -> None:
     assert chosen.pick("javascript") is deno
     with pytest.raises(ExecutorUnavailable, match="disabled in the configuration"):
         chosen.pick("typescript", "wasm-js")
+    misspelt = ExecutorRegistry([deno], {"typescript": "wasmjs"})  # type: ignore[list-item]
+    with pytest.raises(InvalidParams, match="unknown executor 'wasmjs'"):
+        misspelt.pick("typescript")
 
 
 @dataclass
