@@ -187,7 +187,7 @@ def erase(syntax: Syntax | None) -> Erased | NotErasable:
         edits = eraser.run(syntax.root)
     except _Refused as refused:
         return NotErasable(str(refused))
-    erased = js_syntax.parse(js_syntax._decode(_apply(syntax.data, edits)), "javascript")
+    erased = js_syntax.parse(_program(_apply(syntax.data, edits)), "javascript")
     if erased is None or not erased.complete:
         return NotErasable("types whose erasure leaves no JavaScript")
     reference, edits = _reference(syntax, edits, eraser.calls)
@@ -220,7 +220,7 @@ def _reference(
     """
     if not calls:
         return syntax.root, edits
-    again = js_syntax.parse(js_syntax._decode(_apply(syntax.data, calls)), "typescript")
+    again = js_syntax.parse(_program(_apply(syntax.data, calls)), "typescript")
     if again is None or not again.complete:
         return None, edits
     blanked = set(calls)
@@ -543,6 +543,11 @@ def _apply(data: bytes, edits: list[_Edit]) -> bytes:
         if statement:
             out[start] = ord(";")
     return bytes(out)
+
+
+def _program(data: bytes) -> str:
+    """Edited program bytes as text: lone surrogates, kept as their bytes, come back."""
+    return data.decode("utf-8", "surrogatepass")
 
 
 def _space(found: re.Match[bytes]) -> bytes:

@@ -30,7 +30,8 @@ def refused(code: str) -> str:
 
 def _assert_kept_in_place(code: str, javascript: str) -> None:
     """Byte for byte the same length and lines; what is left is where it was."""
-    before, after = code.encode(), javascript.encode()
+    before = code.encode("utf-8", "surrogatepass")
+    after = javascript.encode("utf-8", "surrogatepass")
     assert len(before) == len(after)
     for old, new in zip(before, after, strict=True):
         assert new == old or new in b" ;", (code, javascript)
@@ -324,3 +325,12 @@ def test_readings_found_by_attack_are_refused(code: str) -> None:
 )
 def test_deno_reached_another_way_still_goes_to_deno(code: str) -> None:
     assert typescript_lacks(code, SyntaxMemo()) is not None
+
+
+def test_hostile_text_in_types_and_code_is_erased_in_place() -> None:
+    """Lone surrogates (legal in JSON, and so in a program) in a type and in a string,
+    and a 5,000-digit number: erased like any other text."""
+    # The surrogate's three bytes are three spaces.
+    assert erased("let x: '\udfff' = '\ud800'; x") == "let x        = '\ud800'; x"
+    digits = "9" * 5000
+    assert erased(f"let n: number = {digits}; n") == f"let n         = {digits}; n"
