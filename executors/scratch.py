@@ -13,7 +13,11 @@ are still counted and removed. Symbolic links are never followed.
 `ScratchDirs` makes them in a root directory of its own, 0700, under a parent that
 other daemons sharing the state directory may use too. It holds a lock on its root
 while it lives and deletes the root when closed; whatever a daemon that died left
-behind is deleted by the next one to start, once no one holds its lock.
+behind is deleted by the next one to start, once no one holds its lock. A directory
+released once nothing can write to it any more is deleted, or, when it is empty, kept
+for the next execution: nothing was left in it, and making and deleting a directory
+each time costs more than running a small program, most of it spent waiting on the
+root's lock when several runners finish at once.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
+import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -38,13 +43,16 @@ OWNER_LOCK = ".owner"
 SWEEP_LOCK = ".sweep.lock"
 # How a directory is opened to be walked: never through a link.
 OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# Empty directories kept for the next executions: one per runner that may finish at once.
+SPARE_DIRS = 16
 
 
 @dataclass(frozen=True, slots=True)
 class Scratch:
-    """One execution's directory."""
+    """One execution's directory, and the `ScratchDirs` that made it, if one did."""
 
     path: Path
+    home: ScratchDirs | None = field(default=None, compare=False)
 
     def usage(self, stop_past: int | None = None) -> int:
         """Bytes the directory's contents take (see the module doc); counting stops
@@ -71,6 +79,14 @@ class Scratch:
     def remove(self) -> None:
         _remove(self.path)
 
+    def release(self) -> None:
+        """Done with it, and nothing can write to it any more: deleted, or given back
+        to its home for another execution if it is empty (see `ScratchDirs.release`)."""
+        if self.home is not None:
+            self.home.release(self)
+        else:
+            self.remove()
+
 
 class ScratchDirs:
     """Makes `Scratch` directories in a root of its own under `parent`, and deletes
@@ -87,16 +103,44 @@ class ScratchDirs:
             self._owner: IO[str] | None = open(self.root / OWNER_LOCK, "a")  # noqa: SIM115
             fcntl.flock(self._owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
             _sweep(parent, keep=self.root)
+        # Empty directories released, for `new`; threads make and release them at once.
+        self._spare: list[Path] = []
+        self._lock = threading.Lock()
 
     def new(self) -> Scratch:
-        return Scratch(Path(tempfile.mkdtemp(prefix="x", dir=self.root)))
+        """An empty directory, private to its execution."""
+        with self._lock:
+            if self._spare:
+                return Scratch(self._spare.pop(), self)
+        return Scratch(Path(tempfile.mkdtemp(prefix="x", dir=self.root)), self)
+
+    def release(self, scratch: Scratch) -> None:
+        """The execution is done with `scratch` (one of these), and nothing can write
+        to it any more: it is kept for another if it is empty, deleted otherwise."""
+        if _is_empty(scratch.path):
+            with self._lock:
+                if self._owner is not None and len(self._spare) < SPARE_DIRS:
+                    self._spare.append(scratch.path)
+                    return
+        scratch.remove()
 
     def close(self) -> None:
         """Delete the root and everything in it. Idempotent."""
+        with self._lock:
+            self._spare.clear()
         if self._owner is not None:
             _remove(self.root)
             self._owner.close()
             self._owner = None
+
+
+def _is_empty(path: Path) -> bool:
+    """Whether the directory `path` has no entries (False if it cannot be read)."""
+    try:
+        with os.scandir(path) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False
 
 
 def _sweep(parent: Path, keep: Path) -> None:

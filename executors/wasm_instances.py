@@ -147,7 +147,7 @@ class Instance:
             self.store.close()
         finally:
             if self.scratch is not None:
-                self.scratch.remove()
+                self.scratch.release()
 
 
 _NOTHING = contextlib.nullcontext()

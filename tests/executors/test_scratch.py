@@ -26,6 +26,33 @@ def test_two_owners_of_one_parent_keep_each_others_files(tmp_path: Path) -> None
     assert not first.root.exists()
 
 
+def test_an_empty_directory_released_is_given_out_again(tmp_path: Path) -> None:
+    dirs = ScratchDirs(tmp_path)
+    empty, used = dirs.new(), dirs.new()
+    (used.path / "sub").mkdir()
+    (used.path / "sub" / "data").write_text("the program's")
+    empty.release()
+    used.release()
+    # The used one is gone with what was in it; the empty one comes back.
+    assert not used.path.exists()
+    again, fresh = dirs.new(), dirs.new()
+    assert again.path == empty.path and fresh.path not in (empty.path, used.path)
+    assert list(fresh.path.iterdir()) == [] and list(again.path.iterdir()) == []
+    dirs.close()
+    again.release()  # after its home closed: nothing to keep it in
+    assert not dirs.root.exists()
+
+
+def test_a_directory_with_only_a_link_in_it_is_not_kept(tmp_path: Path) -> None:
+    dirs = ScratchDirs(tmp_path)
+    scratch = dirs.new()
+    (scratch.path / "link").symlink_to("/nonexistent")
+    scratch.release()
+    assert not scratch.path.exists()
+    assert dirs.new().path != scratch.path
+    dirs.close()
+
+
 def test_what_a_dead_owner_left_is_swept_by_the_next(tmp_path: Path) -> None:
     # An owner that died: its root is there, its lock held by no one.
     dead = tmp_path / "run-dead"
