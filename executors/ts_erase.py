@@ -174,6 +174,22 @@ _LEADING_KEYWORD = frozenset(
     }
 )
 _KEEP_LINE_BREAKS = re.compile(rb"\xe2\x80[\xa8\xa9]|[^\n\r]")
+# Every kind of node `_Eraser._visit` and `_check_reading` act on; the walk passes
+# any other straight to its children.
+_READ = frozenset(
+    {
+        *_NEEDS_COMPILER,
+        *_TYPES,
+        *_TYPE_STATEMENTS,
+        *_TYPE_TOKENS,
+        *_MARKED,
+        *_LEADING_KEYWORD,
+        "arrow_function", "expression_statement", "formal_parameters",
+        "as_expression", "satisfies_expression", "non_null_expression",
+        "required_parameter", "optional_parameter", "import_statement", "export_statement",
+        "abstract_class_declaration", "binary_expression",
+    }
+)  # fmt: skip
 
 
 def erase(syntax: Syntax | None) -> Erased | NotErasable:
@@ -259,10 +275,12 @@ class _Eraser:
         """`_visit`, unless `node` lies in the erased type of an `as` or `satisfies`
         expression (after its keyword): that is gone with whatever it holds."""
         assert node is not None
-        self._tails = [tail for tail in self._tails if tail[1] > node.start_byte]
-        if any(start <= node.start_byte and node.end_byte <= end for start, end in self._tails):
-            return False
-        return self._visit(node)
+        if self._tails:
+            begins = node.start_byte
+            self._tails = [tail for tail in self._tails if tail[1] > begins]
+            if any(start <= begins and node.end_byte <= end for start, end in self._tails):
+                return False
+        return node.type not in _READ or self._visit(node)
 
     def _visit(self, node: tree_sitter.Node | None) -> bool:
         """Erase what `node` is of types; whether its children are still to be visited."""
@@ -588,10 +606,14 @@ def _typescript_shapes(root: tree_sitter.Node, erased: list[tuple[int, int]]) ->
         end = within(node.start_byte)
         return end is not None and node.end_byte <= end and node.parent is not None
 
-    def start(node: tree_sitter.Node) -> int:
-        """Where what is left of `node` starts (its leading modifiers erased)."""
-        if node.parent is None:
-            return 0  # the program
+    def start(node: tree_sitter.Node) -> int | None:
+        """Where what is left of `node` starts (past its leading modifiers, if they
+        were erased); None if it is gone whole."""
+        end = within(node.start_byte)
+        if end is None:
+            return node.start_byte
+        if node.end_byte <= end and node.parent is not None:
+            return None
         while within(node.start_byte) is not None:
             node = next(child for child in js_syntax.children(node) if not gone(child))
         return node.start_byte
@@ -604,11 +626,13 @@ def _typescript_shapes(root: tree_sitter.Node, erased: list[tuple[int, int]]) ->
         node = cursor.node
         assert node is not None
         depth = below[-1]
-        if node.is_named and not gone(node):
+        # (the program starts at 0, whatever space is before its code)
+        begins = None if not node.is_named else start(node) if depth else 0
+        if begins is not None:
             if node.type in _TRANSPARENT and not _is_default_parameter(node):
                 below.append(depth)
             else:
-                yield _javascript_name(node), start(node), depth
+                yield _javascript_name(node), begins, depth
                 below.append(depth + 1)
             if cursor.goto_first_child():
                 continue
