@@ -57,6 +57,26 @@ def test_background_idles_a_managed_thread_and_restore_takes_it_out() -> None:
     assert in_thread(body) == [os.SCHED_OTHER, idle_if_available(), os.SCHED_OTHER]
 
 
+def test_lowering_yields_the_cpu_to_the_thread_its_answer_woke(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The kernel does not preempt a thread for lowering itself: the event loop woken
+    # by the answer would wait behind it for the next tick unless it yields.
+    yields: list[int] = []
+    monkeypatch.setattr(os, "sched_yield", lambda: yields.append(policy()))
+
+    def body() -> list[int]:
+        thread_priority.background()  # not managed: no change, no yield
+        unmanaged = len(yields)
+        thread_priority.manage()
+        thread_priority.background()
+        thread_priority.release()
+        return [unmanaged, *yields]
+
+    expected = [0, os.SCHED_IDLE] if thread_priority.available() else [0]
+    assert in_thread(body) == expected
+
+
 def test_a_thread_not_managed_is_left_alone() -> None:
     def body() -> list[int]:
         thread_priority.background()
