@@ -36,12 +36,21 @@ BUILD_TIMEOUT_S = 600
 PREPARING_STATES = frozenset({"not started", "building"})
 
 ECHO_SERVER = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "mcp_echo_server.py"
+INSTANT_SERVER = Path(__file__).resolve().parent / "instant_upstream.py"
+# The SDK's echo server, and one that answers at once (`instant`): what a call costs
+# the daemon, apart from what it costs the server.
 UPSTREAM = f"""
 [[upstreams]]
 name = "echo"
 transport = "stdio"
 command = {json.dumps(sys.executable)}
 args = [{json.dumps(str(ECHO_SERVER))}]
+
+[[upstreams]]
+name = "instant"
+transport = "stdio"
+command = {json.dumps(sys.executable)}
+args = [{json.dumps(str(INSTANT_SERVER))}]
 """
 
 
@@ -149,7 +158,10 @@ async def wait_executors(path: str) -> None:
 async def wait_upstream(path: str) -> None:
     client = await Client.open(path)
     with trio.fail_after(START_TIMEOUT_S):
-        while (await client.call("upstreams/list"))["upstreams"][0]["state"] != "ready":
+        while any(
+            upstream["state"] != "ready"
+            for upstream in (await client.call("upstreams/list"))["upstreams"]
+        ):
             await trio.sleep(0.05)
     await client.aclose()
 

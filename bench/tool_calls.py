@@ -27,7 +27,7 @@ for (let i = 0; i < inputs.n; i++) {
 }
 return times;
 """
-TS_HUNDRED_CALLS = "for (let i = 0; i < 100; i++) await tools.echo.echo({ text: 'x' });\n'done'"
+TS_HUNDRED_CALLS = "for (let i = 0; i < 100; i++) await tools.{}.echo({{ text: 'x' }});\n'done'"
 # The same in Python, where a tool call is synchronous; the last expression is the result.
 PY_TOOL_LOOP = """
 import time
@@ -93,12 +93,15 @@ async def _guest_call_seconds(client: Client, language: str, calls: int) -> list
     return [ms / 1000 for ms in result["result"][1:]]
 
 
-async def ts_hundred_calls(path: str, runs: int, executor: str = "deno") -> Figures:
-    """`execute` of a TypeScript program making 100 sequential calls on `executor` (each
-    with Deno's pool full), whole request timed."""
+async def ts_hundred_calls(
+    path: str, runs: int, executor: str = "deno", upstream: str = "echo"
+) -> Figures:
+    """`execute` of a TypeScript program making 100 sequential calls to `upstream`'s
+    echo on `executor` (each with Deno's pool full), whole request timed."""
     client = await Client.open(path)
     samples = []
-    params = {"language": "typescript", "executor": executor, "code": TS_HUNDRED_CALLS}
+    code = TS_HUNDRED_CALLS.format(upstream)
+    params = {"language": "typescript", "executor": executor, "code": code}
     with trio.move_on_after(SERIES_BUDGET_S):
         for _ in range(runs):
             if executor == "deno":

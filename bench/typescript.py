@@ -4,7 +4,8 @@
   to back, on the route a request with no executor takes (wasm-js), and back to back on
   deno with its pool of two;
 - executions/s with 8 clients on the route;
-- a TypeScript program making 100 tool calls, on the route;
+- a TypeScript program making 100 tool calls, on the route: to the SDK's echo server,
+  and to one that answers at once (`bench/instant_upstream.py`, the daemon's share);
 - the host's time to erase the types of a 180-line program (`tests/fixtures/ts_report.ts`),
   its parse included, in this process.
 """
@@ -55,6 +56,9 @@ async def figures(path: str, n: dict[str, int], clients: int) -> dict[str, Any]:
         ),
         "hundred_tool_calls": await ts_hundred_calls(
             path, n["ts_hundred_calls"], executor="wasm-js"
+        ),
+        "hundred_instant_calls": await ts_hundred_calls(
+            path, n["ts_hundred_calls"], executor="wasm-js", upstream="instant"
         ),
         "erase_report": erase_time(),
     }
