@@ -3,6 +3,7 @@ construct on both sides of the line, the attacks on it, and a generator's progra
 
 from __future__ import annotations
 
+import random
 import re
 
 import pytest
@@ -334,3 +335,33 @@ def test_hostile_text_in_types_and_code_is_erased_in_place() -> None:
     assert erased("let x: '\udfff' = '\ud800'; x") == "let x        = '\ud800'; x"
     digits = "9" * 5000
     assert erased(f"let n: number = {digits}; n") == f"let n         = {digits}; n"
+
+
+class _EveryKind:
+    def __contains__(self, kind: object) -> bool:
+        return True
+
+
+def test_nodes_passed_straight_through_are_ones_the_eraser_leaves_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The walk sends only the kinds in `_READ` through the eraser's cases: read with
+    every node sent through them, generated programs (and the same cut and spliced
+    at random) erase to the same text or are refused for the same reason."""
+    from conduit.executors import ts_erase
+    from tests.executors.test_ts_erase_deno import program
+
+    def outcome(code: str) -> str:
+        result = erase(js_syntax.parse(code, "typescript"))
+        return result.code if isinstance(result, Erased) else f"refused: {result.reason}"
+
+    r = random.Random(29)
+    programs = [program(r) for _ in range(150)]
+    for code in programs[:150]:
+        cut = r.randrange(len(code))
+        programs.append(code[:cut] + r.choice(" :<>?!;`/*") + code[cut + r.randint(0, 3) :])
+    fast = [outcome(code) for code in programs]
+    monkeypatch.setattr(ts_erase, "_READ", _EveryKind())
+    assert [outcome(code) for code in programs] == fast
+    assert any(not text.startswith("refused") for text in fast)
+    assert any(text.startswith("refused") for text in fast)
