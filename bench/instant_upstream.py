@@ -39,7 +39,8 @@ def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
     if method == "tools/list":
         return {"tools": [ECHO_TOOL]}
     if method == "tools/call" and params.get("name") == "echo":
-        text = str(params.get("arguments", {}).get("text", ""))
+        arguments = params.get("arguments")
+        text = str(arguments.get("text", "")) if isinstance(arguments, dict) else ""
         return {"content": [{"type": "text", "text": text}], "isError": False}
     if method == "ping":
         return {}
@@ -48,12 +49,18 @@ def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     for line in sys.stdin:
-        message = json.loads(line)
-        if "id" not in message:
-            continue  # a notification
+        try:
+            message = json.loads(line)
+        except ValueError:
+            continue  # a blank line, or not JSON: nothing to answer
+        if not isinstance(message, dict) or "id" not in message:
+            continue  # a notification, or a batch (never sent to it)
         reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
         try:
-            reply["result"] = answer(message.get("method", ""), message.get("params") or {})
+            params = message.get("params")
+            reply["result"] = answer(
+                str(message.get("method", "")), params if isinstance(params, dict) else {}
+            )
         except LookupError as missing:
             reply["error"] = {"code": METHOD_NOT_FOUND, "message": f"no method {missing}"}
         sys.stdout.write(json.dumps(reply) + "\n")

@@ -22,6 +22,7 @@ root's lock when several runners finish at once.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import tempfile
@@ -103,35 +104,93 @@ class ScratchDirs:
             self._owner: IO[str] | None = open(self.root / OWNER_LOCK, "a")  # noqa: SIM115
             fcntl.flock(self._owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
             _sweep(parent, keep=self.root)
-        # Empty directories released, for `new`; threads make and release them at once.
+        # Directories handed out, each with how it looked then (`_looks`), and those
+        # given back untouched, for `new`; runner threads make and release them at once.
+        self._out: dict[Path, tuple[Scratch, _Looks | None]] = {}
         self._spare: list[Path] = []
+        self._closed = False
         self._lock = threading.Lock()
 
     def new(self) -> Scratch:
         """An empty directory, private to its execution."""
         with self._lock:
-            if self._spare:
-                return Scratch(self._spare.pop(), self)
-        return Scratch(Path(tempfile.mkdtemp(prefix="x", dir=self.root)), self)
+            path = self._spare.pop() if self._spare else None
+        if path is None:
+            path = Path(tempfile.mkdtemp(prefix="x", dir=self.root))
+        scratch = Scratch(path, self)
+        looks = _looks(path)
+        with self._lock:
+            self._out[path] = (scratch, looks)
+        return scratch
 
     def release(self, scratch: Scratch) -> None:
         """The execution is done with `scratch` (one of these), and nothing can write
-        to it any more: it is kept for another if it is empty, deleted otherwise."""
-        if _is_empty(scratch.path):
-            with self._lock:
-                if self._owner is not None and len(self._spare) < SPARE_DIRS:
-                    self._spare.append(scratch.path)
-                    return
+        to it any more: it is kept for another if it was never touched (empty, and
+        every field of its own `stat` as when it was handed out, but its access
+        time, which is reset), deleted otherwise. A directory released twice is
+        let go of once."""
+        path = scratch.path
+        with self._lock:
+            holder, looked = self._out.get(path, (None, None))
+            if holder is not scratch:
+                return  # released already: it may be another execution's now
+            del self._out[path]
+        if looked is not None and _looks(path) == looked and _is_empty(path):
+            with contextlib.suppress(OSError):
+                # What a program may have set the access time to goes with it.
+                os.utime(path, ns=(looked.mtime_ns, looked.mtime_ns), follow_symlinks=False)
+                with self._lock:
+                    if not self._closed and len(self._spare) < SPARE_DIRS:
+                        self._spare.append(path)
+                        return
         scratch.remove()
 
     def close(self) -> None:
         """Delete the root and everything in it. Idempotent."""
         with self._lock:
+            self._closed = True
             self._spare.clear()
         if self._owner is not None:
             _remove(self.root)
             self._owner.close()
             self._owner = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Looks:
+    """What a program can see of its directory itself, but the access time (which
+    reading it moves): a directory that looks the same had nothing done to it, and
+    passes nothing on. The change time moves with any change, even one undone."""
+
+    inode: int
+    device: int
+    mode: int
+    links: int
+    owner: int
+    group: int
+    size: int
+    blocks: int
+    mtime_ns: int
+    ctime_ns: int
+
+
+def _looks(path: Path) -> _Looks | None:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return _Looks(
+        info.st_ino,
+        info.st_dev,
+        info.st_mode,
+        info.st_nlink,
+        info.st_uid,
+        info.st_gid,
+        info.st_size,
+        info.st_blocks,
+        info.st_mtime_ns,
+        info.st_ctime_ns,
+    )
 
 
 def _is_empty(path: Path) -> bool:

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 from conduit.executors.scratch import ENTRY_BYTES, ScratchDirs
@@ -50,6 +51,49 @@ def test_a_directory_with_only_a_link_in_it_is_not_kept(tmp_path: Path) -> None:
     scratch.release()
     assert not scratch.path.exists()
     assert dirs.new().path != scratch.path
+    dirs.close()
+
+
+def test_a_directory_a_program_changed_and_emptied_again_is_not_kept(tmp_path: Path) -> None:
+    """Emptied is not enough: its times or its size would tell the next execution
+    what this one did (ext4 never shrinks a directory)."""
+    dirs = ScratchDirs(tmp_path)
+    times, grown = dirs.new(), dirs.new()
+    time.sleep(0.05)  # past the file system's clock granularity
+    os.utime(times.path, ns=(1, 222_222_222_123_456_789))  # 64 bits of its choosing
+    for i in range(400):
+        (grown.path / f"f{i:03}").touch()
+    for i in range(400):
+        (grown.path / f"f{i:03}").unlink()
+    times.release()
+    grown.release()
+    assert not times.path.exists() and not grown.path.exists()
+    assert {dirs.new().path, dirs.new().path}.isdisjoint({times.path, grown.path})
+    dirs.close()
+
+
+def test_a_kept_directory_comes_back_with_its_access_time_reset(tmp_path: Path) -> None:
+    dirs = ScratchDirs(tmp_path)
+    scratch = dirs.new()
+    before = os.stat(scratch.path)
+    time.sleep(0.05)
+    os.listdir(scratch.path)  # reading it may move its access time
+    scratch.release()
+    again = dirs.new()
+    assert again.path == scratch.path
+    after = os.stat(again.path)
+    assert after.st_atime_ns == after.st_mtime_ns == before.st_mtime_ns
+    dirs.close()
+
+
+def test_a_directory_released_twice_is_handed_out_once(tmp_path: Path) -> None:
+    dirs = ScratchDirs(tmp_path)
+    scratch = dirs.new()
+    scratch.release()
+    first = dirs.new()
+    scratch.release()  # a second release of what is now `first`'s
+    assert first.path == scratch.path and dirs.new().path != first.path
+    assert first.path.is_dir()
     dirs.close()
 
 
