@@ -12,7 +12,8 @@ daemon ── bwrap ──▶ deno (PID 1 of its own namespaces)
               daemon's callback socket alone (`sockets`); /proc of its own PID
               namespace, a minimal /dev, a private empty /tmp
            no capabilities, no new user namespaces, no new privileges, a session of
-           its own, killed when bwrap dies; the seccomp filter below
+           its own, killed when bwrap dies (and bwrap with the daemon: see
+           `_trio_threads`); the seccomp filter below
 ```
 
 The worker's pipes (stdin, stdout, stderr) pass through bwrap unchanged, and its
@@ -53,6 +54,7 @@ from typing import Any, Final
 
 import trio
 
+from conduit.executors._trio_threads import keep_worker_threads
 from conduit.executors.process import Limited, kill_process_group, signal_process_group
 
 log = logging.getLogger(__name__)
@@ -352,6 +354,9 @@ class OsSandbox:
         self.runtime = str(Path(runtime).resolve())
         self._program = program
         self._libraries = linked_libraries(self.runtime)
+        # The kernel kills bwrap when the thread that started it ends, not the daemon:
+        # only while Trio's threads live as long as the daemon (`_trio_threads`).
+        self._die_with_parent = keep_worker_threads()
 
     def __repr__(self) -> str:
         return f"<OsSandbox {self.bwrap} for {self.runtime}>"
@@ -366,7 +371,7 @@ class OsSandbox:
             "--unshare-all",
             "--unshare-user",  # which --unshare-all only tries, and skips as root
             "--disable-userns",
-            "--die-with-parent",
+            *(["--die-with-parent"] if self._die_with_parent else []),
             "--new-session",
             "--as-pid-1",
             "--cap-drop",

@@ -18,7 +18,10 @@ from typing import Any
 
 import pytest
 import trio
+import trio._core._thread_cache as thread_cache
 
+from conduit.executors import os_sandbox
+from conduit.executors._trio_threads import keep_worker_threads
 from conduit.executors.base import Job
 from conduit.executors.deno import DenoExecutor, find_deno
 from conduit.executors.os_sandbox import (
@@ -29,7 +32,9 @@ from conduit.executors.os_sandbox import (
     run_confined,
     runtime_returncode,
     seccomp_program,
+    worker_run,
 )
+from conduit.executors.process import sandbox_process_options
 from tests.processes import deno_children, namespaced_pids
 from tests.sandboxes import WAIT_S, NoBridge, wait_for
 
@@ -149,6 +154,64 @@ def test_a_signal_that_ended_the_runtime_reads_as_one() -> None:
     assert runtime_returncode(3) == 3
     assert runtime_returncode(128 + 9) == -9  # SIGKILL, as trio.Process says it
     assert runtime_returncode(128 + 5) == -5  # V8's out-of-memory trap
+
+
+# ---- its life --------------------------------------------------------------------------
+
+# Trio ends a worker thread idle this long (10 s by default).
+SHORT_IDLE_S = 0.3
+
+
+async def alive_after(sandbox: OsSandbox, tmp_path: Path, wait_s: float) -> bool:
+    """Whether a sandboxed `sleep` started through Trio (from one of its worker threads,
+    as workers are) still runs `wait_s` later, its starting thread idle meanwhile."""
+    spawn = sandbox.spawn(["sleep", "60"], Confinement(cwd=tmp_path, read_only=(tmp_path,)))
+    options = sandbox_process_options(cwd=tmp_path, env={})
+    async with trio.open_nursery() as nursery:
+        process = await nursery.start(worker_run(["sleep", "60"], spawn, options))
+        try:
+            await spawn.child(process)
+        finally:
+            spawn.close()
+        with trio.move_on_after(wait_s):
+            await process.wait()
+        alive = process.returncode is None
+        nursery.cancel_scope.cancel()
+    return alive
+
+
+async def test_a_worker_outlives_the_idle_thread_that_started_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel kills bwrap (`--die-with-parent`) when the thread that started it
+    ends, and Trio ends idle threads: the sandbox keeps them (`_trio_threads`)."""
+    monkeypatch.setattr(thread_cache, "IDLE_TIMEOUT", SHORT_IDLE_S)
+    bwrap = find_bwrap()
+    assert bwrap is not None
+    sandbox = OsSandbox(bwrap, "/bin/sleep", seccomp_program())
+    assert "--die-with-parent" in sandbox.spawn(["sleep"], Confinement(cwd=tmp_path)).argv
+    assert await alive_after(sandbox, tmp_path, 10 * SHORT_IDLE_S)
+
+
+async def test_where_trio_threads_cannot_be_kept_bwrap_outlives_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(thread_cache, "IDLE_TIMEOUT", SHORT_IDLE_S)
+    monkeypatch.setattr(os_sandbox, "keep_worker_threads", lambda: False)
+    bwrap = find_bwrap()
+    assert bwrap is not None
+    sandbox = OsSandbox(bwrap, "/bin/sleep", seccomp_program())
+    assert "--die-with-parent" not in sandbox.spawn(["sleep"], Confinement(cwd=tmp_path)).argv
+    assert thread_cache.IDLE_TIMEOUT == SHORT_IDLE_S  # threads still end
+    assert await alive_after(sandbox, tmp_path, 10 * SHORT_IDLE_S)
+
+
+def test_trio_threads_are_kept_where_trio_allows(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(thread_cache, "IDLE_TIMEOUT", 10)
+    assert keep_worker_threads()  # the Trio the daemon pins has the setting
+    assert thread_cache.IDLE_TIMEOUT == -1
+    monkeypatch.delattr(thread_cache, "IDLE_TIMEOUT")
+    assert not keep_worker_threads()
 
 
 # ---- the Deno executor ---------------------------------------------------------------

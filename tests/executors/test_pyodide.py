@@ -228,9 +228,8 @@ async def test_a_programs_timers_end_with_it_and_its_process_is_reused(
         assert (after.result, after.stdout, after.stderr) == (42, "", "")
     pool = (await pyodide.info()).pool
     assert pool is not None
-    # Nothing wrote after its program's end, so no worker process had to be replaced.
-    # (Under a loaded CI a worker process was once SIGKILLed from outside, cause not
-    # yet found: a process that died is replaced too, and is not what this is about.)
+    # Nothing wrote after its program's end, so no worker process had to be replaced
+    # (one that died is replaced too, and is not what this is about).
     discarded = pool["discarded"] - before["discarded"]
     assert discarded <= pool["deaths"] - before["deaths"], (before, pool)
 
