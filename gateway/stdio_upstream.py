@@ -302,9 +302,12 @@ async def _end_with_process(process: trio.Process, reader: trio.CancelScope) -> 
     """End the session when the server exits, even if a child keeps stdout open.
 
     The server's last messages are still on their way when it exits, so the reader
-    gets `STDOUT_DRAIN_S` to reach the end of stdout by itself first.
+    gets `STDOUT_DRAIN_S` to reach the end of stdout by itself first. What the server
+    started goes at once (what it wrote stays in the pipe): its group's id is surely
+    still theirs only now (see `_stop`).
     """
     await process.wait()
+    _signal_group(process, signal.SIGKILL)
     await trio.sleep(STDOUT_DRAIN_S)
     reader.cancel()
 
@@ -314,8 +317,10 @@ async def _stop(process: trio.Process) -> None:
 
     Order as the MCP spec and the SDK: close stdin, wait, SIGTERM, wait, SIGKILL. The
     group is swept with SIGKILL at the end even when the server exited by itself,
-    because its children (`npx` starts `node`) would otherwise outlive it.
+    because its children (`npx` starts `node`) would otherwise outlive it; a server
+    that had exited before had its group swept then (`_end_with_process`).
     """
+    exited_before = process.returncode is not None
     if process.stdin is not None:
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await process.stdin.aclose()
@@ -332,8 +337,10 @@ async def _stop(process: trio.Process) -> None:
     # The leader is reaped now, so its pid could in principle be reused; but a process
     # group id stays taken while any member lives, so if children remain the id is still
     # theirs, and if none remain the kill finds nothing (reuse would need the kernel to
-    # cycle through every pid between two system calls).
-    _signal_group(process, signal.SIGKILL)
+    # cycle through every pid between two system calls). Not so for a leader reaped
+    # long before: its id may be a new group's by now (a sandboxed worker's, say).
+    if not exited_before:
+        _signal_group(process, signal.SIGKILL)
 
 
 def _signal_group(process: trio.Process, sig: int) -> None:

@@ -345,6 +345,21 @@ async def test_a_crashed_servers_children_are_killed_too(serve: Any, tag: str) -
     assert len(await leftovers_beyond(f"{tag}-child", 1)) == 1  # the new server's child only
 
 
+async def test_a_server_reaped_long_before_its_stop_has_its_group_left_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its group was swept when it exited; by the stop its id may be a new group's
+    (pids wrap), and a sweep then would kill whatever leads that one."""
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-c", "pass"], start_new_session=True
+    )
+    await process.wait()
+    signalled: list[tuple[int, int]] = []
+    monkeypatch.setattr(os, "killpg", lambda group, sig: signalled.append((group, sig)))
+    await stdio_upstream._stop(process)
+    assert signalled == []
+
+
 async def test_the_servers_stderr_goes_to_the_log(
     serve: Any, tag: str, caplog: pytest.LogCaptureFixture
 ) -> None:
