@@ -83,7 +83,7 @@ import trio
 from conduit.core import jsontext
 from conduit.core.errors import ExecutorError, RuntimeMissing, SandboxCrashed
 from conduit.core.files import OUT_DIR
-from conduit.executors import outcomes, workdir
+from conduit.executors import cpu_watch, outcomes, workdir
 from conduit.executors.base import (
     CallbackAddress,
     ErrorInfo,
@@ -345,10 +345,13 @@ class DenoWorker(Contained):
     released: trio.Event = dataclasses.field(default_factory=trio.Event)
     # Inside the operating-system sandbox: how its runtime is stopped (`Contained`).
     stopper: Stopper | None = None
+    # A session's worker between steps: the watch on its CPU (`cpu_watch`).
+    resting: trio.CancelScope = dataclasses.field(default_factory=trio.CancelScope)
 
     def kill(self) -> None:
         """SIGKILL the worker now; its task reaps it."""
         self.killed = True
+        self.resting.cancel()
         self.kill_process()
 
     @property
@@ -787,11 +790,20 @@ class DenoExecutor:
     def rest(self, worker: SessionWorker) -> None:
         """Between a session's steps, its worker may use SESSION_IDLE_CPU_S of CPU more:
         a step's own budget (`_limit_cpu`) is for the step, not for the timers it
-        leaves. Past it the system ends the worker, and the next step starts afresh."""
+        leaves. Past it the worker is ended (by the system, or, in the sandbox where
+        the system does not, by `cpu_watch`), and the next step starts afresh."""
         assert isinstance(worker, DenoWorker)
+        nursery = self._sessions.nursery
         with contextlib.suppress(OSError):  # gone already: the next step sees it
             used = math.ceil(cpu_seconds(worker.limited.pid))
             set_soft_limit(worker.limited, resource.RLIMIT_CPU, used + SESSION_IDLE_CPU_S)
+            if nursery is not None:
+                worker.resting.cancel()
+                worker.resting = trio.CancelScope()
+                budget_s = used + SESSION_IDLE_CPU_S
+                nursery.start_soon(
+                    cpu_watch.watch, worker.limited, budget_s, worker.kill, worker.resting
+                )
 
     async def run_step(self, worker: SessionWorker, job: Job, bridge: ToolBridge) -> Outcome | None:
         """Run `job` as a session's step on `worker` (one `start_session_worker` gave),
@@ -877,6 +889,7 @@ class DenoExecutor:
         The job's files are placed in the worker's directory first; what the program
         left under `out/` comes back in the outcome's `files`."""
         worker.taken = True
+        worker.resting.cancel()  # a session's next step: its own budget holds now
         if not worker.alive:
             return None
         disk = DiskWatch(worker.scratch, job.limits.disk_mb * MIB, worker.kill)
