@@ -39,7 +39,8 @@ RECORD_STATUSES = (RUNNING, INTERRUPTED)
 
 def code_digest(code: str) -> str:
     """The program's sha256, hex: how executions of one program are found again."""
-    return hashlib.sha256(code.encode()).hexdigest()
+    # Lone surrogates (legal in a JSON string) are hashed as the bytes they would be.
+    return hashlib.sha256(code.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def head(text: str, limit: int = HEAD_CHARS) -> str:
