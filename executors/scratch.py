@@ -78,7 +78,10 @@ class Scratch:
         return self.usage(stop_past=max_bytes) > max_bytes
 
     def remove(self) -> None:
-        _remove(self.path)
+        """Delete it and everything in it (once: a second call, its directory perhaps
+        another execution's by then, does nothing)."""
+        if self.home is None or self.home.forget(self)[0]:
+            _remove(self.path)
 
     def release(self) -> None:
         """Done with it, and nothing can write to it any more: deleted, or given back
@@ -130,11 +133,9 @@ class ScratchDirs:
         time, which is reset), deleted otherwise. A directory released twice is
         let go of once."""
         path = scratch.path
-        with self._lock:
-            holder, looked = self._out.get(path, (None, None))
-            if holder is not scratch:
-                return  # released already: it may be another execution's now
-            del self._out[path]
+        out, looked = self.forget(scratch)
+        if not out:
+            return  # released already: it may be another execution's now
         if looked is not None and _looks(path) == looked and _is_empty(path):
             with contextlib.suppress(OSError):
                 # What a program may have set the access time to goes with it.
@@ -143,7 +144,17 @@ class ScratchDirs:
                     if not self._closed and len(self._spare) < SPARE_DIRS:
                         self._spare.append(path)
                         return
-        scratch.remove()
+        _remove(path)
+
+    def forget(self, scratch: Scratch) -> tuple[bool, _Looks | None]:
+        """`scratch` is no longer out: whether it was (False: let go of already), and
+        how it looked when handed out (None if that could not be read)."""
+        with self._lock:
+            holder, looked = self._out.get(scratch.path, (None, None))
+            if holder is not scratch:
+                return False, None
+            del self._out[scratch.path]
+        return True, looked
 
     def close(self) -> None:
         """Delete the root and everything in it. Idempotent."""

@@ -97,6 +97,26 @@ def test_a_directory_released_twice_is_handed_out_once(tmp_path: Path) -> None:
     dirs.close()
 
 
+def test_a_directory_removed_is_let_go_of_and_a_stale_handle_removes_nothing(
+    tmp_path: Path,
+) -> None:
+    """Deno's workers remove theirs rather than release it: nothing of it is kept (a
+    daemon makes one a worker for its whole life), and a handle to a directory that
+    is another execution's by now deletes nothing of it."""
+    dirs = ScratchDirs(tmp_path)
+    removed = dirs.new()
+    removed.remove()
+    assert not removed.path.exists()
+    assert dirs.forget(removed) == (False, None)  # not still counted as handed out
+    stale = dirs.new()
+    stale.release()
+    current = dirs.new()
+    assert current.path == stale.path
+    stale.remove()
+    assert current.path.is_dir()
+    dirs.close()
+
+
 def test_what_a_dead_owner_left_is_swept_by_the_next(tmp_path: Path) -> None:
     # An owner that died: its root is there, its lock held by no one.
     dead = tmp_path / "run-dead"
