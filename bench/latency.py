@@ -11,6 +11,7 @@ lightest instrument we ship.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import shutil
 import subprocess
@@ -81,14 +82,17 @@ async def execute_samples(
     pool_of: str = "deno",
     check: Check = check_result,
     pause_s: float = 0.0,
+    new_program: bool = False,
 ) -> list[float]:
     """`runs` sequential executions of `params`, each timed end to end (seconds), after
     `warmup` untimed ones; with `warm_pool`, each starts when `pool_of`'s pool is full
     again, and with `pause_s`, that long after the one before (else at once: back to
-    back). `check` raises if a result is not the expected one. Runs in a worker thread
-    (see the module's docstring)."""
+    back). With `new_program`, each program is one the daemon has not seen (a comment
+    numbers it), so nothing it read of an earlier one is kept for it. `check` raises if
+    a result is not the expected one. Runs in a worker thread (see the module's
+    docstring)."""
     series = functools.partial(
-        _series, path, params, runs, warm_pool, warmup, pool_of, check, pause_s
+        _series, path, params, runs, warm_pool, warmup, pool_of, check, pause_s, new_program
     )
     # Abandoned on cancellation: the thread ends when the daemon closes its connection.
     return await trio.to_thread.run_sync(series, abandon_on_cancel=True)
@@ -103,19 +107,24 @@ def _series(
     pool_of: str,
     check: Check,
     pause_s: float,
+    new_program: bool,
 ) -> list[float]:
     deadline = time.monotonic() + SERIES_BUDGET_S
     samples: list[float] = []
+    numbered = itertools.count()
     with BlockingClient(unix_path=path, timeout_s=None) as client:
         for _ in range(warmup):
             check(client.call("execute", params))
         while len(samples) < runs and time.monotonic() < deadline:
             if warm_pool:
                 wait_pool_full_blocking(client, warm_pool, pool_of)
+            sent = params
+            if new_program:
+                sent = {**params, "code": f"{params['code']}\n// {next(numbered)}"}
             if pause_s:
                 time.sleep(pause_s)
             started = time.perf_counter()
-            result = client.call("execute", params)
+            result = client.call("execute", sent)
             samples.append(time.perf_counter() - started)
             check(result)
     return samples

@@ -87,7 +87,14 @@ def _typescript(results: dict[str, Any]) -> None:
 
 def _typescript_route(figures: dict[str, Any]) -> None:
     print("execute, trivial TypeScript with no executor named (wasm-js, types erased):")
-    for name, label in (("paced", "paced (20 ms apart)"), ("back_to_back", "back to back")):
+    for name, label in (
+        ("paced", "paced (20 ms apart)"),
+        ("back_to_back", "back to back"),
+        ("paced_new_program", "a new program each time, paced"),
+        ("back_to_back_new_program", "a new program each time, b2b"),
+    ):
+        if name not in figures:  # a run from before it was measured
+            continue
         print(row(f"conduit, {label}", figures[name]))
         p50 = figures[name]["p50_ms"]
         print(f"  (target <= {TS_ROUTE_P50_MS} ms: {verdict(p50 <= TS_ROUTE_P50_MS)})")

@@ -1,8 +1,9 @@
 """TypeScript on both of its executors: wasm-js (its types erased on the host) and deno.
 
 - trivial TypeScript, paced (a pause before each, as an agent's requests come) and back
-  to back, on the route a request with no executor takes (wasm-js), and back to back on
-  deno with its pool of two;
+  to back, on the route a request with no executor takes (wasm-js): the same program
+  each time (what the daemon read of it is kept: `executors/readings.py`), and a new
+  one each time (a numbered comment added); back to back on deno with its pool of two;
 - executions/s with 8 clients on the route;
 - a TypeScript program making 100 tool calls, on the route: to the SDK's echo server,
   and to one that answers at once (`bench/instant_upstream.py`, the daemon's share);
@@ -48,6 +49,12 @@ async def figures(path: str, n: dict[str, int], clients: int) -> dict[str, Any]:
             path, TYPESCRIPT_REQUEST, runs, warmup=20, pause_s=PACE_S, check=wasm
         ),
         "back_to_back": await execute_latency(path, TYPESCRIPT_REQUEST, runs, check=wasm),
+        "paced_new_program": await execute_latency(
+            path, TYPESCRIPT_REQUEST, runs, pause_s=PACE_S, check=wasm, new_program=True
+        ),
+        "back_to_back_new_program": await execute_latency(
+            path, TYPESCRIPT_REQUEST, runs, check=wasm, new_program=True
+        ),
         "deno_back_to_back": await execute_latency(
             path, DENO_REQUEST, n["ts_deno_back_to_back"], check=on("deno")
         ),

@@ -49,6 +49,7 @@ from conduit.daemon.records import (
 from conduit.daemon.tool_access import requested_allowlist
 from conduit.executors.base import ErrorInfo, Job, Limits, Outcome, Status, ToolBridge
 from conduit.executors.output import StreamName
+from conduit.executors.readings import Readings
 from conduit.executors.source import unwrap_fence
 from conduit.executors.syntax_memo import SyntaxMemo
 
@@ -228,6 +229,8 @@ class Executions:
         self._admission = admission
         self._rate_limiter = rate_limiter
         self._events = events
+        # What reading a program decided, for its principal's next run of it.
+        self._readings = Readings()
         self._open_bridge = open_bridge
         # What an answer waits for: the audit store's commit of the records published
         # before it (`AuditStore.wait_recorded`).
@@ -266,7 +269,7 @@ class Executions:
         if principal.kind == "session":
             raise Forbidden("forbidden: a sandbox cannot start executions")
         code = self._checked_code(request.code)
-        syntax = SyntaxMemo()
+        syntax = SyntaxMemo(self._readings, principal.name)
         requested = _checked_patterns(request.allowed_tools)
         session = request.session
         getting_ready = trio.current_time()

@@ -586,7 +586,12 @@ class DenoExecutor:
         """The job's program, as the worker script reads it."""
         # Loaded as the job's language (shims/deno_worker.js), so parsed as it.
         dialect: Dialect = "javascript" if job.language == "javascript" else "typescript"
-        prepared = prepare_parsed(job.code, job.syntax.take(job.code, dialect))
+        prepared = job.syntax.decided(
+            ("deno module", dialect),
+            job.code,
+            lambda: prepare_parsed(job.code, job.syntax.take(job.code, dialect)),
+        )
+        job.syntax.forget()
         return {"module": prepared.text, "line_offset": prepared.line_offset}
 
     def is_out_of_memory(self, error: ErrorInfo) -> bool:

@@ -13,7 +13,9 @@ A memo holds one parse, of one program in one dialect: a reader asking for anoth
 replaces it. A TypeScript program's erasure (`ts_erase`: the JavaScript it means, and
 that JavaScript's parse) is held beside it, made by the registry's reader when wasm-js
 may run it, and taken by wasm-js. It belongs to one request and is never shared, so no
-reader ever sees another request's program, nor learns whether one was parsed.
+reader ever sees another request's program. What readers decide from the parse (not the
+parse) may be kept for the next request of the same principal with the same text
+(`decided`, `readings.Readings`).
 
 Whoever makes a request wait between readers (for an execution slot, for an executor
 still starting) lets go of its parse first (`forget`): a tree held through a wait of
@@ -26,13 +28,18 @@ it has finished, on the event loop or in a worker thread.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from conduit.executors import js_syntax, ts_erase
 from conduit.executors.js_syntax import Dialect, Syntax
+from conduit.executors.readings import Readings
 from conduit.executors.ts_erase import Erased, NotErasable
 
 __all__ = ["SyntaxMemo"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,18 +54,29 @@ class _Parse:
 class SyntaxMemo:
     """A request's parse of its program, made by the first reader that asks for it."""
 
-    __slots__ = ("_erasure", "_held")
+    __slots__ = ("_erasure", "_held", "_owner", "_readings")
 
-    def __init__(self) -> None:
+    def __init__(self, readings: Readings | None = None, owner: str = "") -> None:
         self._held: _Parse | None = None
         # A TypeScript program's erasure (`ts_erase`), held beside its parse.
         self._erasure: tuple[str, Erased | NotErasable] | None = None
+        # What readers decided of programs before, for requests of `owner`.
+        self._readings = readings
+        self._owner = owner
 
     def __repr__(self) -> str:
         held = self._held
         if held is None:
             return "<SyntaxMemo empty>"
         return f"<SyntaxMemo {held.dialect}, {len(held.code)} characters>"
+
+    def decided(self, what: Hashable, code: str, decide: Callable[[], T]) -> T:
+        """`decide()`, a reader's decision about `code` (a function of its text alone,
+        made from this memo's parse), or the one made for the same text before by a
+        request of the same owner (`Readings`); with no `Readings`, made each time."""
+        if self._readings is None:
+            return decide()
+        return self._readings.decided(self._owner, what, code, decide)
 
     def parse(self, code: str, dialect: Dialect) -> Syntax | None:
         """`js_syntax.parse(code, dialect)`, kept for the next reader: made only if the

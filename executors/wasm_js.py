@@ -35,6 +35,7 @@ from conduit.executors.base import ErrorInfo, Job, SessionSpec
 from conduit.executors.js_session import rewrite_step
 from conduit.executors.js_syntax import (
     MentionKind,
+    PreparedModule,
     Syntax,
     may_await,
     prepare_module,
@@ -105,6 +106,12 @@ DENO_ONLY_GLOBALS = frozenset(
     prompt reportError sessionStorage setImmediate
     """.split()  # noqa: SIM905 (a list of words, kept as words)
 )
+
+
+# What `SyntaxMemo.decided` keeps of a program for this executor.
+_LACKS_IN_TYPESCRIPT = "wasm-js lacks, in typescript"
+_LACKS_IN_JAVASCRIPT = "wasm-js lacks, in javascript"
+_MODULE = "wasm-js guest module"
 
 
 def typescript_lacks(code: str, syntax: SyntaxMemo) -> str | None:
@@ -202,20 +209,24 @@ class WasmJsExecutor(WasmExecutor):
     ) -> str | None:
         """What `code` uses that this executor does not have, or None: `Intl` for
         JavaScript, `typescript_lacks` for TypeScript."""
+        memo = SyntaxMemo() if syntax is None else syntax
         if language == "typescript":
-            return typescript_lacks(code, SyntaxMemo() if syntax is None else syntax)
-        return "Intl" if uses_intl(code, syntax) else None
+            return memo.decided(_LACKS_IN_TYPESCRIPT, code, lambda: typescript_lacks(code, memo))
+        if not any(word in code for word in _INTL_WORDS):
+            return None  # the text alone says so: nothing worth keeping
+        return memo.decided(
+            _LACKS_IN_JAVASCRIPT, code, lambda: "Intl" if uses_intl(code, memo) else None
+        )
 
     def request_for(self, job: Job, *, session: bool = False) -> str:
         if session:  # a step's source is rewritten: the request's parse is not of it
             code = self.session_source(job.code)
             module = prepare_module(code, "javascript")
-        elif job.language == "typescript":
-            code, parsed = _erased(job)
-            module = prepare_parsed(code, parsed)
         else:
-            code = job.code
-            module = prepare_parsed(code, job.syntax.take(code, "javascript"))
+            code, module = job.syntax.decided(
+                (_MODULE, job.language), job.code, lambda: _guest_module(job)
+            )
+            job.syntax.forget()
         if module.imports:
             raise ProgramRejected(ErrorInfo("SyntaxError", NO_IMPORTS))
         asynchronous = may_await(code)
@@ -254,6 +265,14 @@ class WasmJsExecutor(WasmExecutor):
         if any(sign in trap for sign in MODULE_LOAD_SIGNS):
             return ErrorInfo("Error", NO_MODULE_LOADER)
         return None
+
+
+def _guest_module(job: Job) -> tuple[str, PreparedModule]:
+    """The job's program as the guest runs it (TypeScript erased), and its wrapping."""
+    if job.language == "typescript":
+        code, parsed = _erased(job)
+        return code, prepare_parsed(code, parsed)
+    return job.code, prepare_parsed(job.code, job.syntax.take(job.code, "javascript"))
 
 
 def _erased(job: Job) -> tuple[str, Syntax]:

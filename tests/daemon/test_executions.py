@@ -489,3 +489,66 @@ async def test_a_program_waiting_for_a_slot_does_not_hold_its_parse(
             await trio.sleep(0.01)
     assert results[0].status == "ok"
     assert len(parses.made) == 2
+
+
+def _guest_request_fixture(tmp_path: Path) -> ExecutionsFixture:
+    """wasm-js, the default for both languages, whose stand-in answers with the request
+    its guest would be handed, and deno's stand-in (as in `_javascript_fixture`)."""
+    wasm_js = WasmJsExecutor(cache_dir=tmp_path / "wasm-js")
+    deno = DenoExecutor(cache_dir=tmp_path / "deno")
+
+    async def guest_request(job: Job, bridge: ToolBridge) -> Outcome:
+        return Outcome(Status.OK, result=wasm_js.request_for(job))
+
+    async def module(job: Job, bridge: ToolBridge) -> Outcome:
+        return Outcome(Status.OK, result=deno.program_fields(job)["module"])
+
+    return ExecutionsFixture(
+        FakeExecutor(),
+        others=[
+            FakeExecutor(
+                guest_request,
+                name="wasm-js",
+                languages=WasmJsExecutor.languages,
+                lacks=WasmJsExecutor.lacks,
+            ),
+            FakeExecutor(module, name="deno", languages=frozenset({"javascript", "typescript"})),
+        ],
+        defaults={"javascript": "wasm-js", "typescript": "wasm-js"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("language", "code", "executor"),
+    [
+        ("typescript", "const n: number = 2;\nn * 21", "wasm-js"),
+        ("typescript", "enum E { A }\nE.A", "deno"),
+        ("javascript", "const n = 2;\nn * 21", "wasm-js"),
+        ("javascript", INTL, "deno"),
+    ],
+)
+async def test_a_program_its_principal_runs_again_is_not_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, language: str, code: str, executor: str
+) -> None:
+    """What reading decided (the route, the guest's program) is kept for the same
+    principal's same program; its inputs are still the request's. Another principal's
+    request reads it afresh: its time tells nothing of what others ran."""
+    fx = _guest_request_fixture(tmp_path)
+    parses = count_parses(monkeypatch)
+
+    async def run(principal: Principal, inputs: dict[str, Any]) -> tuple[str, Any]:
+        request = ExecutionRequest(language=language, code=code, inputs=inputs)
+        result = await fx.executions.execute(request, principal)
+        assert (result.status, result.executor) == ("ok", executor), result.error
+        return result.result, len(parses.made)
+
+    first, read = await run(ALICE, {"n": 1})
+    assert read >= 1
+    again, read_again = await run(ALICE, {"n": 2})
+    assert read_again == read  # not parsed again
+    assert again == first.replace('"n":1', '"n":2')
+    if executor == "wasm-js":
+        assert '"n":2' in again  # the request's own inputs
+    elsewhere, read_elsewhere = await run(BOB, {"n": 1})
+    assert elsewhere == first
+    assert read_elsewhere == 2 * read
