@@ -6,7 +6,8 @@ program before it runs (what wasm-js lacks for it, the wrapped text its guest is
 handed) is a function of the text alone, and reading a TypeScript program (two parses,
 the erasure and the check that erasing changed no meaning) is most of what the event
 loop does for a small execution. So a `SyntaxMemo` made with a `Readings` asks it
-first, and tells it what it decided.
+first, and tells it what it decided (`SyntaxMemo.decided`), unless the decision was
+made without a parse (a program too slow to parse, say): that one is read again.
 
 An entry belongs to an owner (the principal whose request read the program): a request
 finds only what its own principal's requests decided, so the time a request takes
@@ -20,12 +21,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
-from typing import TypeVar
+from collections.abc import Hashable
 
-__all__ = ["BUDGET_CHARS", "MAX_CHARS", "Readings"]
-
-T = TypeVar("T")
+__all__ = ["BUDGET_CHARS", "MAX_CHARS", "MISSING", "Readings"]
 
 # Programs longer than this are read each time: the reading is a small part of such a
 # program's run, and one would crowd out many short ones.
@@ -36,7 +34,8 @@ MAX_CHARS = 64 * 1024
 BUDGET_CHARS = 2 * 1024 * 1024
 ENTRY_CHARS = 256
 
-_MISSING = object()
+# What `find` returns for a decision not kept (None is a decision like any other).
+MISSING = object()
 
 
 class Readings:
@@ -55,32 +54,31 @@ class Readings:
     def __repr__(self) -> str:
         return f"<Readings {len(self._entries)} entries, {self._used} of {self._budget}>"
 
-    def decided(self, owner: str, what: Hashable, code: str, decide: Callable[[], T]) -> T:
-        """What `decide()` returns for `code`: kept from an earlier call with the same
-        owner, `what` and text, or made now (and kept, if `code` is short enough).
-        `decide` must be a function of the text alone; what it raises is not kept."""
-        if len(code) > MAX_CHARS:
-            return decide()
+    def find(self, owner: str, what: Hashable, code: str) -> object:
+        """The decision kept for `owner`, `what` and `code`, or `MISSING`."""
+        if len(code) > MAX_CHARS:  # never kept: not worth hashing
+            return MISSING
         key = (owner, what, code)
         with self._lock:
-            found = self._entries.get(key, _MISSING)
-            if found is not _MISSING:
+            found = self._entries.get(key, MISSING)
+            if found is not MISSING:
                 self._entries.move_to_end(key)
-                return found  # type: ignore[return-value]
-        value = decide()
-        self._keep(key, value)
-        return value
+            return found
 
-    def _keep(self, key: tuple[str, Hashable, str], value: object) -> None:
-        cost = _cost(key[2])
+    def keep(self, owner: str, what: Hashable, code: str, value: object) -> None:
+        """Keep `value`, what was decided of `code` (if it is short enough)."""
+        if len(code) > MAX_CHARS:
+            return
+        key = (owner, what, code)
+        cost = _cost(code)
         with self._lock:
             if key in self._entries:  # another reader decided it meanwhile
                 return
             self._entries[key] = value
             self._used += cost
             while self._used > self._budget:
-                (_, _, code), _ = self._entries.popitem(last=False)
-                self._used -= _cost(code)
+                (_, _, dropped), _ = self._entries.popitem(last=False)
+                self._used -= _cost(dropped)
 
 
 def _cost(code: str) -> int:

@@ -34,7 +34,7 @@ from typing import TypeVar
 
 from conduit.executors import js_syntax, ts_erase
 from conduit.executors.js_syntax import Dialect, Syntax
-from conduit.executors.readings import Readings
+from conduit.executors.readings import MISSING, Readings
 from conduit.executors.ts_erase import Erased, NotErasable
 
 __all__ = ["SyntaxMemo"]
@@ -54,7 +54,7 @@ class _Parse:
 class SyntaxMemo:
     """A request's parse of its program, made by the first reader that asks for it."""
 
-    __slots__ = ("_erasure", "_held", "_owner", "_readings")
+    __slots__ = ("_erasure", "_held", "_owner", "_readings", "_unread")
 
     def __init__(self, readings: Readings | None = None, owner: str = "") -> None:
         self._held: _Parse | None = None
@@ -63,6 +63,8 @@ class SyntaxMemo:
         # What readers decided of programs before, for requests of `owner`.
         self._readings = readings
         self._owner = owner
+        # Set when a parse came to nothing while a decision was being made.
+        self._unread = False
 
     def __repr__(self) -> str:
         held = self._held
@@ -73,10 +75,20 @@ class SyntaxMemo:
     def decided(self, what: Hashable, code: str, decide: Callable[[], T]) -> T:
         """`decide()`, a reader's decision about `code` (a function of its text alone,
         made from this memo's parse), or the one made for the same text before by a
-        request of the same owner (`Readings`); with no `Readings`, made each time."""
-        if self._readings is None:
+        request of the same owner (`Readings`). A decision made while a parse came to
+        nothing (too large, too slow, no thread for it) is not kept: the next request
+        reads the program again. What `decide` raises is not kept either."""
+        readings = self._readings
+        if readings is None:
             return decide()
-        return self._readings.decided(self._owner, what, code, decide)
+        found = readings.find(self._owner, what, code)
+        if found is not MISSING:
+            return found  # type: ignore[return-value]
+        self._unread = False
+        value = decide()
+        if not self._unread:
+            readings.keep(self._owner, what, code, value)
+        return value
 
     def parse(self, code: str, dialect: Dialect) -> Syntax | None:
         """`js_syntax.parse(code, dialect)`, kept for the next reader: made only if the
@@ -86,6 +98,8 @@ class SyntaxMemo:
         # same string object compares equal without reading it.
         if held is None or held.dialect != dialect or held.code != code:
             held = self._held = _Parse(code, dialect, js_syntax.parse(code, dialect))
+        if held.syntax is None:
+            self._unread = True
         return held.syntax
 
     def take(self, code: str, dialect: Dialect) -> Syntax | None:
@@ -100,6 +114,8 @@ class SyntaxMemo:
         held = self._erasure
         if held is None or held[0] != code:
             held = self._erasure = (code, ts_erase.erase(self.parse(code, "typescript")))
+        if isinstance(held[1], NotErasable) and held[1].unread:
+            self._unread = True
         return held[1]
 
     def take_erased(self, code: str) -> Erased | NotErasable:

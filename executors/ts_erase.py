@@ -55,9 +55,11 @@ class Erased:
 
 @dataclass(frozen=True, slots=True)
 class NotErasable:
-    """Why the program's types cannot simply be erased (what, and its line)."""
+    """Why the program's types cannot simply be erased (what, and its line); `unread`
+    when a parse came to nothing (too large or too slow: `js_syntax.parse`)."""
 
     reason: str
+    unread: bool = False
 
 
 # Type syntax that goes with everything in it.
@@ -192,10 +194,13 @@ _READ = frozenset(
 )  # fmt: skip
 
 
+_UNREAD = "more text than is read (see js_syntax.parse)"
+
+
 def erase(syntax: Syntax | None) -> Erased | NotErasable:
     """`syntax`'s program (parsed as TypeScript) with its types erased, or why not."""
     if syntax is None:
-        return NotErasable("more text than is read (see js_syntax.parse)")
+        return NotErasable(_UNREAD, unread=True)
     if not syntax.complete:
         return NotErasable(f"a syntax error (line {_first_error_line(syntax.root)})")
     eraser = _Eraser(syntax.data)
@@ -204,7 +209,9 @@ def erase(syntax: Syntax | None) -> Erased | NotErasable:
     except _Refused as refused:
         return NotErasable(str(refused))
     erased = js_syntax.parse(_program(_apply(syntax.data, edits)), "javascript")
-    if erased is None or not erased.complete:
+    if erased is None:
+        return NotErasable(_UNREAD, unread=True)
+    if not erased.complete:
         return NotErasable("types whose erasure leaves no JavaScript")
     reference, edits = _reference(syntax, edits, eraser.calls)
     if reference is None or not _same_tree(reference, erased.root, edits):

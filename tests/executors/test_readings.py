@@ -1,11 +1,14 @@
-"""`Readings`: what readers decided of a program, kept per owner and text, bounded."""
+"""What readers decided of a program, kept per owner and text (`Readings`) through a
+request's `SyntaxMemo.decided`, bounded, and never from a parse that came to nothing."""
 
 from __future__ import annotations
 
 import pytest
 
-from conduit.executors import readings
-from conduit.executors.readings import Readings
+from conduit.executors import js_syntax, readings
+from conduit.executors.readings import MISSING, Readings
+from conduit.executors.syntax_memo import SyntaxMemo
+from conduit.executors.wasm_js import WasmJsExecutor
 
 
 class Decider:
@@ -20,28 +23,43 @@ class Decider:
         return self.value
 
 
+def decided(kept: Readings, owner: str, what: str, code: str, decide: Decider) -> object:
+    """What a request of `owner` finds decided of `code`."""
+    return SyntaxMemo(kept, owner).decided(what, code, decide)
+
+
 def test_a_decision_is_made_once_per_owner_kind_and_text() -> None:
     kept = Readings()
     decide = Decider()
     for _ in range(3):
-        assert kept.decided("alice", "lacks", "1 + 1", decide) == "decided"
+        assert decided(kept, "alice", "lacks", "1 + 1", decide) == "decided"
     assert decide.made == 1
     # An equal text that is another string object is the same program.
-    kept.decided("alice", "lacks", "".join(["1 +", " 1"]), decide)
+    decided(kept, "alice", "lacks", "".join(["1 +", " 1"]), decide)
     assert decide.made == 1
-    kept.decided("bob", "lacks", "1 + 1", decide)
-    kept.decided("alice", "module", "1 + 1", decide)
-    kept.decided("alice", "lacks", "1 + 2", decide)
+    decided(kept, "bob", "lacks", "1 + 1", decide)
+    decided(kept, "alice", "module", "1 + 1", decide)
+    decided(kept, "alice", "lacks", "1 + 2", decide)
     assert decide.made == 4
     assert len(kept) == 4
+
+
+def test_a_memo_with_no_readings_decides_each_time() -> None:
+    decide = Decider()
+    memo = SyntaxMemo()
+    memo.decided("lacks", "x", decide)
+    memo.decided("lacks", "x", decide)
+    assert decide.made == 2
 
 
 def test_none_is_a_decision_kept_like_any_other() -> None:
     kept = Readings()
     decide = Decider(None)
-    assert kept.decided("alice", "lacks", "x", decide) is None
-    assert kept.decided("alice", "lacks", "x", decide) is None
+    assert decided(kept, "alice", "lacks", "x", decide) is None
+    assert decided(kept, "alice", "lacks", "x", decide) is None
     assert decide.made == 1
+    assert kept.find("alice", "lacks", "x") is None
+    assert kept.find("alice", "lacks", "y") is MISSING
 
 
 def test_what_a_decision_raises_is_not_kept() -> None:
@@ -55,7 +73,7 @@ def test_what_a_decision_raises_is_not_kept() -> None:
 
     for _ in range(2):
         with pytest.raises(ValueError, match="no"):
-            kept.decided("alice", "module", "x", refuse)
+            SyntaxMemo(kept, "alice").decided("module", "x", refuse)
     assert calls == 2
     assert len(kept) == 0
 
@@ -66,11 +84,11 @@ def test_a_program_longer_than_the_limit_is_read_each_time(
     monkeypatch.setattr(readings, "MAX_CHARS", 10)
     kept = Readings()
     decide = Decider()
-    kept.decided("alice", "lacks", "x" * 11, decide)
-    kept.decided("alice", "lacks", "x" * 11, decide)
+    decided(kept, "alice", "lacks", "x" * 11, decide)
+    decided(kept, "alice", "lacks", "x" * 11, decide)
     assert decide.made == 2
-    kept.decided("alice", "lacks", "x" * 10, decide)
-    kept.decided("alice", "lacks", "x" * 10, decide)
+    decided(kept, "alice", "lacks", "x" * 10, decide)
+    decided(kept, "alice", "lacks", "x" * 10, decide)
     assert decide.made == 3
 
 
@@ -80,14 +98,14 @@ def test_past_its_budget_the_least_recently_used_go_first() -> None:
     texts = [f"{i:03d}".ljust(100) for i in range(4)]
     decide = Decider()
     for text in texts[:3]:
-        kept.decided("alice", "lacks", text, decide)
-    kept.decided("alice", "lacks", texts[0], decide)  # used again: now the most recent
-    kept.decided("alice", "lacks", texts[3], decide)  # over budget: texts[1] goes
+        decided(kept, "alice", "lacks", text, decide)
+    decided(kept, "alice", "lacks", texts[0], decide)  # used again: now the most recent
+    decided(kept, "alice", "lacks", texts[3], decide)  # over budget: texts[1] goes
     assert (len(kept), decide.made) == (3, 4)
     for text in (texts[0], texts[2], texts[3]):
-        kept.decided("alice", "lacks", text, decide)
+        decided(kept, "alice", "lacks", text, decide)
     assert decide.made == 4
-    kept.decided("alice", "lacks", texts[1], decide)
+    decided(kept, "alice", "lacks", texts[1], decide)
     assert decide.made == 5
     assert len(kept) == 3
 
@@ -96,7 +114,41 @@ def test_text_that_is_not_valid_unicode_is_a_key_like_any_other() -> None:
     kept = Readings()
     decide = Decider()
     lone = "'\ud800'"
-    kept.decided("alice", "lacks", lone, decide)
-    kept.decided("alice", "lacks", lone, decide)
-    kept.decided("alice", "lacks", "'\udc00'", decide)
+    decided(kept, "alice", "lacks", lone, decide)
+    decided(kept, "alice", "lacks", lone, decide)
+    decided(kept, "alice", "lacks", "'\udc00'", decide)
     assert decide.made == 2
+
+
+@pytest.mark.parametrize(
+    ("language", "unread"),
+    [("typescript", "typescript"), ("typescript", "javascript"), ("javascript", "javascript")],
+)
+def test_a_decision_made_when_a_parse_came_to_nothing_is_not_kept(
+    monkeypatch: pytest.MonkeyPatch, language: str, unread: str
+) -> None:
+    """A parse that ran out of time (or found no thread) decides by default (deno, for
+    TypeScript); the same text is read again next time, and may then be read whole."""
+    code = "const n: number = new Intl.NumberFormat('en').format(2);\nn"
+    if language == "javascript":
+        code = code.replace(": number", "")
+    original = js_syntax._parse_program
+    failing = True
+
+    def parse(data: bytes, dialect: js_syntax.Dialect) -> object:
+        return None if failing and dialect == unread else original(data, dialect)
+
+    monkeypatch.setattr(js_syntax, "_parse_program", parse)
+    kept = Readings()
+    lacks = WasmJsExecutor.lacks(code, SyntaxMemo(kept, "alice"), language)
+    if language == "typescript":
+        assert lacks == "TypeScript that needs a compiler: more text than is read " + (
+            "(see js_syntax.parse)"
+        )
+    else:
+        assert lacks is None  # unread: Intl not seen
+    assert len(kept) == 0
+    failing = False
+    read = WasmJsExecutor.lacks(code, SyntaxMemo(kept, "alice"), language)
+    assert read == ("Deno's globals: Intl" if language == "typescript" else "Intl")
+    assert len(kept) == 1
