@@ -83,16 +83,28 @@ async def execute_samples(
     check: Check = check_result,
     pause_s: float = 0.0,
     new_program: bool = False,
+    method: str = "execute",
 ) -> list[float]:
     """`runs` sequential executions of `params`, each timed end to end (seconds), after
-    `warmup` untimed ones; with `warm_pool`, each starts when `pool_of`'s pool is full
-    again, and with `pause_s`, that long after the one before (else at once: back to
-    back). With `new_program`, each program is one the daemon has not seen (a comment
-    numbers it), so nothing it read of an earlier one is kept for it. `check` raises if
-    a result is not the expected one. Runs in a worker thread (see the module's
-    docstring)."""
+        `warmup` untimed ones; with `warm_pool`, each starts when `pool_of`'s pool is full
+        again, and with `pause_s`, that long after the one before (else at once: back to
+        back). `method` is another request to time in the same way (`ping`: the round trip
+    alone). With `new_program`, each program is one the daemon has not seen (a comment
+        numbers it), so nothing it read of an earlier one is kept for it. `check` raises if
+        a result is not the expected one. Runs in a worker thread (see the module's
+        docstring)."""
     series = functools.partial(
-        _series, path, params, runs, warm_pool, warmup, pool_of, check, pause_s, new_program
+        _series,
+        path,
+        params,
+        runs,
+        warm_pool,
+        warmup,
+        pool_of,
+        check,
+        pause_s,
+        new_program,
+        method,
     )
     # Abandoned on cancellation: the thread ends when the daemon closes its connection.
     return await trio.to_thread.run_sync(series, abandon_on_cancel=True)
@@ -108,13 +120,14 @@ def _series(
     check: Check,
     pause_s: float,
     new_program: bool,
+    method: str,
 ) -> list[float]:
     deadline = time.monotonic() + SERIES_BUDGET_S
     samples: list[float] = []
     numbered = itertools.count()
     with BlockingClient(unix_path=path, timeout_s=None) as client:
         for _ in range(warmup):
-            check(client.call("execute", params))
+            check(client.call(method, params))
         while len(samples) < runs and time.monotonic() < deadline:
             if warm_pool:
                 wait_pool_full_blocking(client, warm_pool, pool_of)
@@ -124,7 +137,7 @@ def _series(
             if pause_s:
                 time.sleep(pause_s)
             started = time.perf_counter()
-            result = client.call("execute", sent)
+            result = client.call(method, sent)
             samples.append(time.perf_counter() - started)
             check(result)
     return samples

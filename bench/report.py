@@ -98,6 +98,12 @@ def _typescript_route(figures: dict[str, Any]) -> None:
         print(row(f"conduit, {label}", figures[name]))
         p50 = figures[name]["p50_ms"]
         print(f"  (target <= {TS_ROUTE_P50_MS} ms: {verdict(p50 <= TS_ROUTE_P50_MS)})")
+    for name, label in (
+        ("ping_paced", "a ping alone, paced (the round trip)"),
+        ("ping_back_to_back", "a ping alone, back to back"),
+    ):
+        if name in figures:
+            print(row(label, figures[name]))
     print(row("the same on deno, back to back (pool of 2)", figures["deno_back_to_back"]))
     per_s = figures["clients_per_s"]
     print(

@@ -3,7 +3,9 @@
 - trivial TypeScript, paced (a pause before each, as an agent's requests come) and back
   to back, on the route a request with no executor takes (wasm-js): the same program
   each time (what the daemon read of it is kept: `executors/readings.py`), and a new
-  one each time (a numbered comment added); back to back on deno with its pool of two;
+  one each time (a numbered comment added); a `ping` paced and back to back, the
+  floor a request's round trip sets on this machine; back to back on deno with its
+  pool of two;
 - executions/s with 8 clients on the route;
 - a TypeScript program making 100 tool calls, on the route: to the SDK's echo server,
   and to one that answers at once (`bench/instant_upstream.py`, the daemon's share);
@@ -41,6 +43,11 @@ def on(executor: str) -> Any:
     return check
 
 
+def _answered(result: dict[str, Any]) -> None:
+    if not isinstance(result, dict):
+        raise AssertionError(f"not an answer: {result!r}")
+
+
 async def figures(path: str, n: dict[str, int], clients: int) -> dict[str, Any]:
     runs = n["ts_route"]
     wasm = on("wasm-js")
@@ -55,6 +62,11 @@ async def figures(path: str, n: dict[str, int], clients: int) -> dict[str, Any]:
         "back_to_back_new_program": await execute_latency(
             path, TYPESCRIPT_REQUEST, runs, check=wasm, new_program=True
         ),
+        # The round trip alone: what the machine's wake-ups cost a paced request.
+        "ping_paced": await execute_latency(
+            path, {}, runs, pause_s=PACE_S, method="ping", check=_answered
+        ),
+        "ping_back_to_back": await execute_latency(path, {}, runs, method="ping", check=_answered),
         "deno_back_to_back": await execute_latency(
             path, DENO_REQUEST, n["ts_deno_back_to_back"], check=on("deno")
         ),
