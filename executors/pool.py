@@ -119,8 +119,8 @@ class WarmPool(Generic[W]):
 
     `spawn(*, task_status)` must run one worker until it exits and call
     `task_status.started(worker)` once the worker is ready; an exception before that
-    counts as a failed start. `run()` keeps the pool filled; `acquire_nowait()` hands
-    out a worker or None.
+    counts as a failed start. `run()` keeps the pool filled; `acquire()` hands out a
+    worker, or None.
     """
 
     def __init__(
@@ -194,25 +194,13 @@ class WarmPool(Generic[W]):
             start_failures=self._start_failures,
         )
 
-    def acquire_nowait(self) -> W | None:
-        """Hand out an idle worker, or None if there is none (never blocks).
-
-        The caller owns the worker and must `aclose()` it after its one job. None
-        means the caller should start a worker itself ("cold"); that is counted in
-        `cold_starts`, and the pool refills in the background either way.
-        """
-        if not self._idle:
-            self._cold_starts += 1
-            self._missed()
-            return None
-        return self._hand_out()
-
     async def acquire(self, *, within_s: float) -> W | None:
         """An idle worker; else the next one the pool makes ready, waited for up to
         `within_s` (the pool starts one for each acquirer waiting, `max_starting` at
         a time); None when it does not come, when `max_starting` acquirers wait
         already, while starts are failing, or for a pool of no workers at all
-        (`max_size` 0): start one yourself then, as for `acquire_nowait`."""
+        (`max_size` 0): start one yourself then ("cold", counted in `cold_starts`).
+        The caller owns a worker it gets and must `aclose()` it after its one job."""
         if self._idle:
             return self._hand_out()
         self._cold_starts += 1

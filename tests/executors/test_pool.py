@@ -42,7 +42,7 @@ async def test_refills_are_timed_from_spawn_to_ready(
     assert first.refill_seconds_total == pytest.approx(2 * START_S)
     assert first.last_refill_s == pytest.approx(START_S)
 
-    worker = pool.acquire_nowait()
+    worker = await pool.acquire(within_s=0)
     assert worker is not None
     await worker.aclose()
     with trio.fail_after(5):  # virtual seconds: the refill delay and one start
@@ -107,7 +107,7 @@ async def test_growth_stops_at_the_cap_or_when_memory_is_short(
     )
     await nursery.start(pool.run)
     for _ in range(5):
-        pool.acquire_nowait()
+        await pool.acquire(within_s=0)
     assert pool.statistics().size == 3
     shrinking: WarmPool[_Worker] = WarmPool(
         _spawn, size=1, max_size=3, may_grow=lambda: room[0], name="short"
@@ -115,7 +115,7 @@ async def test_growth_stops_at_the_cap_or_when_memory_is_short(
     await nursery.start(shrinking.run)
     room[0] = False
     for _ in range(3):
-        shrinking.acquire_nowait()
+        await shrinking.acquire(within_s=0)
     assert shrinking.statistics().size == 1
 
 
@@ -125,7 +125,7 @@ async def test_a_quiet_minute_takes_one_worker_back(
     pool: WarmPool[_Worker] = WarmPool(_spawn, size=1, max_size=4, name="fake")
     await nursery.start(pool.run)
     for _ in range(4):
-        pool.acquire_nowait()
+        await pool.acquire(within_s=0)
     assert pool.statistics().size == 4
     await trio.sleep(SHRINK_AFTER_S + 1)
     assert pool.statistics().size == 3
