@@ -269,7 +269,8 @@ class Executions:
         if principal.kind == "session":
             raise Forbidden("forbidden: a sandbox cannot start executions")
         code = self._checked_code(request.code)
-        syntax = SyntaxMemo(self._readings, principal.name)
+        # Owned by kind and name: a client may be named as the master is.
+        syntax = SyntaxMemo(self._readings, f"{principal.kind}:{principal.name}")
         requested = _checked_patterns(request.allowed_tools)
         session = request.session
         getting_ready = trio.current_time()

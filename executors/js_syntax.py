@@ -66,6 +66,7 @@ __all__ = [
     "parse",
     "prepare_module",
     "prepare_parsed",
+    "unread_parses",
 ]
 
 Dialect = Literal["typescript", "javascript"]
@@ -190,7 +191,21 @@ def parse(code: str, dialect: Dialect) -> Syntax | None:
     syntax errors parses too, with `Syntax.complete` False. Never raises."""
     data = _encode(code)
     tree = _parse_program(data, dialect)
-    return None if tree is None else Syntax(code, data, dialect, tree)
+    if tree is None:
+        _came_to_nothing.count = unread_parses() + 1
+        return None
+    return Syntax(code, data, dialect, tree)
+
+
+# How many of a thread's parses came to nothing: a reader that decides from parses
+# (`SyntaxMemo.decided`) tells whether one of its own did.
+_came_to_nothing = threading.local()
+
+
+def unread_parses() -> int:
+    """How many `parse` calls on this thread have returned None."""
+    count: int = getattr(_came_to_nothing, "count", 0)
+    return count
 
 
 # --- Mentions ---------------------------------------------------------------------------

@@ -85,8 +85,9 @@ class SyntaxMemo:
         if found is not MISSING:
             return found  # type: ignore[return-value]
         self._unread = False
+        unread_before = js_syntax.unread_parses()
         value = decide()
-        if not self._unread:
+        if not self._unread and js_syntax.unread_parses() == unread_before:
             readings.keep(self._owner, what, code, value)
         return value
 

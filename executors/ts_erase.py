@@ -36,6 +36,7 @@ import bisect
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import tree_sitter
 
@@ -195,6 +196,8 @@ _READ = frozenset(
 
 
 _UNREAD = "more text than is read (see js_syntax.parse)"
+# `_reference`'s answer when its parse came to nothing.
+_UNREAD_TREE: Any = object()
 
 
 def erase(syntax: Syntax | None) -> Erased | NotErasable:
@@ -214,6 +217,8 @@ def erase(syntax: Syntax | None) -> Erased | NotErasable:
     if not erased.complete:
         return NotErasable("types whose erasure leaves no JavaScript")
     reference, edits = _reference(syntax, edits, eraser.calls)
+    if reference is _UNREAD_TREE:
+        return NotErasable(_UNREAD, unread=True)
     if reference is None or not _same_tree(reference, erased.root, edits):
         return NotErasable("types whose erasure would change how the code around them reads")
     return Erased(erased.code, erased)
@@ -244,7 +249,9 @@ def _reference(
     if not calls:
         return syntax.root, edits
     again = js_syntax.parse(_program(_apply(syntax.data, calls)), "typescript")
-    if again is None or not again.complete:
+    if again is None:
+        return _UNREAD_TREE, edits
+    if not again.complete:
         return None, edits
     blanked = set(calls)
     return again.root, [edit for edit in edits if edit not in blanked]

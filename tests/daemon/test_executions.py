@@ -552,3 +552,16 @@ async def test_a_program_its_principal_runs_again_is_not_read_again(
     elsewhere, read_elsewhere = await run(BOB, {"n": 1})
     assert elsewhere == first
     assert read_elsewhere == 2 * read
+
+
+async def test_a_client_named_as_the_master_does_not_share_its_readings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fx = _guest_request_fixture(tmp_path)
+    parses = count_parses(monkeypatch)
+    scopes = frozenset({"execute"})
+    request = ExecutionRequest(language="typescript", code="const n: number = 2;\nn * 21")
+    for principal in (Principal("master", "master", scopes), Principal("master", "client", scopes)):
+        result = await fx.executions.execute(request, principal)
+        assert result.status == "ok", result.error
+    assert len(parses.of(request.code)) == 2

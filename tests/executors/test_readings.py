@@ -93,7 +93,7 @@ def test_a_program_longer_than_the_limit_is_read_each_time(
 
 
 def test_past_its_budget_the_least_recently_used_go_first() -> None:
-    entry = 2 * 100 + readings.ENTRY_CHARS
+    entry = 4 * 100 + readings.ENTRY_CHARS
     kept = Readings(budget_chars=3 * entry)
     texts = [f"{i:03d}".ljust(100) for i in range(4)]
     decide = Decider()
@@ -108,6 +108,38 @@ def test_past_its_budget_the_least_recently_used_go_first() -> None:
     decided(kept, "alice", "lacks", texts[1], decide)
     assert decide.made == 5
     assert len(kept) == 3
+
+
+def test_what_one_owner_reads_pushes_out_nothing_of_anothers() -> None:
+    """Otherwise one principal could count another's new programs by timing its own."""
+    entry = 4 * 100 + readings.ENTRY_CHARS
+    kept = Readings(budget_chars=3 * entry)
+    mine = [f"a{i}".ljust(100) for i in range(3)]
+    decide = Decider()
+    for text in mine:
+        decided(kept, "alice", "lacks", text, decide)
+    for i in range(50):
+        decided(kept, "bob", "lacks", f"b{i}".ljust(100), decide)
+    made = decide.made
+    for text in mine:
+        decided(kept, "alice", "lacks", text, decide)
+    assert decide.made == made
+
+
+def test_past_the_owner_limit_the_least_recently_reading_owner_goes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(readings, "MAX_OWNERS", 2)
+    kept = Readings()
+    decide = Decider()
+    for owner in ("alice", "bob", "alice", "carol"):  # carol pushes bob's entries out
+        decided(kept, owner, "lacks", "x", decide)
+    assert decide.made == 3
+    decided(kept, "alice", "lacks", "x", decide)
+    decided(kept, "carol", "lacks", "x", decide)
+    assert decide.made == 3
+    decided(kept, "bob", "lacks", "x", decide)
+    assert decide.made == 4
 
 
 def test_text_that_is_not_valid_unicode_is_a_key_like_any_other() -> None:
@@ -151,4 +183,29 @@ def test_a_decision_made_when_a_parse_came_to_nothing_is_not_kept(
     failing = False
     read = WasmJsExecutor.lacks(code, SyntaxMemo(kept, "alice"), language)
     assert read == ("Deno's globals: Intl" if language == "typescript" else "Intl")
+    assert len(kept) == 1
+
+
+def test_a_decision_is_not_kept_when_any_parse_in_it_came_to_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whoever parsed (the memo, or the erasure's own parses of the erased text and of
+    the text without call type arguments): the count of parses that came to nothing
+    tells."""
+    code = "const f = <T,>(x: T): T => x;\nconst n: number = 1 + f<number>(2);\nn"
+    original = js_syntax._parse_program
+    calls = 0
+
+    def third_fails(data: bytes, dialect: js_syntax.Dialect) -> object:
+        nonlocal calls
+        calls += 1
+        return None if calls == 3 else original(data, dialect)
+
+    monkeypatch.setattr(js_syntax, "_parse_program", third_fails)
+    kept = Readings()
+    first = WasmJsExecutor.lacks(code, SyntaxMemo(kept, "alice"), "typescript")
+    assert first is not None and "more text than is read" in first
+    assert calls == 3  # TypeScript, the erased JavaScript, and without type arguments
+    assert len(kept) == 0
+    assert WasmJsExecutor.lacks(code, SyntaxMemo(kept, "alice"), "typescript") is None
     assert len(kept) == 1
