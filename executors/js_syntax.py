@@ -40,6 +40,7 @@ loaded.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import enum
 import functools
 import itertools
@@ -122,17 +123,44 @@ def _parse_here(data: bytes, dialect: Dialect) -> tree_sitter.Tree | None:
     parser = _parser(dialect)
     if len(data) <= _UNTIMED_PARSE_BYTES:
         return parser.parse(data)
-    view = memoryview(data)
     deadline = time.thread_time() + PARSE_BUDGET_S
 
     def out_of_time(_offset: int, _has_error: bool) -> bool:
         return time.thread_time() > deadline
 
+    with _read_buffer() as buffer:
+
+        def read(offset: int, _point: object) -> memoryview:
+            # Copied into the buffer: the parser never lets go of what `read` returns
+            # (py-tree-sitter 0.26), and a view of `data` would keep all of it.
+            chunk = data[offset : offset + len(buffer)]
+            buffer[: len(chunk)] = chunk
+            return memoryview(buffer)[: len(chunk)]
+
+        try:
+            return parser.parse(read, progress_callback=out_of_time)
+        except ValueError:  # halted by `out_of_time`; the parser would resume otherwise
+            parser.reset()
+            return None
+
+
+# Buffers the parser reads programs through (`_parse_here`), each used by one parse at
+# a time: as many as parses ever ran at once, never freed (what the parser keeps of
+# each read is a small view of one of them).
+_READ_CHUNK_BYTES = 64 * 1024
+_read_buffers: list[bytearray] = []
+_read_buffers_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _read_buffer() -> Iterator[bytearray]:
+    with _read_buffers_lock:
+        buffer = _read_buffers.pop() if _read_buffers else bytearray(_READ_CHUNK_BYTES)
     try:
-        return parser.parse(lambda offset, _point: view[offset:], progress_callback=out_of_time)
-    except ValueError:  # halted by `out_of_time`; the parser would resume otherwise
-        parser.reset()
-        return None
+        yield buffer
+    finally:
+        with _read_buffers_lock:
+            _read_buffers.append(buffer)
 
 
 def _parse_bytes(data: bytes, dialect: Dialect) -> tree_sitter.Tree | None:

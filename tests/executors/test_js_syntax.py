@@ -9,10 +9,12 @@ Deno, which is the only judge of whether a rewrite is valid TypeScript.
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import random
 import re
 import subprocess
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -911,3 +913,22 @@ def test_any_text_is_prepared_without_raising(code: str) -> None:
     if syntax is not None:
         list(syntax.mentions())
         syntax.deepest(3)
+
+
+def test_parsing_large_programs_keeps_none_of_their_text() -> None:
+    """The parser holds on to what it is handed to read; it must not be the program."""
+    program = "const xs = [1, 2, 3];\n" * 5000  # ~100 KB: parsed in a thread, on a budget
+    js_syntax.parse(program, "typescript")  # the read buffer, made once
+    tracemalloc.start()
+    try:
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(20):
+            syntax = js_syntax.parse(f"{program}// {i}", "typescript")
+            assert syntax is not None and syntax.complete
+            del syntax
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 200_000, f"{held} bytes held after 20 parses of {len(program)} bytes"
