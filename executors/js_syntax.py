@@ -128,25 +128,30 @@ def _parse_here(data: bytes, dialect: Dialect) -> tree_sitter.Tree | None:
     def out_of_time(_offset: int, _has_error: bool) -> bool:
         return time.thread_time() > deadline
 
+    view = memoryview(data)
     with _read_buffer() as buffer:
 
-        def read(offset: int, _point: object) -> memoryview:
-            # Copied into the buffer: the parser never lets go of what `read` returns
-            # (py-tree-sitter 0.26), and a view of `data` would keep all of it.
-            chunk = data[offset : offset + len(buffer)]
-            buffer[: len(chunk)] = chunk
-            return memoryview(buffer)[: len(chunk)]
+        def read(offset: int, _point: object) -> bytearray:
+            # Always the same buffer, refilled: the parser never lets go of what `read`
+            # returns (py-tree-sitter 0.26), so a new object each time would be kept
+            # each time, and a view of `data` would keep all of it. It has let go of
+            # its view of the buffer before it asks again, so the buffer may resize.
+            buffer[:] = view[offset : offset + _READ_CHUNK_BYTES]
+            return buffer
 
         try:
             return parser.parse(read, progress_callback=out_of_time)
         except ValueError:  # halted by `out_of_time`; the parser would resume otherwise
             parser.reset()
             return None
+        except BaseException:  # whatever stopped it, the next parse starts afresh
+            parser.reset()
+            raise
 
 
 # Buffers the parser reads programs through (`_parse_here`), each used by one parse at
-# a time: as many as parses ever ran at once, never freed (what the parser keeps of
-# each read is a small view of one of them).
+# a time: as many as parses ever ran at once, never freed (the parser keeps a
+# reference to each for good).
 _READ_CHUNK_BYTES = 64 * 1024
 _read_buffers: list[bytearray] = []
 _read_buffers_lock = threading.Lock()
@@ -155,7 +160,7 @@ _read_buffers_lock = threading.Lock()
 @contextlib.contextmanager
 def _read_buffer() -> Iterator[bytearray]:
     with _read_buffers_lock:
-        buffer = _read_buffers.pop() if _read_buffers else bytearray(_READ_CHUNK_BYTES)
+        buffer = _read_buffers.pop() if _read_buffers else bytearray()
     try:
         yield buffer
     finally:
@@ -198,7 +203,9 @@ def _parse_program(data: bytes, dialect: Dialect) -> tree_sitter.Tree | None:
     """The program's tree; None if it was too large or too slow to parse."""
     normalized = _OTHER_LINE_BREAKS.sub(lambda found: b"\n".ljust(len(found[0])), data)
     tree = _parse_bytes(normalized, dialect)
-    if normalized != data and (tree is None or tree.root_node.has_error):
+    # The program as written reads its other line breaks as spaces: it is a fallback
+    # for a copy that parsed with errors, never for one that could not be parsed.
+    if tree is not None and normalized != data and tree.root_node.has_error:
         tree = _parse_bytes(data, dialect) or tree
     return tree
 

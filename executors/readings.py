@@ -16,7 +16,8 @@ decided, and what another principal runs neither adds to nor pushes out of its
 entries, so the time a request takes tells nothing of what others ran. Only values a
 reader returns are kept, never a parse (a tree is many times its program's size), and
 only for programs of at most `MAX_CHARS`. Owners are the daemon's principals, so few;
-past `MAX_OWNERS`, the one that read least recently gives up its entries whole.
+past `MAX_OWNERS` (8 M characters in all), the one that read least recently gives up
+its entries whole.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ MAX_CHARS = 64 * 1024
 # program's length (the text is the key, and a value may hold it twice more: the
 # erased text and the wrapped one) and a little for the entry itself. A character
 # takes one to four bytes.
-BUDGET_CHARS = 2 * 1024 * 1024
+BUDGET_CHARS = 512 * 1024
 ENTRY_CHARS = 256
-MAX_OWNERS = 64
+MAX_OWNERS = 16
 
 # What `find` returns for a decision not kept (None is a decision like any other).
 MISSING = object()
