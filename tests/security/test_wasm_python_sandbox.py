@@ -424,9 +424,12 @@ async def test_a_hundred_attempts_to_block_leave_the_executor_as_it_was(
         async with trio.open_nursery() as nursery:
             for index in range(SOAK_ROUNDS):
                 nursery.start_soon(attempt, index)
-    pool = wasm.info().pool
-    assert pool["lingering_threads"] == 0
-    assert pool["runner_threads"] == RUNNERS
+    # A runner given up on at its timeout finishes its guest's trap after the answer
+    # went out: on a loaded machine the last of them may still be on its way back.
+    with trio.fail_after(WAIT_S):
+        while wasm.info().pool["lingering_threads"]:
+            await trio.sleep(0.05)
+    assert wasm.info().pool["runner_threads"] == RUNNERS
     with trio.fail_after(WAIT_S):
         outcome = await wasm.run(Job("ex_after", "python", "1 + 1", Limits()), NoBridge())
     assert outcome.status is Status.OK and outcome.result == 2, outcome
