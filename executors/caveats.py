@@ -35,15 +35,17 @@ CANNOT_USE = {
     "wasm-js": (
         "TypeScript syntax, imports or require (there is no module loader; for files "
         "use the global `fs`: readFileSync, writeFileSync, existsSync, mkdirSync, "
-        "readdirSync, rmSync), the network (no fetch; call tools instead), or Intl (a "
-        "program using Intl, toLocaleString or localeCompare runs on deno instead when "
-        "deno is enabled, unless it names executor 'wasm-js')"
+        "readdirSync, rmSync), the network (no fetch; call tools instead), or Intl, "
+        "normalize(), \\p{...} in regular expressions, Buffer or process (a program "
+        "using imports, Intl, toLocaleString, localeCompare or one of these runs on deno "
+        "instead when deno is enabled, unless it names executor 'wasm-js')"
     ),
     # TypeScript with no deno to take what its types do not erase into.
     "wasm-js/typescript": (
         "what needs a TypeScript compiler (enum, namespace, decorators, parameter "
         "properties), imports or require (for files use the global `fs`), the network "
-        "(no fetch; call tools instead), or Intl"
+        "(no fetch; call tools instead), or Intl, normalize(), \\p{...} in regular "
+        "expressions, Buffer or process"
     ),
 }
 

@@ -58,6 +58,7 @@ import tree_sitter_typescript
 __all__ = [
     "PARSE_BUDGET_S",
     "Dialect",
+    "Member",
     "Mention",
     "MentionKind",
     "PreparedModule",
@@ -266,6 +267,16 @@ class Mention:
     has_arguments: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A property the program reads: its name, what it is read from (a name, or None
+    for anything else: `f().x`), and whether the read is a call's callee (`x.name()`)."""
+
+    receiver: str | None
+    name: str
+    called: bool
+
+
 # Objects whose properties are the globals themselves.
 _GLOBAL_OBJECTS = frozenset(("globalThis", "window", "self", "global"))
 
@@ -444,6 +455,39 @@ class Syntax:
                 if destructured and self._is_global(node.child_by_field_name("value"), aliases):
                     properties |= self._keys(pattern.named_children) & wanted  # type: ignore[union-attr]
         return (read - declared) | properties
+
+    def members(self, names: Iterable[str]) -> Iterator[Member]:
+        """The program's reads of properties named one of `names`: `x.name`, `x?.name`,
+        `x["name"]` (a literal key) and `const { name } = x`. A program that is not
+        `complete` reads none."""
+        if not self.complete:
+            return
+        wanted = set(names)
+        for node in self._nodes(self._places(wanted)):
+            kind = node.type
+            if kind in ("member_expression", "subscript_expression"):
+                receiver = self._name_of(node.child_by_field_name("object"))
+                parent = node.parent
+                called = (
+                    parent is not None
+                    and parent.type == "call_expression"
+                    and parent.child_by_field_name("function") == node
+                )
+                for name in self._keys([node]) & wanted:
+                    yield Member(receiver, name, called)
+            elif kind == "variable_declarator":
+                pattern = node.child_by_field_name("name")
+                if pattern is not None and pattern.type == "object_pattern":
+                    receiver = self._name_of(node.child_by_field_name("value"))
+                    for name in self._keys(pattern.named_children) & wanted:
+                        yield Member(receiver, name, called=False)
+
+    def _name_of(self, node: tree_sitter.Node | None) -> str | None:
+        """The name `node` is (through parentheses), or None if it is not a name."""
+        node = _operand(node)
+        if node is None or node.type != "identifier":
+            return None
+        return _unescape(self._text(node))
 
     def _global_aliases(self) -> set[str]:
         """Names the program gives the global object (`const g = globalThis`)."""

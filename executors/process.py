@@ -74,8 +74,10 @@ DEFAULT_FILE_BYTES = 16 * 1024 * 1024
 DEFAULT_OPEN_FILES = 64
 
 # Variables every sandbox gets: a UTF-8 locale so messages and I/O do not depend on
-# the daemon's environment.
-BASE_ENV: Mapping[str, str] = {"LC_ALL": "C.UTF-8"}
+# the daemon's environment, and UTC, the only time zone the WebAssembly guests know,
+# so a program's dates mean the same on every executor (Deno would take the host's
+# /etc/localtime where no sandbox hides it).
+BASE_ENV: Mapping[str, str] = {"LC_ALL": "C.UTF-8", "TZ": "UTC"}
 
 
 @dataclass(frozen=True, slots=True)

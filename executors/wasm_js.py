@@ -22,12 +22,16 @@ The guest has no module loader: a program with `import` declarations is refused 
 a message that names the executor that has one.
 
 SpiderMonkey comes without ICU in componentize-js's engine (built `--without-intl-api`;
-the package takes no option for it): there is no `Intl`, and the locale-taking methods
-ignore their locale. `uses_intl` tells from a program's syntax whether it relies on
-either, so that the registry can give it to an executor that has them.
+the package takes no option for it): there is no `Intl` and no `String.prototype.normalize`,
+the locale-taking methods ignore their locale, and regular expressions have no Unicode
+property escapes. Nor has the guest a module loader, or what Deno adds to the global
+object and to some built-ins. `javascript_lacks` tells from a program's syntax whether
+it relies on any of that, so that the registry can give it to an executor that has it.
 """
 
 from __future__ import annotations
+
+import re
 
 from conduit.core import jsontext
 from conduit.core.errors import InvalidParams
@@ -47,7 +51,13 @@ from conduit.executors.wasm import ProgramRejected, WasmExecutor
 from conduit.executors.wasm_guests import JS_GUEST
 from conduit.executors.wasm_sessions import WasmSession
 
-__all__ = ["DENO_ONLY_GLOBALS", "WasmJsExecutor", "typescript_lacks", "uses_intl"]
+__all__ = [
+    "DENO_ONLY_GLOBALS",
+    "DENO_ONLY_MEMBERS",
+    "WasmJsExecutor",
+    "javascript_lacks",
+    "typescript_lacks",
+]
 
 # SpiderMonkey's report when the guest's linear memory cannot grow (a catchable error).
 OUT_OF_MEMORY = "out of memory"
@@ -76,12 +86,14 @@ LOCALE_METHODS = frozenset(
 )
 # Case mappings differ from the plain ones only for a locale that is named ("tr").
 LOCALE_CASE_METHODS = frozenset({"toLocaleUpperCase", "toLocaleLowerCase"})
-# Text without any of these cannot use Intl: most programs are never parsed.
-_INTL_WORDS = ("Intl", "toLocale", "localeCompare")
+# A regular expression's Unicode property escapes (`/\p{L}/u`, `new RegExp("\\p{L}",
+# "u")`) need ICU's tables: without them SpiderMonkey refuses the pattern. Found in the
+# text, wherever it is: a program that merely mentions one runs on deno.
+UNICODE_PROPERTY_ESCAPES = ("\\p{", "\\P{")
 
 
 # The globals Deno's runtime has and this guest's has not (a test compares both
-# runtimes' global objects): a TypeScript program that uses one runs on deno.
+# runtimes' global objects): a program that uses one runs on deno.
 DENO_ONLY_GLOBALS = frozenset(
     """
     Atomics BroadcastChannel Buffer Cache CacheStorage CloseEvent DOMMatrix
@@ -107,6 +119,58 @@ DENO_ONLY_GLOBALS = frozenset(
     """.split()  # noqa: SIM905 (a list of words, kept as words)
 )
 
+# The members of the built-ins Deno has and this guest's have not (a test compares
+# both runtimes' built-ins, but fetch's: there is no fetch on either), "Owner.name" for
+# the constructor's or namespace's own, "Owner.prototype.name" for its instances'. A
+# program runs on deno when it reads an own member from its owner's name
+# (`URL.canParse`, `const { mark } = performance`), or calls an instance member on
+# anything at all (`s.normalize()`: the program's own `x.normalize()` too, which then
+# only runs slower). String's `normalize` needs ICU.
+DENO_ONLY_MEMBERS = frozenset(
+    """
+    AbortSignal.prototype.getParent Date.prototype.toTemporalInstant Error.stackTraceLimit
+    EventTarget.prototype.getParent String.prototype.normalize Symbol.metadata URL.canParse
+    URL.parse console.context console.createTask console.indentLevel console.profile
+    console.profileEnd console.timeStamp performance.addEventListener performance.clearMarks
+    performance.clearMeasures performance.clearResourceTimings performance.dispatchEvent
+    performance.getEntries performance.getEntriesByName performance.getEntriesByType
+    performance.getParent performance.mark performance.measure
+    performance.removeEventListener performance.setResourceTimingBufferSize
+    performance.toJSON
+    """.split()  # noqa: SIM905 (a list of words, kept as words)
+)
+_OWN_MEMBERS = frozenset(
+    tuple(member.split(".")) for member in DENO_ONLY_MEMBERS if ".prototype." not in member
+)
+_INSTANCE_MEMBERS = frozenset(
+    member.rpartition(".")[2] for member in DENO_ONLY_MEMBERS if ".prototype." in member
+)
+_MEMBER_NAMES = frozenset(member.rpartition(".")[2] for member in DENO_ONLY_MEMBERS)
+
+# Text without any of these uses nothing wasm-js lacks, and is not parsed for it: the
+# words the rule looks for, and `\u`, which may spell any of them.
+_SIGNS = re.compile(
+    "|".join(
+        re.escape(word)
+        for word in sorted(
+            {
+                "\\u",
+                "Deno",
+                "import",
+                "require",
+                "export",
+                "Intl",
+                "toLocale",
+                "localeCompare",
+                *UNICODE_PROPERTY_ESCAPES,
+                *DENO_ONLY_GLOBALS,
+                *_MEMBER_NAMES,
+            },
+            key=len,
+            reverse=True,
+        )
+    )
+)
 
 # What `SyntaxMemo.decided` keeps of a program for this executor.
 _LACKS_IN_TYPESCRIPT = "wasm-js lacks, in typescript"
@@ -116,62 +180,67 @@ _MODULE = "wasm-js guest module"
 
 def typescript_lacks(code: str, syntax: SyntaxMemo) -> str | None:
     """What the TypeScript program `code` needs that wasm-js does not give it, or None:
-    it runs there, its types erased, meaning what it means on deno. The rule:
-
-    1. its types erase (`ts_erase`: no enum, namespace, decorator, parameter property
-       or anything else that needs a compiler, and nothing whose reading erasure
-       would change);
-    2. it loads no module (`import`, `import()`, `require`: wasm-js has no loader);
-    3. it uses none of Deno's globals the guest lacks (`DENO_ONLY_GLOBALS`: `Deno`,
-       `process`, `WebSocket`...; `Deno` wherever the word is), nor `Intl` or a
-       locale (`uses_intl`). A name the program declares anywhere is its own, and a
-       global reached by a name built at run time (`globalThis["De" + "no"]`) is
-       not seen.
+    it runs there, its types erased, meaning what it means on deno. The rule: its types
+    erase (`ts_erase`: no enum, namespace, decorator, parameter property or anything
+    else that needs a compiler, and nothing whose reading erasure would change), and
+    the erased program lacks nothing (`javascript_lacks`).
 
     The erasure is kept in `syntax` for the executor.
     """
     erasure = syntax.erase(code)
     if isinstance(erasure, NotErasable):
         return f"TypeScript that needs a compiler: {erasure.reason}"
-    erased = erasure.syntax
-    if erased.loads_modules():
+    return _lacks_in(erasure.code, erasure.syntax)
+
+
+def javascript_lacks(code: str, syntax: SyntaxMemo | None = None) -> str | None:
+    """What the JavaScript program `code` uses that wasm-js does not have, or None:
+
+    1. a module (`import`, `import()`, `require`: wasm-js has no loader);
+    2. one of Deno's globals the guest lacks (`DENO_ONLY_GLOBALS`: `Deno`, `process`,
+       `Buffer`...; `Deno` wherever the word is), or a member of a built-in
+       (`DENO_ONLY_MEMBERS`: `String.prototype.normalize`, `URL.canParse`...);
+    3. what needs ICU: `Intl`, a method whose answer is the locale's, a locale named
+       for a case mapping, a Unicode property escape in a regular expression.
+
+    Read from the program's syntax (strings and comments do not count, but for `Deno`
+    and property escapes): a name the program declares anywhere is its own, and what a
+    program reaches by a name built at run time (`globalThis["De" + "no"]`) is not
+    seen. A program that does not parse lacks nothing (the executor reports its error).
+    A parse is taken from `syntax` or kept there.
+    """
+    if not _SIGNS.search(code):
+        return None
+    memo = syntax if syntax is not None else SyntaxMemo()
+    return _lacks_in(code, memo.parse(code, "javascript"))
+
+
+def _lacks_in(code: str, parsed: Syntax | None) -> str | None:
+    """`javascript_lacks`, read from a parse of `code` made already."""
+    if parsed is None or not parsed.complete:
+        return None
+    if parsed.loads_modules():
         return "modules to import"
-    used = erased.globals_used(DENO_ONLY_GLOBALS)
-    if "Deno" in erasure.code:  # however it is reached, even in a comment or a string
+    used = parsed.globals_used(DENO_ONLY_GLOBALS)
+    if "Deno" in code:  # however it is reached, even in a comment or a string
         used.add("Deno")
     if used:
         return f"Deno's globals: {', '.join(sorted(used))}"
-    if _intl_in(erasure.code, erased):
-        return "Intl"
-    return None
+    for member in parsed.members(_MEMBER_NAMES):
+        if (member.receiver, member.name) in _OWN_MEMBERS:
+            return f"{member.receiver}.{member.name}"
+        if member.called and member.name in _INSTANCE_MEMBERS:
+            return f"the method {member.name}"
+    if any(escape in code for escape in UNICODE_PROPERTY_ESCAPES):
+        return "Unicode property escapes"
+    return "a locale (Intl)" if _uses_a_locale(parsed) else None
 
 
-def uses_intl(code: str, syntax: SyntaxMemo | None = None) -> bool:
-    """Whether `code` names `Intl`, calls a method whose answer is the locale's, or
-    names a locale for a case mapping.
-
-    Read from the program's syntax, so a word in a string or a comment does not count;
-    a name the program builds at run time (`globalThis["In" + "tl"]`) is not seen. A
-    program that does not parse counts as not using it (the executor reports its error).
-    A parse is taken from `syntax` or kept there (`SyntaxMemo.parse`).
-    """
-    if not any(word in code for word in _INTL_WORDS):
-        return False
-    memo = syntax if syntax is not None else SyntaxMemo()
-    return _intl_in(code, memo.parse(code, "javascript"))
-
-
-def _intl_in(code: str, parsed: Syntax | None) -> bool:
-    """`uses_intl`, read from a parse of `code` made already."""
-    if parsed is None or not parsed.complete:
-        return False
-    if not any(word in code for word in _INTL_WORDS):
-        return False
-    for mention in parsed.mentions(_INTL_WORDS):
-        if mention.kind in (MentionKind.NAME, MentionKind.GLOBAL_PROPERTY):
-            if mention.value == "Intl":
-                return True
-        elif mention.kind is MentionKind.METHOD_CALL:
+def _uses_a_locale(parsed: Syntax) -> bool:
+    """Whether the program calls a method whose answer is the locale's, or names a
+    locale for a case mapping."""
+    for mention in parsed.mentions(("toLocale", "localeCompare")):
+        if mention.kind is MentionKind.METHOD_CALL:
             if mention.value in LOCALE_METHODS:
                 return True
             if mention.value in LOCALE_CASE_METHODS and mention.has_arguments:
@@ -207,16 +276,14 @@ class WasmJsExecutor(WasmExecutor):
     def lacks(
         code: str, syntax: SyntaxMemo | None = None, language: str = "javascript"
     ) -> str | None:
-        """What `code` uses that this executor does not have, or None: `Intl` for
-        JavaScript, `typescript_lacks` for TypeScript."""
+        """What `code` uses that this executor does not have, or None
+        (`javascript_lacks`, `typescript_lacks`)."""
         memo = SyntaxMemo() if syntax is None else syntax
         if language == "typescript":
             return memo.decided(_LACKS_IN_TYPESCRIPT, code, lambda: typescript_lacks(code, memo))
-        if not any(word in code for word in _INTL_WORDS):
+        if not _SIGNS.search(code):
             return None  # the text alone says so: nothing worth keeping
-        return memo.decided(
-            _LACKS_IN_JAVASCRIPT, code, lambda: "Intl" if uses_intl(code, memo) else None
-        )
+        return memo.decided(_LACKS_IN_JAVASCRIPT, code, lambda: javascript_lacks(code, memo))
 
     def request_for(self, job: Job, *, session: bool = False) -> str:
         if session:  # a step's source is rewritten: the request's parse is not of it

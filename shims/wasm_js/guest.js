@@ -140,6 +140,24 @@ function bound(delay) {
   return wanted > left ? left : wanted;
 }
 
+// A date as text names its time zone, and without ICU SpiderMonkey calls UTC "UTC"
+// where Deno says "Coordinated Universal Time" (both keep time in UTC): the same
+// method, under the same name and attributes, with Deno's words. `String(date)` and
+// `${date}` reach it too.
+const dateProto = Date.prototype;
+const endsWith = uncurry(String.prototype.endsWith);
+const slice = uncurry(String.prototype.slice);
+for (const name of ["toString", "toTimeString"]) {
+  const engines = uncurry(dateProto[name]);
+  const method = {
+    [name]() {
+      const text = engines(this);
+      return endsWith(text, " (UTC)") ? `${slice(text, 0, -5)}(Coordinated Universal Time)` : text;
+    },
+  }[name];
+  defineProperty(dateProto, name, { value: method, writable: true, configurable: true });
+}
+
 // The component is built without outgoing HTTP; StarlingMonkey's fetch would trap.
 async function noFetch() {
   throw new TypeError("fetch is not available in this sandbox; tools are the way out");

@@ -187,7 +187,7 @@ async def test_descriptions_and_sdk_say_what_programs_cannot_use(
         summary = tools[name]["description"].split("\n\n")[0]
         assert f"Programs on {executor} cannot use {CANNOT_USE[line]}." in summary
     assert "threads (use asyncio), subprocesses" in tools["execute_python"]["description"]
-    assert "or Intl (a program using Intl" in tools["execute_javascript"]["description"]
+    assert "a program using imports, Intl" in tools["execute_javascript"]["description"]
     sdk = await client.call("sdk/get", {"language": "python"})
     assert sdk["cannot_use"] == cannot_use("wasm-python")
     assert sdk["declarations"].startswith(f"# {cannot_use('wasm-python')}\n")

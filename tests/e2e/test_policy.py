@@ -139,11 +139,11 @@ async def test_typescript_and_javascript_rules_per_executor(
     refused(on_deno, "deno", "javascript.forbidden_global", 2, 14)
     assert "policy.executors.deno.forbidden_globals" in on_deno["error"]["message"]
 
-    on_wasm_js = await client.call(
-        "execute",
-        {"language": "javascript", "code": "const fs = await import('node:fs');\nfs"},
-    )
+    importing = {"language": "javascript", "code": "const fs = await import('node:fs');\nfs"}
+    on_wasm_js = await client.call("execute", {**importing, "executor": "wasm-js"})
     refused(on_wasm_js, "wasm-js", "javascript.forbidden_import", 1, 25)
+    # Named by none, a program that imports goes where imports load, and meets the rule.
+    refused(await client.call("execute", importing), "deno", "javascript.forbidden_import", 1, 25)
 
     # "Deno" in a string, a comment and a property is not the global; on wasm-js the
     # global is not forbidden at all (it does not exist there).

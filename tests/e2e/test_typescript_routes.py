@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from conduit.executors.wasm_js import DENO_ONLY_GLOBALS
+from conduit.executors.wasm_js import DENO_ONLY_GLOBALS, DENO_ONLY_MEMBERS
 from tests.conftest import RawClient
 from tests.e2e.test_tools import shared, shared_daemon  # noqa: F401 (fixtures)
 
@@ -100,6 +100,11 @@ ON_DENO = {
     "a global only Deno has": "typeof navigator.userAgent",
     "a module import": "const path = await import('node:path');\npath.basename('/a/b.ts')",
     "Intl": "new Intl.NumberFormat('de-DE').format(1234.5)",
+    "a locale's format": "(1234567.5).toLocaleString()",
+    "Unicode normalization": "const s: string = 'e\\u0301';\ns.normalize().length",
+    "a Unicode property escape": "/\\p{Lu}/u.test('\u00c9')",
+    "Node's Buffer": "const b: Uint8Array = Buffer.from('hi');\nb.length",
+    "a static member only Deno has": "URL.canParse('https://a.example') as boolean",
     "an `as` type followed by what TypeScript does not call": (
         "const f = (a: unknown) => 'called';\nconst z = 1;\nconst y = f as unknown\n(z)\ntypeof y"
     ),
@@ -207,3 +212,35 @@ async def test_deno_only_globals_are_those_the_guest_lacks(shared: RawClient) ->
     on_deno = set((await run(shared, code, "deno"))["result"])
     on_wasm = set((await run(shared, code, "wasm-js"))["result"])
     assert on_deno - on_wasm == DENO_ONLY_GLOBALS
+
+
+# The built-ins whose members both runtimes must have alike, but for DENO_ONLY_MEMBERS.
+BUILT_INS = """
+AbortController AbortSignal Array ArrayBuffer BigInt Boolean DataView Date Error
+EventTarget FinalizationRegistry Function JSON Map Math Number Object Promise Proxy
+Reflect RegExp Set String Symbol TextDecoder TextEncoder Uint8Array URL URLSearchParams
+WeakMap WeakRef WeakSet console crypto performance
+""".split()  # noqa: SIM905 (a list of words, kept as words)
+
+
+async def test_deno_only_members_are_those_the_guests_built_ins_lack(shared: RawClient) -> None:  # noqa: F811
+    """The rule's list of built-ins' members only Deno has is both runtimes' difference,
+    no more, no less: the members named by a string, on the built-in or inherited."""
+    code = (
+        f"const owners: string[] = {BUILT_INS!r};\n"
+        "const names: string[] = [];\n"
+        "const reach = (start: object, as: string): void => {\n"
+        "  for (let o: object | null = start; o; o = Object.getPrototypeOf(o)) {\n"
+        "    for (const name of Object.getOwnPropertyNames(o)) names.push(`${as}.${name}`);\n"
+        "  }\n"
+        "};\n"
+        "for (const owner of owners) {\n"
+        "  const value = (globalThis as any)[owner];\n"
+        "  reach(value, owner);\n"
+        "  if (typeof value === 'function') reach(value.prototype, `${owner}.prototype`);\n"
+        "}\n"
+        "names"
+    )
+    on_deno = set((await run(shared, code, "deno"))["result"])
+    on_wasm = set((await run(shared, code, "wasm-js"))["result"])
+    assert on_deno - on_wasm == DENO_ONLY_MEMBERS

@@ -7,7 +7,7 @@ import pytest
 from conduit.executors import js_syntax
 from conduit.executors.js_syntax import prepare_module, prepare_parsed
 from conduit.executors.syntax_memo import SyntaxMemo
-from conduit.executors.wasm_js import uses_intl
+from conduit.executors.wasm_js import javascript_lacks
 from tests.parses import count_parses
 
 CODE = "import { sep } from 'node:path';\nconst n = new Intl.NumberFormat('en');\nsep"
@@ -90,12 +90,12 @@ def test_a_parse_of_another_program_is_refused() -> None:
         prepare_parsed("2", js_syntax.parse("1", "typescript"))
 
 
-def test_the_intl_check_leaves_its_parse_for_the_executor(
+def test_the_lacks_check_leaves_its_parse_for_the_executor(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     parses = count_parses(monkeypatch)
     memo = SyntaxMemo()
-    assert uses_intl(CODE, memo)
+    assert javascript_lacks(CODE, memo) == "modules to import"
     prepared = prepare_parsed(CODE, memo.take(CODE, "javascript"))
     assert prepared.imports == ("import { sep } from 'node:path';",)
     assert len(parses.made) == 1

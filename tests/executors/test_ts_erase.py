@@ -211,7 +211,7 @@ def test_a_call_with_type_arguments_reads_as_typescript_reads_it() -> None:
         ("const q: number = globalThis.process.pid", "Deno's globals: process"),
         ("function f(name: string) { return name }; f('a')", None),
         ("close()", "Deno's globals: close"),
-        ("const n: string = (1234.5).toLocaleString('de')", "Intl"),
+        ("const n: string = (1234.5).toLocaleString('de')", "a locale (Intl)"),
         ("let t: Deno.Signal", None),  # a type: gone with it
     ],
 )

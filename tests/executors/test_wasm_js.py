@@ -276,13 +276,13 @@ async def test_a_large_program_is_read_off_the_event_loop(
     assert readers == [True, False]
 
 
-async def test_the_executor_prepares_the_parse_its_intl_check_made(
+async def test_the_executor_prepares_the_parse_its_lacks_check_made(
     wasm_js: WasmJsExecutor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parses = count_parses(monkeypatch)
     code = "const kind = typeof Intl;\nkind"
     syntax = SyntaxMemo()
-    assert WasmJsExecutor.lacks(code, syntax) == "Intl"
+    assert WasmJsExecutor.lacks(code, syntax) == "Deno's globals: Intl"
     job = Job("ex_js", "javascript", code, Limits(), syntax=syntax)
     with trio.fail_after(WAIT_S):
         outcome = await wasm_js.run(job, NoBridge())

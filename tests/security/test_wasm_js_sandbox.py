@@ -235,7 +235,7 @@ return { answers: inputs.map(([method, params]) => call(method, params)),
          whoami: call("auth/whoami", {}) };
 """
     attempts = [[method, params] for method, params, _ in FORGED_HOST_CALLS]
-    request = {"language": "javascript", "code": code, "inputs": attempts}
+    request = {"language": "javascript", "executor": "wasm-js", "code": code, "inputs": attempts}
     result = await client.call("execute", request)
     assert (result["executor"], result["status"]) == ("wasm-js", "ok"), result
     answers = result["result"]["answers"]
@@ -959,7 +959,8 @@ async def test_tool_call_abuse_leaves_the_daemon_serving(
     server, info = await start_daemon(upstreams=[ECHO])
     await wait_upstreams(server, "echo")
     client = await connect(info)
-    reply = await client.call("execute", {"language": "javascript", "code": code})
+    request = {"language": "javascript", "executor": "wasm-js", "code": code}
+    reply = await client.call("execute", request)
     assert reply["executor"] == "wasm-js", reply
     # Valid JSON both ways: whatever a lone surrogate became, it is text again.
     json.dumps(reply, ensure_ascii=False).encode("utf-8")

@@ -1,0 +1,115 @@
+"""JavaScript that uses what wasm-js lacks runs where it works, and the result says
+where.
+
+wasm-js, the default for JavaScript, has no ICU (componentize-js's SpiderMonkey is built
+without it), no module loader, and not what Deno adds to the globals and the built-ins:
+with no executor named, a program using `Intl`, a locale-taking method, `normalize`, a
+Unicode property escape, `Buffer` or an import runs on `deno`; named, wasm-js runs it as
+it is. What both run, they answer alike: a date as text names its time zone the same.
+Real Deno and the real component.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.e2e.helpers import execute
+
+FORMATS = """
+const number = new Intl.NumberFormat("de-DE", { style: "currency", currency: "EUR" });
+const date = new Intl.DateTimeFormat("en-GB", {
+  timeZone: "Asia/Tokyo", dateStyle: "long", timeStyle: "short",
+});
+const sorted = ["z", "ä", "a"].sort(new Intl.Collator("de").compare);
+({
+  number: number.format(1234.5),
+  date: date.format(new Date(0)),
+  sorted,
+  grouped: (1234567.891).toLocaleString("en-US"),
+})
+"""
+
+
+async def test_a_program_using_intl_runs_on_deno_and_says_so(client: Any) -> None:
+    result = await execute(client, FORMATS, language="javascript")
+    assert (result["status"], result["executor"]) == ("ok", "deno"), result
+    assert result["result"] == {
+        "number": "1.234,50\u00a0€",
+        "date": "1 January 1970 at 09:00",
+        "sorted": ["a", "ä", "z"],
+        "grouped": "1,234,567.891",
+    }
+    plain = await execute(client, "[3, 1, 2].sort()", language="javascript")
+    assert (plain["executor"], plain["result"]) == ("wasm-js", [1, 2, 3])
+
+
+async def test_named_wasm_js_runs_it_as_it_is(client: Any) -> None:
+    result = await execute(client, FORMATS, language="javascript", executor="wasm-js")
+    assert (result["status"], result["executor"]) == ("error", "wasm-js"), result
+    assert result["error"]["type"] == "ReferenceError"
+    assert "Intl" in result["error"]["message"]
+
+
+async def test_without_deno_wasm_js_runs_it(start_daemon: Any, connect: Any) -> None:
+    _, info = await start_daemon(executors={"deno": {"enabled": False}})
+    client = await connect(info)
+    result = await execute(client, "typeof Intl", language="javascript")
+    assert (result["status"], result["executor"], result["result"]) == (
+        "ok",
+        "wasm-js",
+        "undefined",
+    )
+
+
+# Programs a model writes that wasm-js would fail or answer otherwise, with Deno's answer.
+ON_DENO = {
+    "accents stripped": (
+        'const slug = (s) => s.normalize("NFD").replace(/[\\u0300-\\u036f]/g, "");\n'
+        'slug("Crème brûlée")',
+        "Creme brulee",
+    ),
+    "words of any script": ('"naïve café, Ωμέγα".match(/\\p{L}+/gu)', ["naïve", "café", "Ωμέγα"]),
+    "base64 with Buffer": ('Buffer.from("hi there").toString("base64")', "aGkgdGhlcmU="),
+    "a module of Deno's": ('import { basename } from "node:path";\nbasename("/a/b.txt")', "b.txt"),
+    "a link checked": (
+        '[URL.canParse("https://a.example/x"), URL.canParse("nope")]',
+        [True, False],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", ON_DENO)
+async def test_what_wasm_js_lacks_runs_on_deno(client: Any, name: str) -> None:
+    code, expected = ON_DENO[name]
+    result = await execute(client, code, language="javascript")
+    assert (result["status"], result["executor"]) == ("ok", "deno"), result
+    assert result["result"] == expected
+    named = await execute(client, code, language="javascript", executor="wasm-js")
+    assert named["executor"] == "wasm-js"
+    assert (named["status"], named["result"]) != ("ok", expected), named
+
+
+DATES = """
+const d = new Date(Date.UTC(2024, 2, 7, 10, 30));
+const toString = Object.getOwnPropertyDescriptor(Date.prototype, "toString");
+({
+  text: String(d),
+  template: `at ${d}`,
+  time: d.toTimeString(),
+  local: new Date(2024, 0, 1).getHours(),
+  method: [toString.value.name, toString.value.length, toString.writable,
+           toString.enumerable, toString.configurable],
+})
+"""
+
+
+async def test_dates_as_text_read_the_same_on_both(client: Any) -> None:
+    on_wasm = await execute(client, DATES, language="javascript", executor="wasm-js")
+    on_deno = await execute(client, DATES, language="javascript", executor="deno")
+    assert on_wasm["status"] == "ok", on_wasm
+    assert on_wasm["result"] == on_deno["result"], (on_wasm, on_deno)
+    assert on_wasm["result"]["text"] == (
+        "Thu Mar 07 2024 10:30:00 GMT+0000 (Coordinated Universal Time)"
+    )
