@@ -177,6 +177,8 @@ _LEADING_KEYWORD = frozenset(
     }
 )
 _KEEP_LINE_BREAKS = re.compile(rb"\xe2\x80[\xa8\xa9]|[^\n\r]")
+# A byte that may begin a line break erasure keeps (U+2028 and U+2029 begin 0xE2).
+_LINE_BREAK_BYTES = re.compile(rb"[\n\r\xe2]")
 # Every kind of node `_Eraser._visit` and `_check_reading` act on; the walk passes
 # any other straight to its children.
 _READ = frozenset(
@@ -571,7 +573,11 @@ def _apply(data: bytes, edits: list[_Edit]) -> bytes:
     byte made `;`."""
     out = bytearray(data)
     for start, end, statement in edits:
-        out[start:end] = _KEEP_LINE_BREAKS.sub(_space, data[start:end])
+        erased = data[start:end]
+        if _LINE_BREAK_BYTES.search(erased) is None:  # most types: one line, no U+2028
+            out[start:end] = b" " * len(erased)
+        else:
+            out[start:end] = _KEEP_LINE_BREAKS.sub(_space, erased)
         if statement:
             out[start] = ord(";")
     return bytes(out)

@@ -77,8 +77,12 @@ def _assert_kept_in_place(code: str, javascript: str) -> None:
         ),
         ("let u: `a${string}` = 'a'", "let u               = 'a'"),
         ("let v: /* c */ number = 1", "let v                 = 1"),
-        # A column counts bytes: the two of `é` are two spaces.
+        # A column counts bytes: the two of `é` are two spaces, the three of `→` three.
         ("let w: 'é' = 'é'", "let w       = 'é'"),
+        ("let a: '\u2192' = 1", "let a        = 1"),
+        # Line breaks in a type stay where they were, whichever they are.
+        ("let b: {\n  k: 1\u2028} = { k: 1 }", "let b   \n      \u2028  = { k: 1 }"),
+        ("let c: {\r\n k: 1 } = { k: 1 }", "let c   \r\n        = { k: 1 }"),
     ],
 )
 def test_erasable_syntax_becomes_spaces_and_keeps_its_place(code: str, javascript: str) -> None:
