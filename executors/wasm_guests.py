@@ -144,6 +144,8 @@ JS_SOURCE = f"{JS_DIR}/guest.js"
 JS_SDK = "sandbox_sdk.js"
 # The programs' `fs`, served by the host on the working directory; imported as ./fs.js.
 JS_FS = f"{JS_DIR}/fs.js"
+# The programs' console, written as Deno's writes; imported as ./console.js.
+JS_CONSOLE = f"{JS_DIR}/console.js"
 NPM_LOCK = f"{JS_DIR}/package-lock.json"
 COMPONENTIZE_JS = "@bytecodealliance/componentize-js"
 COMPONENTIZE_JS_CLI = f"node_modules/{COMPONENTIZE_JS}/src/cli.js"
@@ -191,7 +193,7 @@ def _build_js(work: Path, _cache_dir: Path) -> None:
 
 JS_GUEST = GuestRecipe(
     name="wasm-js",
-    sources=(WORLD_FILE, JS_SOURCE, JS_SDK, JS_FS, NPM_LOCK),
+    sources=(WORLD_FILE, JS_SOURCE, JS_SDK, JS_FS, JS_CONSOLE, NPM_LOCK),
     tool_versions=_js_tool_versions,
     build=_build_js,
     leftovers=JS_LEFTOVERS,

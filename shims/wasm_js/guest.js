@@ -26,6 +26,7 @@
 // on the execution's working directory (see fs.js).
 
 import hostCall from "host-call";
+import { installConsole, setLineOffset } from "./console.js";
 import { makeFs } from "./fs.js";
 import { ToolError, encodeResult, makeTools } from "./sandbox_sdk.js";
 
@@ -45,8 +46,11 @@ const exec = uncurry(RegExp.prototype.exec);
 const promiseThen = Promise.prototype.then;
 const consoleObject = console;
 const consoleLog = uncurry(console.log);
+const consoleError = uncurry(console.error);
 // One line on stdout, written by the engine itself.
 const writeLine = (text) => consoleLog(consoleObject, text);
+// The program's console writes Deno's text through the engine's own (console.js).
+installConsole(consoleObject, writeLine, (text) => consoleError(consoleObject, text));
 const clock = performance;
 const clockNow = uncurry(clock.now);
 const now = () => clockNow(clock);
@@ -176,6 +180,7 @@ defineProperty(globalThis, "fs", { value: fs, enumerable: true });
 export function run(requestText) {
   const job = parse(requestText);
   executionEnd = now() + (job.timeout_ms ?? 0);
+  setLineOffset(job.line_offset ?? 0);
   // A plain global, so a program may also declare its own `inputs`.
   globalThis.inputs = job.inputs ?? null;
   const answer = runProgram(job);

@@ -11,6 +11,7 @@ Real Deno and the real component.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -113,3 +114,29 @@ async def test_dates_as_text_read_the_same_on_both(client: Any) -> None:
     assert on_wasm["result"]["text"] == (
         "Thu Mar 07 2024 10:30:00 GMT+0000 (Coordinated Universal Time)"
     )
+
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+
+
+async def _printed(client: Any, code: str, executor: str) -> tuple[str, str, str]:
+    result = await execute(client, code, language="javascript", executor=executor)
+    return result["status"], result["stdout"], result["stderr"]
+
+
+async def test_console_writes_what_denos_writes(client: Any) -> None:
+    """Values of every kind, through every console method but the timers and trace
+    (whose figures and frames are the engine's own)."""
+    code = (FIXTURES / "console_values.js").read_text()
+    on_wasm = await _printed(client, code, "wasm-js")
+    assert on_wasm == await _printed(client, code, "deno")
+    assert on_wasm[0] == "ok" and "[ 1, 2 ]" in on_wasm[1]  # SpiderMonkey would say [1, 2]
+    assert "Map(2) {" in on_wasm[1] and "Assertion failed: nope 3" in on_wasm[2]
+
+
+@pytest.mark.parametrize("seed", range(8))
+async def test_random_values_are_logged_as_deno_logs_them(client: Any, seed: int) -> None:
+    code = (FIXTURES / "console_random.js").read_text().replace("SEED", str(seed + 1))
+    on_wasm = await _printed(client, code, "wasm-js")
+    assert on_wasm[0] == "ok", on_wasm
+    assert on_wasm == await _printed(client, code, "deno")

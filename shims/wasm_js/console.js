@@ -1,0 +1,677 @@
+// The programs' console, written as Deno's writes: a program's output is the same text
+// on wasm-js as on deno, where TypeScript used to run and JavaScript may.
+//
+// SpiderMonkey's own console prints values in its own notation (`[1, 2]`, a Date as
+// `new Date(0)`, an Error as its constructor call, no format specifiers), so every
+// method is replaced here, and only ever writes lines of text through the engine's.
+// What a value looks like follows Deno's `console.log` (tests compare the two on the
+// same values): `[ 1, 2 ]`, `{ a: 1, "b-c": 2 }`, `Map(1) { "k" => 1 }`, nested
+// strings quoted, objects past depth 4 as `[Object]`, cycles as `<ref *1>`, a value
+// longer than a line broken over lines, and arrays of more than six short items laid
+// out in columns. What a script cannot see is shown as such: a promise's state
+// (`Promise { <unknown> }`), a proxy (shown as what it answers), an error's frames (only
+// the program's own, as `<program>:line:column`).
+//
+// Everything here runs in the program's realm, after the program may have replaced
+// built-ins: what is used is captured when this module loads, at build time.
+
+const ObjectProto = Object.prototype;
+const { getOwnPropertyNames, getOwnPropertySymbols, getOwnPropertyDescriptor, getPrototypeOf } =
+  Object;
+const { isArray } = Array;
+const uncurry = (method) => Function.prototype.call.bind(method);
+const hasOwn = Object.hasOwn;
+const objectToString = uncurry(ObjectProto.toString);
+const functionToString = uncurry(Function.prototype.toString);
+const dateToISOString = uncurry(Date.prototype.toISOString);
+const dateGetTime = uncurry(Date.prototype.getTime);
+const regexpToString = uncurry(RegExp.prototype.toString);
+const symbolToString = uncurry(Symbol.prototype.toString);
+const mapEntries = uncurry(Map.prototype.entries);
+const mapSize = uncurry(getOwnPropertyDescriptor(Map.prototype, "size").get);
+const setValues = uncurry(Set.prototype.values);
+const setSize = uncurry(getOwnPropertyDescriptor(Set.prototype, "size").get);
+const typedArrayProto = getPrototypeOf(Uint8Array.prototype);
+const typedArrayTag = uncurry(getOwnPropertyDescriptor(typedArrayProto, Symbol.toStringTag).get);
+const typedArrayLength = uncurry(getOwnPropertyDescriptor(typedArrayProto, "length").get);
+const byteLength = uncurry(getOwnPropertyDescriptor(ArrayBuffer.prototype, "byteLength").get);
+const numberValueOf = uncurry(Number.prototype.valueOf);
+const stringValueOf = uncurry(String.prototype.valueOf);
+const booleanValueOf = uncurry(Boolean.prototype.valueOf);
+const bigintValueOf = uncurry(BigInt.prototype.valueOf);
+const symbolValueOf = uncurry(Symbol.prototype.valueOf);
+const stringRepeat = uncurry(String.prototype.repeat);
+const stringReplace = uncurry(String.prototype.replace);
+const stringSplit = uncurry(String.prototype.split);
+const stringIncludes = uncurry(String.prototype.includes);
+const stringPadStart = uncurry(String.prototype.padStart);
+const stringPadEnd = uncurry(String.prototype.padEnd);
+const stringSlice = uncurry(String.prototype.slice);
+const stringCharCodeAt = uncurry(String.prototype.charCodeAt);
+const stringStartsWith = uncurry(String.prototype.startsWith);
+const regexpTest = uncurry(RegExp.prototype.test);
+const regexpExec = uncurry(RegExp.prototype.exec);
+const arrayJoin = uncurry(Array.prototype.join);
+const arrayPush = uncurry(Array.prototype.push);
+const arrayIncludes = uncurry(Array.prototype.includes);
+const arrayIndexOf = uncurry(Array.prototype.indexOf);
+const mathMax = Math.max;
+const mathMin = Math.min;
+const mathSqrt = Math.sqrt;
+const mathRound = Math.round;
+const mathFloor = Math.floor;
+const toNumber = Number;
+const { isNaN } = Number;
+const toText = String;
+const parseIntText = parseInt;
+const parseFloatText = parseFloat;
+const stringify = JSON.stringify;
+const mapIteratorNext = uncurry(getPrototypeOf(new Map().entries()).next);
+const setIteratorNext = uncurry(getPrototypeOf(new Set().values()).next);
+const URLCtor = URL;
+const URL_FIELDS = ["href", "origin", "protocol", "username", "password", "host", "hostname"];
+const URL_LAST_FIELDS = ["port", "pathname", "hash", "search"];
+const MapCtor = Map;
+const SetCtor = Set;
+
+// Deno's defaults: nesting shown to depth 4, lines of up to 80 columns, at most 100
+// items of a collection, the three innermost levels of a value on one line if they fit.
+const DEPTH = 4;
+const LINE = 80;
+const ITEMS = 100;
+const COMPACT = 3;
+const PLAIN_KEY = /^[a-zA-Z_][a-zA-Z_0-9]*$/;
+const ESCAPED = /[\x00-\x1f\x7f\\]/g;
+const PROGRAM_FRAME = /^(.*?)@.*> eval:(\d+):(\d+)$/;
+
+// How a program's frames are numbered: the line its wrapper adds before it (guest.js
+// sets it for each run).
+let lineOffset = 0;
+export function setLineOffset(offset) {
+  lineOffset = offset;
+}
+
+function escapeChar(char) {
+  const code = stringCharCodeAt(char, 0);
+  switch (char) {
+    case "\n":
+      return "\\n";
+    case "\t":
+      return "\\t";
+    case "\r":
+      return "\\r";
+    case "\b":
+      return "\\b";
+    case "\f":
+      return "\\f";
+    case "\v":
+      return "\\v";
+    case "\\":
+      return "\\\\";
+    default:
+      return `\\x${stringPadStart(code.toString(16), 2, "0")}`;
+  }
+}
+
+// A string as Deno quotes it: in the first of ", ' and ` it does not hold.
+function quote(text) {
+  const escaped = stringReplace(text, ESCAPED, escapeChar);
+  for (const mark of ['"', "'", "`"]) {
+    if (!stringIncludes(text, mark)) return `${mark}${escaped}${mark}`;
+  }
+  return `"${stringReplace(escaped, /"/g, '\\"')}"`;
+}
+
+function formatKey(key) {
+  if (typeof key === "symbol") return symbolToString(key);
+  return regexpTest(PLAIN_KEY, key) ? key : quote(key);
+}
+
+function formatNumber(value) {
+  return value === 0 && 1 / value < 0 ? "-0" : toText(value);
+}
+
+function formatPrimitive(value, nested) {
+  switch (typeof value) {
+    case "string":
+      return nested ? quote(value) : value;
+    case "number":
+      return formatNumber(value);
+    case "bigint":
+      return `${value}n`;
+    case "symbol":
+      return symbolToString(value);
+    default:
+      return toText(value);
+  }
+}
+
+// The name of the class an object was made by, as its prototype chain says.
+function className(value) {
+  let proto = value;
+  while (proto !== null) {
+    const descriptor = getOwnPropertyDescriptor(proto, "constructor");
+    if (descriptor !== undefined && typeof descriptor.value === "function") {
+      const name = descriptor.value.name;
+      if (typeof name === "string" && name !== "") return name;
+    }
+    proto = getPrototypeOf(proto);
+  }
+  return null;
+}
+
+function functionKind(value) {
+  const source = functionToString(value);
+  if (stringStartsWith(source, "class")) return "class";
+  const tag = objectToString(value);
+  if (tag === "[object AsyncFunction]") return "AsyncFunction";
+  if (tag === "[object GeneratorFunction]") return "GeneratorFunction";
+  if (tag === "[object AsyncGeneratorFunction]") return "AsyncGeneratorFunction";
+  return "Function";
+}
+
+function formatFunction(value) {
+  const kind = functionKind(value);
+  const name = typeof value.name === "string" ? value.name : "";
+  if (kind === "class") {
+    const parent = getPrototypeOf(value);
+    const extended = parent !== Function.prototype && parent !== null && parent.name;
+    return `[class ${name || "(anonymous)"}${extended ? ` extends ${parent.name}` : ""}]`;
+  }
+  return name ? `[${kind}: ${name}]` : `[${kind} (anonymous)]`;
+}
+
+// An error as Deno shows one: its name and message, then its frames in the program.
+function formatError(error, context) {
+  const name = toText(error.name ?? "Error");
+  const message = toText(error.message ?? "");
+  const made = className(error);
+  const head = made && made !== name && !stringIncludes(name, made) ? `${made} [${name}]` : name;
+  let text = message === "" ? head : `${head}: ${message}`;
+  const stack = typeof error.stack === "string" ? error.stack : "";
+  for (const line of stringSplit(stack, "\n")) {
+    const frame = regexpExec(PROGRAM_FRAME, line);
+    if (frame === null) continue;
+    const row = mathMax(1, toNumber(frame[2]) - lineOffset);
+    const place = `<program>:${row}:${frame[3]}`;
+    text += frame[1] ? `\n    at ${frame[1]} (${place})` : `\n    at ${place}`;
+  }
+  if (context.indentation > 0) {
+    text = stringReplace(text, /\n/g, `\n${stringRepeat(" ", context.indentation)}`);
+  }
+  return text;
+}
+
+function emptyItems(count) {
+  return `<${count} empty item${count === 1 ? "" : "s"}>`;
+}
+
+function moreItems(count) {
+  return `... ${count} more item${count === 1 ? "" : "s"}`;
+}
+
+// The entries of an array, a run of holes as one, at most ITEMS of them.
+function arrayEntries(value, length, context, depth) {
+  const output = [];
+  let index = 0;
+  while (index < length && output.length < ITEMS) {
+    if (hasOwn(value, index)) {
+      arrayPush(output, formatProperty(value, index, context, depth, true));
+      index++;
+      continue;
+    }
+    const first = index;
+    while (index < length && !hasOwn(value, index)) index++;
+    arrayPush(output, emptyItems(index - first));
+  }
+  if (index < length) arrayPush(output, moreItems(length - index));
+  return output;
+}
+
+function ownKeys(value, skipIndices) {
+  const keys = [];
+  for (const key of getOwnPropertyNames(value)) {
+    const descriptor = getOwnPropertyDescriptor(value, key);
+    if (!descriptor.enumerable) continue;
+    if (skipIndices && regexpTest(/^(0|[1-9][0-9]*)$/, key) && toNumber(key) < 4294967295) {
+      continue;
+    }
+    arrayPush(keys, key);
+  }
+  for (const key of getOwnPropertySymbols(value)) {
+    const descriptor = getOwnPropertyDescriptor(value, key);
+    if (descriptor.enumerable) arrayPush(keys, key);
+  }
+  return keys;
+}
+
+function formatProperty(value, key, context, depth, asItem) {
+  const descriptor = getOwnPropertyDescriptor(value, key);
+  let shown;
+  if (descriptor.get !== undefined || descriptor.set !== undefined) {
+    const which =
+      descriptor.get !== undefined && descriptor.set !== undefined
+        ? "Getter/Setter"
+        : descriptor.get !== undefined
+          ? "Getter"
+          : "Setter";
+    shown = `[${which}]`;
+  } else {
+    context.indentation += 2;
+    shown = formatValue(descriptor.value, context, depth + 1);
+    context.indentation -= 2;
+  }
+  return asItem ? shown : `${formatKey(key)}: ${shown}`;
+}
+
+// Arrays of more than six items, each short, laid out in columns as Deno does.
+function inColumns(output, value, context) {
+  let total = 0;
+  let longest = 0;
+  const count = output.length - (output.length > ITEMS ? 1 : 0);
+  const lengths = [];
+  for (let i = 0; i < count; i++) {
+    const length = output[i].length;
+    arrayPush(lengths, length);
+    total += length + 2;
+    longest = mathMax(longest, length);
+  }
+  const widest = longest + 2;
+  if (widest * 3 + context.indentation >= LINE || (total / widest <= 5 && longest > 6)) {
+    return output;
+  }
+  const bias = mathSqrt(widest - total / output.length);
+  const square = mathMax(widest - 3 - bias, 1);
+  const columns = mathMin(
+    mathRound(mathSqrt(2.5 * square * count) / square),
+    mathFloor((LINE - context.indentation) / widest),
+    COMPACT * 4,
+    15,
+  );
+  if (columns <= 1) return output;
+  const widths = [];
+  for (let column = 0; column < columns; column++) {
+    let width = 0;
+    for (let i = column; i < count; i += columns) width = mathMax(width, lengths[i]);
+    arrayPush(widths, width + 2);
+  }
+  let numeric = value !== undefined;
+  for (let i = 0; numeric && i < count; i++) {
+    const item = value[i];
+    if (typeof item !== "number" && typeof item !== "bigint") numeric = false;
+  }
+  const rows = [];
+  for (let start = 0; start < count; start += columns) {
+    const end = mathMin(start + columns, count);
+    let row = "";
+    for (let i = start; i < end - 1; i++) {
+      const cell = `${output[i]}, `;
+      row += numeric
+        ? stringPadStart(cell, widths[i - start], " ")
+        : stringPadEnd(cell, widths[i - start], " ");
+    }
+    const last = end - 1;
+    row += numeric ? stringPadStart(output[last], widths[last - start] - 2, " ") : output[last];
+    arrayPush(rows, row);
+  }
+  if (count < output.length) arrayPush(rows, output[count]);
+  return rows;
+}
+
+// Entries in braces: on one line if the value's innermost levels fit there, else one
+// entry a line (or a row of columns), indented.
+function enclose(output, open, close, context, depth, grouped, base) {
+  const start = output.length + context.indentation + open.length - (base ? 1 : 0) + 10;
+  if (!grouped && context.deepest - depth < COMPACT && !stringIncludes(base, "\n")) {
+    let total = start + output.length;
+    let multiline = false;
+    for (const entry of output) {
+      total += entry.length;
+      if (stringIncludes(entry, "\n")) multiline = true;
+    }
+    if (total <= LINE && !multiline) return `${open} ${arrayJoin(output, ", ")} ${close}`;
+  }
+  const indentation = `\n${stringRepeat(" ", context.indentation)}`;
+  return `${open}${indentation}  ${arrayJoin(output, `,${indentation}  `)}${indentation}${close}`;
+}
+
+function formatValue(value, context, depth) {
+  if (value === null || (typeof value !== "object" && typeof value !== "function")) {
+    return formatPrimitive(value, true);
+  }
+  const cycle = arrayIndexOf(context.seen, value);
+  if (cycle !== -1) {
+    let ref = context.refs.get(value);
+    if (ref === undefined) {
+      ref = context.refs.size + 1;
+      context.refs.set(value, ref);
+    }
+    return `[Circular *${ref}]`;
+  }
+  const shown = formatObject(value, context, depth);
+  const ref = context.refs.get(value);
+  return ref === undefined ? shown : `<ref *${ref}> ${shown}`;
+}
+
+function tagOf(value) {
+  return stringSlice(objectToString(value), 8, -1);
+}
+
+function formatObject(value, context, depth) {
+  const tag = tagOf(value);
+  let prefix = "";
+  let open = "{";
+  let close = "}";
+  let output = [];
+  let keys;
+  let grouped = false;
+  let base = "";
+  const name = className(value);
+  if (typeof value === "function") {
+    base = formatFunction(value);
+    keys = ownKeys(value, false);
+    if (keys.length === 0) return base;
+  } else if (isArray(value)) {
+    if (name !== "Array") prefix = `${name ?? "[Array: null prototype]"}(${value.length}) `;
+    open = `${prefix}[`;
+    close = "]";
+    keys = ownKeys(value, true);
+    if (value.length === 0 && keys.length === 0) return `${open}]`;
+    if (depth > DEPTH) return `[${name ?? "Array"}]`;
+    enter(value, context, depth);
+    output = arrayEntries(value, value.length, context, depth);
+  } else if (tag === "Map" || tag === "Set") {
+    const isMap = tag === "Map";
+    const size = isMap ? mapSize(value) : setSize(value);
+    open = `${name ?? tag}(${size}) {`;
+    keys = ownKeys(value, false);
+    if (size === 0 && keys.length === 0) return `${open}}`;
+    if (depth > DEPTH) return `[${name ?? tag}]`;
+    enter(value, context, depth);
+    const iterator = isMap ? mapEntries(value) : setValues(value);
+    const next = isMap ? mapIteratorNext : setIteratorNext;
+    context.indentation += 2;
+    for (let step = next(iterator); !step.done; step = next(iterator)) {
+      if (output.length === ITEMS) {
+        arrayPush(output, moreItems(size - ITEMS));
+        break;
+      }
+      const entry = step.value;
+      arrayPush(
+        output,
+        isMap
+          ? `${formatValue(entry[0], context, depth + 1)} => ${formatValue(entry[1], context, depth + 1)}`
+          : formatValue(entry, context, depth + 1),
+      );
+    }
+    context.indentation -= 2;
+  } else if (ArrayBuffer.isView(value) && !(value instanceof DataView)) {
+    const length = typedArrayLength(value);
+    open = `${typedArrayTag(value)}(${length}) [`;
+    close = "]";
+    keys = ownKeys(value, true);
+    if (length === 0 && keys.length === 0) return `${open}]`;
+    if (depth > DEPTH) return `[${typedArrayTag(value)}]`;
+    enter(value, context, depth);
+    for (let i = 0; i < length && i < ITEMS; i++) arrayPush(output, formatPrimitive(value[i], true));
+    if (length > ITEMS) arrayPush(output, moreItems(length - ITEMS));
+  } else {
+    keys = ownKeys(value, false);
+    if (tag === "Date") {
+      base = isNaN(dateGetTime(value)) ? "Invalid Date" : dateToISOString(value);
+    } else if (tag === "RegExp") {
+      base = regexpToString(value);
+    } else if (tag === "Error" || value instanceof Error) {
+      base = formatError(value, context);
+      keys = keys.filter((key) => key !== "stack" && key !== "message");
+      if (hasOwn(value, "cause")) arrayPush(keys, "cause");
+    } else if (tag === "Number" || tag === "String" || tag === "Boolean" || tag === "BigInt" || tag === "Symbol") {
+      base = `[${tag}: ${boxed(value, tag)}]`;
+      if (tag === "String") keys = keys.filter((key) => !regexpTest(/^[0-9]+$/, key));
+    } else if (tag === "WeakMap" || tag === "WeakSet" || tag === "WeakRef") {
+      return `${tag} { <items unknown> }`;
+    } else if (tag === "Promise") {
+      return "Promise { <unknown> }";
+    } else if (tag === "ArrayBuffer") {
+      return formatArrayBuffer(value);
+    } else if (value instanceof URLCtor && keys.length === 0) {
+      return formatURL(value, context, depth);
+    } else if (name === null) {
+      prefix = "[Object: null prototype]";
+    } else if (name !== "Object") {
+      prefix = hasOwn(value, Symbol.toStringTag) || tag === "Object" ? name : `${name} [${tag}]`;
+    } else if (tag !== "Object") {
+      prefix = `Object [${tag}]`;
+    }
+    if (base !== "" && keys.length === 0) return base;
+    if (keys.length === 0) return prefix ? `${prefix} {}` : "{}";
+    if (depth > DEPTH) return `[${name ?? "Object"}]`;
+    open = prefix ? `${prefix} {` : "{";
+    enter(value, context, depth);
+  }
+  if (base !== "") {
+    if (depth > DEPTH) return base;
+    enter(value, context, depth);
+  }
+  for (const key of keys) {
+    if (key === "cause" && base !== "" && !isArray(value)) {
+      context.indentation += 2;
+      arrayPush(output, `[cause]: ${formatValue(value.cause, context, depth + 1)}`);
+      context.indentation -= 2;
+      continue;
+    }
+    arrayPush(output, formatProperty(value, key, context, depth, false));
+  }
+  context.seen.pop();
+  if (output.length > 6 && (isArray(value) || (ArrayBuffer.isView(value) && open !== "{"))) {
+    const columns = inColumns(output, value, context);
+    grouped = columns !== output;
+    output = columns;
+  }
+  const opening = base !== "" ? `${base} {` : open;
+  return enclose(output, opening, close, context, depth, grouped, base);
+}
+
+function formatArrayBuffer(value) {
+  const bytes = new Uint8Array(value);
+  const length = byteLength(value);
+  let hex = "";
+  for (let i = 0; i < length && i < 50; i++) {
+    hex += `${i === 0 ? "" : " "}${stringPadStart(bytes[i].toString(16), 2, "0")}`;
+  }
+  if (length > 50) hex += ` ... ${length - 50} more byte${length - 50 === 1 ? "" : "s"}`;
+  return `ArrayBuffer { [Uint8Contents]: <${hex}>, byteLength: ${length} }`;
+}
+
+// A URL as Deno shows one: its parts, as if they were its own fields.
+function formatURL(value, context, depth) {
+  if (depth > DEPTH) return "[URL]";
+  const output = [];
+  for (const field of [...URL_FIELDS, ...URL_LAST_FIELDS]) {
+    arrayPush(output, `${field}: ${quote(value[field])}`);
+  }
+  enter(value, context, depth);
+  context.seen.pop();
+  return enclose(output, "URL {", "}", context, depth, false, "");
+}
+
+function enter(value, context, depth) {
+  arrayPush(context.seen, value);
+  context.deepest = depth;
+}
+
+function boxed(value, tag) {
+  switch (tag) {
+    case "Number":
+      return formatNumber(numberValueOf(value));
+    case "String":
+      return quote(stringValueOf(value));
+    case "Boolean":
+      return toText(booleanValueOf(value));
+    case "BigInt":
+      return `${bigintValueOf(value)}n`;
+    default:
+      return symbolToString(symbolValueOf(value));
+  }
+}
+
+/** A value as Deno's `console.log` shows it, nested (strings quoted). */
+export function inspect(value, indentation = 0) {
+  const context = { seen: [], refs: new MapCtor(), indentation, deepest: 0 };
+  return formatValue(value, context, 0);
+}
+
+function formatArgument(value, indentation) {
+  return typeof value === "string" ? value : inspect(value, indentation);
+}
+
+// `%s` and its kin in a first argument that is a string, as Deno reads them.
+function formatSpecifiers(format, args) {
+  let text = "";
+  let next = 1;
+  let from = 0;
+  for (let i = 0; i < format.length - 1; i++) {
+    if (format[i] !== "%") continue;
+    const specifier = format[i + 1];
+    let replacement;
+    if (specifier === "%") {
+      replacement = "%";
+    } else if (next < args.length && arrayIncludes(["s", "d", "i", "f", "o", "O", "j", "c"], specifier)) {
+      const arg = args[next++];
+      replacement = specify(specifier, arg);
+    } else {
+      continue;
+    }
+    text += stringSlice(format, from, i) + replacement;
+    from = i + 2;
+    i++;
+  }
+  text += stringSlice(format, from);
+  return { text, next };
+}
+
+function specify(specifier, arg) {
+  switch (specifier) {
+    case "s":
+      return typeof arg === "symbol" ? symbolToString(arg) : toText(arg);
+    case "d":
+    case "i": {
+      if (typeof arg === "bigint") return `${arg}`;
+      if (typeof arg === "object" || typeof arg === "symbol") return "NaN";
+      const number = toNumber(arg);
+      return formatNumber(specifier === "i" ? parseIntText(number) : number === number ? mathTrunc(number) : number);
+    }
+    case "f":
+      return typeof arg === "symbol" ? "NaN" : formatNumber(parseFloatText(arg));
+    case "j":
+      return stringify(arg);
+    case "c":
+      return "";
+    default:
+      return inspect(arg);
+  }
+}
+
+function mathTrunc(number) {
+  return number < 0 ? -mathFloor(-number) : mathFloor(number);
+}
+
+/** The text of one `console.log(...args)` line, as Deno makes it. */
+export function formatLine(args, indentation = 0) {
+  if (args.length === 0) return "";
+  let text;
+  let next;
+  if (typeof args[0] === "string") {
+    ({ text, next } = formatSpecifiers(args[0], args));
+  } else {
+    text = formatArgument(args[0], indentation);
+    next = 1;
+  }
+  for (let i = next; i < args.length; i++) text += ` ${formatArgument(args[i], indentation)}`;
+  return text;
+}
+
+// The program's frames where `console.trace` was called, as `formatError` shows them.
+function frames() {
+  const shown = formatError(new Error(""), { indentation: 0 });
+  return stringSlice(shown, stringStartsWith(shown, "Error") ? 5 : 0);
+}
+
+/** Replaces `target`'s methods (the engine's console) with Deno's, writing each line
+ * through `out` (stdout) or `err` (stderr). */
+export function installConsole(target, out, err) {
+  let indent = "";
+  const counts = new MapCtor();
+  const timers = new MapCtor();
+  const clock = performance;
+  const now = uncurry(clock.now);
+  const write = (stream, text) => {
+    const lines = indent === "" ? text : `${indent}${stringReplace(text, /\n/g, `\n${indent}`)}`;
+    stream(lines);
+  };
+  const label = (value) => (value === undefined ? "default" : `${value}`);
+  const methods = {
+    log: (...args) => write(out, formatLine(args)),
+    info: (...args) => write(out, formatLine(args)),
+    debug: (...args) => write(out, formatLine(args)),
+    dirxml: (...args) => write(out, formatLine(args)),
+    error: (...args) => write(err, formatLine(args)),
+    warn: (...args) => write(err, formatLine(args)),
+    dir: (value) => write(out, inspect(value)),
+    trace: (...args) => {
+      const text = args.length === 0 ? "Trace" : `Trace: ${formatLine(args)}`;
+      write(err, `${text}${frames()}`);
+    },
+    assert: (condition, ...args) => {
+      if (condition) return;
+      write(err, args.length === 0 ? "Assertion failed" : `Assertion failed: ${formatLine(args)}`);
+    },
+    group: (...args) => {
+      if (args.length > 0) write(out, formatLine(args));
+      indent += "  ";
+    },
+    groupCollapsed: (...args) => methods.group(...args),
+    groupEnd: () => {
+      indent = stringSlice(indent, 2);
+    },
+    count: (name) => {
+      const key = label(name);
+      const count = (counts.get(key) ?? 0) + 1;
+      counts.set(key, count);
+      write(out, `${key}: ${count}`);
+    },
+    countReset: (name) => {
+      counts.delete(label(name));
+    },
+    time: (name) => {
+      timers.set(label(name), now(clock));
+    },
+    timeLog: (name, ...args) => {
+      const key = label(name);
+      if (!timers.has(key)) return;
+      const rest = args.length === 0 ? "" : ` ${formatLine(args)}`;
+      write(out, `${key}: ${elapsed(now(clock) - timers.get(key))}${rest}`);
+    },
+    timeEnd: (name) => {
+      const key = label(name);
+      if (!timers.has(key)) return;
+      write(out, `${key}: ${elapsed(now(clock) - timers.get(key))}`);
+      timers.delete(key);
+    },
+    table: (...args) => write(out, formatLine(args)),
+    clear: () => {},
+  };
+  for (const name of getOwnPropertyNames(methods)) {
+    const method = methods[name];
+    Object.defineProperty(target, name, {
+      value: method,
+      writable: true,
+      enumerable: true,
+      configurable: true,
+    });
+  }
+}
+
+function elapsed(ms) {
+  return `${mathRound(ms * 1000) / 1000}ms`;
+}
