@@ -297,10 +297,10 @@ class WasmJsExecutor(WasmExecutor):
         if module.imports:
             raise ProgramRejected(ErrorInfo("SyntaxError", NO_IMPORTS))
         asynchronous = may_await(code)
-        # TypeScript is a module to deno, and a module's code is strict.
-        strict = job.language == "typescript"
+        # Strict, as a module's code is on deno, where either language may run: a
+        # program means the same whichever executor the rule gives it.
         request = {
-            "function": module.function_expression(asynchronous=asynchronous, strict=strict),
+            "function": module.function_expression(asynchronous=asynchronous, strict=True),
             "asynchronous": asynchronous,
             "line_offset": module.line_offset,
             "inputs": job.inputs,

@@ -140,3 +140,19 @@ async def test_random_values_are_logged_as_deno_logs_them(client: Any, seed: int
     on_wasm = await _printed(client, code, "wasm-js")
     assert on_wasm[0] == "ok", on_wasm
     assert on_wasm == await _printed(client, code, "deno")
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "total = 0;\nfor (const n of [1, 2]) total += n;\ntotal",  # an undeclared name
+        "const o = Object.freeze({ a: 1 });\no.a = 2;\no.a",  # a frozen property
+        "(function () { return typeof this })()",
+    ],
+)
+async def test_javascript_is_strict_whichever_runs_it(client: Any, code: str) -> None:
+    on_wasm = await execute(client, code, language="javascript", executor="wasm-js")
+    on_deno = await execute(client, code, language="javascript", executor="deno")
+    assert (on_wasm["status"], on_wasm["result"]) == (on_deno["status"], on_deno["result"])
+    assert (on_wasm["error"] or {}).get("type") == (on_deno["error"] or {}).get("type")
+    assert on_wasm["status"] == "error" or on_wasm["result"] == "undefined", on_wasm

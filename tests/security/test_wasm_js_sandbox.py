@@ -313,21 +313,27 @@ found
         ),
         pytest.param(
             # Strict module code ends the chain: from the program's wrapper, `caller`
-            # is null, so the walk never reaches runProgram or run.
+            # is null, so the walk never reaches runProgram or run. (The program is
+            # strict itself, so it walks from sloppy code it makes.)
             """
-const sources = [];
-(function probe() {
-  for (let f = arguments.callee, n = 0; f && n < 10; f = f.caller, n++) {
-    sources.push(Function.prototype.toString.call(f));
-  }
-})();
+const walk = new Function(`
+  const sources = [];
+  (function probe() {
+    for (let f = arguments.callee, n = 0; f && n < 10; f = f.caller, n++) {
+      sources.push(Function.prototype.toString.call(f));
+    }
+  })();
+  return sources;`);
+const sources = walk();
 [sources.length, sources.join("\\n")]
 """,
             None,
             id="arguments-callee-caller-chain",
         ),
         pytest.param(
-            "await null;\nfunction probe() { return [probe.caller, arguments.callee.caller]; }\n"
+            "await null;\n"
+            "const probe = new Function(\n"
+            "  'const f = arguments.callee; return [f.caller, f.caller]');\n"
             "probe()",
             [None, None],
             id="caller-after-await",
@@ -335,7 +341,7 @@ const sources = [];
         pytest.param(
             # The whole global: `tools` and `ToolError` cannot be swapped for a program's
             # own (a later program is fresh anyway; this one keeps its real SDK).
-            "tools = 1;\nglobalThis.ToolError = 2;\ndelete globalThis.tools;\n"
+            "new Function('tools = 1; globalThis.ToolError = 2; delete globalThis.tools')();\n"
             "[typeof tools, typeof ToolError]",
             ["object", "function"],
             id="replace-or-delete-the-sdk",
