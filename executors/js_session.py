@@ -47,11 +47,11 @@ __all__ = ["KEPT_LOCAL", "rewrite_step"]
 
 GLOBAL = b"globalThis."
 # Names a declaration cannot give to a global: Deno's read-only properties of
-# `globalThis`, those the Deno worker makes read-only (`tools`, `ToolError`,
-# `localStorage`), and `globalThis` itself, which every rewritten assignment goes
-# through. A declaration of one stays local to its step.
+# `globalThis`, those the Deno worker and the wasm-js guest make read-only (`tools`,
+# `ToolError`, `localStorage`, wasm-js's `fs`), and `globalThis` itself, which every
+# rewritten assignment goes through. A declaration of one stays local to its step.
 KEPT_LOCAL = frozenset(
-    b"undefined NaN Infinity Deno globalThis tools ToolError localStorage".split()
+    b"undefined NaN Infinity Deno globalThis tools ToolError localStorage fs".split()
 )
 
 _DECLARATIONS = frozenset(("lexical_declaration", "variable_declaration"))

@@ -29,6 +29,15 @@ const regexpToString = uncurry(RegExp.prototype.toString);
 const symbolToString = uncurry(Symbol.prototype.toString);
 const mapEntries = uncurry(Map.prototype.entries);
 const mapSize = uncurry(getOwnPropertyDescriptor(Map.prototype, "size").get);
+const regexpSource = uncurry(getOwnPropertyDescriptor(RegExp.prototype, "source").get);
+const weakMapHas = uncurry(WeakMap.prototype.has);
+const weakSetHas = uncurry(WeakSet.prototype.has);
+const weakRefDeref = uncurry(WeakRef.prototype.deref);
+const isView = ArrayBuffer.isView;
+const PromiseCtor = Promise;
+const ErrorCtor = Error;
+const DataViewCtor = DataView;
+const Uint8ArrayCtor = Uint8Array;
 const setValues = uncurry(Set.prototype.values);
 const setSize = uncurry(getOwnPropertyDescriptor(Set.prototype, "size").get);
 const typedArrayProto = getPrototypeOf(Uint8Array.prototype);
@@ -81,6 +90,7 @@ const LINE = 80;
 const ITEMS = 100;
 const COMPACT = 3;
 const PLAIN_KEY = /^[a-zA-Z_][a-zA-Z_0-9]*$/;
+const INDEX = /^(0|[1-9][0-9]*)$/;
 const ESCAPED = /[\x00-\x1f\x7f\\]/g;
 const PROGRAM_FRAME = /^(.*?)@.*> eval:(\d+):(\d+)$/;
 
@@ -186,7 +196,10 @@ function formatError(error, context) {
   const name = toText(error.name ?? "Error");
   const message = toText(error.message ?? "");
   const made = className(error);
-  const head = made && made !== name && !stringIncludes(name, made) ? `${made} [${name}]` : name;
+  // Deno names the class beside the name the error inherits, not one set on it.
+  const inherited = !hasOwn(error, "name");
+  const head =
+    inherited && made && made !== name && !stringIncludes(name, made) ? `${made} [${name}]` : name;
   let text = message === "" ? head : `${head}: ${message}`;
   const stack = typeof error.stack === "string" ? error.stack : "";
   for (const line of stringSplit(stack, "\n")) {
@@ -210,33 +223,50 @@ function moreItems(count) {
   return `... ${count} more item${count === 1 ? "" : "s"}`;
 }
 
-// The entries of an array, a run of holes as one, at most ITEMS of them.
-function arrayEntries(value, length, context, depth) {
-  const output = [];
-  let index = 0;
-  while (index < length && output.length < ITEMS) {
-    if (hasOwn(value, index)) {
-      arrayPush(output, formatProperty(value, index, context, depth, true));
-      index++;
-      continue;
+// An array's own names list its indices first, ascending, then "length", then the
+// rest: its entries (a run of holes as one, at most ITEMS of them) are read from the
+// front and its other keys from the back, so a long or sparse array costs what is shown.
+function arrayParts(value, length, context, depth) {
+  const names = getOwnPropertyNames(value);
+  let last = names.length;
+  const keys = [];
+  while (last > 0 && !isIndex(names[last - 1])) {
+    const key = names[--last];
+    if (key !== "length" && getOwnPropertyDescriptor(value, key).enumerable) {
+      keys.unshift(key);
     }
-    const first = index;
-    while (index < length && !hasOwn(value, index)) index++;
-    arrayPush(output, emptyItems(index - first));
   }
-  if (index < length) arrayPush(output, moreItems(length - index));
-  return output;
+  for (const key of getOwnPropertySymbols(value)) {
+    if (getOwnPropertyDescriptor(value, key).enumerable) arrayPush(keys, key);
+  }
+  const output = [];
+  let next = 0;
+  for (let i = 0; i < last && output.length < ITEMS; i++) {
+    const index = toNumber(names[i]);
+    if (index >= length) break;
+    if (index > next) {
+      arrayPush(output, emptyItems(index - next));
+      if (output.length >= ITEMS) break;
+    }
+    arrayPush(output, formatProperty(value, names[i], context, depth, true));
+    next = index + 1;
+  }
+  if (output.length < ITEMS && next < length && !(last > 0 && toNumber(names[last - 1]) >= next)) {
+    arrayPush(output, emptyItems(length - next));
+    next = length;
+  }
+  if (next < length) arrayPush(output, moreItems(length - next));
+  return { output, keys };
 }
 
-function ownKeys(value, skipIndices) {
+function isIndex(name) {
+  return regexpTest(INDEX, name) && toNumber(name) < 4294967295;
+}
+
+function ownKeys(value) {
   const keys = [];
   for (const key of getOwnPropertyNames(value)) {
-    const descriptor = getOwnPropertyDescriptor(value, key);
-    if (!descriptor.enumerable) continue;
-    if (skipIndices && regexpTest(/^(0|[1-9][0-9]*)$/, key) && toNumber(key) < 4294967295) {
-      continue;
-    }
-    arrayPush(keys, key);
+    if (getOwnPropertyDescriptor(value, key).enumerable) arrayPush(keys, key);
   }
   for (const key of getOwnPropertySymbols(value)) {
     const descriptor = getOwnPropertyDescriptor(value, key);
@@ -296,7 +326,7 @@ function inColumns(output, value, context) {
     arrayPush(widths, width + 2);
   }
   let numeric = value !== undefined;
-  for (let i = 0; numeric && i < count; i++) {
+  for (let i = 0; numeric && i < output.length; i++) {
     const item = value[i];
     if (typeof item !== "number" && typeof item !== "bigint") numeric = false;
   }
@@ -357,8 +387,38 @@ function tagOf(value) {
   return stringSlice(objectToString(value), 8, -1);
 }
 
+// The built-in a tag names, checked against what the value holds (a method of that
+// built-in throws on anything else): `Symbol.toStringTag` is the program's to set.
+const BRANDS = {
+  Map: mapSize,
+  Set: setSize,
+  Date: dateGetTime,
+  RegExp: regexpSource,
+  ArrayBuffer: byteLength,
+  Number: numberValueOf,
+  String: stringValueOf,
+  Boolean: booleanValueOf,
+  BigInt: bigintValueOf,
+  Symbol: symbolValueOf,
+  WeakMap: weakMapHas,
+  WeakSet: weakSetHas,
+  WeakRef: weakRefDeref,
+};
+
+function brandOf(value, tag) {
+  if (tag === "Promise") return value instanceof PromiseCtor ? tag : null;
+  if (!hasOwn(BRANDS, tag)) return null;
+  try {
+    BRANDS[tag](value);
+    return tag;
+  } catch {
+    return null;
+  }
+}
+
 function formatObject(value, context, depth) {
   const tag = tagOf(value);
+  const brand = typeof value === "function" || isArray(value) ? null : brandOf(value, tag);
   let prefix = "";
   let open = "{";
   let close = "}";
@@ -369,22 +429,23 @@ function formatObject(value, context, depth) {
   const name = className(value);
   if (typeof value === "function") {
     base = formatFunction(value);
-    keys = ownKeys(value, false);
+    keys = ownKeys(value);
     if (keys.length === 0) return base;
+    if (depth > DEPTH) return functionKind(value) === "class" ? base : "[Function]";
   } else if (isArray(value)) {
     if (name !== "Array") prefix = `${name ?? "[Array: null prototype]"}(${value.length}) `;
     open = `${prefix}[`;
     close = "]";
-    keys = ownKeys(value, true);
-    if (value.length === 0 && keys.length === 0) return `${open}]`;
+    if (value.length === 0 && getOwnPropertyNames(value).length === 1) return `${open}]`;
     if (depth > DEPTH) return `[${name ?? "Array"}]`;
     enter(value, context, depth);
-    output = arrayEntries(value, value.length, context, depth);
-  } else if (tag === "Map" || tag === "Set") {
-    const isMap = tag === "Map";
+    ({ output, keys } = arrayParts(value, value.length, context, depth));
+  } else if (brand === "Map" || brand === "Set") {
+    const isMap = brand === "Map";
     const size = isMap ? mapSize(value) : setSize(value);
-    open = `${name ?? tag}(${size}) {`;
-    keys = ownKeys(value, false);
+    const made = name === null || name === brand ? brand : `${name}(${size}) [${brand}]`;
+    open = made === brand ? `${brand}(${size}) {` : `${made} {`;
+    keys = ownKeys(value);
     if (size === 0 && keys.length === 0) return `${open}}`;
     if (depth > DEPTH) return `[${name ?? tag}]`;
     enter(value, context, depth);
@@ -405,36 +466,41 @@ function formatObject(value, context, depth) {
       );
     }
     context.indentation -= 2;
-  } else if (ArrayBuffer.isView(value) && !(value instanceof DataView)) {
+  } else if (isView(value) && !(value instanceof DataViewCtor)) {
     const length = typedArrayLength(value);
     open = `${typedArrayTag(value)}(${length}) [`;
     close = "]";
-    keys = ownKeys(value, true);
-    if (length === 0 && keys.length === 0) return `${open}]`;
+    keys = [];
+    if (length === 0) return `${open}]`;
     if (depth > DEPTH) return `[${typedArrayTag(value)}]`;
     enter(value, context, depth);
     for (let i = 0; i < length && i < ITEMS; i++) arrayPush(output, formatPrimitive(value[i], true));
     if (length > ITEMS) arrayPush(output, moreItems(length - ITEMS));
   } else {
-    keys = ownKeys(value, false);
-    if (tag === "Date") {
+    keys = ownKeys(value);
+    if (brand === "Date") {
       base = isNaN(dateGetTime(value)) ? "Invalid Date" : dateToISOString(value);
-    } else if (tag === "RegExp") {
+    } else if (brand === "RegExp") {
       base = regexpToString(value);
-    } else if (tag === "Error" || value instanceof Error) {
+    } else if (value instanceof ErrorCtor) {
       base = formatError(value, context);
-      keys = keys.filter((key) => key !== "stack" && key !== "message");
-      if (hasOwn(value, "cause")) arrayPush(keys, "cause");
-    } else if (tag === "Number" || tag === "String" || tag === "Boolean" || tag === "BigInt" || tag === "Symbol") {
-      base = `[${tag}: ${boxed(value, tag)}]`;
-      if (tag === "String") keys = keys.filter((key) => !regexpTest(/^[0-9]+$/, key));
-    } else if (tag === "WeakMap" || tag === "WeakSet" || tag === "WeakRef") {
-      return `${tag} { <items unknown> }`;
-    } else if (tag === "Promise") {
+      keys = without(keys, ["stack", "message", "name", "cause"]);
+    } else if (
+      brand === "Number" ||
+      brand === "String" ||
+      brand === "Boolean" ||
+      brand === "BigInt" ||
+      brand === "Symbol"
+    ) {
+      base = `[${brand}: ${boxed(value, brand)}]`;
+      if (brand === "String") keys = onlyNames(keys);
+    } else if (brand === "WeakMap" || brand === "WeakSet" || brand === "WeakRef") {
+      return `${brand} { <items unknown> }`;
+    } else if (brand === "Promise") {
       return "Promise { <unknown> }";
-    } else if (tag === "ArrayBuffer") {
+    } else if (brand === "ArrayBuffer") {
       return formatArrayBuffer(value);
-    } else if (value instanceof URLCtor && keys.length === 0) {
+    } else if (value instanceof URLCtor && keys.length === 0 && brand === null) {
       return formatURL(value, context, depth);
     } else if (name === null) {
       prefix = "[Object: null prototype]";
@@ -445,7 +511,7 @@ function formatObject(value, context, depth) {
     }
     if (base !== "" && keys.length === 0) return base;
     if (keys.length === 0) return prefix ? `${prefix} {}` : "{}";
-    if (depth > DEPTH) return `[${name ?? "Object"}]`;
+    if (depth > DEPTH) return name === null ? "[Object: null prototype]" : `[${name}]`;
     open = prefix ? `${prefix} {` : "{";
     enter(value, context, depth);
   }
@@ -453,17 +519,17 @@ function formatObject(value, context, depth) {
     if (depth > DEPTH) return base;
     enter(value, context, depth);
   }
-  for (const key of keys) {
-    if (key === "cause" && base !== "" && !isArray(value)) {
-      context.indentation += 2;
-      arrayPush(output, `[cause]: ${formatValue(value.cause, context, depth + 1)}`);
-      context.indentation -= 2;
-      continue;
-    }
-    arrayPush(output, formatProperty(value, key, context, depth, false));
+  for (const key of keys) arrayPush(output, formatProperty(value, key, context, depth, false));
+  if (value instanceof ErrorCtor && hasOwn(value, "cause")) {
+    // Given to the constructor, a cause is not enumerable, and shown as Deno shows it.
+    const cause = getOwnPropertyDescriptor(value, "cause");
+    const shown = cause.enumerable ? "cause" : "[cause]";
+    context.indentation += 2;
+    arrayPush(output, `${shown}: ${formatValue(cause.value, context, depth + 1)}`);
+    context.indentation -= 2;
   }
   context.seen.pop();
-  if (output.length > 6 && (isArray(value) || (ArrayBuffer.isView(value) && open !== "{"))) {
+  if (output.length > 6 && (isArray(value) || (isView(value) && open !== "{"))) {
     const columns = inColumns(output, value, context);
     grouped = columns !== output;
     output = columns;
@@ -473,7 +539,7 @@ function formatObject(value, context, depth) {
 }
 
 function formatArrayBuffer(value) {
-  const bytes = new Uint8Array(value);
+  const bytes = new Uint8ArrayCtor(value);
   const length = byteLength(value);
   let hex = "";
   for (let i = 0; i < length && i < 50; i++) {
@@ -493,6 +559,19 @@ function formatURL(value, context, depth) {
   enter(value, context, depth);
   context.seen.pop();
   return enclose(output, "URL {", "}", context, depth, false, "");
+}
+
+function without(keys, dropped) {
+  const kept = [];
+  for (const key of keys) if (!arrayIncludes(dropped, key)) arrayPush(kept, key);
+  return kept;
+}
+
+// A String object's keys but its characters' indices.
+function onlyNames(keys) {
+  const kept = [];
+  for (const key of keys) if (typeof key === "symbol" || !isIndex(key)) arrayPush(kept, key);
+  return kept;
 }
 
 function enter(value, context, depth) {
@@ -555,12 +634,9 @@ function specify(specifier, arg) {
     case "s":
       return typeof arg === "symbol" ? symbolToString(arg) : toText(arg);
     case "d":
-    case "i": {
+    case "i":
       if (typeof arg === "bigint") return `${arg}`;
-      if (typeof arg === "object" || typeof arg === "symbol") return "NaN";
-      const number = toNumber(arg);
-      return formatNumber(specifier === "i" ? parseIntText(number) : number === number ? mathTrunc(number) : number);
-    }
+      return typeof arg === "symbol" ? "NaN" : formatNumber(parseIntText(arg));
     case "f":
       return typeof arg === "symbol" ? "NaN" : formatNumber(parseFloatText(arg));
     case "j":
@@ -572,16 +648,12 @@ function specify(specifier, arg) {
   }
 }
 
-function mathTrunc(number) {
-  return number < 0 ? -mathFloor(-number) : mathFloor(number);
-}
-
 /** The text of one `console.log(...args)` line, as Deno makes it. */
 export function formatLine(args, indentation = 0) {
   if (args.length === 0) return "";
   let text;
   let next;
-  if (typeof args[0] === "string") {
+  if (typeof args[0] === "string" && args.length > 1) {
     ({ text, next } = formatSpecifiers(args[0], args));
   } else {
     text = formatArgument(args[0], indentation);
@@ -617,7 +689,7 @@ export function installConsole(target, out, err) {
     dirxml: (...args) => write(out, formatLine(args)),
     error: (...args) => write(err, formatLine(args)),
     warn: (...args) => write(err, formatLine(args)),
-    dir: (value) => write(out, inspect(value)),
+    dir: (value) => write(out, formatArgument(value, 0)),
     trace: (...args) => {
       const text = args.length === 0 ? "Trace" : `Trace: ${formatLine(args)}`;
       write(err, `${text}${frames()}`);
@@ -638,7 +710,7 @@ export function installConsole(target, out, err) {
       const key = label(name);
       const count = (counts.get(key) ?? 0) + 1;
       counts.set(key, count);
-      write(out, `${key}: ${count}`);
+      out(`${key}: ${count}`); // not indented by a group, as on Deno
     },
     countReset: (name) => {
       counts.delete(label(name));
