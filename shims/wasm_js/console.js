@@ -13,7 +13,10 @@
 // the program's own, as `<program>:line:column`).
 //
 // Everything here runs in the program's realm, after the program may have replaced
-// built-ins: what is used is captured when this module loads, at build time.
+// built-ins. The methods it calls are mostly captured when this module loads, at build
+// time; what it still looks up when it runs (array iteration, a Map's get and set, a
+// regular expression's replace) a program can change only for its own output, which it
+// writes anyway.
 
 const ObjectProto = Object.prototype;
 const { getOwnPropertyNames, getOwnPropertySymbols, getOwnPropertyDescriptor, getPrototypeOf } =
@@ -81,7 +84,6 @@ const URLCtor = URL;
 const URL_FIELDS = ["href", "origin", "protocol", "username", "password", "host", "hostname"];
 const URL_LAST_FIELDS = ["port", "pathname", "hash", "search"];
 const MapCtor = Map;
-const SetCtor = Set;
 
 // Deno's defaults: nesting shown to depth 4, lines of up to 80 columns, at most 100
 // items of a collection, the three innermost levels of a value on one line if they fit.
