@@ -128,15 +128,15 @@ DENO_ONLY_GLOBALS = frozenset(
 # only runs slower). String's `normalize` needs ICU.
 DENO_ONLY_MEMBERS = frozenset(
     """
-    AbortSignal.prototype.getParent Date.prototype.toTemporalInstant Error.stackTraceLimit
-    EventTarget.prototype.getParent String.prototype.normalize Symbol.metadata URL.canParse
-    URL.parse console.context console.createTask console.indentLevel console.profile
-    console.profileEnd console.timeStamp performance.addEventListener performance.clearMarks
-    performance.clearMeasures performance.clearResourceTimings performance.dispatchEvent
-    performance.getEntries performance.getEntriesByName performance.getEntriesByType
-    performance.getParent performance.mark performance.measure
-    performance.removeEventListener performance.setResourceTimingBufferSize
-    performance.toJSON
+    AbortSignal.prototype.getParent Date.prototype.toTemporalInstant Error.prepareStackTrace
+    Error.stackTraceLimit EventTarget.prototype.getParent String.prototype.normalize
+    Symbol.metadata URL.canParse URL.parse console.context console.createTask
+    console.indentLevel console.profile console.profileEnd console.timeStamp
+    performance.addEventListener performance.clearMarks performance.clearMeasures
+    performance.clearResourceTimings performance.dispatchEvent performance.getEntries
+    performance.getEntriesByName performance.getEntriesByType performance.getParent
+    performance.mark performance.measure performance.removeEventListener
+    performance.setResourceTimingBufferSize performance.toJSON
     """.split()  # noqa: SIM905 (a list of words, kept as words)
 )
 _OWN_MEMBERS = frozenset(

@@ -123,6 +123,35 @@ function finish(current, payload, code) {
   current.done();
 }
 
+// An error's frames as a program sees them (`error.stack`, and so `console.log(error)`):
+// its own frames only, at its own lines, `    at name (<program>:line:column)`, as the
+// wasm-js guest writes them, never this worker's file (which names where the daemon is
+// installed) or Deno's internals. The lines are the step's, set as each step starts.
+let frameOffset = 0;
+const PROGRAM_FILE = "data:application/";
+const startsWith = Function.prototype.call.bind(String.prototype.startsWith);
+
+function programStack(error, sites) {
+  let text;
+  try {
+    const name = String(error?.name ?? "Error");
+    const message = String(error?.message ?? "");
+    text = message === "" ? name : `${name}: ${message}`;
+  } catch {
+    text = "Error";
+  }
+  for (const site of sites) {
+    const file = site.getFileName();
+    if (typeof file !== "string" || !startsWith(file, PROGRAM_FILE)) continue;
+    const place = `<program>:${Math.max(1, site.getLineNumber() - frameOffset)}:${site.getColumnNumber()}`;
+    const name = site.getFunctionName();
+    // The program's own body is the module's default export: unnamed, as on wasm-js.
+    text += name && name !== "default" ? `\n    at ${name} (${place})` : `\n    at ${place}`;
+  }
+  return text;
+}
+Error.prepareStackTrace = programStack;
+
 function toUserLocations(text, lineOffset) {
   return text.replace(PROGRAM_URL, (_, line, column) => {
     const userLine = Math.max(1, Number(line) - lineOffset);
@@ -223,6 +252,7 @@ if (session) {
 function runStep(job) {
   return new Promise((done) => {
     step = { job, finished: false, done };
+    frameOffset = job.line_offset ?? 0;
     // A plain global, so a program may also declare its own `inputs`.
     globalThis.inputs = job.inputs ?? null;
     runProgram(step);

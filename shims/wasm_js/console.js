@@ -172,6 +172,18 @@ function className(value) {
   return null;
 }
 
+// The names of the classes an error was made by, below Error itself.
+function classNames(error) {
+  const names = [];
+  for (let proto = getPrototypeOf(error); proto !== null; proto = getPrototypeOf(proto)) {
+    const descriptor = getOwnPropertyDescriptor(proto, "constructor");
+    const made = descriptor?.value;
+    if (typeof made !== "function" || made === ErrorCtor) break;
+    if (typeof made.name === "string" && made.name !== "") arrayPush(names, made.name);
+  }
+  return names;
+}
+
 function functionKind(value) {
   const source = functionToString(value);
   if (stringStartsWith(source, "class")) return "class";
@@ -204,9 +216,14 @@ function formatError(error, context) {
     inherited && made && made !== name && !stringIncludes(name, made) ? `${made} [${name}]` : name;
   let text = message === "" ? head : `${head}: ${message}`;
   const stack = typeof error.stack === "string" ? error.stack : "";
+  // SpiderMonkey shows the frames of the error's own constructors, V8 starts below them.
+  const constructors = classNames(error);
+  let below = false;
   for (const line of stringSplit(stack, "\n")) {
     const frame = regexpExec(PROGRAM_FRAME, line);
     if (frame === null) continue;
+    if (!below && arrayIncludes(constructors, frame[1])) continue;
+    below = true;
     const row = mathMax(1, toNumber(frame[2]) - lineOffset);
     const place = `<program>:${row}:${frame[3]}`;
     text += frame[1] ? `\n    at ${frame[1]} (${place})` : `\n    at ${place}`;
@@ -511,8 +528,9 @@ function formatObject(value, context, depth) {
     } else if (tag !== "Object") {
       prefix = `Object [${tag}]`;
     }
-    if (base !== "" && keys.length === 0) return base;
-    if (keys.length === 0) return prefix ? `${prefix} {}` : "{}";
+    const caused = value instanceof ErrorCtor && hasOwn(value, "cause");
+    if (base !== "" && keys.length === 0 && !caused) return base;
+    if (keys.length === 0 && !caused) return prefix ? `${prefix} {}` : "{}";
     if (depth > DEPTH) return name === null ? "[Object: null prototype]" : `[${name}]`;
     open = prefix ? `${prefix} {` : "{";
     enter(value, context, depth);

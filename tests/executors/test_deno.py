@@ -158,7 +158,7 @@ async def test_thrown_error_carries_user_line_numbers(deno: DenoExecutor) -> Non
     assert (outcome.error.type, outcome.error.message) == ("TypeError", "bad 1")
     traceback = outcome.error.traceback
     assert "at boom (<program>:4:9)" in traceback
-    assert "(<program>:7:" in traceback
+    assert "<program>:7:" in traceback
     assert "data:" not in traceback
     assert "deno_worker" not in traceback
     assert "ext:" not in traceback
