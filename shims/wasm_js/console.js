@@ -750,7 +750,10 @@ export function installConsole(target, out, err) {
       write(out, `${key}: ${elapsed(now(clock) - timers.get(key))}`);
       timers.delete(key);
     },
-    table: (...args) => write(out, formatLine(args)),
+    table: (data, properties) => {
+      const table = formatTable(data, properties);
+      write(out, table === null ? formatLine([data]) : table);
+    },
     clear: () => {},
   };
   for (const name of getOwnPropertyNames(methods)) {
@@ -766,4 +769,122 @@ export function installConsole(target, out, err) {
 
 function elapsed(ms) {
   return `${mathRound(ms * 1000) / 1000}ms`;
+}
+
+// `console.table` as Deno draws it: a column for the index, one per key the rows have
+// (or `properties`), and "Values" for rows that are not objects; whole numbers aligned
+// right where a column holds nothing else. None for what is not an object (logged).
+// A table cell's text, and whether it is a whole number (which aligns right).
+function cell(value) {
+  const text = inspect(value);
+  return [text, typeof value === "number" && regexpTest(/^[0-9]+$/, text)];
+}
+
+function formatTable(data, properties) {
+  if (data === null || typeof data !== "object") return null;
+  let brand = null;
+  try {
+    mapSize(data);
+    brand = "Map";
+  } catch {
+    try {
+      setSize(data);
+      brand = "Set";
+    } catch {
+      brand = null;
+    }
+  }
+  const rows = [];
+  if (brand !== null) {
+    const iterator = brand === "Map" ? mapEntries(data) : setValues(data);
+    const next = brand === "Map" ? mapIteratorNext : setIteratorNext;
+    let index = 0;
+    for (let step = next(iterator); !step.done; step = next(iterator)) {
+      const row = brand === "Map" ? { key: step.value[0], value: step.value[1] } : { value: step.value };
+      arrayPush(rows, { index: index++, ...row });
+    }
+  } else {
+    for (const key of getOwnPropertyNames(data)) {
+      if (isArray(data) && key === "length") continue;
+      if (!getOwnPropertyDescriptor(data, key).enumerable) continue;
+      arrayPush(rows, { index: isArray(data) ? toNumber(key) : key, value: data[key] });
+    }
+  }
+  const columns = [];
+  let values = false;
+  for (const row of rows) {
+    const value = row.value;
+    if (brand === null && value !== null && typeof value === "object") {
+      for (const key of getOwnPropertyNames(value)) {
+        if (isArray(value) && key === "length") continue;
+        if (!arrayIncludes(columns, key)) arrayPush(columns, key);
+      }
+    } else {
+      values = true;
+    }
+  }
+  const shownColumns = isArray(properties) ? properties : columns;
+  const header = [brand === null ? "(idx)" : "(iter idx)"];
+  if (brand === "Map") arrayPush(header, "Key");
+  for (const key of shownColumns) arrayPush(header, toText(key));
+  if (values || brand !== null) arrayPush(header, "Values");
+  const cells = [];
+  const numeric = [];
+  for (const row of rows) {
+    const line = [typeof row.index === "string" ? [row.index, false] : cell(row.index)];
+    if (brand === "Map") arrayPush(line, cell(row.key));
+    const value = row.value;
+    // A Map's or Set's values are shown whole, an array's or object's rows by key.
+    const isObject = brand === null && value !== null && typeof value === "object";
+    for (const key of shownColumns) {
+      const present = isObject && hasOwn(value, key);
+      arrayPush(line, present ? cell(value[key]) : ["", null]);
+    }
+    if (values || brand !== null) arrayPush(line, isObject ? ["", null] : cell(value));
+    arrayPush(cells, line);
+  }
+  const widths = [];
+  for (let column = 0; column < header.length; column++) {
+    let width = header[column].length;
+    let right = false;
+    let anyNumber = false;
+    let allNumbers = true;
+    for (const line of cells) {
+      const [text, isNumber] = line[column];
+      width = mathMax(width, text.length);
+      if (isNumber === null) continue;
+      if (isNumber) anyNumber = true;
+      else allNumbers = false;
+    }
+    right = anyNumber && allNumbers;
+    arrayPush(widths, width);
+    arrayPush(numeric, right);
+  }
+  const rule = (left, middle, end) => {
+    let text = left;
+    for (let i = 0; i < widths.length; i++) {
+      text += `${stringRepeat("─", widths[i] + 2)}${i === widths.length - 1 ? end : middle}`;
+    }
+    return text;
+  };
+  const render = (texts, aligned) => {
+    let text = "│";
+    for (let i = 0; i < texts.length; i++) {
+      const cell = texts[i];
+      const padded = aligned[i]
+        ? stringPadStart(cell, widths[i], " ")
+        : stringPadEnd(cell, widths[i], " ");
+      text += ` ${padded} │`;
+    }
+    return text;
+  };
+  const lines = [rule("┌", "┬", "┐"), render(header, [])];
+  arrayPush(lines, rule("├", "┼", "┤"));
+  for (const line of cells) {
+    const texts = [];
+    for (const [text] of line) arrayPush(texts, text);
+    arrayPush(lines, render(texts, numeric));
+  }
+  arrayPush(lines, rule("└", "┴", "┘"));
+  return arrayJoin(lines, "\n");
 }
