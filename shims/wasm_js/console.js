@@ -94,6 +94,7 @@ const COMPACT = 3;
 const PLAIN_KEY = /^[a-zA-Z_][a-zA-Z_0-9]*$/;
 const INDEX = /^(0|[1-9][0-9]*)$/;
 const ESCAPED = /[\x00-\x1f\x7f\\]/g;
+// How SpiderMonkey names code run by guest.js's indirect eval in a stack frame.
 const PROGRAM_FRAME = /^(.*?)@.*> eval:(\d+):(\d+)$/;
 
 // How a program's frames are numbered: the line its wrapper adds before it (guest.js
@@ -219,19 +220,28 @@ function formatError(error, context) {
   // SpiderMonkey shows the frames of the error's own constructors, V8 starts below them.
   const constructors = classNames(error);
   let below = false;
-  for (const line of stringSplit(stack, "\n")) {
-    const frame = regexpExec(PROGRAM_FRAME, line);
-    if (frame === null) continue;
-    if (!below && arrayIncludes(constructors, frame[1])) continue;
+  eachProgramFrame(stack, lineOffset, (name, line, column) => {
+    if (!below && arrayIncludes(constructors, name)) return;
     below = true;
-    const row = mathMax(1, toNumber(frame[2]) - lineOffset);
-    const place = `<program>:${row}:${frame[3]}`;
-    text += frame[1] ? `\n    at ${frame[1]} (${place})` : `\n    at ${place}`;
-  }
+    const place = `<program>:${line}:${column}`;
+    text += name ? `\n    at ${name} (${place})` : `\n    at ${place}`;
+  });
   if (context.indentation > 0) {
     text = stringReplace(text, /\n/g, `\n${stringRepeat(" ", context.indentation)}`);
   }
   return text;
+}
+
+/** Calls `visit(name, line, column)` for each of the program's own frames in a
+ * SpiderMonkey `stack`, at the program's own lines (`offset` is what its wrapper adds).
+ * No array is made of them: guest.js builds the execution's report with it, which a
+ * program's accessors on Array.prototype must not reach. */
+export function eachProgramFrame(stack, offset, visit) {
+  const lines = stringSplit(toText(stack), "\n");
+  for (let i = 0; i < lines.length; i++) {
+    const frame = regexpExec(PROGRAM_FRAME, lines[i]);
+    if (frame !== null) visit(frame[1], mathMax(1, toNumber(frame[2]) - offset), frame[3]);
+  }
 }
 
 function emptyItems(count) {
@@ -782,18 +792,8 @@ function cell(value) {
 
 function formatTable(data, properties) {
   if (data === null || typeof data !== "object") return null;
-  let brand = null;
-  try {
-    mapSize(data);
-    brand = "Map";
-  } catch {
-    try {
-      setSize(data);
-      brand = "Set";
-    } catch {
-      brand = null;
-    }
-  }
+  const tag = brandOf(data, tagOf(data));
+  const brand = tag === "Map" || tag === "Set" ? tag : null;
   const rows = [];
   if (brand !== null) {
     const iterator = brand === "Map" ? mapEntries(data) : setValues(data);

@@ -26,7 +26,7 @@
 // on the execution's working directory (see fs.js).
 
 import hostCall from "host-call";
-import { installConsole, setLineOffset } from "./console.js";
+import { eachProgramFrame, installConsole, setLineOffset } from "./console.js";
 import { makeFs } from "./fs.js";
 import { ToolError, encodeResult, makeTools } from "./sandbox_sdk.js";
 
@@ -41,8 +41,6 @@ const max = Math.max;
 const toNumber = Number;
 // Methods as plain functions, immune to a program replacing them on the prototypes.
 const uncurry = (method) => Function.prototype.call.bind(method);
-const split = uncurry(String.prototype.split);
-const exec = uncurry(RegExp.prototype.exec);
 const promiseThen = Promise.prototype.then;
 const consoleObject = console;
 const consoleLog = uncurry(console.log);
@@ -54,8 +52,6 @@ installConsole(consoleObject, writeLine, (text) => consoleError(consoleObject, t
 const clock = performance;
 const clockNow = uncurry(clock.now);
 const now = () => clockNow(clock);
-// How SpiderMonkey names code run by our indirect eval in a stack frame.
-const PROGRAM_FRAME = /^(.*?)@.*> eval:(\d+):(\d+)$/;
 const JSON_RPC_INTERNAL = -32603;
 
 // One synchronous JSON-RPC call to the daemon; its result, or ToolError.
@@ -77,16 +73,11 @@ const fs = makeFs(hostCall, stringify, parse, writeLine);
 // program planted on Array.prototype (a setter that drops the frame, a getter that
 // answers for it), which would let it forge the report or run inside it.
 function userTraceback(stack, lineOffset) {
-  const lines = split(toString(stack), "\n");
   let traceback = "";
-  for (let i = 0; i < lines.length; i++) {
-    const match = exec(PROGRAM_FRAME, lines[i]);
-    if (!match) continue;
-    const name = match[1] || "<program>";
-    const userLine = max(1, toNumber(match[2]) - lineOffset);
-    const frame = `    at ${name} (<program>:${userLine}:${match[3]})`;
+  eachProgramFrame(stack, lineOffset, (name, line, column) => {
+    const frame = `    at ${name || "<program>"} (<program>:${line}:${column})`;
     traceback = traceback === "" ? frame : `${traceback}\n${frame}`;
-  }
+  });
   return traceback;
 }
 
