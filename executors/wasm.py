@@ -95,7 +95,7 @@ from conduit.executors.wasm_build import (
     GuestRecipe,
     ensure_component,
 )
-from conduit.executors.wasm_calls import add_string_import
+from conduit.executors.wasm_calls import GuestEnded, add_string_import
 from conduit.executors.wasm_clock import BoundedClock, StoreClock
 from conduit.executors.wasm_fs import METHOD_PREFIX, FsError, GuestFiles
 from conduit.executors.wasm_instances import (
@@ -118,6 +118,9 @@ log = logging.getLogger(__name__)
 SCRATCH_DIR = "scratch"
 # The import the guest calls (shims/world.wit).
 HOST_CALL_IMPORT = "host-call"
+# The host-call by which a guest ends its run before the program settles, its answer
+# given: an error nothing could catch (a timer's or a listener's, see guest.js).
+UNCAUGHT_METHOD = "program/uncaught"
 # Guests running code at once (CPU slots, see `wasm_slots`): one per core. A guest
 # waiting on a tool, a sleep or a timer holds none.
 CONCURRENT_EXECUTIONS = os.cpu_count() or 1
@@ -237,6 +240,10 @@ class _Execution:
     # a fresh instance: see `thread_priority`); a session's runner only waits for its
     # next step, which it would then start in the idle class, a syscall later.
     idle_after: bool = True
+    # Whether the guest may end its run early (`WasmExecutor.ends_early`), and the
+    # answer it gave as it ended.
+    may_end: bool = False
+    ended_with: str | None = None
 
     @property
     def queue_left_s(self) -> float:
@@ -312,6 +319,9 @@ class WasmExecutor:
     # and whether the guest sees it through WASI (else through `fs/*` host calls).
     files: bool = False
     preopen_files: bool = True
+    # Whether the guest may end a run before it settles, its answer given
+    # (`UNCAUGHT_METHOD`); never a session's step, whose instance goes on.
+    ends_early: bool = False
 
     def __init__(self, *, cache_dir: str | os.PathLike[str], fuel: int | None = None) -> None:
         self._cache_dir = Path(cache_dir)
@@ -677,6 +687,7 @@ class WasmExecutor:
             queue_limit_s=job.queue_timeout_s,
             disk_bytes=limits.disk_mb * MIB,
             placing=job.files,
+            may_end=self.ends_early,
         )
         interrupt.regain = functools.partial(_regain_slot, execution)
         self._runs += 1
@@ -978,6 +989,9 @@ class WasmExecutor:
             answer = (output, None)
         except (wasmtime.WasmtimeError, wasmtime.Trap) as exc:
             answer = (None, str(exc))
+            if execution.ended_with is not None:  # the trap was its own way to end
+                execution.answered_at = time.monotonic()
+                answer = (execution.ended_with, None)
         except Exception as exc:  # a fault of ours: `run` raises it
             answer = exc
         finally:
@@ -1102,6 +1116,7 @@ class WasmExecutor:
         self._check(job)
         execution, capture = self._execution_for(job, bridge, session.spec.memory_mb)
         execution.idle_after = False
+        execution.may_end = False
         session.disk_bytes = execution.disk_bytes
         if session.spec.principal is not None:
             execution.principal = session.spec.principal
@@ -1291,6 +1306,10 @@ def _host_call(method: str, params: str) -> str:
         execution.guest_files.shut_pipe()
     if execution.interrupt.reason is not None:
         return _rpc_error(INTERNAL_ERROR, "the execution is being stopped")
+    if method == UNCAUGHT_METHOD and execution.may_end:
+        # The program stopped by an error nothing could catch, as Deno stops it.
+        execution.ended_with = params
+        raise GuestEnded
     if method == "tools/call":
         execution.tool_calls += 1
     try:

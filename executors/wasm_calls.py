@@ -24,7 +24,14 @@ from typing import Any
 import wasmtime
 import wasmtime.component
 
-__all__ = ["StringExport", "StringImport", "U64Import", "add_string_import", "add_u64_import"]
+__all__ = [
+    "GuestEnded",
+    "StringExport",
+    "StringImport",
+    "U64Import",
+    "add_string_import",
+    "add_u64_import",
+]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +40,11 @@ log = logging.getLogger(__name__)
 StringImport = Callable[[str, str], str]
 # A host function that takes nothing and returns a u64, run and trapping alike.
 U64Import = Callable[[], int]
+
+
+class GuestEnded(Exception):
+    """Raised by a host function to end the guest's run on purpose: it traps the guest,
+    and nothing is logged."""
 
 
 class StringExport:
@@ -84,6 +96,8 @@ def _trapping(name: str, returns: type, function: Callable[..., Any]) -> Callabl
             if not isinstance(answer, returns) or isinstance(answer, bool):
                 raise TypeError(f"it returned {type(answer).__name__}, not {returns.__name__}")
             return answer
+        except GuestEnded:
+            raise wasmtime.WasmtimeError(f"{name} ended the run") from None
         except BaseException as exc:
             log.exception("%s failed", name)
             raise wasmtime.WasmtimeError(f"{name} failed: {type(exc).__name__}: {exc}") from None

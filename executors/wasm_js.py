@@ -271,6 +271,9 @@ class WasmJsExecutor(WasmExecutor):
     # host calls (`wasm_fs`): SpiderMonkey's guest has no file API over WASI.
     files = True
     preopen_files = False
+    # An error thrown by a callback the program handed over (a timer's, a listener's)
+    # ends the run, as it ends a program on Deno (guest.js).
+    ends_early = True
 
     @staticmethod
     def lacks(

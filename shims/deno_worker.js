@@ -179,6 +179,12 @@ function describeError(error, lineOffset) {
     stack = frame.join("\n").replace(CODE_FRAME_LINE, (_, indent, line, bar) => {
       return `${indent}${Math.max(1, Number(line) - lineOffset)}${bar}`;
     });
+  } else {
+    // The frames alone, as on wasm-js: the line `programStack` heads them with repeats
+    // the type and the message, which the report has already.
+    const head = message === "" ? type : `${type}: ${message}`;
+    if (stack === head) stack = "";
+    else if (stack.startsWith(`${head}\n`)) stack = stack.slice(head.length + 1);
   }
   // Our own frames and Deno's internals (ext:) say nothing about the program.
   const frames = stack

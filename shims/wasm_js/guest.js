@@ -19,7 +19,9 @@
 // `run` answers at once when it can, and otherwise returns a promise: componentize-js
 // then drives the event loop (promises, setTimeout) until it settles, so top-level
 // `await` works. Either way, pending microtasks run before the call returns, and
-// timers still pending when it settles never fire. The program reaches the daemon
+// timers still pending when it settles never fire. A callback the program hands a
+// timer, `queueMicrotask` or an event listener that throws ends the run with its error,
+// as on Deno. The program reaches the daemon
 // only through `tools`, which send `tools/call` and `tools/list` through the
 // `host-call` import; the host dispatches them under the execution's session token.
 // Its files go through the same import as `fs/*` calls, which the host serves itself
@@ -41,7 +43,12 @@ const max = Math.max;
 const toNumber = Number;
 // Methods as plain functions, immune to a program replacing them on the prototypes.
 const uncurry = (method) => Function.prototype.call.bind(method);
+const NativePromise = Promise;
 const promiseThen = Promise.prototype.then;
+const then = uncurry(promiseThen);
+const apply = Reflect.apply;
+const weakMapGet = uncurry(WeakMap.prototype.get);
+const weakMapSet = uncurry(WeakMap.prototype.set);
 const consoleObject = console;
 const consoleLog = uncurry(console.log);
 const consoleError = uncurry(console.error);
@@ -75,7 +82,8 @@ const fs = makeFs(hostCall, stringify, parse, writeLine);
 function userTraceback(stack, lineOffset) {
   let traceback = "";
   eachProgramFrame(stack, lineOffset, (name, line, column) => {
-    const frame = `    at ${name || "<program>"} (<program>:${line}:${column})`;
+    const place = `<program>:${line}:${column}`;
+    const frame = name ? `    at ${name} (${place})` : `    at ${place}`;
     traceback = traceback === "" ? frame : `${traceback}\n${frame}`;
   });
   return traceback;
@@ -128,9 +136,10 @@ let executionEnd = 0;
 // The host stops guest code at its deadline but cannot reach into the event loop's
 // wait for a timer: a timer set past the execution's end would only hold its thread.
 // Firing it just after the end changes nothing the program could observe, as it is
-// stopped before its callback runs.
+// stopped before its callback runs. And Deno waits at least a millisecond, as Node
+// does: a timer of 0 set after one of 1 fires after it, on both.
 function bound(delay) {
-  const wanted = toNumber(delay) || 0;
+  const wanted = max(1, toNumber(delay) || 0);
   const left = max(0, executionEnd - now()) + TIMER_SLACK_MS;
   return wanted > left ? left : wanted;
 }
@@ -158,10 +167,91 @@ async function noFetch() {
   throw new TypeError("fetch is not available in this sandbox; tools are the way out");
 }
 
+// The run under way: its line offset, the answer its first uncaught background error
+// makes, and how to give that answer while the run is still pending.
+let current = null;
+
+// Deno fails an execution with the first error a timer's callback, a microtask or an
+// event listener throws: nothing can catch it, and the program is stopped. StarlingMonkey
+// would report it and go on, or stop its event loop with the program's promise pending;
+// so each callback the program hands over runs guarded, and its error is the run's
+// answer, handed to the host, which stops the program there. In a session's step the
+// host refuses the call (the instance goes on, as Deno's worker does): the step ends
+// with the error as soon as it can. Later errors, and errors after the run is
+// answered, change nothing.
+function uncaught(error) {
+  const run = current;
+  if (run === null || run.failure !== null) return;
+  run.failure = report(error, describeError, run.lineOffset);
+  hostCall("program/uncaught", run.failure);
+  if (run.answer !== null) run.answer(run.failure);
+}
+
+function guarded(callback) {
+  if (typeof callback !== "function") return callback; // the engine's own error
+  return function (...args) {
+    try {
+      return apply(callback, this, args);
+    } catch (error) {
+      uncaught(error);
+    }
+  };
+}
+
+// A listener object's `handleEvent` is looked up at each event, as the engine would.
+function guardedListener(listener) {
+  if (typeof listener === "function") return guarded(listener);
+  if (listener === null || typeof listener !== "object") return listener;
+  return guarded(function (event) {
+    return apply(listener.handleEvent, listener, [event]);
+  });
+}
+
+// One guard per listener, so that adding it twice adds it once and removing it removes
+// the guard that was added.
+const listenerGuards = new WeakMap();
+function guardOf(listener) {
+  if (listener === null || (typeof listener !== "object" && typeof listener !== "function")) {
+    return listener;
+  }
+  let guard = weakMapGet(listenerGuards, listener);
+  if (guard === undefined) {
+    guard = guardedListener(listener);
+    weakMapSet(listenerGuards, listener, guard);
+  }
+  return guard;
+}
+
+const eventTarget = EventTarget.prototype;
+const addListener = uncurry(eventTarget.addEventListener);
+const removeListener = uncurry(eventTarget.removeEventListener);
+const realQueueMicrotask = queueMicrotask;
+for (const [name, method] of [["addEventListener", addListener], ["removeEventListener", removeListener]]) {
+  const replacement = {
+    [name](type, listener, options) {
+      return method(this, type, guardOf(listener), options);
+    },
+  }[name];
+  defineProperty(eventTarget, name, { value: replacement, writable: true, configurable: true });
+}
+
 // The globals a program finds, set here once: pre-initialisation keeps them in every
 // instance, so `run` only sets what depends on the execution.
-globalThis.setTimeout = (callback, delay, ...args) => realSetTimeout(callback, bound(delay), ...args);
-globalThis.setInterval = (callback, delay, ...args) => realSetInterval(callback, bound(delay), ...args);
+const timers = {
+  setTimeout(callback, delay, ...args) {
+    return realSetTimeout(guarded(callback), bound(delay), ...args);
+  },
+  setInterval(callback, delay, ...args) {
+    return realSetInterval(guarded(callback), bound(delay), ...args);
+  },
+  queueMicrotask(callback) {
+    if (current !== null && typeof callback === "function") current.queued = true;
+    return realQueueMicrotask(guarded(callback));
+  },
+};
+globalThis.setTimeout = timers.setTimeout;
+globalThis.setInterval = timers.setInterval;
+globalThis.queueMicrotask = timers.queueMicrotask;
 abortSignal.timeout = (delay) => abortSignalTimeout(abortSignal, bound(delay));
 globalThis.fetch = noFetch;
 defineProperty(globalThis, "tools", { value: tools, enumerable: true });
@@ -171,15 +261,28 @@ defineProperty(globalThis, "fs", { value: fs, enumerable: true });
 export function run(requestText) {
   const job = parse(requestText);
   executionEnd = now() + (job.timeout_ms ?? 0);
-  setLineOffset(job.line_offset ?? 0);
+  const lineOffset = job.line_offset ?? 0;
+  setLineOffset(lineOffset);
   // A plain global, so a program may also declare its own `inputs`.
   globalThis.inputs = job.inputs ?? null;
+  const run = { lineOffset, failure: null, answer: null, queued: false };
+  current = run;
   const answer = runProgram(job);
+  if (run.failure !== null) return run.failure;
   if (typeof answer === "string") return answer;
+  const settled = new NativePromise((resolve) => {
+    run.answer = resolve;
+  });
+  // `then` makes its promise with the constructor a promise names, which a program
+  // could have replaced (Promise.prototype.constructor, Promise[Symbol.species]) with
+  // one that throws: ours name none, so the engine's own is used.
+  defineProperty(answer, "constructor", { value: undefined });
+  then(answer, run.answer);
+  defineProperty(settled, "constructor", { value: undefined });
   // componentize-js takes the answer with the promise's `then`, which a program could
   // replace on Promise.prototype to answer in its place: this one has its own.
-  defineProperty(answer, "then", { value: promiseThen });
-  return answer;
+  defineProperty(settled, "then", { value: promiseThen });
+  return settled;
 }
 
 // An async function's way of settling a plain function's outcome, tick for tick: the
@@ -202,8 +305,9 @@ function isPlainPrimitive(value) {
 // The program evaluated and run: the JSON answer, or a promise of it (never rejected).
 // An async function's value is awaited. A plain function's primitive value is answered
 // at once: awaiting it would only let queued microtasks run first, and they run before
-// the instance is done anyway. Any other value or error is settled as the async
-// function's would have been, so the program sees the same order of events.
+// the instance is done anyway (unless `queueMicrotask` queued one, whose error would be
+// the run's). Any other value or error is settled as the async function's would have
+// been, so the program sees the same order of events.
 function runProgram(job) {
   let program;
   try {
@@ -220,7 +324,7 @@ function runProgram(job) {
   } catch (error) {
     return settle(() => settledAsThrown(error), job.line_offset);
   }
-  if (isPlainPrimitive(value)) return `{"result":${encodeResult(value)}}`;
+  if (isPlainPrimitive(value) && !current?.queued) return `{"result":${encodeResult(value)}}`;
   return settle(() => settledAsReturned(value), job.line_offset);
 }
 

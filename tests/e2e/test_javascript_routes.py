@@ -156,3 +156,96 @@ async def test_javascript_is_strict_whichever_runs_it(client: Any, code: str) ->
     assert (on_wasm["status"], on_wasm["result"]) == (on_deno["status"], on_deno["result"])
     assert (on_wasm["error"] or {}).get("type") == (on_deno["error"] or {}).get("type")
     assert on_wasm["status"] == "error" or on_wasm["result"] == "undefined", on_wasm
+
+
+# A callback the program hands over that throws: Deno fails the execution with its
+# error, frames and all, whatever the program does next.
+BACKGROUND_ERRORS = {
+    "a timer": (
+        "function later() {\n  throw new RangeError('late');\n}\n"
+        "setTimeout(() => later(), 1);\n"
+        "await new Promise((resolve) => setTimeout(resolve, 50));\n'finished'"
+    ),
+    "an interval": (
+        "setInterval(() => { throw new TypeError('again') }, 1);\n"
+        "await new Promise((resolve) => setTimeout(resolve, 50));\n'finished'"
+    ),
+    "a microtask, the program answered at once": (
+        "queueMicrotask(() => { throw new Error('queued') });\n'finished'"
+    ),
+    "a listener": (
+        "const target = new EventTarget();\n"
+        "target.addEventListener('ping', () => { throw new Error('heard') });\n"
+        "target.dispatchEvent(new Event('ping'));\n'finished'"
+    ),
+    "a listener object": (
+        "const target = new EventTarget();\n"
+        "target.addEventListener('ping', { handleEvent() { throw 7 } });\n"
+        "target.dispatchEvent(new Event('ping'));\nawait 0;\n'finished'"
+    ),
+    "an abort listener": (
+        "const controller = new AbortController();\n"
+        "controller.signal.addEventListener('abort', () => { throw new Error('aborted') });\n"
+        "controller.abort();\n'finished'"
+    ),
+}
+# What throws nothing, or nothing the program did not take back, finishes.
+NO_BACKGROUND_ERRORS = {
+    "a listener removed": (
+        "const target = new EventTarget();\n"
+        "const listener = () => { throw new Error('removed') };\n"
+        "target.addEventListener('ping', listener);\n"
+        "target.addEventListener('ping', listener);\n"
+        "target.removeEventListener('ping', listener);\n"
+        "target.dispatchEvent(new Event('ping'));\n'finished'"
+    ),
+    "a listener added twice runs once": (
+        "let heard = 0;\nconst target = new EventTarget();\n"
+        "const listener = () => { heard += 1 };\n"
+        "target.addEventListener('ping', listener);\n"
+        "target.addEventListener('ping', listener);\n"
+        "target.dispatchEvent(new Event('ping'));\nheard"
+    ),
+    "a timer left pending": "setTimeout(() => { throw new Error('never') }, 1000);\n'finished'",
+    "an error caught in a microtask": (
+        "let caught = '';\n"
+        "queueMicrotask(() => {\n"
+        "  try { throw new Error('mine') } catch (e) { caught = e.message }\n"
+        "});\n"
+        "await 0;\ncaught"
+    ),
+}
+
+
+def _outcome(result: dict[str, Any]) -> tuple[Any, ...]:
+    error = result["error"] or {}
+    return (
+        result["status"],
+        result["result"],
+        error.get("type"),
+        error.get("message"),
+        error.get("traceback"),
+    )
+
+
+@pytest.mark.parametrize("name", [*BACKGROUND_ERRORS, *NO_BACKGROUND_ERRORS])
+async def test_an_error_in_a_callback_ends_the_run_as_on_deno(client: Any, name: str) -> None:
+    code = BACKGROUND_ERRORS.get(name) or NO_BACKGROUND_ERRORS[name]
+    on_wasm = await execute(client, code, language="javascript", executor="wasm-js")
+    on_deno = await execute(client, code, language="javascript", executor="deno")
+    assert _outcome(on_wasm) == _outcome(on_deno), (on_wasm, on_deno)
+    expected = "error" if name in BACKGROUND_ERRORS else "ok"
+    assert on_wasm["status"] == expected, on_wasm
+
+
+async def test_a_traceback_reads_the_same_on_both(client: Any) -> None:
+    code = (
+        "function inner() {\n  throw new Error('deep');\n}\n"
+        "const outer = () => inner();\nouter();\n'unreached'"
+    )
+    on_wasm = await execute(client, code, language="javascript", executor="wasm-js")
+    on_deno = await execute(client, code, language="javascript", executor="deno")
+    assert on_wasm["error"] == on_deno["error"], (on_wasm, on_deno)
+    assert on_wasm["error"]["traceback"] == (
+        "    at inner (<program>:2:9)\n    at outer (<program>:4:21)\n    at <program>:5:1"
+    )

@@ -75,7 +75,7 @@ async def test_errors_give_type_message_and_user_line_numbers(wasm_js: WasmJsExe
     assert (outcome.error.type, outcome.error.message) == ("TypeError", "bad 1")
     trace = outcome.error.traceback
     assert "at f (<program>:2:" in trace
-    assert "(<program>:5:" in trace
+    assert "    at <program>:5:" in trace  # the body, unnamed
     assert "guest.js" not in trace and "initializer" not in trace
 
 
@@ -165,6 +165,43 @@ async def test_a_promise_that_never_settles_is_an_error(wasm_js: WasmJsExecutor)
     outcome = await run(wasm_js, "await new Promise(() => {});\n1")
     assert outcome.status is Status.ERROR
     assert outcome.error is not None and "never settled" in outcome.error.message
+
+
+class CountingBridge(NoBridge):
+    """Answers every tool call, counting them."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def request(self, method: str, params: dict[str, Any]) -> Any:
+        self.calls += 1
+        return {"value": None}
+
+
+@pytest.mark.parametrize(
+    "throws",
+    [
+        "const target = new EventTarget();\n"
+        "target.addEventListener('go', () => { throw new RangeError('stop here') });\n"
+        "target.dispatchEvent(new Event('go'));",
+        "queueMicrotask(() => { throw new RangeError('stop here') });\nawait null;",
+        "setTimeout(() => { throw new RangeError('stop here') }, 0);\n"
+        "await new Promise((resolve) => setTimeout(resolve, 20));",
+    ],
+)
+async def test_an_uncaught_error_stops_the_program_there(
+    wasm_js: WasmJsExecutor, throws: str
+) -> None:
+    """As Deno stops it: nothing the program does after the error happens (a tool call
+    made after it would otherwise still be made)."""
+    bridge = CountingBridge()
+    code = f"{throws}\nconsole.log('after');\nawait tools.ns.t({{}});\n'finished'"
+    with trio.fail_after(WAIT_S):
+        outcome = await wasm_js.run(Job("ex_js", "javascript", code, Limits()), bridge)
+    assert (outcome.status, outcome.stdout, bridge.calls) == (Status.ERROR, "", 0), outcome
+    assert outcome.error is not None
+    assert (outcome.error.type, outcome.error.message) == ("RangeError", "stop here")
+    assert "<program>:" in outcome.error.traceback
 
 
 async def test_no_state_survives_between_executions(wasm_js: WasmJsExecutor) -> None:

@@ -103,6 +103,20 @@ async def test_js_globals_persist_between_steps(js_session: ExecutorSession) -> 
     assert awaited.result == 10, awaited
 
 
+async def test_a_js_step_with_an_uncaught_error_fails_and_the_session_goes_on(
+    js_session: ExecutorSession,
+) -> None:
+    failed = await js_step(
+        js_session,
+        "globalThis.kept = 1;\nqueueMicrotask(() => { throw new Error('in a callback') });\n"
+        "await null;\nkept",
+    )
+    assert failed.status is Status.ERROR and not failed.session_reset, failed
+    assert failed.error is not None and failed.error.message == "in a callback"
+    after = await js_step(js_session, "kept + 1")
+    assert (after.status, after.result, after.session_reset) == (Status.OK, 2, False), after
+
+
 async def test_js_declarations_persist_between_steps(js_session: ExecutorSession) -> None:
     first = await js_step(
         js_session,

@@ -481,6 +481,18 @@ async def test_import_variants_find_no_module(
             id="object-prototype-then-on-a-primitive",
         ),
         pytest.param(
+            "Object.defineProperty(Promise, Symbol.species, { get() { throw 1; } });\n"
+            "await null;\n({ real: 5 })",
+            {"real": 5},
+            id="promise-species",
+        ),
+        pytest.param(
+            "Object.defineProperty(Promise, Symbol.species, { get() { throw 1; } });\n"
+            "queueMicrotask(() => {});\n6",
+            6,
+            id="promise-species-with-a-microtask",
+        ),
+        pytest.param(
             "Array.prototype[Symbol.iterator] = function* () { yield 'forged'; };\n[1, 2]",
             [1, 2],
             id="array-iterator",
@@ -543,7 +555,7 @@ async def test_poisoned_built_ins_cannot_forge_the_result(
             "function f() { null.x; }\nf()",
             "TypeError",
             'can\'t access property "x" of null',
-            "    at f (<program>:3:16)\n    at <program> (<program>:4:9)",
+            "    at f (<program>:3:16)\n    at <program>:4:9",
             id="array-index-accessors",
         ),
         pytest.param(
@@ -551,7 +563,7 @@ async def test_poisoned_built_ins_cannot_forge_the_result(
             "  get() { for (;;) {} }, set() {}, configurable: true });\nnull.x",
             "TypeError",
             'can\'t access property "x" of null',
-            "    at <program> (<program>:3:1)",
+            "    at <program>:3:1",
             id="array-index-getter-that-loops",
         ),
         pytest.param(
@@ -560,7 +572,7 @@ async def test_poisoned_built_ins_cannot_forge_the_result(
             "Error.prototype.toString = () => 'forged';\nnull.x",
             "TypeError",
             'can\'t access property "x" of null',
-            "    at <program> (<program>:4:1)",
+            "    at <program>:4:1",
             id="object-prototype-traceback-setter",
         ),
         pytest.param(
@@ -568,7 +580,7 @@ async def test_poisoned_built_ins_cannot_forge_the_result(
             "String.prototype.split = RegExp.prototype.exec = () => { throw 2; };\nnull.x",
             "TypeError",
             'can\'t access property "x" of null',
-            "    at <program> (<program>:3:1)",
+            "    at <program>:3:1",
             id="array-string-regexp-methods",
         ),
         pytest.param(
@@ -597,14 +609,14 @@ async def test_poisoned_built_ins_cannot_forge_the_result(
             "throw new Error('\\ud800 lone');",
             "Error",
             f"{REPLACEMENT} lone",
-            "    at <program> (<program>:1:7)",
+            "    at <program>:1:7",
             id="lone-surrogate-in-message",
         ),
         pytest.param(
             "const e = new RangeError('m');\ne.name = '\\udfff';\nthrow e;",
             REPLACEMENT,
             "m",
-            "    at <program> (<program>:1:11)",
+            "    at <program>:1:11",
             id="lone-surrogate-in-name",
         ),
         pytest.param(
