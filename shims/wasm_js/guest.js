@@ -162,6 +162,26 @@ for (const name of ["toString", "toTimeString"]) {
   defineProperty(dateProto, name, { value: method, writable: true, configurable: true });
 }
 
+// Two built-ins whose errors StarlingMonkey cannot throw as catchable ones (the run
+// ends as if its promise never settled): `signal.throwIfAborted()` once aborted, and
+// `encode` of a value whose conversion to a string throws. The same methods, under the
+// same names and attributes, do the throwing in JavaScript first.
+const getter = (proto, name) => uncurry(Object.getOwnPropertyDescriptor(proto, name).get);
+const signalAborted = getter(AbortSignal.prototype, "aborted");
+const signalReason = getter(AbortSignal.prototype, "reason");
+const encode = uncurry(TextEncoder.prototype.encode);
+const replacements = {
+  throwIfAborted() {
+    if (signalAborted(this)) throw signalReason(this);
+  },
+  encode(input = "") {
+    return encode(this, `${input}`);
+  },
+};
+for (const [proto, name] of [[AbortSignal.prototype, "throwIfAborted"], [TextEncoder.prototype, "encode"]]) {
+  defineProperty(proto, name, { value: replacements[name], writable: true, configurable: true });
+}
+
 // The component is built without outgoing HTTP; StarlingMonkey's fetch would trap.
 async function noFetch() {
   throw new TypeError("fetch is not available in this sandbox; tools are the way out");

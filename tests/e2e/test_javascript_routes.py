@@ -249,3 +249,22 @@ async def test_a_traceback_reads_the_same_on_both(client: Any) -> None:
     assert on_wasm["error"]["traceback"] == (
         "    at inner (<program>:2:9)\n    at outer (<program>:4:21)\n    at <program>:5:1"
     )
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "const controller = new AbortController();\ncontroller.abort(new Error('why'));\n"
+        "try { controller.signal.throwIfAborted() } catch (e) { e.message }",
+        "const controller = new AbortController();\ncontroller.abort();\n"
+        "try { controller.signal.throwIfAborted() } catch (e) { e.name }",
+        "try { new TextEncoder().encode({ toString() { throw new Error('no text') } }) }\n"
+        "catch (e) { e.message }",
+        "try { new TextEncoder().encode(Symbol()) } catch (e) { e.name }",
+    ],
+)
+async def test_what_a_built_in_throws_is_caught_on_both(client: Any, code: str) -> None:
+    on_wasm = await execute(client, code, language="javascript", executor="wasm-js")
+    on_deno = await execute(client, code, language="javascript", executor="deno")
+    assert on_wasm["status"] == "ok", on_wasm
+    assert on_wasm["result"] == on_deno["result"], (on_wasm, on_deno)
