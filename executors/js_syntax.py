@@ -788,12 +788,15 @@ def prepare_parsed(code: str, syntax: Syntax | None) -> PreparedModule:
         raise ValueError("the parse given is of another program")
     edits = _shebang_edits(data)
     imports: list[str] = []
+    head_end = ""
     if syntax is not None:
-        edits += _plan(data, syntax._tree.root_node, imports)
+        planned, opens_on_head = _plan(data, syntax._tree.root_node, imports)
+        edits += planned
+        head_end = _RETURN_OPEN if opens_on_head else ""
     header = "".join(f"{statement} " for statement in imports)
     body = _decode(_apply(data, edits))
     return PreparedModule(
-        text=f"{header}{_FUNCTION_HEAD}\n{body}\n}}\n",
+        text=f"{header}{_FUNCTION_HEAD}{head_end}\n{body}\n}}\n",
         line_offset=_LINE_OFFSET,
         imports=tuple(imports),
     )
@@ -806,6 +809,8 @@ _ASYNC_HEAD = "async function () {"
 _PLAIN_HEAD = "function () {"
 _STRICT = '"use strict";'
 _FUNCTION_HEAD = f"{_EXPORT_DEFAULT}{_ASYNC_HEAD}"
+# What opens the final expression's value, returned (`_returned`).
+_RETURN_OPEN = "return ("
 # Hoisted imports share the header's line, so the program always starts on line 2.
 _LINE_OFFSET = 1
 
@@ -814,6 +819,8 @@ _Edit = tuple[int, int, bytes]
 
 # What a top-level statement becomes.
 _KEPT, _GONE, _EXPRESSION, _EXPORTED_EXPRESSION = "kept", "gone", "expression", "exported"
+# Gone, and blanked too: nothing of it is left in the body.
+_BLANKED = "blanked"
 # Expression statements that are declarations in disguise: TypeScript's `namespace N
 # {}`, which the grammar reads as an expression.
 _NOT_VALUES = frozenset(("internal_module",))
@@ -837,25 +844,32 @@ _LINE_CONTINUATION = re.compile(r"\\(?:\r\n|[\n\r\u2028\u2029])")
 _LINE_BREAK_BYTES = re.compile(rb"[\n\r]|\xe2\x80[\xa8\xa9]")
 
 
-def _plan(data: bytes, root: tree_sitter.Node, imports: list[str]) -> list[_Edit]:
-    """The edits to the program's top-level statements; hoisted imports go to `imports`.
+def _plan(data: bytes, root: tree_sitter.Node, imports: list[str]) -> tuple[list[_Edit], bool]:
+    """The edits to the program's top-level statements, and whether the returned value's
+    parenthesis opens on the header's line (see `_returned`); hoisted imports go to
+    `imports`.
 
     Statements from the first one in error on are left alone: what the parser made of
     them is a guess of its error recovery.
     """
     edits: list[_Edit] = []
     last: tuple[tree_sitter.Node, str] | None = None
+    before_last: tree_sitter.Node | None = None
+    previous: tree_sitter.Node | None = None
     for statement in children(root):
         if statement.has_error:
-            return edits
+            return edits, False
         if statement.is_extra or statement.type == "hash_bang_line":
             continue
         shape = _plan_statement(data, statement, imports, edits)
-        if shape != _GONE:
-            last = (statement, shape)
-    if last is not None:
-        edits += _returned(*last)
-    return edits
+        if shape not in (_GONE, _BLANKED):
+            last, before_last = (statement, shape), previous
+        if shape != _BLANKED:
+            previous = statement
+    if last is None:
+        return edits, False
+    returned, on_head = _returned(*last, before_last)
+    return edits + returned, on_head
 
 
 def _plan_statement(
@@ -868,7 +882,7 @@ def _plan_statement(
         text = _decode(data[statement.start_byte : statement.end_byte])
         imports.append(_single_line(text))
         edits.append(_blank(data, statement.start_byte, statement.end_byte))
-        return _GONE
+        return _BLANKED
     if kind == "export_statement":
         return _plan_export(data, statement, edits)
     if kind == "expression_statement":
@@ -879,7 +893,7 @@ def _plan_statement(
             # `export` ending its line, read as a name: the declaration that follows
             # is what it exports.
             edits.append((expression.start_byte, expression.end_byte, b"      "))
-            return _GONE
+            return _BLANKED
         if expression.type in _NOT_VALUES or _USING.match(data, statement.start_byte):
             return _KEPT
         if data.startswith(b"{", statement.start_byte):
@@ -913,7 +927,7 @@ def _plan_export(data: bytes, statement: tree_sitter.Node, edits: list[_Edit]) -
     if target is None:
         # Re-exports, `export =` and `export as namespace` mean nothing in a function.
         edits.append(_blank(data, export.start_byte, statement.end_byte))
-        return _GONE
+        return _BLANKED
     if default is None:
         # Blank the keyword alone, so the declaration keeps its columns.
         edits.append(
@@ -934,17 +948,49 @@ def _plan_export(data: bytes, statement: tree_sitter.Node, edits: list[_Edit]) -
     return _EXPORTED_EXPRESSION
 
 
-def _returned(statement: tree_sitter.Node, shape: str) -> list[_Edit]:
-    """The edits that make the final statement return its value, if it has one."""
+def _returned(
+    statement: tree_sitter.Node, shape: str, previous: tree_sitter.Node | None
+) -> tuple[list[_Edit], bool]:
+    """The edits that make the final statement return its value, if it has one, and
+    whether `return (` goes at the end of the header's line.
+
+    So that the expression keeps its columns (an error in it points at the program's
+    own text), `return (` opens on an earlier line when one ends the statement before
+    (after it, with a `;` to end that statement where it ended) or, with no statement
+    before, on the header's line; only an expression that starts on the line where
+    the statement before it ends is moved along by it.
+    """
     if shape == _EXPORTED_EXPRESSION:  # already `(<expression>)`
-        return [(statement.start_byte, statement.start_byte, b"return ")]
+        return [(statement.start_byte, statement.start_byte, b"return ")], False
     expression = _expression(statement)
     if shape != _EXPRESSION or expression is None:
-        return []
-    return [
-        (expression.start_byte, expression.start_byte, b"return ("),
-        (expression.end_byte, expression.end_byte, b")"),
-    ]
+        return [], False
+    close = (expression.end_byte, expression.end_byte, b")")
+    if previous is None:
+        return [close], True
+    end = _last_token(previous)
+    if end.end_point.row < expression.start_point.row:
+        opening = b";" + _RETURN_OPEN.encode()
+        return [(end.end_byte, end.end_byte, opening), close], False
+    opening = _RETURN_OPEN.encode()
+    return [(expression.start_byte, expression.start_byte, opening), close], False
+
+
+def _last_token(node: tree_sitter.Node) -> tree_sitter.Node:
+    """The last token of `node`'s code: not a comment after it, nor the empty semicolon
+    the grammar puts where a line break ends a statement (after any comment there)."""
+    while True:
+        last = next(
+            (
+                child
+                for child in reversed(node.children)
+                if not child.is_extra and child.end_byte > child.start_byte
+            ),
+            None,
+        )
+        if last is None:
+            return node
+        node = last
 
 
 def _single_line(statement: str) -> str:

@@ -131,7 +131,7 @@ def test_a_rewritten_step_still_has_no_value_when_it_ends_with_a_declaration() -
     """Each rewritten declaration is a block, which prepare_module does not return."""
     for code in ("let x = 1", "class C {}", "enum E { A }", 'import x from "m"'):
         assert "return" not in prepare_module(rewrite_step(code, "typescript")).text, code
-    assert "return (x)" in prepare_module(rewrite_step("let x = 1\nx", "typescript")).text
+    assert "return (\nx)" in prepare_module(rewrite_step("let x = 1\nx", "typescript")).text
 
 
 def test_non_ascii_and_escaped_names() -> None:
