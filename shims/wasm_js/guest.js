@@ -162,24 +162,47 @@ for (const name of ["toString", "toTimeString"]) {
   defineProperty(dateProto, name, { value: method, writable: true, configurable: true });
 }
 
-// Two built-ins whose errors StarlingMonkey cannot throw as catchable ones (the run
-// ends as if its promise never settled): `signal.throwIfAborted()` once aborted, and
-// `encode` of a value whose conversion to a string throws. The same methods, under the
-// same names and attributes, do the throwing in JavaScript first.
+// Built-ins that behave as Deno's once replaced by the same methods (names, lengths,
+// attributes) doing part of the work in JavaScript first:
+// - two whose errors StarlingMonkey cannot throw as catchable ones (the run ends as if
+//   its promise never settled): `signal.throwIfAborted()` once aborted, and `encode`
+//   of a value whose conversion to a string throws;
+// - an abort with no reason, whose DOMException says what happened, as Deno's does,
+//   where StarlingMonkey's only repeats its name ("AbortError: AbortError"), and which
+//   `AbortSignal.abort()` refused outright.
 const getter = (proto, name) => uncurry(Object.getOwnPropertyDescriptor(proto, name).get);
 const signalAborted = getter(AbortSignal.prototype, "aborted");
 const signalReason = getter(AbortSignal.prototype, "reason");
 const encode = uncurry(TextEncoder.prototype.encode);
-const replacements = {
+const abortController = uncurry(AbortController.prototype.abort);
+const abortSignalAbort = uncurry(AbortSignal.abort);
+const domException = DOMException;
+const reasonOr = (reason) =>
+  reason === undefined ? new domException("The signal has been aborted", "AbortError") : reason;
+const methods = {
   throwIfAborted() {
     if (signalAborted(this)) throw signalReason(this);
   },
   encode(input = "") {
     return encode(this, `${input}`);
   },
+  abort(reason) {
+    return abortController(this, reasonOr(reason));
+  },
 };
-for (const [proto, name] of [[AbortSignal.prototype, "throwIfAborted"], [TextEncoder.prototype, "encode"]]) {
-  defineProperty(proto, name, { value: replacements[name], writable: true, configurable: true });
+const statics = {
+  // A default, so that its length is 0, as Deno's is.
+  abort(reason = undefined) {
+    return abortSignalAbort(abortSignal, reasonOr(reason));
+  },
+};
+for (const [owner, name, method] of [
+  [AbortSignal.prototype, "throwIfAborted", methods.throwIfAborted],
+  [TextEncoder.prototype, "encode", methods.encode],
+  [AbortController.prototype, "abort", methods.abort],
+  [AbortSignal, "abort", statics.abort],
+]) {
+  defineProperty(owner, name, { value: method, writable: true, configurable: true });
 }
 
 // The component is built without outgoing HTTP; StarlingMonkey's fetch would trap.

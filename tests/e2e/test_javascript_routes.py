@@ -264,6 +264,9 @@ async def test_a_traceback_reads_the_same_on_both(client: Any, language: str) ->
         "try { new TextEncoder().encode({ toString() { throw new Error('no text') } }) }\n"
         "catch (e) { e.message }",
         "try { new TextEncoder().encode(Symbol()) } catch (e) { e.name }",
+        "const controller = new AbortController();\ncontroller.abort();\n"
+        "String(controller.signal.reason)",
+        "const { reason } = AbortSignal.abort();\n[String(reason), AbortSignal.abort.length]",
     ],
 )
 async def test_what_a_built_in_throws_is_caught_on_both(client: Any, code: str) -> None:
