@@ -39,6 +39,7 @@ const weakRefDeref = uncurry(WeakRef.prototype.deref);
 const isView = ArrayBuffer.isView;
 const PromiseCtor = Promise;
 const ErrorCtor = Error;
+const stackGetter = uncurry(getOwnPropertyDescriptor(Error.prototype, "stack").get);
 const DataViewCtor = DataView;
 const Uint8ArrayCtor = Uint8Array;
 const setValues = uncurry(Set.prototype.values);
@@ -94,8 +95,11 @@ const COMPACT = 3;
 const PLAIN_KEY = /^[a-zA-Z_][a-zA-Z_0-9]*$/;
 const INDEX = /^(0|[1-9][0-9]*)$/;
 const ESCAPED = /[\x00-\x1f\x7f\\]/g;
-// How SpiderMonkey names code run by guest.js's indirect eval in a stack frame.
-const PROGRAM_FRAME = /^(.*?)@.*> eval:(\d+):(\d+)$/;
+// How SpiderMonkey names code run by guest.js's indirect eval in a stack frame. A frame
+// reached through a promise is marked with why: `async*` where a function awaited
+// (V8 lists it too, unmarked), `Promise.then*` and the like where a reaction was set
+// up (V8 lists none of those).
+const PROGRAM_FRAME = /^(?:([\w.]+)\*)?(.*?)@.*> eval:(\d+):(\d+)$/;
 
 // How a program's frames are numbered: the line its wrapper adds before it (guest.js
 // sets it for each run).
@@ -173,16 +177,16 @@ function className(value) {
   return null;
 }
 
-// The names of the classes an error was made by, below Error itself.
-function classNames(error) {
-  const names = [];
+// Whether `name` is that of a class the error was made by, below Error itself. Walked
+// anew each time rather than kept in an array: guest.js reports an execution's error
+// with it, which a program's accessors on Array.prototype must not reach.
+function madeBy(error, name) {
   for (let proto = getPrototypeOf(error); proto !== null; proto = getPrototypeOf(proto)) {
-    const descriptor = getOwnPropertyDescriptor(proto, "constructor");
-    const made = descriptor?.value;
-    if (typeof made !== "function" || made === ErrorCtor) break;
-    if (typeof made.name === "string" && made.name !== "") arrayPush(names, made.name);
+    const made = getOwnPropertyDescriptor(proto, "constructor")?.value;
+    if (typeof made !== "function" || made === ErrorCtor) return false;
+    if (made.name === name) return true;
   }
-  return names;
+  return false;
 }
 
 function functionKind(value) {
@@ -216,15 +220,8 @@ function formatError(error, context) {
   const head =
     inherited && made && made !== name && !stringIncludes(name, made) ? `${made} [${name}]` : name;
   let text = message === "" ? head : `${head}: ${message}`;
-  const stack = typeof error.stack === "string" ? error.stack : "";
-  // SpiderMonkey shows the frames of the error's own constructors, V8 starts below them.
-  const constructors = classNames(error);
-  let below = false;
-  eachProgramFrame(stack, lineOffset, (name, line, column) => {
-    if (!below && arrayIncludes(constructors, name)) return;
-    below = true;
-    const place = `<program>:${line}:${column}`;
-    text += name ? `\n    at ${name} (${place})` : `\n    at ${place}`;
+  eachErrorFrame(error, (frame) => {
+    text += `\n${frame}`;
   });
   if (context.indentation > 0) {
     text = stringReplace(text, /\n/g, `\n${stringRepeat(" ", context.indentation)}`);
@@ -232,16 +229,44 @@ function formatError(error, context) {
   return text;
 }
 
-/** Calls `visit(name, line, column)` for each of the program's own frames in a
- * SpiderMonkey `stack`, at the program's own lines (`offset` is what its wrapper adds).
- * No array is made of them: guest.js builds the execution's report with it, which a
- * program's accessors on Array.prototype must not reach. */
-export function eachProgramFrame(stack, offset, visit) {
-  const lines = stringSplit(toText(stack), "\n");
+/** Calls `visit(frame)` for each of the program's own frames where `error` was made, as
+ * Deno writes them: `    at name (<program>:line:column)`, or `    at <program>:line:column`
+ * for the program's body, at the program's own lines, from the stack SpiderMonkey
+ * captured (not one a program set) and below the error's own constructors (which
+ * SpiderMonkey lists and V8 does not). No array is made of them: guest.js builds the
+ * execution's report with it, which a program's accessors on Array.prototype must not
+ * reach. */
+export function eachErrorFrame(error, visit) {
+  let stack = "";
+  try {
+    stack = stackGetter(error);
+  } catch {
+    return; // not an error: nothing was captured
+  }
+  if (typeof stack !== "string") return;
+  const lines = stringSplit(stack, "\n");
+  let below = false;
   for (let i = 0; i < lines.length; i++) {
     const frame = regexpExec(PROGRAM_FRAME, lines[i]);
-    if (frame !== null) visit(frame[1], mathMax(1, toNumber(frame[2]) - offset), frame[3]);
+    if (frame === null || (frame[1] !== undefined && frame[1] !== "async")) continue;
+    const name = frame[2];
+    if (!below && name !== "" && madeBy(error, name)) continue;
+    below = true;
+    const place = `<program>:${mathMax(1, toNumber(frame[3]) - lineOffset)}:${frame[4]}`;
+    visit(name ? `    at ${name} (${place})` : `    at ${place}`);
   }
+}
+
+/** `error.stack` as Deno's reads: `Name: message` and the program's frames, as
+ * `eachErrorFrame` gives them; never the guest's files or the host's paths. */
+export function denoStack(error) {
+  const name = error.name === undefined ? "Error" : toText(error.name);
+  const message = error.message === undefined ? "" : toText(error.message);
+  let text = name === "" ? message : message === "" ? name : `${name}: ${message}`;
+  eachErrorFrame(error, (frame) => {
+    text += `\n${frame}`;
+  });
+  return text;
 }
 
 function emptyItems(count) {

@@ -28,7 +28,7 @@
 // on the execution's working directory (see fs.js).
 
 import hostCall from "host-call";
-import { eachProgramFrame, installConsole, setLineOffset } from "./console.js";
+import { denoStack, eachErrorFrame, installConsole, setLineOffset } from "./console.js";
 import { makeFs } from "./fs.js";
 import { ToolError, encodeResult, makeTools } from "./sandbox_sdk.js";
 
@@ -75,33 +75,32 @@ const tools = makeTools(request);
 // Files in the execution's working directory, served by the host (see fs.js).
 const fs = makeFs(hostCall, stringify, parse, writeLine);
 
-// Only the program's own frames, at the user's own line numbers. Built as a string,
-// not an array: pushing onto an array sets its indices through whatever accessors a
-// program planted on Array.prototype (a setter that drops the frame, a getter that
-// answers for it), which would let it forge the report or run inside it.
-function userTraceback(stack, lineOffset) {
+// Only the program's own frames, at the user's own line numbers (`eachErrorFrame`).
+// Built as a string, not an array: pushing onto an array sets its indices through
+// whatever accessors a program planted on Array.prototype (a setter that drops the
+// frame, a getter that answers for it), which would let it forge the report or run
+// inside it.
+function userTraceback(error) {
   let traceback = "";
-  eachProgramFrame(stack, lineOffset, (name, line, column) => {
-    const place = `<program>:${line}:${column}`;
-    const frame = name ? `    at ${name} (${place})` : `    at ${place}`;
+  eachErrorFrame(error, (frame) => {
     traceback = traceback === "" ? frame : `${traceback}\n${frame}`;
   });
   return traceback;
 }
 
-function describeError(error, lineOffset) {
+function describeError(error) {
   if (error === null || (typeof error !== "object" && typeof error !== "function")) {
     return { type: "Error", message: toString(error), traceback: "" };
   }
   const type = toString(error.name ?? "Error");
   const message = toString(error.message ?? "");
-  return { type, message, traceback: userTraceback(error.stack ?? "", lineOffset) };
+  return { type, message, traceback: userTraceback(error) };
 }
 
 // A program that does not parse has no frames of its own: SpiderMonkey puts the place
 // on the error, in lines of the wrapped function.
 function describeSyntaxError(error, lineOffset) {
-  const described = describeError(error, lineOffset);
+  const described = describeError(error);
   if (typeof error?.lineNumber === "number") {
     const line = max(1, error.lineNumber - lineOffset);
     described.traceback = `    at <program>:${line}:${error.columnNumber ?? 0}`;
@@ -204,6 +203,48 @@ for (const [owner, name, method] of [
 ]) {
   defineProperty(owner, name, { value: method, writable: true, configurable: true });
 }
+
+// `error.stack` reads as Deno's (`denoStack`): SpiderMonkey's lists the guest's own
+// frames, and the host's path to its files, in its own notation. What the engine
+// captured is read through its own getter still, by the console and the report alike.
+const engineStack = Object.getOwnPropertyDescriptor(Error.prototype, "stack");
+const capturedStack = uncurry(engineStack.get);
+const stackAccessor = {
+  get stack() {
+    const captured = capturedStack(this);
+    return typeof captured === "string" ? denoStack(this) : captured;
+  },
+};
+defineProperty(Error.prototype, "stack", {
+  get: Object.getOwnPropertyDescriptor(stackAccessor, "stack").get,
+  set: engineStack.set,
+  enumerable: engineStack.enumerable,
+  configurable: true,
+});
+// And the stack `Error.captureStackTrace` gives an object, as V8's: the object's name
+// and message, then the program's frames where it was called (below the function
+// named, if one is).
+const ErrorCtor = Error;
+const capture = {
+  captureStackTrace(target, below) {
+    const here = new ErrorCtor();
+    defineProperty(here, "name", { value: target?.name ?? "Error" });
+    defineProperty(here, "message", { value: target?.message ?? "" });
+    let stack = denoStack(here);
+    const name = typeof below === "function" ? below.name : "";
+    const mark = name ? stack.indexOf(`\n    at ${name} (`) : -1;
+    if (mark >= 0) {
+      const rest = stack.indexOf("\n", mark + 1);
+      stack = stack.slice(0, stack.indexOf("\n")) + (rest < 0 ? "" : stack.slice(rest));
+    }
+    defineProperty(target, "stack", { value: stack, writable: true, configurable: true });
+  },
+};
+defineProperty(ErrorCtor, "captureStackTrace", {
+  value: capture.captureStackTrace,
+  writable: true,
+  configurable: true,
+});
 
 // The component is built without outgoing HTTP; StarlingMonkey's fetch would trap.
 async function noFetch() {

@@ -274,3 +274,39 @@ async def test_what_a_built_in_throws_is_caught_on_both(client: Any, code: str) 
     on_deno = await execute(client, code, language="javascript", executor="deno")
     assert on_wasm["status"] == "ok", on_wasm
     assert on_wasm["result"] == on_deno["result"], (on_wasm, on_deno)
+
+
+STACKS = """
+class ValidationError extends Error {
+  constructor(message) {
+    super(message);
+    this.name = "ValidationError";
+  }
+}
+function check() {
+  throw new ValidationError("missing x");
+}
+function outer() {
+  check();
+}
+try {
+  outer();
+} catch (e) {
+  console.error(e.stack);
+  console.error(e);
+}
+const o = { name: "Custom", message: "made" };
+Error.captureStackTrace(o);
+console.log(o.stack);
+"""
+
+
+async def test_an_error_stack_reads_as_denos(client: Any) -> None:
+    """`error.stack`, a subclass's included: its name and message, then the program's
+    frames, never the guest's files."""
+    on_wasm = await _printed(client, STACKS, "wasm-js")
+    assert on_wasm == await _printed(client, STACKS, "deno")
+    assert on_wasm[2].startswith(
+        "ValidationError: missing x\n    at check (<program>:9:9)\n    at outer (<program>:12:3)"
+    ), on_wasm
+    assert "Custom: made\n    at <program>:21:7" in on_wasm[1]
