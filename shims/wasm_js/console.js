@@ -485,13 +485,13 @@ function formatObject(value, context, depth) {
     base = formatFunction(value);
     keys = ownKeys(value);
     if (keys.length === 0) return base;
-    if (depth > DEPTH) return functionKind(value) === "class" ? base : "[Function]";
+    if (depth > context.depth) return functionKind(value) === "class" ? base : "[Function]";
   } else if (isArray(value)) {
     if (name !== "Array") prefix = `${name ?? "[Array: null prototype]"}(${value.length}) `;
     open = `${prefix}[`;
     close = "]";
     if (value.length === 0 && getOwnPropertyNames(value).length === 1) return `${open}]`;
-    if (depth > DEPTH) return `[${name ?? "Array"}]`;
+    if (depth > context.depth) return `[${name ?? "Array"}]`;
     enter(value, context, depth);
     ({ output, keys } = arrayParts(value, value.length, context, depth));
   } else if (brand === "Map" || brand === "Set") {
@@ -501,7 +501,7 @@ function formatObject(value, context, depth) {
     open = made === brand ? `${brand}(${size}) {` : `${made} {`;
     keys = ownKeys(value);
     if (size === 0 && keys.length === 0) return `${open}}`;
-    if (depth > DEPTH) return `[${name ?? tag}]`;
+    if (depth > context.depth) return `[${name ?? tag}]`;
     enter(value, context, depth);
     const iterator = isMap ? mapEntries(value) : setValues(value);
     const next = isMap ? mapIteratorNext : setIteratorNext;
@@ -526,7 +526,7 @@ function formatObject(value, context, depth) {
     close = "]";
     keys = [];
     if (length === 0) return `${open}]`;
-    if (depth > DEPTH) return `[${typedArrayTag(value)}]`;
+    if (depth > context.depth) return `[${typedArrayTag(value)}]`;
     enter(value, context, depth);
     for (let i = 0; i < length && i < ITEMS; i++) arrayPush(output, formatPrimitive(value[i], true));
     if (length > ITEMS) arrayPush(output, moreItems(length - ITEMS));
@@ -566,12 +566,12 @@ function formatObject(value, context, depth) {
     const caused = value instanceof ErrorCtor && hasOwn(value, "cause");
     if (base !== "" && keys.length === 0 && !caused) return base;
     if (keys.length === 0 && !caused) return prefix ? `${prefix} {}` : "{}";
-    if (depth > DEPTH) return name === null ? "[Object: null prototype]" : `[${name}]`;
+    if (depth > context.depth) return name === null ? "[Object: null prototype]" : `[${name}]`;
     open = prefix ? `${prefix} {` : "{";
     enter(value, context, depth);
   }
   if (base !== "") {
-    if (depth > DEPTH) return base;
+    if (depth > context.depth) return base;
     enter(value, context, depth);
   }
   for (const key of keys) arrayPush(output, formatProperty(value, key, context, depth, false));
@@ -606,7 +606,7 @@ function formatArrayBuffer(value) {
 
 // A URL as Deno shows one: its parts, as if they were its own fields.
 function formatURL(value, context, depth) {
-  if (depth > DEPTH) return "[URL]";
+  if (depth > context.depth) return "[URL]";
   const output = [];
   for (const field of [...URL_FIELDS, ...URL_LAST_FIELDS]) {
     arrayPush(output, `${field}: ${quote(value[field])}`);
@@ -650,9 +650,17 @@ function boxed(value, tag) {
 }
 
 /** A value as Deno's `console.log` shows it, nested (strings quoted). */
-export function inspect(value, indentation = 0) {
-  const context = { seen: [], refs: new MapCtor(), indentation, deepest: 0 };
+export function inspect(value, indentation = 0, depth = DEPTH) {
+  const context = { seen: [], refs: new MapCtor(), indentation, deepest: 0, depth };
   return formatValue(value, context, 0);
+}
+
+// How deep `console.dir`'s options say to show a value: `depth`, any number, or
+// `null` for all the way down, as Deno reads it.
+function depthOf(options) {
+  const depth = options?.depth;
+  if (depth === null) return Infinity;
+  return typeof depth === "number" && !isNaN(depth) ? depth : DEPTH;
 }
 
 function formatArgument(value, indentation) {
@@ -744,7 +752,8 @@ export function installConsole(target, out, err) {
     dirxml: (...args) => write(out, formatLine(args)),
     error: (...args) => write(err, formatLine(args)),
     warn: (...args) => write(err, formatLine(args)),
-    dir: (value) => write(out, formatArgument(value, 0)),
+    dir: (value, options) =>
+      write(out, typeof value === "string" ? value : inspect(value, 0, depthOf(options))),
     trace: (...args) => {
       const text = args.length === 0 ? "Trace" : `Trace: ${formatLine(args)}`;
       write(err, `${text}${frames()}`);
