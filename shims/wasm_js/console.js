@@ -85,6 +85,8 @@ const URLCtor = URL;
 const URL_FIELDS = ["href", "origin", "protocol", "username", "password", "host", "hostname"];
 const URL_LAST_FIELDS = ["port", "pathname", "hash", "search"];
 const MapCtor = Map;
+const searchParamsEntries = uncurry(URLSearchParams.prototype.entries);
+const headersEntries = uncurry(Headers.prototype.entries);
 
 // Deno's defaults: nesting shown to depth 4, lines of up to 80 columns, at most 100
 // items of a collection, the three innermost levels of a value on one line if they fit.
@@ -177,6 +179,16 @@ function className(value) {
   return null;
 }
 
+// An error's own fields shown as Deno shows them, enumerable or not.
+const ERROR_FIELDS = ["cause", "errors"];
+
+function hasErrorFields(error) {
+  for (const field of ERROR_FIELDS) {
+    if (hasOwn(error, field)) return true;
+  }
+  return false;
+}
+
 // Whether `name` is that of a class the error was made by, below Error itself. Walked
 // anew each time rather than kept in an array: guest.js reports an execution's error
 // with it, which a program's accessors on Array.prototype must not reach.
@@ -211,18 +223,23 @@ function formatFunction(value) {
 }
 
 // An error as Deno shows one: its name and message, then its frames in the program.
-function formatError(error, context) {
+// One with no frames is bracketed, `[Error: message]`, when it is shown as a value.
+function formatError(error, context, asValue = false) {
   const name = toText(error.name ?? "Error");
   const message = toText(error.message ?? "");
   const made = className(error);
-  // Deno names the class beside the name the error inherits, not one set on it.
-  const inherited = !hasOwn(error, "name");
+  // Deno names the class beside the name the error inherits, not one set on it (but a
+  // DOMException, which shows its name alone).
+  const inherited = !hasOwn(error, "name") && made !== "DOMException";
   const head =
     inherited && made && made !== name && !stringIncludes(name, made) ? `${made} [${name}]` : name;
   let text = message === "" ? head : `${head}: ${message}`;
+  let framed = false;
   eachErrorFrame(error, (frame) => {
     text += `\n${frame}`;
+    framed = true;
   });
+  if (asValue && !framed && made !== "DOMException") text = `[${text}]`;
   if (context.indentation > 0) {
     text = stringReplace(text, /\n/g, `\n${stringRepeat(" ", context.indentation)}`);
   }
@@ -457,6 +474,8 @@ const BRANDS = {
   WeakMap: weakMapHas,
   WeakSet: weakSetHas,
   WeakRef: weakRefDeref,
+  URLSearchParams: searchParamsEntries,
+  Headers: headersEntries,
 };
 
 function brandOf(value, tag) {
@@ -472,7 +491,11 @@ function brandOf(value, tag) {
 
 function formatObject(value, context, depth) {
   const tag = tagOf(value);
-  const brand = typeof value === "function" || isArray(value) ? null : brandOf(value, tag);
+  const name = className(value);
+  // StarlingMonkey's URLSearchParams and Headers have no tag of their own.
+  const named = tag === "Object" && (name === "URLSearchParams" || name === "Headers");
+  const brand =
+    typeof value === "function" || isArray(value) ? null : brandOf(value, named ? name : tag);
   let prefix = "";
   let open = "{";
   let close = "}";
@@ -480,7 +503,6 @@ function formatObject(value, context, depth) {
   let keys;
   let grouped = false;
   let base = "";
-  const name = className(value);
   if (typeof value === "function") {
     base = formatFunction(value);
     keys = ownKeys(value);
@@ -537,8 +559,8 @@ function formatObject(value, context, depth) {
     } else if (brand === "RegExp") {
       base = regexpToString(value);
     } else if (value instanceof ErrorCtor) {
-      base = formatError(value, context);
-      keys = without(keys, ["stack", "message", "name", "cause"]);
+      base = formatError(value, context, true);
+      keys = without(keys, ["stack", "message", "name", ...ERROR_FIELDS]);
     } else if (
       brand === "Number" ||
       brand === "String" ||
@@ -554,18 +576,25 @@ function formatObject(value, context, depth) {
       return "Promise { <unknown> }";
     } else if (brand === "ArrayBuffer") {
       return formatArrayBuffer(value);
+    } else if (brand === "URLSearchParams" || brand === "Headers") {
+      if (depth > context.depth) return `[${brand}]`;
+      const entries = namedEntries(value, brand);
+      if (entries.length === 0) return `${brand} {}`;
+      context.deepest = mathMax(context.deepest, depth + 1);
+      return enclose(entries, `${brand} {`, "}", context, depth, false, "");
     } else if (value instanceof URLCtor && keys.length === 0 && brand === null) {
       return formatURL(value, context, depth);
     } else if (name === null) {
       prefix = "[Object: null prototype]";
     } else if (name !== "Object") {
-      prefix = hasOwn(value, Symbol.toStringTag) || tag === "Object" ? name : `${name} [${tag}]`;
+      const plain = hasOwn(value, Symbol.toStringTag) || tag === "Object" || tag === name;
+      prefix = plain ? name : `${name} [${tag}]`;
     } else if (tag !== "Object") {
       prefix = `Object [${tag}]`;
     }
-    const caused = value instanceof ErrorCtor && hasOwn(value, "cause");
-    if (base !== "" && keys.length === 0 && !caused) return base;
-    if (keys.length === 0 && !caused) return prefix ? `${prefix} {}` : "{}";
+    const fielded = value instanceof ErrorCtor && hasErrorFields(value);
+    if (base !== "" && keys.length === 0 && !fielded) return base;
+    if (keys.length === 0 && !fielded) return prefix ? `${prefix} {}` : "{}";
     if (depth > context.depth) return name === null ? "[Object: null prototype]" : `[${name}]`;
     open = prefix ? `${prefix} {` : "{";
     enter(value, context, depth);
@@ -575,13 +604,17 @@ function formatObject(value, context, depth) {
     enter(value, context, depth);
   }
   for (const key of keys) arrayPush(output, formatProperty(value, key, context, depth, false));
-  if (value instanceof ErrorCtor && hasOwn(value, "cause")) {
-    // Given to the constructor, a cause is not enumerable, and shown as Deno shows it.
-    const cause = getOwnPropertyDescriptor(value, "cause");
-    const shown = cause.enumerable ? "cause" : "[cause]";
-    context.indentation += 2;
-    arrayPush(output, `${shown}: ${formatValue(cause.value, context, depth + 1)}`);
-    context.indentation -= 2;
+  if (value instanceof ErrorCtor) {
+    // Given to the constructor, a cause and an AggregateError's errors are not
+    // enumerable, and shown as Deno shows them.
+    for (const field of ERROR_FIELDS) {
+      const own = getOwnPropertyDescriptor(value, field);
+      if (own === undefined || !hasOwn(own, "value")) continue;
+      const shown = own.enumerable ? field : `[${field}]`;
+      context.indentation += 2;
+      arrayPush(output, `${shown}: ${formatValue(own.value, context, depth + 1)}`);
+      context.indentation -= 2;
+    }
   }
   context.seen.pop();
   if (output.length > 6 && (isArray(value) || (isView(value) && open !== "{"))) {
@@ -602,6 +635,16 @@ function formatArrayBuffer(value) {
   }
   if (length > 50) hex += ` ... ${length - 50} more byte${length - 50 === 1 ? "" : "s"}`;
   return `ArrayBuffer { [Uint8Contents]: <${hex}>, byteLength: ${length} }`;
+}
+
+// A URLSearchParams's pairs as Deno shows them, as a Map's; a Headers's as fields.
+function namedEntries(value, brand) {
+  const output = [];
+  for (const [name, text] of BRANDS[brand](value)) {
+    const shown = brand === "Headers" ? `${formatKey(name)}: ` : `${quote(name)} => `;
+    arrayPush(output, `${shown}${quote(text)}`);
+  }
+  return output;
 }
 
 // A URL as Deno shows one: its parts, as if they were its own fields.
