@@ -190,13 +190,14 @@ function hasErrorFields(error) {
 }
 
 // Whether `name` is that of a class the error was made by, below Error itself. Walked
-// anew each time rather than kept in an array: guest.js reports an execution's error
-// with it, which a program's accessors on Array.prototype must not reach.
+// anew each time rather than kept in an array, and reading names as data, never
+// through a getter: guest.js reports an execution's error with it, which no code of
+// the program's (a static `name` getter, accessors on Array.prototype) may reach.
 function madeBy(error, name) {
   for (let proto = getPrototypeOf(error); proto !== null; proto = getPrototypeOf(proto)) {
     const made = getOwnPropertyDescriptor(proto, "constructor")?.value;
     if (typeof made !== "function" || made === ErrorCtor) return false;
-    if (made.name === name) return true;
+    if (getOwnPropertyDescriptor(made, "name")?.value === name) return true;
   }
   return false;
 }

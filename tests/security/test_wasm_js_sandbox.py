@@ -586,6 +586,15 @@ async def test_poisoned_built_ins_cannot_forge_the_result(
             id="array-string-regexp-methods",
         ),
         pytest.param(
+            # The report reads a class's name as data: a getter is never run by it (and
+            # the class's frame, whose name it cannot read, stays).
+            "class E extends Error { static get name() { throw 1; } }\nthrow new E('m');",
+            "Error",
+            "m",
+            "    at E (<program>:1:1)\n    at <program>:2:7",
+            id="class-name-getter-that-throws",
+        ),
+        pytest.param(
             "throw { get name() { throw 1; }, message: 'm' };",
             "Error",
             "the error could not be described",
