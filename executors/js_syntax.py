@@ -868,7 +868,11 @@ def _plan(data: bytes, root: tree_sitter.Node, imports: list[str]) -> tuple[list
             previous = statement
     if last is None:
         return edits, False
-    returned, on_head = _returned(*last, before_last)
+    # A script (the wasm-js guest evaluates the program as one) reads `<!--` and a
+    # line's leading `-->` as comments to the end of the line, where the grammar reads
+    # operators: with either in the text, nothing is written on a line before.
+    inline = b"<!--" in data or b"-->" in data
+    returned, on_head = _returned(*last, before_last, inline=inline)
     return edits + returned, on_head
 
 
@@ -949,7 +953,11 @@ def _plan_export(data: bytes, statement: tree_sitter.Node, edits: list[_Edit]) -
 
 
 def _returned(
-    statement: tree_sitter.Node, shape: str, previous: tree_sitter.Node | None
+    statement: tree_sitter.Node,
+    shape: str,
+    previous: tree_sitter.Node | None,
+    *,
+    inline: bool = False,
 ) -> tuple[list[_Edit], bool]:
     """The edits that make the final statement return its value, if it has one, and
     whether `return (` goes at the end of the header's line.
@@ -958,7 +966,7 @@ def _returned(
     own text), `return (` opens on an earlier line when one ends the statement before
     (after it, with a `;` to end that statement where it ended) or, with no statement
     before, on the header's line; only an expression that starts on the line where
-    the statement before it ends is moved along by it.
+    the statement before it ends is moved along by it, as is every one when `inline`.
     """
     if shape == _EXPORTED_EXPRESSION:  # already `(<expression>)`
         return [(statement.start_byte, statement.start_byte, b"return ")], False
@@ -966,10 +974,10 @@ def _returned(
     if shape != _EXPRESSION or expression is None:
         return [], False
     close = (expression.end_byte, expression.end_byte, b")")
-    if previous is None:
+    if previous is None and not inline:
         return [close], True
-    end = _last_token(previous)
-    if end.end_point.row < expression.start_point.row:
+    end = None if previous is None else _last_token(previous)
+    if end is not None and not inline and end.end_point.row < expression.start_point.row:
         opening = b";" + _RETURN_OPEN.encode()
         return [(end.end_byte, end.end_byte, opening), close], False
     opening = _RETURN_OPEN.encode()

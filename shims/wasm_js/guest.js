@@ -319,6 +319,31 @@ for (const [name, method] of [["addEventListener", addListener], ["removeEventLi
   defineProperty(eventTarget, name, { value: replacement, writable: true, configurable: true });
 }
 
+// `signal.onabort = handler` is a listener too, guarded as one; read back, it is the
+// handler the program set (StarlingMonkey's own getter answers null whatever was set).
+const engineOnabort = Object.getOwnPropertyDescriptor(AbortSignal.prototype, "onabort");
+const onabortGet = uncurry(engineOnabort.get);
+const onabortSet = uncurry(engineOnabort.set);
+const handlers = new WeakMap();
+const onabort = {
+  get onabort() {
+    const engines = onabortGet(this); // the engine's check that this is a signal
+    const handler = weakMapGet(handlers, this);
+    return handler === undefined ? engines : handler;
+  },
+  set onabort(handler) {
+    onabortSet(this, typeof handler === "function" ? guardOf(handler) : handler);
+    weakMapSet(handlers, this, typeof handler === "function" ? handler : null);
+  },
+};
+const onabortAccessor = Object.getOwnPropertyDescriptor(onabort, "onabort");
+defineProperty(AbortSignal.prototype, "onabort", {
+  get: onabortAccessor.get,
+  set: onabortAccessor.set,
+  enumerable: engineOnabort.enumerable,
+  configurable: true,
+});
+
 // The globals a program finds, set here once: pre-initialisation keeps them in every
 // instance, so `run` only sets what depends on the execution.
 const timers = {

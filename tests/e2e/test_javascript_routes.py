@@ -183,6 +183,11 @@ BACKGROUND_ERRORS = {
         "target.addEventListener('ping', { handleEvent() { throw 7 } });\n"
         "target.dispatchEvent(new Event('ping'));\nawait 0;\n'finished'"
     ),
+    "an abort handler": (
+        "const controller = new AbortController();\n"
+        "controller.signal.onabort = function handler() { throw new Error('handled') };\n"
+        "controller.abort();\n'finished'"
+    ),
     "an abort listener": (
         "const controller = new AbortController();\n"
         "controller.signal.addEventListener('abort', () => { throw new Error('aborted') });\n"
@@ -205,6 +210,10 @@ NO_BACKGROUND_ERRORS = {
         "target.addEventListener('ping', listener);\n"
         "target.addEventListener('ping', listener);\n"
         "target.dispatchEvent(new Event('ping'));\nheard"
+    ),
+    "an abort handler read back": (
+        "const controller = new AbortController();\nconst handler = () => {};\n"
+        "controller.signal.onabort = handler;\ncontroller.signal.onabort === handler"
     ),
     "a timer left pending": "setTimeout(() => { throw new Error('never') }, 1000);\n'finished'",
     "an error caught in a microtask": (

@@ -96,6 +96,9 @@ RETURNED = [
     ("foo(); /* c */", "return (\nfoo()); /* c */"),
     ("foo();;", "return (\nfoo());;"),
     ("foo()\n;", "return (\nfoo())\n;"),
+    # A script reads `<!--` (and a line's leading `-->`) as a comment: nothing goes after.
+    ("var a = 3, c = 1\nc\n<!--a\na", "var a = 3, c = 1\nc\n<!--a\nreturn (a)"),
+    ("x\n-->y\nz", "x\n-->y\nreturn (z)"),
     ("const x = 1 // one\nx", "const x = 1;return ( // one\nx)"),
     # Lines that continue the previous one, as JavaScript reads them.
     ("a\n(b)", "return (\na\n(b))"),

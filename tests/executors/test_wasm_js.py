@@ -204,6 +204,14 @@ async def test_an_uncaught_error_stops_the_program_there(
     assert "<program>:" in outcome.error.traceback
 
 
+async def test_html_like_comments_of_a_script_leave_the_returned_value_alone(
+    wasm_js: WasmJsExecutor,
+) -> None:
+    # The guest evaluates a script, where `<!--` comments out the rest of its line.
+    outcome = await run(wasm_js, "var a = 3, c = 1\nc\n<!--a\na")
+    assert (outcome.status, outcome.result) == (Status.OK, 3), outcome
+
+
 async def test_no_state_survives_between_executions(wasm_js: WasmJsExecutor) -> None:
     first = await run(
         wasm_js, "globalThis.leak = 1;\nArray.prototype.leak = 2;\nJSON.parse = () => 3;\n1"
