@@ -974,13 +974,13 @@ def _returned(
     if shape != _EXPRESSION or expression is None:
         return [], False
     close = (expression.end_byte, expression.end_byte, b")")
-    if previous is None and not inline:
-        return [close], True
-    end = None if previous is None else _last_token(previous)
-    if end is not None and not inline and end.end_point.row < expression.start_point.row:
-        opening = b";" + _RETURN_OPEN.encode()
-        return [(end.end_byte, end.end_byte, opening), close], False
     opening = _RETURN_OPEN.encode()
+    if not inline:
+        if previous is None:
+            return [close], True
+        end = _last_token(previous)
+        if end.end_point.row < expression.start_point.row:
+            return [(end.end_byte, end.end_byte, b";" + opening), close], False
     return [(expression.start_byte, expression.start_byte, opening), close], False
 
 

@@ -1306,7 +1306,9 @@ def _host_call(method: str, params: str) -> str:
         execution.guest_files.shut_pipe()
     if execution.interrupt.reason is not None:
         return _rpc_error(INTERNAL_ERROR, "the execution is being stopped")
-    if method == UNCAUGHT_METHOD and execution.may_end:
+    if method == UNCAUGHT_METHOD:
+        if not execution.may_end:  # a session's step: it ends with the error as it settles
+            return _rpc_error(-32601, f"method not found: {method} (the instance goes on)")
         # The program stopped by an error nothing could catch, as Deno stops it.
         execution.ended_with = params
         raise GuestEnded

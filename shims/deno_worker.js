@@ -184,7 +184,7 @@ function describeError(error, lineOffset) {
     // the type and the message, which the report has already.
     const head = message === "" ? type : `${type}: ${message}`;
     if (stack === head) stack = "";
-    else if (stack.startsWith(`${head}\n`)) stack = stack.slice(head.length + 1);
+    else if (startsWith(stack, `${head}\n`)) stack = stack.slice(head.length + 1);
   }
   // Our own frames and Deno's internals (ext:) say nothing about the program.
   const frames = stack

@@ -39,7 +39,9 @@ const weakRefDeref = uncurry(WeakRef.prototype.deref);
 const isView = ArrayBuffer.isView;
 const PromiseCtor = Promise;
 const ErrorCtor = Error;
-const stackGetter = uncurry(getOwnPropertyDescriptor(Error.prototype, "stack").get);
+/** The stack SpiderMonkey captured for an error, read through the engine's own getter
+ * (guest.js replaces the property with one giving Deno's text). */
+export const engineStack = uncurry(getOwnPropertyDescriptor(Error.prototype, "stack").get);
 const DataViewCtor = DataView;
 const Uint8ArrayCtor = Uint8Array;
 const setValues = uncurry(Set.prototype.values);
@@ -257,7 +259,7 @@ function formatError(error, context, asValue = false) {
 export function eachErrorFrame(error, visit) {
   let stack = "";
   try {
-    stack = stackGetter(error);
+    stack = engineStack(error);
   } catch {
     return; // not an error: nothing was captured
   }

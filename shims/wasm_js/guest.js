@@ -28,7 +28,13 @@
 // on the execution's working directory (see fs.js).
 
 import hostCall from "host-call";
-import { denoStack, eachErrorFrame, installConsole, setLineOffset } from "./console.js";
+import {
+  denoStack,
+  eachErrorFrame,
+  engineStack,
+  installConsole,
+  setLineOffset,
+} from "./console.js";
 import { makeFs } from "./fs.js";
 import { ToolError, encodeResult, makeTools } from "./sandbox_sdk.js";
 
@@ -143,6 +149,19 @@ function bound(delay) {
   return wanted > left ? left : wanted;
 }
 
+// A built-in's method, or accessor, replaced by one of ours under the same name and
+// attributes (an accessor keeps the engine's setter where ours has none).
+function replaceMethod(owner, name, method) {
+  defineProperty(owner, name, { value: method, writable: true, configurable: true });
+}
+
+function replaceAccessor(owner, name, holder) {
+  const engines = Object.getOwnPropertyDescriptor(owner, name);
+  const ours = Object.getOwnPropertyDescriptor(holder, name);
+  const set = ours.set ?? engines.set;
+  defineProperty(owner, name, { get: ours.get, set, enumerable: engines.enumerable, configurable: true });
+}
+
 // A date as text names its time zone, and without ICU SpiderMonkey calls UTC "UTC"
 // where Deno says "Coordinated Universal Time" (both keep time in UTC): the same
 // method, under the same name and attributes, with Deno's words. `String(date)` and
@@ -158,7 +177,7 @@ for (const name of ["toString", "toTimeString"]) {
       return endsWith(text, " (UTC)") ? `${slice(text, 0, -5)}(Coordinated Universal Time)` : text;
     },
   }[name];
-  defineProperty(dateProto, name, { value: method, writable: true, configurable: true });
+  replaceMethod(dateProto, name, method);
 }
 
 // Built-ins that behave as Deno's once replaced by the same methods (names, lengths,
@@ -201,25 +220,17 @@ for (const [owner, name, method] of [
   [AbortController.prototype, "abort", methods.abort],
   [AbortSignal, "abort", statics.abort],
 ]) {
-  defineProperty(owner, name, { value: method, writable: true, configurable: true });
+  replaceMethod(owner, name, method);
 }
 
 // `error.stack` reads as Deno's (`denoStack`): SpiderMonkey's lists the guest's own
 // frames, and the host's path to its files, in its own notation. What the engine
 // captured is read through its own getter still, by the console and the report alike.
-const engineStack = Object.getOwnPropertyDescriptor(Error.prototype, "stack");
-const capturedStack = uncurry(engineStack.get);
-const stackAccessor = {
+replaceAccessor(Error.prototype, "stack", {
   get stack() {
-    const captured = capturedStack(this);
+    const captured = engineStack(this);
     return typeof captured === "string" ? denoStack(this) : captured;
   },
-};
-defineProperty(Error.prototype, "stack", {
-  get: Object.getOwnPropertyDescriptor(stackAccessor, "stack").get,
-  set: engineStack.set,
-  enumerable: engineStack.enumerable,
-  configurable: true,
 });
 // And the stack `Error.captureStackTrace` gives an object, as V8's: the object's name
 // and message, then the program's frames where it was called (below the function
@@ -240,11 +251,7 @@ const capture = {
     defineProperty(target, "stack", { value: stack, writable: true, configurable: true });
   },
 };
-defineProperty(ErrorCtor, "captureStackTrace", {
-  value: capture.captureStackTrace,
-  writable: true,
-  configurable: true,
-});
+replaceMethod(ErrorCtor, "captureStackTrace", capture.captureStackTrace);
 
 // The component is built without outgoing HTTP; StarlingMonkey's fetch would trap.
 async function noFetch() {
@@ -316,7 +323,7 @@ for (const [name, method] of [["addEventListener", addListener], ["removeEventLi
       return method(this, type, guardOf(listener), options);
     },
   }[name];
-  defineProperty(eventTarget, name, { value: replacement, writable: true, configurable: true });
+  replaceMethod(eventTarget, name, replacement);
 }
 
 // `signal.onabort = handler` is a listener too, guarded as one; read back, it is the
@@ -325,7 +332,7 @@ const engineOnabort = Object.getOwnPropertyDescriptor(AbortSignal.prototype, "on
 const onabortGet = uncurry(engineOnabort.get);
 const onabortSet = uncurry(engineOnabort.set);
 const handlers = new WeakMap();
-const onabort = {
+replaceAccessor(AbortSignal.prototype, "onabort", {
   get onabort() {
     const engines = onabortGet(this); // the engine's check that this is a signal
     const handler = weakMapGet(handlers, this);
@@ -335,13 +342,6 @@ const onabort = {
     onabortSet(this, typeof handler === "function" ? guardOf(handler) : handler);
     weakMapSet(handlers, this, typeof handler === "function" ? handler : null);
   },
-};
-const onabortAccessor = Object.getOwnPropertyDescriptor(onabort, "onabort");
-defineProperty(AbortSignal.prototype, "onabort", {
-  get: onabortAccessor.get,
-  set: onabortAccessor.set,
-  enumerable: engineOnabort.enumerable,
-  configurable: true,
 });
 
 // The globals a program finds, set here once: pre-initialisation keeps them in every
