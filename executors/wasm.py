@@ -29,7 +29,9 @@ held only while the guest runs code, not while it waits on a tool or a timer), a
 hands the runner the execution; waiting for either is queueing, not the program's
 time. The guest's `host-call` import runs in the runner's thread and reaches the Trio
 side with `trio.from_thread.run` (`bridge.request`, in a task of its own), so a tool
-call goes through the daemon's one dispatcher under the execution's session. When the
+call goes through the daemon's one dispatcher under the execution's session. A guest
+with an event loop (wasm-js) starts its calls and collects their answers later instead
+(`calls/wait`, see `wasm_guest_calls`), so that it runs on while they are out. When the
 job has an `on_output` hook, each piece of output the
 guest writes is also handed, in order and without waiting, to a task on the Trio side
 that awaits the hook (`_LiveOutput`); without one, nothing is done for streaming. A
@@ -55,17 +57,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
 import math
 import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 import wasmtime
@@ -98,6 +99,13 @@ from conduit.executors.wasm_build import (
 from conduit.executors.wasm_calls import GuestEnded, add_string_import
 from conduit.executors.wasm_clock import BoundedClock, StoreClock
 from conduit.executors.wasm_fs import METHOD_PREFIX, FsError, GuestFiles
+from conduit.executors.wasm_guest_calls import (
+    INTERNAL_ERROR,
+    WAIT_METHOD,
+    GuestCalls,
+    WaitRequest,
+    rpc_error,
+)
 from conduit.executors.wasm_instances import (
     MAX_MEMORY_MIB,
     MIB,
@@ -113,6 +121,8 @@ from conduit.executors.wasm_slots import CpuSlots, GuestInterrupt, Seat
 __all__ = ["ProgramRejected", "WasmExecutor"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Under the cache directory: each executor's executions' scratch directories.
 SCRATCH_DIR = "scratch"
@@ -153,8 +163,6 @@ MAX_LINGERING_THREADS = 32
 # failed build is not tried again: its reason says what to fix, then restart.
 LOAD_RETRY_FIRST_S = 5.0
 LOAD_RETRY_MAX_S = 300.0
-# JSON-RPC "internal error", for a host-call failure that is no RpcError.
-INTERNAL_ERROR = -32603
 # The wall time a build step run in the guest (`run_trusted`) may take: compiling a
 # large package (sympy's ~1,000 modules) takes tens of seconds; this bounds a hung one.
 BUILD_PROGRAM_TIMEOUT_S = 600.0
@@ -244,6 +252,10 @@ class _Execution:
     # answer it gave as it ended.
     may_end: bool = False
     ended_with: str | None = None
+    # The calls the guest started and collects later (`wasm_guest_calls`), made at its
+    # first; they run in `nursery` (the executor's), which may outlive the run.
+    calls: GuestCalls | None = None
+    nursery: trio.Nursery | None = None
 
     @property
     def queue_left_s(self) -> float:
@@ -359,6 +371,8 @@ class WasmExecutor:
         self._runs = 0
         self._sessions: set[WasmSession] = set()
         self._settled = trio.Event()  # set once the build has succeeded or failed
+        # Where the calls guests start run (see `wasm_guest_calls`), while served.
+        self._nursery: trio.Nursery | None = None
 
     def __repr__(self) -> str:
         state = self._state if self._reason is None else f"{self._state}: {self._reason}"
@@ -378,6 +392,7 @@ class WasmExecutor:
         try:
             with _wasmtime.ticking(self._engine):
                 async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
                     nursery.start_soon(_wasmtime.serve_ticker)
                     nursery.start_soon(self._slots.serve)
                     nursery.start_soon(self._end_sessions_on_exit)
@@ -397,7 +412,7 @@ class WasmExecutor:
                         )
                         nursery.start_soon(self._runners.serve)
         finally:
-            self._runners = None
+            self._runners = self._nursery = None
             if self._scratch is not None:
                 self._scratch.close()
                 self._scratch = None
@@ -688,6 +703,7 @@ class WasmExecutor:
             disk_bytes=limits.disk_mb * MIB,
             placing=job.files,
             may_end=self.ends_early,
+            nursery=self._nursery,
         )
         interrupt.regain = functools.partial(_regain_slot, execution)
         self._runs += 1
@@ -723,10 +739,17 @@ class WasmExecutor:
         try:
             await self._take_slot(execution)
             if job.on_output is None:
-                return await self._wait_for_guest(job, execution, hand)
-            return await self._wait_streaming(job, execution, capture, hand)
+                answer = await self._wait_for_guest(job, execution, hand)
+            else:
+                answer = await self._wait_streaming(job, execution, capture, hand)
         finally:
             self._slots.release(execution.interrupt.seat)
+        calls = execution.calls
+        if calls is not None and execution.interrupt.reason is not None:
+            calls.cancel()  # stopped: so are its calls
+        elif calls is not None:  # reported once its last calls are counted
+            await calls.begun()
+        return answer
 
     def _conclude(
         self,
@@ -873,6 +896,8 @@ class WasmExecutor:
         execution.interrupt.stop(_wasmtime.StopReason.CANCELLED)
         if execution.host_call is not None:  # a task of its own: it would carry on
             execution.host_call.cancel()
+        if execution.calls is not None:
+            execution.calls.cancel()
         with self._lingering_lock:
             execution.abandoned = True
             if execution.finished:
@@ -1298,63 +1323,108 @@ def _host_call(method: str, params: str) -> str:
     """The guest's `host-call`: a JSON-RPC call under the session token (runner thread)."""
     execution: _Execution | None = getattr(_RUNNING, "execution", None)
     if execution is None:
-        return _rpc_error(INTERNAL_ERROR, "the execution is being stopped")
+        return rpc_error(INTERNAL_ERROR, "the execution is being stopped")
     if method.startswith(METHOD_PREFIX) and execution.interrupt.reason is None:
         return _file_call(execution, method, params)  # takes what was piped, and shuts
     if execution.guest_files is not None:
         # Whatever the call: the guest's stdout after it is never a file's bytes.
         execution.guest_files.shut_pipe()
     if execution.interrupt.reason is not None:
-        return _rpc_error(INTERNAL_ERROR, "the execution is being stopped")
+        return rpc_error(INTERNAL_ERROR, "the execution is being stopped")
     if method == UNCAUGHT_METHOD:
         if not execution.may_end:  # a session's step: it ends with the error as it settles
-            return _rpc_error(-32601, f"method not found: {method} (the instance goes on)")
+            return rpc_error(-32601, f"method not found: {method} (the instance goes on)")
         # The program stopped by an error nothing could catch, as Deno stops it.
         execution.ended_with = params
         raise GuestEnded
+    if method == WAIT_METHOD:
+        return _wait_calls(execution, params)
+    return _blocking_call(execution, method, params)
+
+
+def _blocking_call(execution: _Execution, method: str, params: str) -> str:
+    """A call the guest waits for, dispatched under its session (runner thread)."""
     if method == "tools/call":
         execution.tool_calls += 1
     try:
         decoded = jsontext.loads(params, lenient_numbers=True)
-        if not isinstance(decoded, dict):
-            return _rpc_error(-32602, "invalid params: params must be an object")
-        # A task of its own (the token's system nursery), rather than a turn of the
-        # task awaiting this thread: two scheduler passes fewer per call, and
-        # `_request_for_guest` scopes it for cancelling either way.
-        result = trio.from_thread.run(
-            _request_for_guest, execution, method, decoded, trio_token=execution.token
-        )
-    except RpcError as exc:
-        return _rpc_error(exc.code, exc.message, exc.data)
     except jsontext.JsonTextError as exc:
-        return _rpc_error(-32700, f"parse error: {exc}")
-    except (trio.Cancelled, _Stopped):
+        return rpc_error(-32700, f"parse error: {exc}")
+    if not isinstance(decoded, dict):
+        return rpc_error(-32602, "invalid params: params must be an object")
+    # A task of its own (the token's system nursery), rather than a turn of the task
+    # awaiting this thread: two scheduler passes fewer per call, and `_without_slot`
+    # scopes it for cancelling either way.
+    request = functools.partial(execution.bridge.request, method, decoded)
+    result, error = _on_trio(execution, method, _without_slot, execution, request)
+    # jsontext: a lone surrogate in a tool's result would fail to cross into the guest.
+    return error if error is not None else jsontext.dumps({"result": result})
+
+
+def _on_trio(
+    execution: _Execution, method: str, function: Callable[..., Awaitable[Any]], *args: Any
+) -> tuple[Any, str | None]:
+    """`await function(*args)` on the Trio side for the guest's thread: (its value,
+    None), or (None, the JSON-RPC error answer the guest gets instead)."""
+    try:
+        return trio.from_thread.run(function, *args, trio_token=execution.token), None
+    except RpcError as exc:
+        return None, rpc_error(exc.code, exc.message, exc.data)
+    except (trio.Cancelled, trio.RunFinishedError, _Stopped):
         execution.interrupt.stop(_wasmtime.StopReason.CANCELLED)
-        return _rpc_error(INTERNAL_ERROR, "the execution is being stopped")
+        return None, rpc_error(INTERNAL_ERROR, "the execution is being stopped")
     except BaseException as exc:
         # Nothing may unwind into Wasmtime: wasmtime-py turns only an `Exception` into
         # a trap, and anything else would leave the call's result unwritten. Reported
         # to the guest; the daemon's side logs its own.
         log.exception("host-call %s failed", method)
-        return _rpc_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
-    # jsontext: a lone surrogate in a tool's result would fail to cross into the guest.
-    return jsontext.dumps({"result": result})
+        return None, rpc_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
+
+
+def _wait_calls(execution: _Execution, params: str) -> str:
+    """`calls/wait`: start the calls listed, then answer those done, waiting (off its
+    CPU slot) up to the time asked for until one is (runner thread)."""
+    try:
+        wait = WaitRequest.parse(jsontext.loads(params, lenient_numbers=True))
+    except jsontext.JsonTextError as exc:
+        return rpc_error(-32700, f"parse error: {exc}")
+    except ValueError as exc:
+        return rpc_error(-32602, f"invalid params: {exc}")
+    execution.tool_calls += sum(call.method == "tools/call" for call in wait.start)
+    answer, error = _on_trio(execution, WAIT_METHOD, _collect_for_guest, execution, wait)
+    return error if error is not None else answer
+
+
+async def _collect_for_guest(execution: _Execution, wait: WaitRequest) -> str:
+    """Start `wait`'s calls; the answers of those done, at once if any is (or if it
+    asks for no wait), else after waiting off the CPU slot."""
+    calls = execution.calls
+    if calls is None:
+        calls = execution.calls = GuestCalls(execution.bridge.request, execution.nursery)
+    for call in wait.start:
+        calls.start(call)
+    answer = calls.collect_nowait()
+    if answer is not None:
+        return answer
+    if wait.timeout_s <= 0:
+        return '{"result":[]}'
+    return await _without_slot(execution, functools.partial(calls.collect, wait.timeout_s))
 
 
 def _file_call(execution: _Execution, method: str, params: str) -> str:
     """A guest's `fs/*` call, served in its runner thread on its working directory."""
     files = execution.guest_files
     if files is None:
-        return _rpc_error(-32601, f"method not found: {method} (this guest has WASI files)")
+        return rpc_error(-32601, f"method not found: {method} (this guest has WASI files)")
     try:
         decoded = jsontext.loads(params, lenient_numbers=True)
         if not isinstance(decoded, dict):
             raise FsError("ERR_INVALID_ARG_TYPE", "params must be an object")
         return jsontext.dumps({"result": files.call(method, decoded)})
     except jsontext.JsonTextError as exc:
-        return _rpc_error(-32700, f"parse error: {exc}")
+        return rpc_error(-32700, f"parse error: {exc}")
     except FsError as exc:
-        return _rpc_error(INTERNAL_ERROR, exc.message, {"code": exc.code})
+        return rpc_error(INTERNAL_ERROR, exc.message, {"code": exc.code})
 
 
 def _place_files(instance: Instance, execution: _Execution) -> str | None:
@@ -1482,13 +1552,13 @@ class _Stopped(Exception):
     """A host call cut short because its execution was given up on."""
 
 
-async def _request_for_guest(execution: _Execution, method: str, params: dict[str, Any]) -> Any:
-    """`bridge.request` for the guest's thread, in a scope that `_abandon` (and the
-    executor's shutdown) cancels: the call runs in a task of its own, which would
-    otherwise outlive the execution.
+async def _without_slot(execution: _Execution, wait: Callable[[], Awaitable[T]]) -> T:
+    """`await wait()` for the guest's thread (a tool call, or the wait for calls it
+    started), in a scope that `_abandon` (and the executor's shutdown) cancels: it runs
+    in a task of its own, which would otherwise outlive the execution.
 
-    The guest runs no code while it waits for the answer: its CPU slot is free for
-    another guest meanwhile, and taken back before the answer goes to the guest."""
+    The guest runs no code while it waits: its CPU slot is free for another guest
+    meanwhile, and taken back before the answer goes to the guest."""
     with trio.CancelScope() as scope:
         execution.host_call = scope
         if execution.abandoned:
@@ -1496,7 +1566,7 @@ async def _request_for_guest(execution: _Execution, method: str, params: dict[st
         execution.slots.release(execution.interrupt.seat)
         try:
             try:
-                return await execution.bridge.request(method, params)
+                return await wait()
             finally:
                 if not scope.cancel_called:
                     await execution.regain_slot()
@@ -1517,7 +1587,7 @@ def _regain_slot(execution: _Execution) -> None:
 
 async def _regain_for_guest(execution: _Execution) -> None:
     """`_Execution.regain_slot` for the guest's thread, in a scope that `_abandon` and
-    a stop cancel (as `_request_for_guest`)."""
+    a stop cancel (as `_without_slot`)."""
     with trio.CancelScope() as scope:
         execution.host_call = scope
         if execution.abandoned or execution.interrupt.reason is not None:
@@ -1561,10 +1631,3 @@ async def _wait_answer(
 
 
 _NOTHING = contextlib.nullcontext()
-
-
-def _rpc_error(code: int, message: str, data: Any = None) -> str:
-    error: dict[str, Any] = {"code": code, "message": message}
-    if isinstance(data, dict):
-        error["data"] = data
-    return json.dumps({"error": error}, default=str)

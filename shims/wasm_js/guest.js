@@ -22,8 +22,9 @@
 // timers still pending when it settles never fire. A callback the program hands a
 // timer, `queueMicrotask` or an event listener that throws ends the run with its error,
 // as on Deno. The program reaches the daemon
-// only through `tools`, which send `tools/call` and `tools/list` through the
-// `host-call` import; the host dispatches them under the execution's session token.
+// only through `tools`, whose `tools/call` and `tools/list` go through the `host-call`
+// import as `calls/wait` (below): the host dispatches them under the execution's
+// session token while the program runs on.
 // Its files go through the same import as `fs/*` calls, which the host serves itself
 // on the execution's working directory (see fs.js).
 
@@ -50,6 +51,7 @@ const toNumber = Number;
 // Methods as plain functions, immune to a program replacing them on the prototypes.
 const uncurry = (method) => Function.prototype.call.bind(method);
 const NativePromise = Promise;
+const NativeMap = Map;
 const promiseThen = Promise.prototype.then;
 const then = uncurry(promiseThen);
 const apply = Reflect.apply;
@@ -67,17 +69,113 @@ const clockNow = uncurry(clock.now);
 const now = () => clockNow(clock);
 const JSON_RPC_INTERNAL = -32603;
 
-// One synchronous JSON-RPC call to the daemon; its result, or ToolError.
-function request(method, params, tool) {
-  const answer = parse(hostCall(method, stringify(params)));
-  if (answer.error) {
-    const { code, message, data } = answer.error;
-    throw new ToolError(message, code ?? JSON_RPC_INTERNAL, data?.tool ?? tool, data);
-  }
-  return answer.result;
+const mapGet = uncurry(Map.prototype.get);
+const mapSet = uncurry(Map.prototype.set);
+const mapDelete = uncurry(Map.prototype.delete);
+const mapForEach = uncurry(Map.prototype.forEach);
+const mapSize = uncurry(Object.getOwnPropertyDescriptor(Map.prototype, "size").get);
+const realSetTimeout = globalThis.setTimeout;
+
+// Tool calls run while the program goes on, as on Deno (executors/wasm_guest_calls.py).
+// A call is sent with the next `calls/wait`, made by a poll (a timer of the engine's,
+// not the program's) once the program has nothing left to run: that host call starts
+// what was sent and waits until some call is done or the program's next timer is due,
+// and answers the calls done. The poll goes on while any call is out. At most
+// CALLS_OUT_MAX are out at once, as the host allows: the rest wait here, in order. Calls
+// still to send when the run ends are sent then, as Deno sends what a program started.
+const CALLS_OUT_MAX = 256;
+const calls = {
+  out: new Map(),
+  waiting: new Map(), // beyond CALLS_OUT_MAX, by number from `first` to `next`
+  first: 0,
+  next: 0,
+  tickets: 0,
+  sending: "", // `{"ticket","call"}` texts, comma-separated
+  polling: false,
+};
+
+function toolError(error, tool) {
+  const { code, message, data } = error;
+  return new ToolError(message, code ?? JSON_RPC_INTERNAL, data?.tool ?? tool, data);
 }
 
-const tools = makeTools(request);
+// A call to the daemon; a promise of its result, rejected with ToolError.
+function startCall(method, params, tool) {
+  return new NativePromise((resolve, reject) => {
+    const call = { text: stringify({ method, params }), tool, resolve, reject };
+    if (mapSize(calls.out) < CALLS_OUT_MAX) send(call);
+    else mapSet(calls.waiting, calls.next++, call);
+  });
+}
+
+function send(call) {
+  const ticket = ++calls.tickets;
+  mapSet(calls.out, ticket, call);
+  const item = `{"ticket":${ticket},"call":${call.text}}`;
+  calls.sending = calls.sending === "" ? item : `${calls.sending},${item}`;
+  if (!calls.polling) {
+    calls.polling = true;
+    realSetTimeout(poll, 0);
+  }
+}
+
+// Send what is to send, wait up to `timeout` (milliseconds, or "null" for as long as it
+// takes) and settle the calls done.
+function exchange(timeout) {
+  const sending = calls.sending;
+  calls.sending = "";
+  const answer = parse(hostCall("calls/wait", `{"start":[${sending}],"timeout_ms":${timeout}}`));
+  if (answer.error) {
+    // The run is being stopped: no call it made will be answered.
+    mapForEach(calls.out, (call) => call.reject(toolError(answer.error, call.tool)));
+    calls.out = new NativeMap();
+    return;
+  }
+  const done = answer.result;
+  for (let index = 0; index < done.length; index++) {
+    const ticket = done[index][0]; // not destructured: that would take an iterator
+    const reply = done[index][1];
+    const call = mapGet(calls.out, ticket);
+    if (call === undefined) continue;
+    mapDelete(calls.out, ticket);
+    if (reply.error) call.reject(toolError(reply.error, call.tool));
+    else call.resolve(reply.result);
+  }
+  while (calls.first < calls.next && mapSize(calls.out) < CALLS_OUT_MAX) {
+    const call = mapGet(calls.waiting, calls.first);
+    mapDelete(calls.waiting, calls.first++);
+    send(call);
+  }
+}
+
+function poll() {
+  calls.polling = false;
+  exchange(nextTimerIn() ?? "null");
+  if (mapSize(calls.out) > 0 && !calls.polling) {
+    calls.polling = true;
+    realSetTimeout(poll, 0);
+  }
+}
+
+// The run ends: what it started and has not sent yet goes now.
+function sendRest() {
+  if (calls.sending !== "") exchange(0);
+}
+
+// The program's timers, each with when it is next due on the clock of `now()`: a wait
+// for tool calls ends in time for the soonest.
+const timersDue = new Map();
+
+// Milliseconds until the program's next timer is due, or null if it has none.
+function nextTimerIn() {
+  let soonest = Infinity;
+  mapForEach(timersDue, (entry) => {
+    if (entry.due < soonest) soonest = entry.due;
+  });
+  return soonest === Infinity ? null : max(0, soonest - now());
+}
+
+const tools = makeTools(startCall);
 // Files in the execution's working directory, served by the host (see fs.js).
 const fs = makeFs(hostCall, stringify, parse, writeLine);
 
@@ -129,7 +227,6 @@ function report(error, describe, lineOffset) {
 // How long past the execution's end a shortened timer fires: a few epoch ticks, so the
 // host's deadline check has certainly passed when the program runs again.
 const TIMER_SLACK_MS = 50;
-const realSetTimeout = globalThis.setTimeout;
 const realSetInterval = globalThis.setInterval;
 const abortSignal = AbortSignal;
 const abortSignalTimeout = uncurry(AbortSignal.timeout);
@@ -274,6 +371,7 @@ function uncaught(error) {
   const run = current;
   if (run === null || run.failure !== null) return;
   run.failure = report(error, describeError, run.lineOffset);
+  sendRest();
   hostCall("program/uncaught", run.failure);
   if (run.answer !== null) run.answer(run.failure);
 }
@@ -346,12 +444,41 @@ replaceAccessor(AbortSignal.prototype, "onabort", {
 
 // The globals a program finds, set here once: pre-initialisation keeps them in every
 // instance, so `run` only sets what depends on the execution.
+// A timer's callback, guarded, keeping `timersDue` up to date as it fires.
+function timed(callback, entry) {
+  const guard = guarded(callback);
+  return function (...args) {
+    if (entry.period) entry.due = now() + entry.period;
+    else mapDelete(timersDue, entry.id);
+    return apply(guard, this, args);
+  };
+}
+
+function startTimer(start, callback, delay, args, repeat) {
+  if (typeof callback !== "function") return apply(start, globalThis, [callback, delay, ...args]);
+  const wait = bound(delay);
+  const entry = { id: undefined, due: now() + wait, period: repeat ? wait : 0 };
+  entry.id = apply(start, globalThis, [timed(callback, entry), wait, ...args]);
+  mapSet(timersDue, entry.id, entry);
+  return entry.id;
+}
+
+const realClearTimeout = globalThis.clearTimeout;
+const realClearInterval = globalThis.clearInterval;
 const timers = {
   setTimeout(callback, delay, ...args) {
-    return realSetTimeout(guarded(callback), bound(delay), ...args);
+    return startTimer(realSetTimeout, callback, delay, args, false);
   },
   setInterval(callback, delay, ...args) {
-    return realSetInterval(guarded(callback), bound(delay), ...args);
+    return startTimer(realSetInterval, callback, delay, args, true);
+  },
+  clearTimeout(id) {
+    mapDelete(timersDue, id);
+    return realClearTimeout(id);
+  },
+  clearInterval(id) {
+    mapDelete(timersDue, id);
+    return realClearInterval(id);
   },
   queueMicrotask(callback) {
     if (current !== null && typeof callback === "function") current.queued = true;
@@ -361,7 +488,17 @@ const timers = {
 globalThis.setTimeout = timers.setTimeout;
 globalThis.setInterval = timers.setInterval;
 globalThis.queueMicrotask = timers.queueMicrotask;
-abortSignal.timeout = (delay) => abortSignalTimeout(abortSignal, bound(delay));
+globalThis.clearTimeout = timers.clearTimeout;
+globalThis.clearInterval = timers.clearInterval;
+// Its timer is the engine's: the signal says when it has fired.
+abortSignal.timeout = (delay) => {
+  const wait = bound(delay);
+  const signal = abortSignalTimeout(abortSignal, wait);
+  const key = {};
+  mapSet(timersDue, key, { due: now() + wait, period: 0 });
+  addListener(signal, "abort", () => mapDelete(timersDue, key));
+  return signal;
+};
 globalThis.fetch = noFetch;
 defineProperty(globalThis, "tools", { value: tools, enumerable: true });
 defineProperty(globalThis, "ToolError", { value: ToolError, enumerable: true });
@@ -376,11 +513,24 @@ export function run(requestText) {
   globalThis.inputs = job.inputs ?? null;
   const run = { lineOffset, failure: null, answer: null, queued: false };
   current = run;
+  // A session's step: the calls a step before left out are its execution's, and their
+  // answers are never collected here (a poll it left pending may still fire).
+  calls.out = new NativeMap();
+  calls.waiting = new NativeMap();
+  calls.first = calls.next = calls.tickets = 0;
+  calls.sending = "";
+  calls.polling = false;
   const answer = runProgram(job);
   if (run.failure !== null) return run.failure;
-  if (typeof answer === "string") return answer;
+  if (typeof answer === "string") {
+    sendRest();
+    return answer;
+  }
   const settled = new NativePromise((resolve) => {
-    run.answer = resolve;
+    run.answer = (text) => {
+      sendRest();
+      resolve(text);
+    };
   });
   // `then` makes its promise with the constructor a promise names, which a program
   // could have replaced (Promise.prototype.constructor, Promise[Symbol.species]) with

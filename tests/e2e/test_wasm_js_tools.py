@@ -43,6 +43,32 @@ found.filter((t) => t.path.startsWith("echo.")).map((t) => [t.id, t.path]).sort(
 """,
     # Concurrent calls come back matched.
     "await Promise.all([0, 1, 2, 3].map((i) => tools.echo.add({ a: i, b: 100 })))",
+    # The event loop runs while calls are out: calls at once answer as they finish, a
+    # timer wins a race against a slow tool, an interval ticks, an abort fires.
+    """
+const order = [];
+await Promise.all([
+  tools.echo.slow({ seconds: 0.3 }).then(() => order.push("slow")),
+  tools.echo.echo({ text: "fast" }).then((text) => order.push(text)),
+]);
+order
+""",
+    """
+const late = new Promise((_, reject) => setTimeout(() => reject(new Error("too slow")), 50));
+await Promise.race([tools.echo.slow({ seconds: 5 }), late]).catch((e) => e.message)
+""",
+    """
+let ticks = 0;
+const ticking = setInterval(() => ticks++, 10);
+await tools.echo.slow({ seconds: 0.3 });
+clearInterval(ticking);
+ticks > 2
+""",
+    """
+const signal = AbortSignal.timeout(50);
+const aborted = new Promise((resolve) => { signal.onabort = () => resolve("aborted"); });
+await Promise.race([tools.echo.slow({ seconds: 5 }), aborted])
+""",
 ]
 
 
@@ -118,3 +144,16 @@ async def test_a_program_waiting_on_a_slow_tool_is_stopped_at_its_timeout(
             await trio.sleep(0.05)  # the count changes in a worker thread
     again = await run(client, "await tools.echo.echo({ text: 'after' })", "wasm-js")
     assert (again["status"], again["result"]) == ("ok", "after")
+
+
+@pytest.mark.parametrize("executor", ["wasm-js", "deno"])
+async def test_a_call_the_program_did_not_await_is_made(tooled: Any, executor: str) -> None:  # noqa: F811
+    """A program that starts a call and answers at once (a forgotten `await`): the call
+    is made on both, as the next program sees."""
+    _, _, client = await tooled()
+    left = await run(client, 'tools.echo.add_tool({ name: "added" });\n"answered"', executor)
+    assert (left["status"], left["result"], left["tool_calls"]) == ("ok", "answered", 1)
+    listed = "(await tools.$discover()).some((tool) => tool.path === 'echo.added')"
+    with trio.fail_after(10):
+        while not (await run(client, listed, executor))["result"]:
+            await trio.sleep(0.05)

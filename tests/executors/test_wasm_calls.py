@@ -61,15 +61,23 @@ def test_the_import_gets_both_strings_and_its_answer_reaches_the_guest(
 
     def host_call(method: str, params: str) -> str:
         calls.append((method, params))
-        echo = {"echo": json.loads(params)["arguments"]["text"]}
-        return json.dumps({"result": {"value": echo}})
+        done = [
+            [started["ticket"], {"result": {"value": {"echo": started["call"]["params"]}}}]
+            for started in json.loads(params)["start"]
+        ]
+        return json.dumps({"result": done})
 
     answer = run(
         js_component.instances(host_call), "return await tools.ns.echo({text: inputs})", TEXT
     )
-    assert json.loads(answer) == {"result": {"echo": TEXT}}
-    assert [method for method, _ in calls] == ["tools/call"]
-    assert json.loads(calls[0][1])["arguments"] == {"text": TEXT}
+    assert json.loads(answer) == {
+        "result": {"echo": {"name": "ns.echo", "arguments": {"text": TEXT}, "shape": "value"}}
+    }
+    # A tool call is started, and waited for, by the guest's one `calls/wait`.
+    assert [method for method, _ in calls] == ["calls/wait"]
+    (started,) = json.loads(calls[0][1])["start"]
+    assert started["call"]["method"] == "tools/call"
+    assert started["call"]["params"]["arguments"] == {"text": TEXT}
 
 
 def test_an_import_that_raises_traps_the_guest_and_is_logged(

@@ -1,0 +1,209 @@
+"""Calls a guest starts and collects later, so that its event loop runs meanwhile.
+
+A JavaScript program does not stop for a tool call: `Promise.all` of three calls runs
+them at once, a `Promise.race` against a timer can be won by the timer, and an interval
+ticks while a call is out, as on Deno. A guest with an event loop (wasm-js) therefore
+makes its calls through one host call, `calls/wait`:
+
+    {"start": [{"ticket": n, "call": {"method", "params"}}, ...], "timeout_ms": t | null}
+
+It starts the calls listed, each a task of the executor's nursery (`GuestCalls`)
+dispatched under the execution's session as a blocking call is, then waits until some
+call is done or `timeout_ms` has passed (the guest's next timer is due), and answers
+every call done since the last wait: `[[ticket, <JSON-RPC answer>], ...]`. Tickets are
+the guest's own numbers, only handed back. The guest sends its calls as it polls, so a
+program awaiting one call after another pays one host call for each, as with a call
+that blocks. The wait gives the CPU slot up, as a blocking call does, and the
+executor's `_Execution.host_call` scopes it, so that a stop or a timeout ends it.
+
+A call still out when the run answers goes on to its end, as a call a Deno program
+started and did not await does; nobody collects its answer. The executor's nursery owns
+it, so it ends with the executor at the latest, and the gateway bounds each call's time.
+A program stopped (its time up, cancelled, over a limit) has its calls cancelled.
+Before the execution is reported, every call the guest started has begun (`begun`): it
+was counted and authorised while its execution ran, never refused as late.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from conduit.core import jsontext
+from conduit.core.errors import RpcError
+
+__all__ = [
+    "CALLS_OUT_MAX",
+    "INTERNAL_ERROR",
+    "WAIT_METHOD",
+    "GuestCalls",
+    "StartedCall",
+    "WaitRequest",
+    "rpc_error",
+]
+
+log = logging.getLogger(__name__)
+
+WAIT_METHOD = "calls/wait"
+# Calls one execution may have out at once (guest.js holds the rest back): enough for
+# any fan-out a program means, few enough that a loop starting calls it never awaits
+# cannot fill the daemon with tasks.
+CALLS_OUT_MAX = 256
+# JSON-RPC "internal error", for a call that failed other than with an RpcError.
+INTERNAL_ERROR = -32603
+# The largest ticket: an integer a JavaScript number holds exactly.
+MAX_TICKET = 2**53
+
+Request = Callable[[str, dict[str, Any]], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class StartedCall:
+    ticket: int
+    method: str
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class WaitRequest:
+    """A `calls/wait`, read and checked."""
+
+    start: tuple[StartedCall, ...]
+    timeout_s: float  # `inf`: until a call is done
+
+    @classmethod
+    def parse(cls, params: Any) -> WaitRequest:
+        """Raises ValueError, saying what is wrong, for anything but the shape above."""
+        if not isinstance(params, dict) or not isinstance(params.get("start", []), list):
+            raise ValueError("params must be {start: [...], timeout_ms}")
+        return cls(
+            tuple(_started(item) for item in params.get("start", [])),
+            _timeout_s(params.get("timeout_ms")),
+        )
+
+
+def _started(item: Any) -> StartedCall:
+    ticket = item.get("ticket") if isinstance(item, dict) else None
+    call = item.get("call") if isinstance(item, dict) else None
+    if not _is_ticket(ticket) or not isinstance(call, dict):
+        raise ValueError("each call started is {ticket: integer, call: {method, params}}")
+    method, params = call.get("method"), call.get("params")
+    if not isinstance(method, str) or not isinstance(params, dict):
+        raise ValueError("a call is {method: string, params: object}")
+    return StartedCall(ticket, method, params)
+
+
+def _is_ticket(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TICKET
+
+
+def _timeout_s(timeout_ms: Any) -> float:
+    if timeout_ms is None:
+        return math.inf
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int | float):
+        raise ValueError("timeout_ms must be a number of milliseconds or null")
+    if not timeout_ms >= 0:  # NaN too
+        raise ValueError("timeout_ms must not be negative")
+    return timeout_ms / 1000
+
+
+class GuestCalls:
+    """One execution's started calls (see the module doc); Trio thread only."""
+
+    def __init__(self, request: Request, nursery: trio.Nursery | None) -> None:
+        self._request = request
+        self._nursery = nursery
+        self._out = 0  # started, not yet done
+        self._unbegun = 0
+        self._done: list[str] = []  # `[ticket,answer]` texts, not yet collected
+        self._arrived = trio.Event()
+        self._scopes: set[trio.CancelScope] = set()  # of the calls out
+        self._cancelled = False
+
+    def __repr__(self) -> str:
+        return f"<GuestCalls {self._out} out, {len(self._done)} done>"
+
+    def start(self, call: StartedCall) -> None:
+        """Start `call` as a task of its own; it runs once the caller yields."""
+        if self._out >= CALLS_OUT_MAX:
+            message = f"too many calls out at once (at most {CALLS_OUT_MAX}): await some first"
+            self._finish(call.ticket, rpc_error(INTERNAL_ERROR, message))
+            return
+        try:
+            if self._nursery is None:
+                raise RuntimeError("the executor is not being served")
+            self._nursery.start_soon(self._call, call)
+        except RuntimeError:  # the nursery is closed: the executor is stopping
+            self._finish(call.ticket, rpc_error(INTERNAL_ERROR, "the executor is stopping"))
+            return
+        self._out += 1
+        self._unbegun += 1
+
+    async def _call(self, call: StartedCall) -> None:
+        # Runs into the dispatcher before it first yields: authorised and counted.
+        self._unbegun -= 1
+        answer = None
+        with trio.CancelScope() as scope:
+            self._scopes.add(scope)
+            if self._cancelled:
+                scope.cancel()
+            try:
+                answer = await self._answer(call)
+            finally:
+                self._scopes.discard(scope)
+                self._out -= 1
+        if answer is not None:
+            self._finish(call.ticket, answer)
+
+    async def _answer(self, call: StartedCall) -> str:
+        try:
+            return jsontext.dumps({"result": await self._request(call.method, call.params)})
+        except RpcError as exc:
+            return rpc_error(exc.code, exc.message, exc.data)
+        except Exception as exc:  # never into the executor's nursery
+            log.exception("a guest's %s failed", call.method)
+            return rpc_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
+
+    def cancel(self) -> None:
+        """Cancel the calls out, and any started later: the program was stopped."""
+        self._cancelled = True
+        for scope in self._scopes:
+            scope.cancel()
+
+    def _finish(self, ticket: int, answer: str) -> None:
+        self._done.append(f"[{ticket},{answer}]")
+        self._arrived.set()
+
+    async def begun(self) -> None:
+        """Return once every call started has begun."""
+        while self._unbegun:
+            await trio.lowlevel.checkpoint()
+
+    def collect_nowait(self) -> str | None:
+        """The answers of the calls done since the last collection, as the JSON-RPC
+        answer to `calls/wait`; None if none is done and some are still out."""
+        if not self._done and self._out:
+            return None
+        done, self._done = self._done, []
+        self._arrived = trio.Event()
+        return '{"result":[' + ",".join(done) + "]}"
+
+    async def collect(self, timeout_s: float) -> str:
+        """`collect_nowait`, waiting up to `timeout_s` for a call to be done."""
+        with trio.move_on_after(timeout_s):
+            await self._arrived.wait()
+        answer = self.collect_nowait()
+        return '{"result":[]}' if answer is None else answer
+
+
+def rpc_error(code: int, message: str, data: Any = None) -> str:
+    """A JSON-RPC error answer as text; `data` kept only if it is an object."""
+    error: dict[str, Any] = {"code": code, "message": message}
+    if isinstance(data, dict):
+        error["data"] = data
+    return jsontext.dumps({"error": error})
