@@ -122,6 +122,12 @@ def _typescript_route(figures: dict[str, Any]) -> None:
             f"  (target <= {TS_ROUTE_HUNDRED_CALLS_MS:.0f} ms: "
             f"{verdict(hundred['p50_ms'] <= TS_ROUTE_HUNDRED_CALLS_MS)})"
         )
+    for name, label in (
+        ("fan_out", "10 tool calls of 50 ms at once (Promise.all)"),
+        ("deno_fan_out", "the same on deno"),
+    ):
+        if name in figures:  # a run from before it was measured
+            print(row(label, figures[name]))
     print(row("erasing the types of 180 lines, on the host", figures["erase_report"]))
 
 

@@ -28,6 +28,11 @@ for (let i = 0; i < inputs.n; i++) {
 return times;
 """
 TS_HUNDRED_CALLS = "for (let i = 0; i < 100; i++) await tools.{}.echo({{ text: 'x' }});\n'done'"
+# Ten calls of 50 ms each under Promise.all, as a program fanning out over a list does.
+TS_FAN_OUT = (
+    "await Promise.all(Array.from({ length: 10 }, () => tools.echo.slow({ seconds: 0.05 })));\n"
+    "'done'"
+)
 # The same in Python, where a tool call is synchronous; the last expression is the result.
 PY_TOOL_LOOP = """
 import time
@@ -98,9 +103,19 @@ async def ts_hundred_calls(
 ) -> Figures:
     """`execute` of a TypeScript program making 100 sequential calls to `upstream`'s
     echo on `executor` (each with Deno's pool full), whole request timed."""
+    return await _ts_program(path, runs, TS_HUNDRED_CALLS.format(upstream), executor)
+
+
+async def ts_fan_out(path: str, runs: int, executor: str) -> Figures:
+    """`execute` of a TypeScript program making TS_FAN_OUT calls of 50 ms at once, on
+    `executor`: 50 ms and the overhead where they run at once, 10 times that where they
+    run one after another."""
+    return await _ts_program(path, runs, TS_FAN_OUT, executor)
+
+
+async def _ts_program(path: str, runs: int, code: str, executor: str) -> Figures:
     client = await Client.open(path)
     samples = []
-    code = TS_HUNDRED_CALLS.format(upstream)
     params = {"language": "typescript", "executor": executor, "code": code}
     with trio.move_on_after(SERIES_BUDGET_S):
         for _ in range(runs):

@@ -9,6 +9,7 @@
 - executions/s with 8 clients on the route;
 - a TypeScript program making 100 tool calls, on the route: to the SDK's echo server,
   and to one that answers at once (`bench/instant_upstream.py`, the daemon's share);
+- ten tool calls of 50 ms at once (`Promise.all`), on the route and on deno;
 - the host's time to erase the types of a 180-line program (`tests/fixtures/ts_report.ts`),
   its parse included, in this process.
 """
@@ -23,7 +24,7 @@ from bench.latency import check_result, execute_latency
 from bench.programs import DENO_REQUEST, TYPESCRIPT_REQUEST
 from bench.stats import Figures, percentiles
 from bench.throughput import execute_throughput
-from bench.tool_calls import ts_hundred_calls
+from bench.tool_calls import ts_fan_out, ts_hundred_calls
 from conduit.executors import js_syntax, ts_erase
 
 REPORT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "ts_report.ts"
@@ -79,6 +80,8 @@ async def figures(path: str, n: dict[str, int], clients: int) -> dict[str, Any]:
         "hundred_instant_calls": await ts_hundred_calls(
             path, n["ts_hundred_calls"], executor="wasm-js", upstream="instant"
         ),
+        "fan_out": await ts_fan_out(path, n["ts_hundred_calls"], "wasm-js"),
+        "deno_fan_out": await ts_fan_out(path, n["ts_hundred_calls"], "deno"),
         "erase_report": erase_time(),
     }
 
