@@ -146,6 +146,8 @@ JS_SDK = "sandbox_sdk.js"
 JS_FS = f"{JS_DIR}/fs.js"
 # The programs' console, written as Deno's writes; imported as ./console.js.
 JS_CONSOLE = f"{JS_DIR}/console.js"
+# The programs' timers, fired in the order they fall due; imported as ./timers.js.
+JS_TIMERS = f"{JS_DIR}/timers.js"
 NPM_LOCK = f"{JS_DIR}/package-lock.json"
 COMPONENTIZE_JS = "@bytecodealliance/componentize-js"
 COMPONENTIZE_JS_CLI = f"node_modules/{COMPONENTIZE_JS}/src/cli.js"
@@ -193,7 +195,7 @@ def _build_js(work: Path, _cache_dir: Path) -> None:
 
 JS_GUEST = GuestRecipe(
     name="wasm-js",
-    sources=(WORLD_FILE, JS_SOURCE, JS_SDK, JS_FS, JS_CONSOLE, NPM_LOCK),
+    sources=(WORLD_FILE, JS_SOURCE, JS_SDK, JS_FS, JS_CONSOLE, JS_TIMERS, NPM_LOCK),
     tool_versions=_js_tool_versions,
     build=_build_js,
     leftovers=JS_LEFTOVERS,

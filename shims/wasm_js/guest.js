@@ -37,6 +37,7 @@ import {
   setLineOffset,
 } from "./console.js";
 import { makeFs } from "./fs.js";
+import { makeTimers } from "./timers.js";
 import { ToolError, encodeResult, makeTools } from "./sandbox_sdk.js";
 
 // Captured before any program code runs: the program may replace globals and
@@ -162,17 +163,19 @@ function sendRest() {
   if (calls.sending !== "") exchange(0);
 }
 
-// The program's timers, each with when it is next due on the clock of `now()`: a wait
-// for tool calls ends in time for the soonest.
-const timersDue = new Map();
+// Timers of the engine's own that the program set through a built-in
+// (`AbortSignal.timeout`), each with when it is due: a wait for tool calls ends in time
+// for the soonest of these and of the program's own (`programTimers`, below).
+const engineTimersDue = new Map();
 
 // Milliseconds until the program's next timer is due, or null if it has none.
 function nextTimerIn() {
-  let soonest = Infinity;
-  mapForEach(timersDue, (entry) => {
-    if (entry.due < soonest) soonest = entry.due;
+  let soonest = programTimers.nextDueIn() ?? Infinity;
+  const at = now();
+  mapForEach(engineTimersDue, (due) => {
+    if (due - at < soonest) soonest = max(0, due - at);
   });
-  return soonest === Infinity ? null : max(0, soonest - now());
+  return soonest === Infinity ? null : soonest;
 }
 
 const tools = makeTools(startCall);
@@ -227,7 +230,6 @@ function report(error, describe, lineOffset) {
 // How long past the execution's end a shortened timer fires: a few epoch ticks, so the
 // host's deadline check has certainly passed when the program runs again.
 const TIMER_SLACK_MS = 50;
-const realSetInterval = globalThis.setInterval;
 const abortSignal = AbortSignal;
 const abortSignalTimeout = uncurry(AbortSignal.timeout);
 
@@ -442,61 +444,34 @@ replaceAccessor(AbortSignal.prototype, "onabort", {
   },
 });
 
+// The program's timers fire in the order they fall due, as Deno's (timers.js).
+const programTimers = makeTimers({
+  engine: { setTimeout: realSetTimeout, clearTimeout: globalThis.clearTimeout },
+  now,
+  bound,
+  guarded,
+});
+
 // The globals a program finds, set here once: pre-initialisation keeps them in every
 // instance, so `run` only sets what depends on the execution.
-// A timer's callback, guarded, keeping `timersDue` up to date as it fires.
-function timed(callback, entry) {
-  const guard = guarded(callback);
-  return function (...args) {
-    if (entry.period) entry.due = now() + entry.period;
-    else mapDelete(timersDue, entry.id);
-    return apply(guard, this, args);
-  };
-}
-
-function startTimer(start, callback, delay, args, repeat) {
-  if (typeof callback !== "function") return apply(start, globalThis, [callback, delay, ...args]);
-  const wait = bound(delay);
-  const entry = { id: undefined, due: now() + wait, period: repeat ? wait : 0 };
-  entry.id = apply(start, globalThis, [timed(callback, entry), wait, ...args]);
-  mapSet(timersDue, entry.id, entry);
-  return entry.id;
-}
-
-const realClearTimeout = globalThis.clearTimeout;
-const realClearInterval = globalThis.clearInterval;
 const timers = {
-  setTimeout(callback, delay, ...args) {
-    return startTimer(realSetTimeout, callback, delay, args, false);
-  },
-  setInterval(callback, delay, ...args) {
-    return startTimer(realSetInterval, callback, delay, args, true);
-  },
-  clearTimeout(id) {
-    mapDelete(timersDue, id);
-    return realClearTimeout(id);
-  },
-  clearInterval(id) {
-    mapDelete(timersDue, id);
-    return realClearInterval(id);
-  },
   queueMicrotask(callback) {
     if (current !== null && typeof callback === "function") current.queued = true;
     return realQueueMicrotask(guarded(callback));
   },
 };
-globalThis.setTimeout = timers.setTimeout;
-globalThis.setInterval = timers.setInterval;
+globalThis.setTimeout = programTimers.setTimeout;
+globalThis.setInterval = programTimers.setInterval;
+globalThis.clearTimeout = programTimers.clearTimeout;
+globalThis.clearInterval = programTimers.clearInterval;
 globalThis.queueMicrotask = timers.queueMicrotask;
-globalThis.clearTimeout = timers.clearTimeout;
-globalThis.clearInterval = timers.clearInterval;
 // Its timer is the engine's: the signal says when it has fired.
 abortSignal.timeout = (delay) => {
   const wait = bound(delay);
   const signal = abortSignalTimeout(abortSignal, wait);
   const key = {};
-  mapSet(timersDue, key, { due: now() + wait, period: 0 });
-  addListener(signal, "abort", () => mapDelete(timersDue, key));
+  mapSet(engineTimersDue, key, now() + wait);
+  addListener(signal, "abort", () => mapDelete(engineTimersDue, key));
   return signal;
 };
 globalThis.fetch = noFetch;

@@ -319,3 +319,31 @@ async def test_an_error_stack_reads_as_denos(client: Any) -> None:
         "ValidationError: missing x\n    at check (<program>:9:9)\n    at outer (<program>:12:3)"
     ), on_wasm
     assert "Custom: made\n    at <program>:21:7" in on_wasm[1]
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        # Timers due at once (the program was busy) fire in the order they fall due.
+        "const order = [];\n"
+        "setTimeout(() => order.push(10), 10);\nsetTimeout(() => order.push(5), 5);\n"
+        "setTimeout(() => order.push(0), 0);\n"
+        "const end = Date.now() + 30;\nwhile (Date.now() < end) {}\n"
+        "await new Promise((resolve) => setTimeout(resolve, 20));\norder",
+        # A callback's microtasks run before the next timer; a cleared timer never fires.
+        "const order = [];\nconst never = setTimeout(() => order.push('never'), 2);\n"
+        "setTimeout(() => {\n  order.push('a');\n"
+        "  Promise.resolve().then(() => order.push('micro'));\n}, 1);\n"
+        "setTimeout(() => order.push('b'), 1);\nclearTimeout(never);\n"
+        "await new Promise((resolve) => setTimeout(resolve, 10));\norder",
+        # Something other than a function is refused as Deno refuses it.
+        "const refused = [];\nfor (const handler of ['code()', 5, undefined, {}]) {\n"
+        "  try { setTimeout(handler, 1) } catch (e) { refused.push(`${e.name}: ${e.message}`) }\n"
+        "}\nrefused",
+    ],
+)
+async def test_timers_fire_as_on_deno(client: Any, code: str) -> None:
+    on_wasm = await execute(client, code, language="javascript", executor="wasm-js")
+    on_deno = await execute(client, code, language="javascript", executor="deno")
+    assert on_wasm["status"] == "ok", on_wasm
+    assert on_wasm["result"] == on_deno["result"], (on_wasm, on_deno)

@@ -1,0 +1,105 @@
+"""The program's timers on wasm-js (shims/wasm_js/timers.js), real component."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from conduit.executors.base import Job, Limits, Outcome, Status
+from conduit.executors.wasm_js import WasmJsExecutor
+from tests.sandboxes import WAIT_S, NoBridge
+
+# A seeded generator, so that a failure can be replayed.
+RANDOM = """
+let seed = inputs.seed;
+const random = () => (seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648;
+"""
+
+
+async def run(executor: WasmJsExecutor, code: str, **inputs: Any) -> Outcome:
+    with trio.fail_after(WAIT_S):
+        return await executor.run(
+            Job("ex_js", "javascript", code, Limits(), inputs=inputs), NoBridge()
+        )
+
+
+async def test_timers_due_at_once_fire_by_due_time_then_by_making(
+    wasm_js: WasmJsExecutor,
+) -> None:
+    # Delays 10 ms apart, far more than making all the timers takes: each falls due
+    # after every timer of a shorter delay, and after those of its own made before it.
+    code = (
+        RANDOM
+        + """
+const fired = [];
+const made = [];
+for (let i = 0; i < 300; i++) {
+  const delay = 10 * Math.floor(random() * 4);
+  made.push([delay, i]);
+  setTimeout(() => fired.push(i), delay);
+}
+const end = Date.now() + 60;
+while (Date.now() < end) {}
+await new Promise((resolve) => setTimeout(resolve, 20));
+made.sort((a, b) => a[0] - b[0] || a[1] - b[1]);
+return { fired, expected: made.map(([, i]) => i) };
+"""
+    )
+    outcome = await run(wasm_js, code, seed=7)
+    assert outcome.status is Status.OK, outcome.error
+    assert outcome.result["fired"] == outcome.result["expected"]
+
+
+async def test_cleared_timers_never_fire_however_many(wasm_js: WasmJsExecutor) -> None:
+    code = (
+        RANDOM
+        + """
+const fired = new Set();
+const ids = [];
+for (let i = 0; i < 1000; i++) ids.push(setTimeout(() => fired.add(i), 1 + random() * 10));
+for (let i = 0; i < 1000; i += 3) clearTimeout(ids[i]);
+await new Promise((resolve) => setTimeout(resolve, 30));
+return [fired.size, [...fired].some((i) => i % 3 === 0)];
+"""
+    )
+    outcome = await run(wasm_js, code, seed=3)
+    assert outcome.result == [666, False], outcome
+
+
+async def test_an_interval_repeats_until_cleared_from_its_own_callback(
+    wasm_js: WasmJsExecutor,
+) -> None:
+    code = """
+let ticks = 0;
+await new Promise((resolve) => {
+  const interval = setInterval(() => {
+    if (++ticks === 5) { clearInterval(interval); setTimeout(resolve, 20); }
+  }, 1);
+});
+ticks
+"""
+    outcome = await run(wasm_js, code)
+    assert outcome.result == 5, outcome
+
+
+async def test_timers_hold_when_the_program_replaces_what_they_use(
+    wasm_js: WasmJsExecutor,
+) -> None:
+    code = """
+Map.prototype.get = Map.prototype.set = Map.prototype.delete = () => { throw new Error("no"); };
+for (const index of ["0", "1", "2"]) {
+  Object.defineProperty(Object.prototype, index, { set() { throw new Error("no"); } });
+}
+Math.max = () => -1;
+Object.create = () => ({});
+let order = "";
+const cleared = setTimeout(() => { order += "cleared,"; }, 1);
+setTimeout(() => { order += "second"; }, 2);
+setTimeout(() => { order += "first,"; }, 1);
+clearTimeout(cleared);
+await new Promise((resolve) => setTimeout(resolve, 10));
+order
+"""
+    outcome = await run(wasm_js, code)
+    assert outcome.result == "first,second", outcome.error
