@@ -1253,6 +1253,11 @@ class WasmExecutor:
         """What a trap means in this guest's terms, when it means something plain."""
         return None
 
+    def program_stderr(self, stderr: str, explained: ErrorInfo) -> str:
+        """The program's stderr after a trap `explain_trap` explained: without what the
+        guest's runtime wrote about it, which the error now says."""
+        return stderr
+
     def _outcome(
         self,
         job: Job,
@@ -1307,6 +1312,7 @@ class WasmExecutor:
         explained = self.explain_trap(trap)
         if explained is not None:
             outcome.status, outcome.error, outcome.exit_code = Status.ERROR, explained, 1
+            outcome.stderr = self.program_stderr(outcome.stderr, explained)
             return outcome
         return outcomes.failed(
             outcome, Status.CRASHED, "Crashed", f"the {self.runtime} sandbox trapped: {trap}"

@@ -67,6 +67,12 @@ EVENT_LOOP_EMPTY = "proc_exit"
 NEVER_SETTLED = (
     "the program awaited a promise that never settled (nothing was left that could settle it)"
 )
+# What StarlingMonkey writes to stderr as it gives up on such a program: its words for
+# what NEVER_SETTLED says, dropped from the program's stderr.
+EVENT_LOOP_EMPTY_NOTE = (
+    "Error while (call) event loop error, but no exception is pending. Aborting, since that "
+    "doesn't seem recoverable at all.\n"
+)
 # The WASI file calls a module load traps in: there is no file system to load from.
 MODULE_LOAD_SIGNS = ("path_filestat_get", "path_open")
 NO_MODULE_LOADER = (
@@ -335,6 +341,11 @@ class WasmJsExecutor(WasmExecutor):
         if any(sign in trap for sign in MODULE_LOAD_SIGNS):
             return ErrorInfo("Error", NO_MODULE_LOADER)
         return None
+
+    def program_stderr(self, stderr: str, explained: ErrorInfo) -> str:
+        if explained.message == NEVER_SETTLED:
+            return stderr.removesuffix(EVENT_LOOP_EMPTY_NOTE)
+        return stderr
 
 
 def _guest_module(job: Job) -> tuple[str, PreparedModule]:

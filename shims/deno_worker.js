@@ -251,7 +251,17 @@ if (session) {
   for (let job; (job = await stdin.line()) !== null; ) await runStep({ ...job, session: true });
   exit(0);
 } else {
-  await runStep(await stdin.job());
+  // Not awaited: a program awaiting what nothing can settle must not leave this
+  // module's own top-level await pending, which Deno reports naming this file. Deno
+  // says when its event loop has run dry instead ("beforeunload"), and the program is
+  // answered as wasm-js answers it (executors/wasm_js.py's NEVER_SETTLED).
+  runStep(await stdin.job());
+  globalThis.addEventListener("beforeunload", () => {
+    const never = new Error(
+      "the program awaited a promise that never settled (nothing was left that could settle it)",
+    );
+    if (step !== null) fail(step, never);
+  });
 }
 
 // Run one program; resolves once it is reported (its own promise may still be pending).

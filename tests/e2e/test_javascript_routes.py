@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from conduit.executors.wasm_js import NEVER_SETTLED
 from tests.e2e.helpers import execute
 
 FORMATS = """
@@ -347,3 +348,12 @@ async def test_timers_fire_as_on_deno(client: Any, code: str) -> None:
     on_deno = await execute(client, code, language="javascript", executor="deno")
     assert on_wasm["status"] == "ok", on_wasm
     assert on_wasm["result"] == on_deno["result"], (on_wasm, on_deno)
+
+
+@pytest.mark.parametrize("executor", ["wasm-js", "deno"])
+async def test_awaiting_what_never_settles_is_one_plain_error(client: Any, executor: str) -> None:
+    """No runtime's own words (nor the path of the worker's file) in the answer."""
+    code = "console.error('waiting');\nawait new Promise(() => {});"
+    result = await execute(client, code, language="javascript", executor=executor)
+    assert (result["status"], result["stderr"]) == ("error", "waiting\n"), result
+    assert result["error"] == {"type": "Error", "message": NEVER_SETTLED, "traceback": ""}
