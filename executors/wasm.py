@@ -1407,6 +1407,9 @@ async def _collect_for_guest(execution: _Execution, wait: WaitRequest) -> str:
     calls = execution.calls
     if calls is None:
         calls = execution.calls = GuestCalls(execution.bridge.request, execution.nursery)
+    alone = calls.alone(wait)
+    if alone is not None:  # the usual case: one call awaited after another
+        return await _without_slot(execution, functools.partial(calls.answer_alone, alone))
     for call in wait.start:
         calls.start(call)
     answer = calls.collect_nowait()

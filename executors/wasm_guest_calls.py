@@ -13,7 +13,8 @@ call is done or `timeout_ms` has passed (the guest's next timer is due), and ans
 every call done since the last wait: `[[ticket, <JSON-RPC answer>], ...]`. Tickets are
 the guest's own numbers, only handed back. The guest sends its calls as it polls, so a
 program awaiting one call after another pays one host call for each, as with a call
-that blocks. The wait gives the CPU slot up, as a blocking call does, and the
+that blocks; and such a call, alone and waited for with no timer due, is awaited by the
+waiting task itself, with no task of its own (`GuestCalls.alone`). The wait gives the CPU slot up, as a blocking call does, and the
 executor's `_Execution.host_call` scopes it, so that a stop or a timeout ends it.
 
 A call still out when the run answers goes on to its end, as a call a Deno program
@@ -168,6 +169,18 @@ class GuestCalls:
         except Exception as exc:  # never into the executor's nursery
             log.exception("a guest's %s failed", call.method)
             return rpc_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
+
+    def alone(self, wait: WaitRequest) -> StartedCall | None:
+        """The one call `wait` starts, if nothing else is out or done and the guest will
+        wait for as long as it takes (it has no timer): that call then needs no task of
+        its own, as the guest runs nothing until it is answered (see `answer_alone`)."""
+        if len(wait.start) != 1 or wait.timeout_s != math.inf or self._out or self._done:
+            return None
+        return wait.start[0]
+
+    async def answer_alone(self, call: StartedCall) -> str:
+        """`call`'s answer to the wait that started it, awaited in the waiting task."""
+        return f'{{"result":[[{call.ticket},{await self._answer(call)}]]}}'
 
     def cancel(self) -> None:
         """Cancel the calls out, and any started later: the program was stopped."""

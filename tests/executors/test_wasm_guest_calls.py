@@ -142,6 +142,17 @@ while (true) {}
     assert bridge.finished == []
 
 
+async def test_a_call_awaited_alone_is_cancelled_with_its_program(wasm_js: WasmJsExecutor) -> None:
+    """The usual case, one call awaited with nothing else to run, waits in the host's
+    waiting task itself: a stop ends the call too."""
+    bridge = SlowBridge()
+    code = 'await tools.t.slow({ s: 0.5, name: "cancelled" });\n"never"'
+    outcome = await run(wasm_js, code, bridge, timeout_ms=200)
+    assert (outcome.status, outcome.tool_calls) == (Status.TIMEOUT, 1)
+    await trio.sleep(1)
+    assert bridge.finished == []
+
+
 async def test_errors_reject_only_their_own_call(wasm_js: WasmJsExecutor) -> None:
     class Refusing(NoBridge):
         async def request(self, method: str, params: dict[str, Any]) -> Any:
