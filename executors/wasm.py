@@ -102,8 +102,10 @@ from conduit.executors.wasm_fs import METHOD_PREFIX, FsError, GuestFiles
 from conduit.executors.wasm_guest_calls import (
     INTERNAL_ERROR,
     WAIT_METHOD,
+    Answer,
     GuestCalls,
     WaitRequest,
+    answers_text,
     rpc_error,
 )
 from conduit.executors.wasm_instances import (
@@ -1397,11 +1399,11 @@ def _wait_calls(execution: _Execution, params: str) -> str:
     except ValueError as exc:
         return rpc_error(-32602, f"invalid params: {exc}")
     execution.tool_calls += sum(call.method == "tools/call" for call in wait.start)
-    answer, error = _on_trio(execution, WAIT_METHOD, _collect_for_guest, execution, wait)
-    return error if error is not None else answer
+    answers, error = _on_trio(execution, WAIT_METHOD, _collect_for_guest, execution, wait)
+    return error if error is not None else answers_text(answers)
 
 
-async def _collect_for_guest(execution: _Execution, wait: WaitRequest) -> str:
+async def _collect_for_guest(execution: _Execution, wait: WaitRequest) -> list[Answer]:
     """Start `wait`'s calls; the answers of those done, at once if any is (or if it
     asks for no wait), else after waiting off the CPU slot."""
     calls = execution.calls
@@ -1412,11 +1414,11 @@ async def _collect_for_guest(execution: _Execution, wait: WaitRequest) -> str:
         return await _without_slot(execution, functools.partial(calls.answer_alone, alone))
     for call in wait.start:
         calls.start(call)
-    answer = calls.collect_nowait()
-    if answer is not None:
-        return answer
+    answers = calls.collect_nowait()
+    if answers is not None:
+        return answers
     if wait.timeout_s <= 0:
-        return '{"result":[]}'
+        return []
     return await _without_slot(execution, functools.partial(calls.collect, wait.timeout_s))
 
 

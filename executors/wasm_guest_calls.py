@@ -14,8 +14,9 @@ every call done since the last wait: `[[ticket, <JSON-RPC answer>], ...]`. Ticke
 the guest's own numbers, only handed back. The guest sends its calls as it polls, so a
 program awaiting one call after another pays one host call for each, as with a call
 that blocks; and such a call, alone and waited for with no timer due, is awaited by the
-waiting task itself, with no task of its own (`GuestCalls.alone`). The wait gives the CPU slot up, as a blocking call does, and the
-executor's `_Execution.host_call` scopes it, so that a stop or a timeout ends it.
+waiting task itself, with no task of its own (`GuestCalls.alone`). The wait gives the
+CPU slot up, as a blocking call does, and the executor's `_Execution.host_call` scopes
+it, so that a stop or a timeout ends it.
 
 A call still out when the run answers goes on to its end, as a call a Deno program
 started and did not await does; nobody collects its answer. The executor's nursery owns
@@ -45,6 +46,7 @@ __all__ = [
     "GuestCalls",
     "StartedCall",
     "WaitRequest",
+    "answers_text",
     "rpc_error",
 ]
 
@@ -61,6 +63,10 @@ INTERNAL_ERROR = -32603
 MAX_TICKET = 2**53
 
 Request = Callable[[str, dict[str, Any]], Awaitable[Any]]
+# A call's answer: (its ticket, True, its result) or (its ticket, False, the JSON-RPC
+# error answer as text). Results are encoded by `answers_text` in the guest's thread,
+# never on the event loop: a tool's result may be large.
+Answer = tuple[int, bool, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +127,7 @@ class GuestCalls:
         self._nursery = nursery
         self._out = 0  # started, not yet done
         self._unbegun = 0
-        self._done: list[str] = []  # `[ticket,answer]` texts, not yet collected
+        self._done: list[Answer] = []  # not yet collected
         self._arrived = trio.Event()
         self._scopes: set[trio.CancelScope] = set()  # of the calls out
         self._cancelled = False
@@ -133,14 +139,15 @@ class GuestCalls:
         """Start `call` as a task of its own; it runs once the caller yields."""
         if self._out >= CALLS_OUT_MAX:
             message = f"too many calls out at once (at most {CALLS_OUT_MAX}): await some first"
-            self._finish(call.ticket, rpc_error(INTERNAL_ERROR, message))
+            self._finish((call.ticket, False, rpc_error(INTERNAL_ERROR, message)))
             return
         try:
             if self._nursery is None:
                 raise RuntimeError("the executor is not being served")
             self._nursery.start_soon(self._call, call)
         except RuntimeError:  # the nursery is closed: the executor is stopping
-            self._finish(call.ticket, rpc_error(INTERNAL_ERROR, "the executor is stopping"))
+            stopping = rpc_error(INTERNAL_ERROR, "the executor is stopping")
+            self._finish((call.ticket, False, stopping))
             return
         self._out += 1
         self._unbegun += 1
@@ -159,16 +166,17 @@ class GuestCalls:
                 self._scopes.discard(scope)
                 self._out -= 1
         if answer is not None:
-            self._finish(call.ticket, answer)
+            self._finish(answer)
 
-    async def _answer(self, call: StartedCall) -> str:
+    async def _answer(self, call: StartedCall) -> Answer:
         try:
-            return jsontext.dumps({"result": await self._request(call.method, call.params)})
+            return call.ticket, True, await self._request(call.method, call.params)
         except RpcError as exc:
-            return rpc_error(exc.code, exc.message, exc.data)
+            return call.ticket, False, rpc_error(exc.code, exc.message, exc.data)
         except Exception as exc:  # never into the executor's nursery
             log.exception("a guest's %s failed", call.method)
-            return rpc_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
+            error = rpc_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
+            return call.ticket, False, error
 
     def alone(self, wait: WaitRequest) -> StartedCall | None:
         """The one call `wait` starts, if nothing else is out or done and the guest will
@@ -178,9 +186,9 @@ class GuestCalls:
             return None
         return wait.start[0]
 
-    async def answer_alone(self, call: StartedCall) -> str:
+    async def answer_alone(self, call: StartedCall) -> list[Answer]:
         """`call`'s answer to the wait that started it, awaited in the waiting task."""
-        return f'{{"result":[[{call.ticket},{await self._answer(call)}]]}}'
+        return [await self._answer(call)]
 
     def cancel(self) -> None:
         """Cancel the calls out, and any started later: the program was stopped."""
@@ -188,8 +196,8 @@ class GuestCalls:
         for scope in self._scopes:
             scope.cancel()
 
-    def _finish(self, ticket: int, answer: str) -> None:
-        self._done.append(f"[{ticket},{answer}]")
+    def _finish(self, answer: Answer) -> None:
+        self._done.append(answer)
         self._arrived.set()
 
     async def begun(self) -> None:
@@ -197,21 +205,30 @@ class GuestCalls:
         while self._unbegun:
             await trio.lowlevel.checkpoint()
 
-    def collect_nowait(self) -> str | None:
-        """The answers of the calls done since the last collection, as the JSON-RPC
-        answer to `calls/wait`; None if none is done and some are still out."""
+    def collect_nowait(self) -> list[Answer] | None:
+        """The answers of the calls done since the last collection; None if none is
+        done and some are still out."""
         if not self._done and self._out:
             return None
         done, self._done = self._done, []
         self._arrived = trio.Event()
-        return '{"result":[' + ",".join(done) + "]}"
+        return done
 
-    async def collect(self, timeout_s: float) -> str:
+    async def collect(self, timeout_s: float) -> list[Answer]:
         """`collect_nowait`, waiting up to `timeout_s` for a call to be done."""
         with trio.move_on_after(timeout_s):
             await self._arrived.wait()
-        answer = self.collect_nowait()
-        return '{"result":[]}' if answer is None else answer
+        return self.collect_nowait() or []
+
+
+def answers_text(answers: list[Answer]) -> str:
+    """The JSON-RPC answer to `calls/wait` for `answers` (the guest's thread: see
+    `Answer`). jsontext: a lone surrogate in a result would not cross into the guest."""
+    parts = (
+        f"[{ticket},{jsontext.dumps({'result': value}) if ok else value}]"
+        for ticket, ok, value in answers
+    )
+    return '{"result":[' + ",".join(parts) + "]}"
 
 
 def rpc_error(code: int, message: str, data: Any = None) -> str:

@@ -17,7 +17,13 @@ from hypothesis import strategies as st
 
 from conduit.core.errors import InvalidParams
 from conduit.executors.base import Job, Limits, Outcome, Status
-from conduit.executors.wasm_guest_calls import CALLS_OUT_MAX, GuestCalls, StartedCall, WaitRequest
+from conduit.executors.wasm_guest_calls import (
+    CALLS_OUT_MAX,
+    GuestCalls,
+    StartedCall,
+    WaitRequest,
+    answers_text,
+)
 from conduit.executors.wasm_js import WasmJsExecutor
 from tests.executors.conftest import open_wasm_session
 from tests.sandboxes import WAIT_S, NoBridge
@@ -239,7 +245,7 @@ async def test_past_the_cap_a_call_is_answered_with_an_error() -> None:
         calls = GuestCalls(request, nursery)
         for ticket in range(CALLS_OUT_MAX + 1):
             calls.start(StartedCall(ticket, "m", {"n": ticket}))
-        refused = json.loads(calls.collect_nowait() or "null")["result"]
+        refused = json.loads(answers_text(calls.collect_nowait() or []))["result"]
         assert [ticket for ticket, _ in refused] == [CALLS_OUT_MAX]
         assert "too many calls out" in refused[0][1]["error"]["message"]
         await calls.begun()
@@ -247,7 +253,7 @@ async def test_past_the_cap_a_call_is_answered_with_an_error() -> None:
         answered: list[Any] = []
         with trio.fail_after(WAIT_S):
             while len(answered) < CALLS_OUT_MAX:
-                answered += json.loads(await calls.collect(math.inf))["result"]
+                answered += json.loads(answers_text(await calls.collect(math.inf)))["result"]
         assert sorted(answer["result"] for _, answer in answered) == list(range(CALLS_OUT_MAX))
 
 
@@ -259,7 +265,7 @@ async def test_a_call_failing_in_the_host_is_an_internal_error_not_a_crash() -> 
         calls = GuestCalls(request, nursery)
         calls.start(StartedCall(1, "m", {}))
         with trio.fail_after(WAIT_S):
-            ((ticket, answer),) = json.loads(await calls.collect(math.inf))["result"]
+            ((ticket, answer),) = json.loads(answers_text(await calls.collect(math.inf)))["result"]
     assert (ticket, answer["error"]["code"]) == (1, -32603)
 
 
@@ -269,5 +275,14 @@ async def test_with_no_nursery_a_call_is_refused_at_once() -> None:
 
     calls = GuestCalls(request, None)
     calls.start(StartedCall(3, "m", {}))
-    ((ticket, answer),) = json.loads(calls.collect_nowait() or "null")["result"]
+    ((ticket, answer),) = json.loads(answers_text(calls.collect_nowait() or []))["result"]
     assert ticket == 3 and "stopping" in answer["error"]["message"]
+
+
+def test_answers_cross_as_json_whatever_the_results_hold() -> None:
+    """Results are encoded in the guest's thread; a lone surrogate (legal JSON) still
+    makes valid UTF-8 for the guest, and an error answer goes as it is."""
+    text = answers_text([(1, True, {"value": "\ud800 x"}), (2, False, '{"error":{"code":1}}')])
+    text.encode("utf-8")
+    assert json.loads(text)["result"][1] == [2, {"error": {"code": 1}}]
+    assert json.loads(text)["result"][0][0] == 1
