@@ -23,8 +23,10 @@ export class ToolError extends Error {
 
 // `tools.<ns>.<tool>(args)` and `tools.$discover()` over `request`. Calls are async, as
 // in the TypeScript SDK: a failure rejects the promise rather than throwing at the call
-// site, so the same program behaves the same on every executor.
-export function makeTools(request) {
+// site, so the same program behaves the same on every executor. `handed(promise)` is
+// what the program gets for each call's promise (the wasm-js guest watches whether a
+// failure is handled).
+export function makeTools(request, handed = (promise) => promise) {
   async function call(path, args) {
     const params = { name: path, arguments: args ?? {}, shape: "value" };
     const result = await request("tools/call", params, path);
@@ -48,11 +50,13 @@ export function makeTools(request) {
   const namespace = (ns) =>
     new Proxy(Object.create(null), {
       get: (_, fn) =>
-        typeof fn === "string" && fn !== "then" ? (args) => call(`${ns}.${fn}`, args) : undefined,
+        typeof fn === "string" && fn !== "then"
+          ? (args) => handed(call(`${ns}.${fn}`, args))
+          : undefined,
     });
   return new Proxy(Object.create(null), {
     get: (_, ns) => {
-      if (ns === "$discover") return discover;
+      if (ns === "$discover") return () => handed(discover());
       return typeof ns === "string" && ns !== "then" ? namespace(ns) : undefined;
     },
   });

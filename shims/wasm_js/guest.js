@@ -178,7 +178,33 @@ function nextTimerIn() {
   return soonest === Infinity ? null : soonest;
 }
 
-const tools = makeTools(startCall);
+// A tool call's failure that nothing handles ends the run, as an unhandled rejection
+// does on Deno (StarlingMonkey's own tracking of rejections is not reachable from
+// here). The program gets a promise of ours whose handlers can be seen: with no
+// `constructor` of its own kind, `await` and `Promise.resolve` go through its `then`
+// (as they do for any thenable) rather than past it. Unhandled by the end of the turn
+// it failed in, its error is the run's.
+function handed(inner) {
+  const watch = { handled: false };
+  const outer = new NativePromise((resolve, reject) => {
+    then(inner, resolve, (reason) => {
+      reject(reason);
+      if (!watch.handled) realSetTimeout(() => watch.handled || uncaught(reason), 0);
+    });
+  });
+  defineProperty(outer, "constructor", { value: undefined });
+  defineProperty(outer, "then", {
+    value: {
+      then(onFulfilled, onRejected) {
+        watch.handled = true;
+        return apply(promiseThen, this, [onFulfilled, onRejected]);
+      },
+    }.then,
+  });
+  return outer;
+}
+
+const tools = makeTools(startCall, handed);
 // Files in the execution's working directory, served by the host (see fs.js).
 const fs = makeFs(hostCall, stringify, parse, writeLine);
 

@@ -69,6 +69,17 @@ const signal = AbortSignal.timeout(50);
 const aborted = new Promise((resolve) => { signal.onabort = () => resolve("aborted"); });
 await Promise.race([tools.echo.slow({ seconds: 5 }), aborted])
 """,
+    # Failures handled however a program handles them: none is left unhandled.
+    """
+const failing = tools.echo.fail({ message: "handled" });
+failing.catch(() => {});
+const settled = await Promise.allSettled([tools.echo.fail({ message: "settled" })]);
+let caught;
+try { await Promise.all([tools.echo.echo({ text: "a" }), tools.echo.fail({ message: "all" })]); }
+catch (e) { caught = e.message; }
+const later = tools.echo.fail({ message: "later" }).then(() => "no", (e) => e.message);
+[settled[0].reason.message, caught, await later]
+""",
 ]
 
 
@@ -157,3 +168,19 @@ async def test_a_call_the_program_did_not_await_is_made(tooled: Any, executor: s
     with trio.fail_after(10):
         while not (await run(client, listed, executor))["result"]:
             await trio.sleep(0.05)
+
+
+async def test_a_failing_call_nothing_handles_ends_the_run_as_on_deno(
+    shared: RawClient,  # noqa: F811
+) -> None:
+    """An unhandled rejection: the program is stopped with the tool's error."""
+    code = (
+        'tools.echo.fail({ message: "nobody listens" });\n'
+        "await new Promise((resolve) => setTimeout(resolve, 300));\n'finished'"
+    )
+    on_wasm = await run(shared, code, "wasm-js")
+    on_deno = await run(shared, code, "deno")
+    assert on_wasm["status"] == on_deno["status"] == "error", (on_wasm, on_deno)
+    wanted = {"type": "ToolError", "message": "nobody listens"}
+    assert {key: on_wasm["error"][key] for key in wanted} == wanted
+    assert {key: on_deno["error"][key] for key in wanted} == wanted
