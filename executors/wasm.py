@@ -56,6 +56,7 @@ retires when its guest comes back, and a new runner takes its place at once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -104,6 +105,8 @@ from conduit.executors.wasm_guest_calls import (
     WAIT_METHOD,
     Answer,
     GuestCalls,
+    LeftCalls,
+    StartedCall,
     WaitRequest,
     answers_text,
     rpc_error,
@@ -150,6 +153,8 @@ SESSION_OPEN_WAIT_S = 10.0
 # How long closing a session waits for its thread to close the store: a millisecond,
 # unless a step's guest is blocked in a WASI call (then it is left to finish alone).
 SESSION_CLOSE_WAIT_S = 1.0
+# The answer to a tool call a program sent only as it answered, past its tool calls.
+DROPPED_CALL = "not made: the program had answered, and had no tool calls left"
 # The trap of a step handed to a session closed meanwhile: it never ran.
 SESSION_CLOSED = "the session was closed before the step ran"
 # How long a guest whose time is up (or that was stopped) may take to come back before
@@ -258,6 +263,8 @@ class _Execution:
     # first; they run in `nursery` (the executor's), which may outlive the run.
     calls: GuestCalls | None = None
     nursery: trio.Nursery | None = None
+    left_calls: LeftCalls | None = None
+    tool_limit: int = 0  # `limits.tool_calls`
 
     @property
     def queue_left_s(self) -> float:
@@ -373,8 +380,10 @@ class WasmExecutor:
         self._runs = 0
         self._sessions: set[WasmSession] = set()
         self._settled = trio.Event()  # set once the build has succeeded or failed
-        # Where the calls guests start run (see `wasm_guest_calls`), while served.
+        # Where the calls guests start run (see `wasm_guest_calls`), while served, and
+        # how many of them go on after their executions answered.
         self._nursery: trio.Nursery | None = None
+        self._left_calls = LeftCalls()
 
     def __repr__(self) -> str:
         state = self._state if self._reason is None else f"{self._state}: {self._reason}"
@@ -706,6 +715,8 @@ class WasmExecutor:
             placing=job.files,
             may_end=self.ends_early,
             nursery=self._nursery,
+            left_calls=self._left_calls,
+            tool_limit=limits.tool_calls,
         )
         interrupt.regain = functools.partial(_regain_slot, execution)
         self._runs += 1
@@ -749,8 +760,11 @@ class WasmExecutor:
         calls = execution.calls
         if calls is not None and execution.interrupt.reason is not None:
             calls.cancel()  # stopped: so are its calls
-        elif calls is not None:  # reported once its last calls are counted
-            await calls.begun()
+        elif calls is not None:
+            try:
+                await calls.begun()  # reported once its last calls are counted
+            finally:
+                calls.leave()
         return answer
 
     def _conclude(
@@ -1398,17 +1412,42 @@ def _wait_calls(execution: _Execution, params: str) -> str:
         return rpc_error(-32700, f"parse error: {exc}")
     except ValueError as exc:
         return rpc_error(-32602, f"invalid params: {exc}")
+    wait, dropped = _within_tool_limit(execution, wait)
     execution.tool_calls += sum(call.method == "tools/call" for call in wait.start)
     answers, error = _on_trio(execution, WAIT_METHOD, _collect_for_guest, execution, wait)
-    return error if error is not None else answers_text(answers)
+    return error if error is not None else answers_text(answers + dropped)
+
+
+def _within_tool_limit(
+    execution: _Execution, wait: WaitRequest
+) -> tuple[WaitRequest, list[Answer]]:
+    """`wait` less the tool calls sent as the run answers (`wait.last`) past what is
+    left of `limits.tool_calls`, and the answers of those dropped."""
+    if not wait.last:
+        return wait, []
+    room = execution.tool_limit - execution.tool_calls
+    kept: list[StartedCall] = []
+    dropped: list[Answer] = []
+    for call in wait.start:
+        if call.method != "tools/call":
+            kept.append(call)
+        elif room > 0:
+            room -= 1
+            kept.append(call)
+        else:
+            dropped.append((call.ticket, False, rpc_error(INTERNAL_ERROR, DROPPED_CALL)))
+    return dataclasses.replace(wait, start=tuple(kept)), dropped
 
 
 async def _collect_for_guest(execution: _Execution, wait: WaitRequest) -> list[Answer]:
     """Start `wait`'s calls; the answers of those done, at once if any is (or if it
     asks for no wait), else after waiting off the CPU slot."""
+    if execution.abandoned or execution.interrupt.reason is not None:
+        raise _Stopped  # nothing would cancel calls started now
     calls = execution.calls
     if calls is None:
-        calls = execution.calls = GuestCalls(execution.bridge.request, execution.nursery)
+        calls = GuestCalls(execution.bridge.request, execution.nursery, execution.left_calls)
+        execution.calls = calls
     alone = calls.alone(wait)
     if alone is not None:  # the usual case: one call awaited after another
         return await _without_slot(execution, functools.partial(calls.answer_alone, alone))

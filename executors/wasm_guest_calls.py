@@ -19,9 +19,13 @@ CPU slot up, as a blocking call does, and the executor's `_Execution.host_call` 
 it, so that a stop or a timeout ends it.
 
 A call still out when the run answers goes on to its end, as a call a Deno program
-started and did not await does; nobody collects its answer. The executor's nursery owns
-it, so it ends with the executor at the latest, and the gateway bounds each call's time.
-A program stopped (its time up, cancelled, over a limit) has its calls cancelled.
+started and did not await does, while the executor has fewer than LEFT_CALLS_MAX such
+calls (it is cancelled otherwise); nobody collects its answer. The executor's nursery
+owns it, so it ends with the executor at the latest, and the gateway bounds each call's
+time. The calls a program sends only as it answers (`last`) are made within what is
+left of its `limits.tool_calls`: past it they are dropped, as a Deno worker's are once
+it has answered, rather than have the finished program stopped over the limit. A
+program stopped (its time up, cancelled, over a limit) has its calls cancelled.
 Before the execution is reported, every call the guest started has begun (`begun`): it
 was counted and authorised while its execution ran, never refused as late.
 """
@@ -44,6 +48,7 @@ __all__ = [
     "INTERNAL_ERROR",
     "WAIT_METHOD",
     "GuestCalls",
+    "LeftCalls",
     "StartedCall",
     "WaitRequest",
     "answers_text",
@@ -57,6 +62,10 @@ WAIT_METHOD = "calls/wait"
 # any fan-out a program means, few enough that a loop starting calls it never awaits
 # cannot fill the daemon with tasks.
 CALLS_OUT_MAX = 256
+# Calls that may go on after their executions answered, in all of an executor's
+# executions at once (`LeftCalls`): past it, a run's calls still out are cancelled as
+# it answers, so that run after run leaving calls behind cannot pile them up.
+LEFT_CALLS_MAX = 256
 # JSON-RPC "internal error", for a call that failed other than with an RpcError.
 INTERNAL_ERROR = -32603
 # The largest ticket: an integer a JavaScript number holds exactly.
@@ -82,6 +91,8 @@ class WaitRequest:
 
     start: tuple[StartedCall, ...]
     timeout_s: float  # `inf`: until a call is done
+    # Sent as the run answers: what the program started and never waited for.
+    last: bool = False
 
     @classmethod
     def parse(cls, params: Any) -> WaitRequest:
@@ -91,6 +102,7 @@ class WaitRequest:
         return cls(
             tuple(_started(item) for item in params.get("start", [])),
             _timeout_s(params.get("timeout_ms")),
+            params.get("last") is True,
         )
 
 
@@ -119,17 +131,29 @@ def _timeout_s(timeout_ms: Any) -> float:
     return timeout_ms / 1000
 
 
+@dataclass(slots=True)
+class LeftCalls:
+    """An executor's count of calls going on after their executions answered."""
+
+    count: int = 0
+    limit: int = LEFT_CALLS_MAX
+
+
 class GuestCalls:
     """One execution's started calls (see the module doc); Trio thread only."""
 
-    def __init__(self, request: Request, nursery: trio.Nursery | None) -> None:
+    def __init__(
+        self, request: Request, nursery: trio.Nursery | None, left: LeftCalls | None = None
+    ) -> None:
         self._request = request
         self._nursery = nursery
+        self._left = LeftCalls(limit=0) if left is None else left
         self._out = 0  # started, not yet done
         self._unbegun = 0
         self._done: list[Answer] = []  # not yet collected
         self._arrived = trio.Event()
-        self._scopes: set[trio.CancelScope] = set()  # of the calls out
+        # The scopes of the calls out, each with whether it is counted in `_left`.
+        self._scopes: dict[trio.CancelScope, bool] = {}
         self._cancelled = False
 
     def __repr__(self) -> str:
@@ -157,13 +181,14 @@ class GuestCalls:
         self._unbegun -= 1
         answer = None
         with trio.CancelScope() as scope:
-            self._scopes.add(scope)
+            self._scopes[scope] = False
             if self._cancelled:
                 scope.cancel()
             try:
                 answer = await self._answer(call)
             finally:
-                self._scopes.discard(scope)
+                if self._scopes.pop(scope):
+                    self._left.count -= 1
                 self._out -= 1
         if answer is not None:
             self._finish(answer)
@@ -195,6 +220,17 @@ class GuestCalls:
         self._cancelled = True
         for scope in self._scopes:
             scope.cancel()
+
+    def leave(self) -> None:
+        """The run has answered: each call still out goes on while the executor's
+        `LeftCalls` has room for it, and is cancelled otherwise."""
+        self._cancelled = True  # nothing is started after the answer
+        for scope in self._scopes:
+            if self._left.count < self._left.limit:
+                self._left.count += 1
+                self._scopes[scope] = True
+            else:
+                scope.cancel()
 
     def _finish(self, answer: Answer) -> None:
         self._done.append(answer)

@@ -103,7 +103,10 @@ function toolError(error, tool) {
 // A call to the daemon; a promise of its result, rejected with ToolError.
 function startCall(method, params, tool) {
   return new NativePromise((resolve, reject) => {
-    const call = { text: stringify({ method, params }), tool, resolve, reject };
+    // Joined from strings: a `toJSON` the program planted on Object.prototype would
+    // otherwise rewrite the whole call, its method included.
+    const text = `{"method":${stringify(`${method}`)},"params":${stringify(params)}}`;
+    const call = { text, tool, resolve, reject };
     if (mapSize(calls.out) < CALLS_OUT_MAX) send(call);
     else mapSet(calls.waiting, calls.next++, call);
   });
@@ -121,11 +124,12 @@ function send(call) {
 }
 
 // Send what is to send, wait up to `timeout` (milliseconds, or "null" for as long as it
-// takes) and settle the calls done.
-function exchange(timeout) {
+// takes) and settle the calls done; `last` as the run answers.
+function exchange(timeout, last = false) {
   const sending = calls.sending;
   calls.sending = "";
-  const answer = parse(hostCall("calls/wait", `{"start":[${sending}],"timeout_ms":${timeout}}`));
+  const wait = `{"start":[${sending}],"timeout_ms":${timeout},"last":${last}}`;
+  const answer = parse(hostCall("calls/wait", wait));
   if (answer.error) {
     // The run is being stopped: no call it made will be answered.
     mapForEach(calls.out, (call) => call.reject(toolError(answer.error, call.tool)));
@@ -160,7 +164,7 @@ function poll() {
 
 // The run ends: what it started and has not sent yet goes now.
 function sendRest() {
-  if (calls.sending !== "") exchange(0);
+  if (calls.sending !== "") exchange(0, true);
 }
 
 // Timers of the engine's own that the program set through a built-in

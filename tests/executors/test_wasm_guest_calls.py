@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 import trio
+import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,6 +21,7 @@ from conduit.executors.base import Job, Limits, Outcome, Status
 from conduit.executors.wasm_guest_calls import (
     CALLS_OUT_MAX,
     GuestCalls,
+    LeftCalls,
     StartedCall,
     WaitRequest,
     answers_text,
@@ -159,6 +161,42 @@ async def test_a_call_awaited_alone_is_cancelled_with_its_program(wasm_js: WasmJ
     assert bridge.finished == []
 
 
+async def test_calls_sent_as_the_run_answers_stay_within_its_tool_calls(
+    wasm_js: WasmJsExecutor,
+) -> None:
+    """A program that starts more calls than it may make and answers at once is not
+    stopped over the limit after it answered: the calls past it are not made."""
+    bridge = SlowBridge()
+    code = 'for (let i = 0; i < 300; i++) tools.t.fast({ name: "left" });\n"answered"'
+    outcome = await run(wasm_js, code, bridge, tool_calls=40)
+    assert (outcome.status, outcome.result, outcome.tool_calls) == (Status.OK, "answered", 40)
+    with trio.fail_after(WAIT_S):
+        while len(bridge.finished) < 40:
+            await trio.sleep(0.02)
+    await trio.sleep(0.1)
+    assert len(bridge.finished) == 40
+
+
+async def test_a_planted_to_json_cannot_change_what_is_called(wasm_js: WasmJsExecutor) -> None:
+    class Recording(NoBridge):
+        def __init__(self) -> None:
+            self.methods: list[str] = []
+
+        async def request(self, method: str, params: dict[str, Any]) -> Any:
+            self.methods.append(method)
+            return {"value": params["name"]}
+
+    bridge = Recording()
+    code = """
+Object.prototype.toJSON = function () {
+  return this.method === "tools/call" ? { method: "auth/whoami", params: {} } : this;
+};
+await tools.t.x({})
+"""
+    outcome = await run(wasm_js, code, bridge)
+    assert (outcome.result, bridge.methods) == ("t.x", ["tools/call"]), outcome.error
+
+
 async def test_errors_reject_only_their_own_call(wasm_js: WasmJsExecutor) -> None:
     class Refusing(NoBridge):
         async def request(self, method: str, params: dict[str, Any]) -> Any:
@@ -286,3 +324,26 @@ def test_answers_cross_as_json_whatever_the_results_hold() -> None:
     text.encode("utf-8")
     assert json.loads(text)["result"][1] == [2, {"error": {"code": 1}}]
     assert json.loads(text)["result"][0][0] == 1
+
+
+async def test_calls_left_behind_go_on_only_within_the_executors_room() -> None:
+    gate = trio.Event()
+
+    async def request(method: str, params: dict[str, Any]) -> Any:
+        await gate.wait()
+        return params["n"]
+
+    left = LeftCalls(limit=2)
+    async with trio.open_nursery() as nursery:
+        calls = GuestCalls(request, nursery, left)
+        for ticket in range(3):
+            calls.start(StartedCall(ticket, "m", {"n": ticket}))
+        await calls.begun()
+        calls.leave()
+        assert left.count == 2
+        calls.start(StartedCall(9, "m", {"n": 9}))  # after the answer: never made
+        await trio.testing.wait_all_tasks_blocked()
+        gate.set()
+    assert left.count == 0
+    answered = [ticket for ticket, ok, _ in calls.collect_nowait() or [] if ok]
+    assert len(answered) == 2 and 9 not in answered  # the third was cancelled
