@@ -93,10 +93,15 @@ function socketRequester(token, conn) {
     if (closed) throw new ToolError("the connection to the daemon closed", -32603, null);
     const id = nextId++;
     const bearerToken = typeof token === "function" ? token() : token;
-    const message = { jsonrpc: "2.0", id, method, params, auth: { bearerToken } };
+    // Joined from strings: a `toJSON` the program planted on Object.prototype would
+    // otherwise rewrite the whole message (its method, its token) and leave the call
+    // waiting for a reply that never comes.
+    const auth = `{"bearerToken":${stringify(bearerToken ?? null)}}`;
+    const head = `{"jsonrpc":"2.0","id":${id},"method":${stringify(`${method}`)}`;
+    const message = `${head},"params":${stringify(params)},"auth":${auth}}`;
     const reply = new Promise((resolve, reject) => pending.set(id, { resolve, reject, tool }));
     conn.ref();
-    const bytes = encode(stringify(message) + "\n");
+    const bytes = encode(message + "\n");
     for (let offset = 0; offset < bytes.length; ) offset += await conn.write(bytes.subarray(offset));
     return reply;
   };

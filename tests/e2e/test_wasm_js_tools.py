@@ -69,6 +69,13 @@ const signal = AbortSignal.timeout(50);
 const aborted = new Promise((resolve) => { signal.onabort = () => resolve("aborted"); });
 await Promise.race([tools.echo.slow({ seconds: 5 }), aborted])
 """,
+    # A `toJSON` planted on Object.prototype changes no call (nor hangs one).
+    """
+Object.prototype.toJSON = function () {
+  return this.method === "tools/call" ? { method: "auth/whoami", params: {} } : this;
+};
+await tools.echo.echo({ text: "x" })
+""",
     # Failures handled however a program handles them: none is left unhandled.
     """
 const failing = tools.echo.fail({ message: "handled" });
