@@ -70,6 +70,8 @@ LEFT_CALLS_MAX = 256
 INTERNAL_ERROR = -32603
 # The largest ticket: an integer a JavaScript number holds exactly.
 MAX_TICKET = 2**53
+# A wait this long or longer is a wait with no time limit: a year, in milliseconds.
+MAX_WAIT_MS = 365 * 24 * 3600 * 1000
 
 Request = Callable[[str, dict[str, Any]], Awaitable[Any]]
 # A call's answer: (its ticket, True, its result) or (its ticket, False, the JSON-RPC
@@ -128,7 +130,9 @@ def _timeout_s(timeout_ms: Any) -> float:
         raise ValueError("timeout_ms must be a number of milliseconds or null")
     if not timeout_ms >= 0:  # NaN too
         raise ValueError("timeout_ms must not be negative")
-    return timeout_ms / 1000
+    # Past any execution's time, a wait is as long as it takes (the deadline ends it);
+    # a huge integer would not even divide into a float.
+    return math.inf if timeout_ms >= MAX_WAIT_MS else timeout_ms / 1000
 
 
 @dataclass(slots=True)

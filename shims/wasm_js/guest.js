@@ -520,8 +520,10 @@ export function run(requestText) {
   current = run;
   // A session's step: the calls a step before left out are its execution's, and their
   // answers are never collected here (a poll it left pending may still fire).
-  calls.out = new NativeMap();
-  calls.waiting = new NativeMap();
+  if (calls.tickets !== 0) { // only after a step that called: nothing to do otherwise
+    calls.out = new NativeMap();
+    calls.waiting = new NativeMap();
+  }
   calls.first = calls.next = calls.tickets = 0;
   calls.sending = "";
   calls.polling = false;

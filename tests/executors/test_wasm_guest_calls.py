@@ -244,6 +244,8 @@ def test_a_wait_is_read_with_its_calls_and_time() -> None:
     assert wait.start == (StartedCall(7, "tools/call", {"name": "a.b"}),)
     assert wait.timeout_s == 0.25
     assert WaitRequest.parse({"timeout_ms": None}) == WaitRequest((), math.inf)
+    # A number past any execution's time (one no float holds, too) waits without limit.
+    assert WaitRequest.parse({"timeout_ms": 10**400}).timeout_s == math.inf
 
 
 JSON = st.recursive(
