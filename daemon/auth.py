@@ -91,11 +91,26 @@ def peer_credentials(sock: socket.socket) -> PeerCredentials | None:
     return PeerCredentials(pid, uid, gid)
 
 
-def _write_secret(path: Path, secret: str) -> None:
+def _publish_secret(path: Path, secret: str) -> bool:
+    """Write `secret` to `path` unless it exists, so that it appears whole or not at all;
+    whether this call wrote it.
+
+    Daemons started together on one state directory (a fleet, a unit restarted while
+    the old one stops) race to create it: each writes a private file and links it into
+    place, which fails if another's is already there, and then reads that one.
+    """
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(secret + "\n")
+    draft = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    descriptor = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(secret + "\n")
+        os.link(draft, path)
+    except FileExistsError:
+        return False  # another daemon's token is in place: it is the one
+    finally:
+        draft.unlink(missing_ok=True)
+    return True
 
 
 def master_token_path(config: AuthConfig, state_dir: str) -> Path:
@@ -115,13 +130,14 @@ def resolve_master_token(config: AuthConfig, state_dir: str) -> tuple[str, str]:
     path = master_token_path(config, state_dir)
     if not path.exists() and not config.token_file:
         try:
-            _write_secret(path, new_token())
+            created = _publish_secret(path, new_token())
         except OSError as exc:
             raise ConfigError(
                 f"cannot create the master token file {path}: {exc.strerror}; make the "
                 "state directory writable or set CONDUIT_TOKEN"
             ) from None
-        log.info("created master token file", extra={"path": str(path)})
+        if created:
+            log.info("created master token file", extra={"path": str(path)})
     try:
         token = path.read_text().strip()
     except OSError as exc:

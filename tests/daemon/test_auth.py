@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+import multiprocessing
 import os
 import stat
 from pathlib import Path
 from typing import Any
 
 from conduit.core.errors import Forbidden, Unauthenticated
+from conduit.daemon import auth
 from conduit.daemon.auth import hash_token, new_token
+from conduit.daemon.config import AuthConfig
 from tests.conftest import MASTER_TOKEN
 from tests.e2e.mcp_helpers import NO_SANDBOXES as SANDBOXES_OFF
 
@@ -114,3 +118,41 @@ async def test_session_tokens_cannot_execute_or_administer(daemon: Any, connect:
     server.auth.revoke_session(session_token)
     revoked = await client.request("ping", auth={"bearerToken": session_token})
     assert revoked["error"]["code"] == Unauthenticated.code
+
+
+def test_daemons_starting_together_agree_on_one_master_token(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    # Another daemon on the same state directory puts its token in place between this
+    # one's look and its write: this one takes that token, and says nothing of errors.
+    state = tmp_path / "shared"
+    path = state / "master.token"
+    theirs = new_token()
+
+    def made_while_another_wins() -> str:
+        state.mkdir()
+        path.write_text(theirs + "\n")
+        return new_token()
+
+    monkeypatch.setattr(auth, "new_token", made_while_another_wins)
+    assert auth.resolve_master_token(AuthConfig(token=""), str(state)) == (theirs, str(path))
+    assert [p.name for p in state.iterdir()] == ["master.token"]
+
+
+def test_many_daemons_starting_at_once_all_read_one_whole_token(tmp_path: Path) -> None:
+    # Processes, not threads: each reads the file the instant it sees it, as daemons do.
+    context = multiprocessing.get_context("fork")
+    for round_ in range(10):
+        state = tmp_path / str(round_)
+        with context.Pool(6) as pool:
+            tokens = pool.map(_resolve_in(state), range(6))
+        assert len({token for token, _ in tokens}) == 1, tokens
+        assert stat.S_IMODE((state / "master.token").stat().st_mode) == 0o600
+
+
+def _resolve_in(state: Path) -> Any:
+    return functools.partial(_resolve, state)
+
+
+def _resolve(state: Path, _: int) -> tuple[str, str]:
+    return auth.resolve_master_token(AuthConfig(token=""), str(state))
