@@ -1451,7 +1451,12 @@ async def _collect_for_guest(execution: _Execution, wait: WaitRequest) -> list[A
     alone = calls.alone(wait)
     if alone is not None:  # the usual case: one call awaited after another
         return await _without_slot(execution, functools.partial(calls.answer_alone, alone))
-    for call in wait.start:
+    for index, call in enumerate(wait.start):
+        if index:
+            # One scheduler pass apart, as the daemon starts the requests a connection
+            # sends: the calls reach their upstreams in the order the program made them
+            # (Trio runs the tasks of one pass in no set order).
+            await trio.lowlevel.checkpoint()
         calls.start(call)
     answers = calls.collect_nowait()
     if answers is not None:

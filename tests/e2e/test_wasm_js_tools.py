@@ -178,6 +178,23 @@ async def test_a_call_the_program_did_not_await_is_made(tooled: Any, executor: s
             await trio.sleep(0.05)
 
 
+@pytest.mark.parametrize("executor", ["wasm-js", "deno"])
+async def test_calls_made_at_once_reach_the_upstream_in_the_order_made(
+    shared: RawClient,  # noqa: F811
+    executor: str,
+) -> None:
+    """`Promise.all` of calls with side effects: the upstream sees them in program order,
+    every time (a create before its update)."""
+    code = """
+const seen = await Promise.all(Array.from({ length: 12 }, () => tools.echo.arrival({})));
+const first = seen[0].before;
+seen.map((answer) => answer.before - first)
+"""
+    for _ in range(5):
+        outcome = await run(shared, code, executor)
+        assert (outcome["status"], outcome["result"]) == ("ok", list(range(12))), outcome
+
+
 async def test_a_failing_call_nothing_handles_ends_the_run_as_on_deno(
     shared: RawClient,  # noqa: F811
 ) -> None:
