@@ -64,6 +64,7 @@ const stringPadEnd = uncurry(String.prototype.padEnd);
 const stringSlice = uncurry(String.prototype.slice);
 const stringCharCodeAt = uncurry(String.prototype.charCodeAt);
 const stringStartsWith = uncurry(String.prototype.startsWith);
+const stringEndsWith = uncurry(String.prototype.endsWith);
 const regexpTest = uncurry(RegExp.prototype.test);
 const regexpExec = uncurry(RegExp.prototype.exec);
 const arrayJoin = uncurry(Array.prototype.join);
@@ -231,11 +232,14 @@ function formatError(error, context, asValue = false) {
   const name = toText(error.name ?? "Error");
   const message = toText(error.message ?? "");
   const made = className(error);
-  // Deno names the class beside the name the error inherits, not one set on it (but a
-  // DOMException, which shows its name alone).
+  // Deno names the class in place of an "…Error" name the error inherits (not one set
+  // on it), or beside it when the class's name does not hold it: `NotFound [Error]`
+  // but `NotFoundError` (not for a DOMException, which shows its name alone).
   const inherited = !hasOwn(error, "name") && made !== "DOMException";
-  const head =
-    inherited && made && made !== name && !stringIncludes(name, made) ? `${made} [${name}]` : name;
+  let head = name;
+  if (inherited && made && made !== name && stringEndsWith(name, "Error")) {
+    head = stringIncludes(made, name) ? made : `${made} [${name}]`;
+  }
   let text = message === "" ? head : `${head}: ${message}`;
   let framed = false;
   eachErrorFrame(error, (frame) => {

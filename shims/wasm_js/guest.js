@@ -187,13 +187,21 @@ function nextTimerIn() {
 // here). The program gets a promise of ours whose handlers can be seen: with no
 // `constructor` of its own kind, `await` and `Promise.resolve` go through its `then`
 // (as they do for any thenable) rather than past it. Unhandled by the end of the turn
-// it failed in, its error is the run's.
+// it failed in, or by the time the run answers (its turn may be the one that answers,
+// when its answer came with the one awaited), its error is the run's.
+const failedUnhandled = { calls: new NativeMap() }; // each failed call's watch: its error
 function handed(inner) {
   const watch = { handled: false };
   const outer = new NativePromise((resolve, reject) => {
     then(inner, resolve, (reason) => {
       reject(reason);
-      if (!watch.handled) realSetTimeout(() => watch.handled || uncaught(reason), 0);
+      if (watch.handled) return;
+      const failed = failedUnhandled.calls;
+      mapSet(failed, watch, reason);
+      realSetTimeout(() => {
+        mapDelete(failed, watch);
+        if (!watch.handled) uncaught(reason);
+      }, 0);
     });
   });
   defineProperty(outer, "constructor", { value: undefined });
@@ -206,6 +214,15 @@ function handed(inner) {
     }.then,
   });
   return outer;
+}
+
+// The first tool call failure no handler has seen, as `{ reason }`, or null.
+function unhandledCallFailure() {
+  let first = null;
+  mapForEach(failedUnhandled.calls, (reason, watch) => {
+    if (first === null && !watch.handled) first = { reason };
+  });
+  return first;
 }
 
 const tools = makeTools(startCall, handed);
@@ -527,6 +544,7 @@ export function run(requestText) {
   calls.first = calls.next = calls.tickets = 0;
   calls.sending = "";
   calls.polling = false;
+  failedUnhandled.calls = new NativeMap();
   const answer = runProgram(job);
   if (run.failure !== null) return run.failure;
   if (typeof answer === "string") {
@@ -535,6 +553,8 @@ export function run(requestText) {
   }
   const settled = new NativePromise((resolve) => {
     run.answer = (text) => {
+      const failed = run.failure === null ? unhandledCallFailure() : null;
+      if (failed !== null) return uncaught(failed.reason); // which answers with it
       sendRest();
       resolve(text);
     };

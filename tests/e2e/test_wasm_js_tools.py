@@ -209,3 +209,26 @@ async def test_a_failing_call_nothing_handles_ends_the_run_as_on_deno(
     wanted = {"type": "ToolError", "message": "nobody listens"}
     assert {key: on_wasm["error"][key] for key in wanted} == wanted
     assert {key: on_deno["error"][key] for key in wanted} == wanted
+
+
+async def test_a_call_failure_answered_with_the_awaited_call_still_ends_the_run(
+    shared: RawClient,  # noqa: F811
+) -> None:
+    """The failure and the awaited answer come back together (both calls are done while
+    the program busies itself): the program answers in that same turn, and the failure
+    nothing handled is still the run's."""
+    code = """
+tools.echo.fail({ message: "nobody awaits me" });
+const echoed = tools.echo.echo({ text: "y" });
+await new Promise((resolve) => setTimeout(resolve, 0)); // both sent
+const end = Date.now() + 200;
+while (Date.now() < end) {}
+await echoed;
+"done"
+"""
+    outcome = await run(shared, code, "wasm-js")
+    assert outcome["status"] == "error", outcome
+    assert (outcome["error"]["type"], outcome["error"]["message"]) == (
+        "ToolError",
+        "nobody awaits me",
+    )
