@@ -278,7 +278,6 @@ function report(error, describe, lineOffset) {
 // host's deadline check has certainly passed when the program runs again.
 const TIMER_SLACK_MS = 50;
 const abortSignal = AbortSignal;
-const abortSignalTimeout = uncurry(AbortSignal.timeout);
 
 // The execution's end on the clock of `now()`, which `run` sets: the clock traps until
 // the component runs for real, so not at build time.
@@ -512,15 +511,63 @@ globalThis.setInterval = programTimers.setInterval;
 globalThis.clearTimeout = programTimers.clearTimeout;
 globalThis.clearInterval = programTimers.clearInterval;
 globalThis.queueMicrotask = timers.queueMicrotask;
-// Its timer is the engine's: the signal says when it has fired.
-abortSignal.timeout = (delay) => {
-  const wait = bound(delay);
-  const signal = abortSignalTimeout(abortSignal, wait);
-  const key = {};
-  mapSet(engineTimersDue, key, now() + wait);
-  addListener(signal, "abort", () => mapDelete(engineTimersDue, key));
-  return signal;
+// Signals made from others, as Deno makes them: StarlingMonkey's `AbortSignal.any` reads
+// back no reason (or garbage), never fires, and takes no signals as aborted; its
+// `timeout`'s reason says only "TimeoutError". Each is a controller's signal here.
+const AbortControllerClass = AbortController;
+const controllerSignal = getter(AbortController.prototype, "signal");
+const signalStatics = {
+  any(signals) {
+    const sources = new NativeMap(); // not an array: its prototype is the program's
+    for (const signal of signals) {
+      signalAborted(signal); // the engine's check that it is a signal
+      mapSet(sources, signal, true);
+    }
+    const controller = new AbortControllerClass();
+    const dependent = controllerSignal(controller);
+    let aborted = null;
+    mapForEach(sources, (_, signal) => {
+      if (aborted === null && signalAborted(signal)) aborted = signal;
+    });
+    if (aborted !== null) {
+      abortController(controller, signalReason(aborted));
+      return dependent;
+    }
+    mapForEach(sources, (_, signal) => {
+      addListener(signal, "abort", () => {
+        if (!signalAborted(dependent)) abortController(controller, signalReason(signal));
+      });
+    });
+    return dependent;
+  },
+  // Its timer is the engine's: a wait for tool calls ends in time for it.
+  timeout(delay) {
+    const wait = bound(delay);
+    const controller = new AbortControllerClass();
+    const key = {};
+    mapSet(engineTimersDue, key, now() + wait);
+    realSetTimeout(() => {
+      mapDelete(engineTimersDue, key);
+      const reason = new domException("The operation was aborted due to timeout", "TimeoutError");
+      abortController(controller, reason);
+    }, wait);
+    return controllerSignal(controller);
+  },
 };
+replaceMethod(abortSignal, "any", signalStatics.any);
+replaceMethod(abortSignal, "timeout", signalStatics.timeout);
+// Deno's web classes name themselves to `Object.prototype.toString`; these of
+// StarlingMonkey's do not (or, `performance`'s, in lower case).
+for (const name of [
+  "AbortSignal", "AbortController", "URL", "URLSearchParams", "Headers", "FormData",
+  "EventTarget", "WritableStream", "TransformStream", "Performance",
+]) {
+  const prototype = globalThis[name]?.prototype;
+  if (prototype !== undefined) {
+    defineProperty(prototype, Symbol.toStringTag, { value: name, configurable: true });
+  }
+}
+Reflect.deleteProperty(performance, Symbol.toStringTag); // its own, which hides the above
 globalThis.fetch = noFetch;
 defineProperty(globalThis, "tools", { value: tools, enumerable: true });
 defineProperty(globalThis, "ToolError", { value: ToolError, enumerable: true });

@@ -277,9 +277,28 @@ async def test_a_traceback_reads_the_same_on_both(client: Any, language: str) ->
         "const controller = new AbortController();\ncontroller.abort();\n"
         "String(controller.signal.reason)",
         "const { reason } = AbortSignal.abort();\n[String(reason), AbortSignal.abort.length]",
+        # A timeout's reason, and signals made from others: their reasons and events.
+        "const signal = AbortSignal.timeout(5);\n"
+        "await new Promise((resolve) => signal.addEventListener('abort', resolve));\n"
+        "const { name, message, code } = signal.reason;\n"
+        "[name, message, code, String(signal.reason), AbortSignal.timeout.name]",
+        "const controller = new AbortController();\n"
+        "const any = AbortSignal.any([controller.signal]);\n"
+        "let fired = 0;\nany.addEventListener('abort', () => fired++);\ncontroller.abort('why');\n"
+        "const early = new AbortController();\nearly.abort('early');\n"
+        "const fromAborted = AbortSignal.any([new AbortController().signal, early.signal]);\n"
+        "[any.aborted, any.reason, fired, fromAborted.reason, AbortSignal.any([]).aborted]",
+        "const timed = AbortSignal.any([AbortSignal.timeout(5)]);\n"
+        "await new Promise((resolve) => setTimeout(resolve, 30));\n"
+        "[timed.aborted, timed.reason.name]",
+        "[AbortSignal, AbortController, URL, URLSearchParams, Headers, EventTarget]\n"
+        "  .map((made) => Object.prototype.toString.call(made.prototype))\n"
+        "  .concat(Object.prototype.toString.call(performance))",
     ],
 )
-async def test_what_a_built_in_throws_is_caught_on_both(client: Any, code: str) -> None:
+async def test_built_ins_we_mend_answer_as_on_deno(client: Any, code: str) -> None:
+    """What a built-in throws is caught; signals, their reasons and their names read as
+    on Deno."""
     await answered_alike(client, code)
 
 
