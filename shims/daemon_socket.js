@@ -89,7 +89,23 @@ function socketRequester(token, conn) {
     }
   }
 
-  return async function request(method, params, tool) {
+  // Messages are written whole and in the order made (a large one takes several
+  // writes, which another's must not split); `written()` is the last one's write while
+  // any is under way, which a one-shot worker waits for before it reports and exits.
+  let writes = null;
+  let writing = 0;
+  async function writeAfter(before, bytes) {
+    if (before !== null) {
+      try {
+        await before;
+      } catch {
+        // That call's caller learns of it; this message goes on.
+      }
+    }
+    for (let offset = 0; offset < bytes.length; ) offset += await conn.write(bytes.subarray(offset));
+  }
+
+  async function request(method, params, tool) {
     if (closed) throw new ToolError("the connection to the daemon closed", -32603, null);
     const id = nextId++;
     const bearerToken = typeof token === "function" ? token() : token;
@@ -101,8 +117,16 @@ function socketRequester(token, conn) {
     const message = `${head},"params":${stringify(params)},"auth":${auth}}`;
     const reply = new Promise((resolve, reject) => pending.set(id, { resolve, reject, tool }));
     conn.ref();
-    const bytes = encode(message + "\n");
-    for (let offset = 0; offset < bytes.length; ) offset += await conn.write(bytes.subarray(offset));
+    const write = writeAfter(writes, encode(message + "\n"));
+    writes = write;
+    writing++;
+    try {
+      await write;
+    } finally {
+      writing--;
+    }
     return reply;
-  };
+  }
+  request.written = () => (writing === 0 ? null : writes);
+  return request;
 }

@@ -108,15 +108,33 @@ function installTools(channel) {
     viaChannel ??= requester(() => step?.job.session_token, channel);
     return viaChannel(method, params, tool);
   };
+  callsWriting = () => viaChannel?.written() ?? null;
   const tools = makeTools(request);
   Object.defineProperty(globalThis, "tools", { value: tools, enumerable: true });
   Object.defineProperty(globalThis, "ToolError", { value: ToolError, enumerable: true });
 }
 
-// Writes the marker: the step's only report counts. A one-shot worker then exits.
+// The write of the calls the program made, while one is under way (installTools).
+let callsWriting = () => null;
+
+// Writes the marker: the step's only report counts. A one-shot worker then exits, once
+// the calls its program made are written: a call it did not await is still made.
 function finish(current, payload, code) {
   if (current === null || current.finished) return;
   current.finished = true;
+  const writing = current.job.session ? null : callsWriting();
+  if (writing === null) return report(current, payload, code);
+  (async () => {
+    try {
+      await writing;
+    } catch {
+      // The connection is gone: the calls were not made, the program's answer stands.
+    }
+    report(current, payload, code);
+  })();
+}
+
+function report(current, payload, code) {
   writeText(RESULT_MARK + current.job.nonce + payload + "\n");
   if (!current.job.session) exit(code);
   if (step === current) step = null;

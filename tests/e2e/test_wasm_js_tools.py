@@ -195,6 +195,20 @@ seen.map((answer) => answer.before - first)
         assert (outcome["status"], outcome["result"]) == ("ok", list(range(12))), outcome
 
 
+async def test_large_calls_made_at_once_on_deno_each_arrive_whole(
+    shared: RawClient,  # noqa: F811
+) -> None:
+    """Messages larger than the worker's socket takes at once, sent together: none is cut
+    into another (each takes several writes, which interleaved, and the program hung)."""
+    code = """
+const sent = ["a", "b", "c"].map((letter) => letter.repeat(2e6));
+const back = await Promise.all(sent.map((text) => tools.echo.echo({ text })));
+back.map((text, i) => text === sent[i])
+"""
+    outcome = await run(shared, code, "deno", limits={"timeout_ms": 20_000})
+    assert (outcome["status"], outcome["result"]) == ("ok", [True, True, True]), outcome
+
+
 async def test_a_failing_call_nothing_handles_ends_the_run_as_on_deno(
     shared: RawClient,  # noqa: F811
 ) -> None:
