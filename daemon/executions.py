@@ -686,6 +686,8 @@ def _settle(outcome: Outcome, entry: _Running) -> Outcome:
     if entry.stopped_as is not None and outcome.status in _OVERRIDDEN_BY[entry.stopped_as]:
         outcome.status = entry.stopped_as
         outcome.error = _stopped_error(entry.stopped_as)
+        # A stopped program has no result, whatever it reached before the stop landed.
+        outcome.result = None
     return outcome
 
 

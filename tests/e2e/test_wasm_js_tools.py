@@ -144,6 +144,23 @@ async def test_the_tool_call_limit_stops_the_program_and_keeps_its_output(
     assert result["error"]["type"] == "ToolLimit"
 
 
+@pytest.mark.parametrize("executor", ["wasm-js", "deno"])
+async def test_a_program_catching_the_tool_limit_is_stopped_with_no_result(
+    shared: RawClient,  # noqa: F811
+    executor: str,
+) -> None:
+    code = """
+const out = [];
+for (let i = 0; i < 5; i++) {
+  try { await tools.echo.echo({ text: "x" }); out.push("ok"); } catch (e) { out.push(e.message); }
+}
+out
+"""
+    for _ in range(3):
+        result = await run(shared, code, executor, limits={"tool_calls": 2})
+        assert (result["status"], result["result"]) == ("tool_limit", None), result
+
+
 async def test_a_program_waiting_on_a_slow_tool_is_stopped_at_its_timeout(
     tooled: Any,  # noqa: F811
 ) -> None:
