@@ -62,6 +62,7 @@ const stringIncludes = uncurry(String.prototype.includes);
 const stringPadStart = uncurry(String.prototype.padStart);
 const stringPadEnd = uncurry(String.prototype.padEnd);
 const stringSlice = uncurry(String.prototype.slice);
+const stringIndexOf = uncurry(String.prototype.indexOf);
 const stringCharCodeAt = uncurry(String.prototype.charCodeAt);
 const stringStartsWith = uncurry(String.prototype.startsWith);
 const stringEndsWith = uncurry(String.prototype.endsWith);
@@ -443,7 +444,23 @@ function enclose(output, open, close, context, depth, grouped, base) {
   return `${open}${indentation}  ${arrayJoin(output, `,${indentation}  `)}${indentation}${close}`;
 }
 
+// A string inside a value, as Deno shows it: one longer than 16 characters and than
+// what is left of the line is shown line by line, each quoted, joined by ` +`.
+function formatString(text, context) {
+  if (text.length <= 16 || text.length <= LINE - context.indentation - 4) return quote(text);
+  const joint = ` +\n${stringRepeat(" ", context.indentation + 2)}`;
+  let shown = "";
+  for (let start = 0; start < text.length; ) {
+    const newline = stringIndexOf(text, "\n", start);
+    const end = newline === -1 ? text.length : newline + 1;
+    shown += `${start === 0 ? "" : joint}${quote(stringSlice(text, start, end))}`;
+    start = end;
+  }
+  return shown;
+}
+
 function formatValue(value, context, depth) {
+  if (typeof value === "string") return formatString(value, context);
   if (value === null || (typeof value !== "object" && typeof value !== "function")) {
     return formatPrimitive(value, true);
   }
