@@ -377,6 +377,34 @@ replaceAccessor(Error.prototype, "stack", {
     return typeof captured === "string" ? denoStack(this) : captured;
   },
 });
+
+// An error's own names, as V8's: `stack` (its own there, the accessor above here) and
+// not SpiderMonkey's `fileName`, `lineNumber` and `columnNumber`, which name the guest's
+// files. So `JSON.stringify(error, Object.getOwnPropertyNames(error))`, a common way to
+// log an error whole, writes what it writes on Deno.
+const ownNames = Object.getOwnPropertyNames;
+const PLACE_FIELDS = new Set(["fileName", "lineNumber", "columnNumber", "stack"]);
+const setHas = uncurry(Set.prototype.has);
+replaceMethod(Object, "getOwnPropertyNames", {
+  getOwnPropertyNames(value) {
+    const names = ownNames(value);
+    let captured;
+    try {
+      captured = engineStack(value);
+    } catch {
+      return names;
+    }
+    // (an object that only inherits from Error.prototype gets an empty stack)
+    if (typeof captured !== "string" || captured === "") return names;
+    const shown = ["stack"];
+    for (let i = 0; i < names.length; i++) {
+      if (setHas(PLACE_FIELDS, names[i])) continue;
+      const item = { value: names[i], writable: true, enumerable: true, configurable: true };
+      defineProperty(shown, shown.length, item); // not `push`: the program's to replace
+    }
+    return shown;
+  },
+}.getOwnPropertyNames);
 // And the stack `Error.captureStackTrace` gives an object, as V8's: the object's name
 // and message, then the program's frames where it was called (below the function
 // named, if one is).

@@ -291,6 +291,14 @@ async def test_a_traceback_reads_the_same_on_both(client: Any, language: str) ->
         "const timed = AbortSignal.any([AbortSignal.timeout(5)]);\n"
         "await new Promise((resolve) => setTimeout(resolve, 30));\n"
         "[timed.aborted, timed.reason.name]",
+        # An error's own names, and the common way to log one whole with them.
+        "const e = new Error('boom', { cause: 1 });\ne.code = 7;\nlet parsing;\n"
+        "try { JSON.parse('{bad'); } catch (caught) { parsing = caught; }\n"
+        "class AppError extends Error {\n"
+        "  constructor(m) { super(m); this.name = 'AppError'; this.status = 404; }\n}\n"
+        "const logged = JSON.stringify(e, Object.getOwnPropertyNames(e));\n"
+        "[logged, ...[new AppError('nf'), parsing, new Error(), Object.create(Error.prototype),\n"
+        "  { a: 1 }, [1]].map((value) => Object.getOwnPropertyNames(value))]",
         "[AbortSignal, AbortController, URL, URLSearchParams, Headers, EventTarget]\n"
         "  .map((made) => Object.prototype.toString.call(made.prototype))\n"
         "  .concat(Object.prototype.toString.call(performance))",
