@@ -188,12 +188,23 @@ function nextTimerIn() {
 // `constructor` of its own kind, `await` and `Promise.resolve` go through its `then`
 // (as they do for any thenable) rather than past it. Unhandled by the end of the turn
 // it failed in, or by the time the run answers (its turn may be the one that answers,
-// when its answer came with the one awaited), its error is the run's.
+// when its answer came with the one awaited), its error is the run's. Once it is
+// handled, or has succeeded, it is a plain promise again (`Promise.resolve(call) ===
+// call`, so a settled call wins a `Promise.race` it comes first in, as on Deno).
 const failedUnhandled = { calls: new NativeMap() }; // each failed call's watch: its error
+const deleteProperty = Reflect.deleteProperty;
+function plain(promise) {
+  deleteProperty(promise, "constructor");
+  deleteProperty(promise, "then");
+}
 function handed(inner) {
   const watch = { handled: false };
   const outer = new NativePromise((resolve, reject) => {
-    then(inner, resolve, (reason) => {
+    const fulfilled = (value) => {
+      plain(outer);
+      resolve(value);
+    };
+    then(inner, fulfilled, (reason) => {
       reject(reason);
       if (watch.handled) return;
       const failed = failedUnhandled.calls;
@@ -204,14 +215,16 @@ function handed(inner) {
       }, 0);
     });
   });
-  defineProperty(outer, "constructor", { value: undefined });
+  defineProperty(outer, "constructor", { value: undefined, configurable: true });
   defineProperty(outer, "then", {
     value: {
       then(onFulfilled, onRejected) {
         watch.handled = true;
+        plain(outer);
         return apply(promiseThen, this, [onFulfilled, onRejected]);
       },
     }.then,
+    configurable: true,
   });
   return outer;
 }

@@ -69,6 +69,16 @@ const signal = AbortSignal.timeout(50);
 const aborted = new Promise((resolve) => { signal.onabort = () => resolve("aborted"); });
 await Promise.race([tools.echo.slow({ seconds: 5 }), aborted])
 """,
+    # A call's promise, once it has succeeded (or is handled), is a plain promise.
+    """
+const call = tools.echo.echo({ text: "tool" });
+const order = [];
+call.then(() => order.push("then"));
+await call;
+order.push("await");
+const first = await Promise.race([call, Promise.resolve("native")]);
+[first, Promise.resolve(call) === call, call.constructor === Promise, order]
+""",
     # A `toJSON` planted on Object.prototype changes no call (nor hangs one).
     """
 Object.prototype.toJSON = function () {
