@@ -12,7 +12,8 @@ import trio
 
 from conduit.core.errors import Forbidden
 from tests.conftest import RawClient
-from tests.e2e.test_tools import shared, shared_daemon, tooled  # noqa: F401 (fixtures)
+from tests.e2e.helpers import wait_upstreams
+from tests.e2e.test_tools import ECHO, shared, shared_daemon, tooled  # noqa: F401 (fixtures)
 
 ON_BOTH = [
     # Tool calls and their values.
@@ -205,20 +206,22 @@ async def test_a_call_the_program_did_not_await_is_made(tooled: Any, executor: s
             await trio.sleep(0.05)
 
 
-@pytest.mark.parametrize("executor", ["wasm-js", "deno"])
 async def test_calls_made_at_once_reach_the_upstream_in_the_order_made(
-    shared: RawClient,  # noqa: F811
-    executor: str,
+    start_daemon: Any, connect: Any
 ) -> None:
     """`Promise.all` of calls with side effects: the upstream sees them in program order,
-    every time (a create before its update)."""
+    every time (a create before its update), on both."""
+    counting = {**ECHO, "args": [*ECHO["args"], "--arrival"]}
+    server, info = await start_daemon(upstreams=[counting])
+    await wait_upstreams(server, "echo")
+    client = await connect(info)
     code = """
 const seen = await Promise.all(Array.from({ length: 12 }, () => tools.echo.arrival({})));
 const first = seen[0].before;
 seen.map((answer) => answer.before - first)
 """
-    for _ in range(5):
-        outcome = await run(shared, code, executor)
+    for executor in ["wasm-js", "deno"] * 3:
+        outcome = await run(client, code, executor)
         assert (outcome["status"], outcome["result"]) == ("ok", list(range(12))), outcome
 
 
