@@ -90,10 +90,9 @@ function socketRequester(token, conn) {
   }
 
   // Messages are written whole and in the order made (a large one takes several
-  // writes, which another's must not split); `written()` is the last one's write while
-  // any is under way, which a one-shot worker waits for before it reports and exits.
+  // writes, which another's must not split); `written()` is the last one's write, or
+  // null, which a one-shot worker waits for before it reports and exits.
   let writes = null;
-  let writing = 0;
   async function writeAfter(before, bytes) {
     if (before !== null) {
       try {
@@ -119,14 +118,9 @@ function socketRequester(token, conn) {
     conn.ref();
     const write = writeAfter(writes, encode(message + "\n"));
     writes = write;
-    writing++;
-    try {
-      await write;
-    } finally {
-      writing--;
-    }
+    await write;
     return reply;
   }
-  request.written = () => (writing === 0 ? null : writes);
+  request.written = () => writes;
   return request;
 }

@@ -114,7 +114,7 @@ function installTools(channel) {
   Object.defineProperty(globalThis, "ToolError", { value: ToolError, enumerable: true });
 }
 
-// The write of the calls the program made, while one is under way (installTools).
+// The write of the last call the program made, or null (installTools).
 let callsWriting = () => null;
 
 // Writes the marker: the step's only report counts. A one-shot worker then exits, once

@@ -366,10 +366,51 @@ const methods = {
     return abortController(this, reasonOr(reason));
   },
 };
+// - signals made from others, as Deno makes them: StarlingMonkey's `AbortSignal.any`
+//   reads back no reason (or garbage), never fires, and takes no signals as aborted; its
+//   `timeout`'s reason says only "TimeoutError". Each is a controller's signal here.
+const AbortControllerClass = AbortController;
+const controllerSignal = getter(AbortController.prototype, "signal");
 const statics = {
   // A default, so that its length is 0, as Deno's is.
   abort(reason = undefined) {
     return abortSignalAbort(abortSignal, reasonOr(reason));
+  },
+  any(signals) {
+    const sources = new NativeMap(); // not an array: its prototype is the program's
+    for (const signal of signals) {
+      signalAborted(signal); // the engine's check that it is a signal
+      mapSet(sources, signal, true);
+    }
+    const controller = new AbortControllerClass();
+    const dependent = controllerSignal(controller);
+    let aborted = null;
+    mapForEach(sources, (_, signal) => {
+      if (aborted === null && signalAborted(signal)) aborted = signal;
+    });
+    if (aborted !== null) {
+      abortController(controller, signalReason(aborted));
+      return dependent;
+    }
+    mapForEach(sources, (_, signal) => {
+      addListener(signal, "abort", () => {
+        if (!signalAborted(dependent)) abortController(controller, signalReason(signal));
+      });
+    });
+    return dependent;
+  },
+  // Its timer is the engine's: a wait for tool calls ends in time for it.
+  timeout(delay) {
+    const wait = bound(delay);
+    const controller = new AbortControllerClass();
+    const key = {};
+    mapSet(engineTimersDue, key, now() + wait);
+    realSetTimeout(() => {
+      mapDelete(engineTimersDue, key);
+      const reason = new domException("The operation was aborted due to timeout", "TimeoutError");
+      abortController(controller, reason);
+    }, wait);
+    return controllerSignal(controller);
   },
 };
 for (const [owner, name, method] of [
@@ -377,6 +418,8 @@ for (const [owner, name, method] of [
   [TextEncoder.prototype, "encode", methods.encode],
   [AbortController.prototype, "abort", methods.abort],
   [AbortSignal, "abort", statics.abort],
+  [AbortSignal, "any", statics.any],
+  [AbortSignal, "timeout", statics.timeout],
 ]) {
   replaceMethod(owner, name, method);
 }
@@ -552,51 +595,6 @@ globalThis.setInterval = programTimers.setInterval;
 globalThis.clearTimeout = programTimers.clearTimeout;
 globalThis.clearInterval = programTimers.clearInterval;
 globalThis.queueMicrotask = timers.queueMicrotask;
-// Signals made from others, as Deno makes them: StarlingMonkey's `AbortSignal.any` reads
-// back no reason (or garbage), never fires, and takes no signals as aborted; its
-// `timeout`'s reason says only "TimeoutError". Each is a controller's signal here.
-const AbortControllerClass = AbortController;
-const controllerSignal = getter(AbortController.prototype, "signal");
-const signalStatics = {
-  any(signals) {
-    const sources = new NativeMap(); // not an array: its prototype is the program's
-    for (const signal of signals) {
-      signalAborted(signal); // the engine's check that it is a signal
-      mapSet(sources, signal, true);
-    }
-    const controller = new AbortControllerClass();
-    const dependent = controllerSignal(controller);
-    let aborted = null;
-    mapForEach(sources, (_, signal) => {
-      if (aborted === null && signalAborted(signal)) aborted = signal;
-    });
-    if (aborted !== null) {
-      abortController(controller, signalReason(aborted));
-      return dependent;
-    }
-    mapForEach(sources, (_, signal) => {
-      addListener(signal, "abort", () => {
-        if (!signalAborted(dependent)) abortController(controller, signalReason(signal));
-      });
-    });
-    return dependent;
-  },
-  // Its timer is the engine's: a wait for tool calls ends in time for it.
-  timeout(delay) {
-    const wait = bound(delay);
-    const controller = new AbortControllerClass();
-    const key = {};
-    mapSet(engineTimersDue, key, now() + wait);
-    realSetTimeout(() => {
-      mapDelete(engineTimersDue, key);
-      const reason = new domException("The operation was aborted due to timeout", "TimeoutError");
-      abortController(controller, reason);
-    }, wait);
-    return controllerSignal(controller);
-  },
-};
-replaceMethod(abortSignal, "any", signalStatics.any);
-replaceMethod(abortSignal, "timeout", signalStatics.timeout);
 // Deno's web classes name themselves to `Object.prototype.toString`; these of
 // StarlingMonkey's do not (or, `performance`'s, in lower case).
 for (const name of [
@@ -628,11 +626,11 @@ export function run(requestText) {
   if (calls.tickets !== 0) { // only after a step that called: nothing to do otherwise
     calls.out = new NativeMap();
     calls.waiting = new NativeMap();
+    failedUnhandled.calls = new NativeMap();
   }
   calls.first = calls.next = calls.tickets = 0;
   calls.sending = "";
   calls.polling = false;
-  failedUnhandled.calls = new NativeMap();
   const answer = runProgram(job);
   if (run.failure !== null) return run.failure;
   if (typeof answer === "string") {
