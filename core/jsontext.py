@@ -41,7 +41,7 @@ try:
 except ImportError:  # the client alone
     orjson = None
 
-__all__ = ["JsonTextError", "clean_text", "dumps", "encode", "loads"]
+__all__ = ["JsonTextError", "clean_text", "depth", "dumps", "encode", "loads"]
 
 REPLACEMENT: Final = "\ufffd"
 
@@ -268,3 +268,21 @@ def _cleaned(value: Any) -> Any:
             holder[key] = copy_list
             stack.extend((copy_list, i) for i in range(len(copy_list)))
     return root[0]
+
+
+def depth(value: Any, limit: int) -> int:
+    """How deeply decoded JSON `value` nests (a scalar 0, `[]` 1), counted without
+    recursion and only up to just past `limit`: a deeper value stops the count."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if not isinstance(item, dict | list):
+            continue
+        if level > deepest:
+            deepest = level
+            if deepest > limit:
+                return deepest
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, level + 1) for child in children if isinstance(child, dict | list))
+    return deepest

@@ -25,6 +25,7 @@ import mcp_types as types
 import trio
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from conduit.core import jsontext
 from conduit.core.errors import RpcError
 from conduit.gateway.upstream import CallObserver
 
@@ -127,7 +128,7 @@ class CallAsks:
 
 
 def _result(method: str, answer: dict[str, Any]) -> BaseModel:
-    if _depth(answer) > MAX_DEPTH:
+    if jsontext.depth(answer, MAX_DEPTH) > MAX_DEPTH:
         return types.ErrorData(
             code=types.INVALID_PARAMS,
             message=f"the client's answer to {method} nests deeper than {MAX_DEPTH} levels",
@@ -142,21 +143,3 @@ def _result(method: str, answer: dict[str, Any]) -> BaseModel:
             f"result: {' '.join(first)[:500]}",
         )
     return result
-
-
-def _depth(value: Any) -> int:
-    """How deeply `value` nests, counted without recursion and only up to just past
-    `MAX_DEPTH` (a deeper value stops the count)."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list) and depth > deepest:
-            deepest = depth
-            if deepest > MAX_DEPTH:
-                return deepest
-        if isinstance(item, dict):
-            stack.extend((child, depth + 1) for child in item.values())
-        elif isinstance(item, list):
-            stack.extend((child, depth + 1) for child in item)
-    return deepest

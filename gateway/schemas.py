@@ -16,6 +16,8 @@ Policy, decided once here:
 - **Strict** validates arguments before the call and refuses with `ArgumentsInvalid`,
   whose messages name the failing field: `arguments.repo.owner: 'x' is not of type
   'integer'`. Unknown tools are refused in both modes (see `catalogue.resolve`).
+- **Either mode** refuses arguments nested deeper than `MAX_ARGUMENT_DEPTH` levels:
+  no tool's schema goes near it, and the request made of them could not be written.
 - `formats` are annotations (the 2020-12 default), not assertions. `$ref` resolves
   only within the schema itself: nothing is ever fetched.
 
@@ -37,6 +39,7 @@ from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
 from referencing.exceptions import Unresolvable
 
+from conduit.core import jsontext
 from conduit.core.errors import GatewayError, SchemaInvalid
 from conduit.gateway.model import UpstreamTool
 
@@ -54,6 +57,10 @@ __all__ = [
 MAX_ERRORS = 20
 # jsonschema quotes offending values in messages; a 1 MB string must not come back.
 MAX_MESSAGE_CHARS = 300
+# How deeply a call's arguments may nest: past any schema, and within what the JSON
+# encoders of a request to an upstream take (about 250 levels, the request's own
+# included).
+MAX_ARGUMENT_DEPTH = 128
 
 
 class ArgumentsInvalid(GatewayError):
@@ -218,10 +225,15 @@ class SchemaCache:
     def enforce(self, tool: UpstreamTool, arguments: Any, *, strict: bool) -> None:
         """Raise unless this call may go to the upstream (the policy in the docstring).
 
-        Permissive: returns without checking. Strict: raises `SchemaInvalid` for a tool
-        without a schema or with an invalid one, `ArgumentsInvalid` for arguments that
-        do not match.
+        Either mode raises `ArgumentsInvalid` for arguments nested deeper than
+        `MAX_ARGUMENT_DEPTH`. Permissive checks nothing more. Strict raises
+        `SchemaInvalid` for a tool without a schema or with an invalid one,
+        `ArgumentsInvalid` for arguments that do not match.
         """
+        if jsontext.depth(arguments, MAX_ARGUMENT_DEPTH) > MAX_ARGUMENT_DEPTH:
+            raise ArgumentsInvalid(
+                tool, [f"arguments: nested deeper than {MAX_ARGUMENT_DEPTH} levels"]
+            )
         if not strict:
             return
         if not has_schema(tool):

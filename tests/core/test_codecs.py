@@ -10,6 +10,8 @@ import os
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from conduit.core import b64, jsontext
 
@@ -116,3 +118,38 @@ def test_both_encoders_write_the_same_values(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(jsontext, "orjson", None)
     standard = [json.loads(jsontext.encode(value)) for value in VALUES]
     assert fast == standard
+
+
+def _nesting(value: Any) -> int:
+    """How deeply `value` nests, the plain recursive way."""
+    if isinstance(value, dict):
+        return 1 + max(map(_nesting, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_nesting, value), default=0)
+    return 0
+
+
+_JSON = st.recursive(
+    st.none() | st.integers() | st.text(max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=2), inner, max_size=3)
+    ),
+    max_leaves=30,
+)
+
+
+@given(_JSON, st.integers(min_value=0, max_value=8))
+def test_json_depth_counts_as_recursion_would_up_to_just_past_the_limit(
+    value: Any, limit: int
+) -> None:
+    nesting = _nesting(value)
+    counted = jsontext.depth(value, limit)
+    assert counted == nesting if nesting <= limit else counted == limit + 1
+
+
+def test_json_depth_of_very_deep_values_needs_no_recursion() -> None:
+    deep: list[Any] = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert jsontext.depth(deep, 128) == 129
+    assert jsontext.depth({"a": [1, {"b": []}]}, 128) == 4

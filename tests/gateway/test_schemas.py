@@ -9,6 +9,7 @@ import pytest
 from conduit.core.errors import SchemaInvalid
 from conduit.gateway.model import UpstreamTool
 from conduit.gateway.schemas import (
+    MAX_ARGUMENT_DEPTH,
     ArgumentsInvalid,
     SchemaCache,
     check_schema,
@@ -193,3 +194,17 @@ def test_digest_ignores_key_order_and_paths_read_like_code() -> None:
     assert schema_digest({"a": 1, "b": [1, 2]}) == schema_digest({"b": [1, 2], "a": 1})
     assert schema_digest({"a": 1}) != schema_digest({"a": 2})
     assert field_path("arguments", ["a", 0, "b c", "d"]) == 'arguments.a[0]["b c"].d'
+
+
+def test_either_mode_refuses_arguments_nested_past_what_a_request_can_carry() -> None:
+    """Deeper than any schema, and than an upstream request's encoder writes: refused
+    as invalid arguments, not failed as the request is written (logged as a crash)."""
+    cache = SchemaCache()
+    deep: Any = "leaf"
+    for _ in range(MAX_ARGUMENT_DEPTH - 1):
+        deep = [deep]
+    for strict in (False, True):
+        cache.enforce(_tool({"type": "object"}), {"deep": deep}, strict=strict)
+        with pytest.raises(ArgumentsInvalid) as caught:
+            cache.enforce(_tool({"type": "object"}), {"deep": [deep]}, strict=strict)
+        assert caught.value.errors == [f"arguments: nested deeper than {MAX_ARGUMENT_DEPTH} levels"]
