@@ -77,11 +77,10 @@ class LingerBudget:
         who = principal or ANONYMOUS
         with self._lock:
             threads, memory = self._threads.total(), self._memory_mb.total()
-            if threads >= self._max_threads or memory + memory_mb > self._max_memory_mb:
+            if threads >= self._max_threads or _over(memory, memory_mb, self._max_memory_mb):
                 scope = "the executor's"
-            elif (
-                self._threads[who] >= self._max_threads_each
-                or self._memory_mb[who] + memory_mb > self._max_memory_mb_each
+            elif self._threads[who] >= self._max_threads_each or _over(
+                self._memory_mb[who], memory_mb, self._max_memory_mb_each
             ):
                 scope = "this caller's"
             else:
@@ -108,3 +107,10 @@ class LingerBudget:
             if self._threads[who] <= 0:
                 del self._threads[who]
                 self._memory_mb.pop(who, None)
+
+
+def _over(held_mb: int, memory_mb: int, cap_mb: int) -> bool:
+    """Whether an execution that may hold `memory_mb` would take `held_mb` past
+    `cap_mb`. With nothing held it never does: an execution as large as the limits
+    allow must be able to run once nothing of its caller's lingers."""
+    return held_mb > 0 and held_mb + memory_mb > cap_mb

@@ -53,3 +53,15 @@ def test_anonymous_jobs_share_one_principal() -> None:
     assert budget.refusal(None, 64) is not None
     budget.release(None, 64)
     assert budget.refusal(None, 64) is None
+
+
+def test_an_execution_larger_than_a_callers_share_runs_once_nothing_of_it_lingers() -> None:
+    """The caps bound what lingers, not how large one execution may be: the limits
+    allow more memory than a caller's share (refused as "busy" forever otherwise)."""
+    budget = LingerBudget(max_threads=10, max_memory_mb=2048, max_memory_mb_per_principal=512)
+    assert budget.refusal("alice", 1024) is None
+    assert budget.refusal("alice", 2048) is None
+    budget.charge("alice", 64)
+    assert "caller's" in (budget.refusal("alice", 1024) or "")
+    budget.charge("bob", 2000)
+    assert "executor's" in (budget.refusal("carol", 64) or "")
