@@ -681,7 +681,7 @@ class WasmExecutor:
             )
         finally:
             self._let_go(runner, execution)
-        return self._conclude(job, execution, capture, answer, trap)
+        return await self._conclude(job, execution, capture, answer, trap)
 
     def _check(self, job: Job) -> None:
         """Raise unless the executor can run `job` now."""
@@ -752,22 +752,16 @@ class WasmExecutor:
         try:
             await self._take_slot(execution)
             if job.on_output is None:
-                answer = await self._wait_for_guest(job, execution, hand)
-            else:
-                answer = await self._wait_streaming(job, execution, capture, hand)
+                return await self._wait_for_guest(job, execution, hand)
+            return await self._wait_streaming(job, execution, capture, hand)
+        except BaseException:
+            if execution.calls is not None:  # no outcome will settle them
+                execution.calls.cancel()
+            raise
         finally:
             self._slots.release(execution.interrupt.seat)
-        calls = execution.calls
-        if calls is not None and execution.interrupt.reason is not None:
-            calls.cancel()  # stopped: so are its calls
-        elif calls is not None:
-            try:
-                await calls.begun()  # reported once its last calls are counted
-            finally:
-                calls.leave()
-        return answer
 
-    def _conclude(
+    async def _conclude(
         self,
         job: Job,
         execution: _Execution,
@@ -781,6 +775,7 @@ class WasmExecutor:
             # Done between the deadline and the tick that would have stopped it: late.
             interrupt.stop(_wasmtime.StopReason.TIMEOUT)
         outcome = self._outcome(job, capture, answer, trap, interrupt.reason)
+        await _settle_calls(execution.calls, outcome.status)
         if execution.queue_expired and outcome.status is Status.TIMEOUT:
             outcome.error = ErrorInfo(
                 "Timeout",
@@ -1208,7 +1203,7 @@ class WasmExecutor:
             kept = _instance_kept(execution)
             if not kept:
                 self._reset(session, runner, sandbox, execution)
-        outcome = self._conclude(job, execution, capture, answer, trap)
+        outcome = await self._conclude(job, execution, capture, answer, trap)
         if kept and execution.handed and outcome.status is Status.MEMORY_LIMIT:
             # The guest lived through it, at its cap: its state may leave no room.
             kept = False
@@ -1407,7 +1402,7 @@ def _wait_calls(execution: _Execution, params: str) -> str:
     """`calls/wait`: start the calls listed, then answer those done, waiting (off its
     CPU slot) up to the time asked for until one is (runner thread)."""
     try:
-        wait = WaitRequest.parse(jsontext.loads(params, lenient_numbers=True))
+        wait = WaitRequest.parse(jsontext.loads(params, lenient_numbers=True), len(params))
     except jsontext.JsonTextError as exc:
         return rpc_error(-32700, f"parse error: {exc}")
     except ValueError as exc:
@@ -1442,11 +1437,16 @@ def _within_tool_limit(
 async def _collect_for_guest(execution: _Execution, wait: WaitRequest) -> list[Answer]:
     """Start `wait`'s calls; the answers of those done, at once if any is (or if it
     asks for no wait), else after waiting off the CPU slot."""
-    if execution.abandoned or execution.interrupt.reason is not None:
+    interrupt = execution.interrupt
+    if time.monotonic() > interrupt.deadline:  # its time is up, the tick not yet come
+        interrupt.stop(_wasmtime.StopReason.TIMEOUT)
+    if execution.abandoned or interrupt.reason is not None:
         raise _Stopped  # nothing would cancel calls started now
     calls = execution.calls
     if calls is None:
-        calls = GuestCalls(execution.bridge.request, execution.nursery, execution.left_calls)
+        calls = GuestCalls(
+            execution.bridge.request, execution.nursery, execution.left_calls, execution.principal
+        )
         execution.calls = calls
     alone = calls.alone(wait)
     if alone is not None:  # the usual case: one call awaited after another
@@ -1464,6 +1464,24 @@ async def _collect_for_guest(execution: _Execution, wait: WaitRequest) -> list[A
     if wait.timeout_s <= 0:
         return []
     return await _without_slot(execution, functools.partial(calls.collect, wait.timeout_s))
+
+
+async def _settle_calls(calls: GuestCalls | None, status: Status) -> None:
+    """Settle what becomes of a run's calls still out as it is reported: those of a
+    program that answered go on (`GuestCalls.leave`), once every one has begun, so
+    that it is counted; those of a program stopped or failed are cancelled, as a
+    Deno worker's are when it ends."""
+    if calls is None:
+        return
+    if status is not Status.OK:
+        calls.cancel()
+        return
+    try:
+        await calls.begun()
+    except BaseException:
+        calls.cancel()
+        raise
+    calls.leave()
 
 
 def _file_call(execution: _Execution, method: str, params: str) -> str:

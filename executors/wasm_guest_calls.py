@@ -19,13 +19,15 @@ CPU slot up, as a blocking call does, and the executor's `_Execution.host_call` 
 it, so that a stop or a timeout ends it.
 
 A call still out when the run answers goes on to its end, as a call a Deno program
-started and did not await does, while the executor has fewer than LEFT_CALLS_MAX such
-calls (it is cancelled otherwise); nobody collects its answer. The executor's nursery
+started and did not await does, while the executor has room for it (`LeftCalls`: at
+most LEFT_CALLS_MAX such calls holding LEFT_BYTES_MAX of arguments, and one caller at
+most half of each); it is cancelled otherwise. Nobody collects its answer. The executor's nursery
 owns it, so it ends with the executor at the latest, and the gateway bounds each call's
 time. The calls a program sends only as it answers (`last`) are made within what is
 left of its `limits.tool_calls`: past it they are dropped, as a Deno worker's are once
 it has answered, rather than have the finished program stopped over the limit. A
-program stopped (its time up, cancelled, over a limit) has its calls cancelled.
+program stopped (its time up, cancelled, over a limit) or failed has its calls
+cancelled.
 Before the execution is reported, every call the guest started has begun (`begun`): it
 was counted and authorised while its execution ran, never refused as late.
 """
@@ -63,9 +65,15 @@ WAIT_METHOD = "calls/wait"
 # cannot fill the daemon with tasks.
 CALLS_OUT_MAX = 256
 # Calls that may go on after their executions answered, in all of an executor's
-# executions at once (`LeftCalls`): past it, a run's calls still out are cancelled as
-# it answers, so that run after run leaving calls behind cannot pile them up.
+# executions at once (`LeftCalls`), and the bytes of their arguments (the host keeps
+# them, and the request made of them, outside every execution's memory): past either,
+# a run's calls still out are cancelled as it answers, so that run after run leaving
+# calls behind cannot pile them up.
 LEFT_CALLS_MAX = 256
+LEFT_BYTES_MAX = 64 * 1024 * 1024
+# A wait text up to this size shares its length among its calls as their sizes;
+# past it each call's arguments are measured (in the guest's thread).
+SHARED_SIZE_MAX = 1024 * 1024
 # JSON-RPC "internal error", for a call that failed other than with an RpcError.
 INTERNAL_ERROR = -32603
 # The largest ticket: an integer a JavaScript number holds exactly.
@@ -85,6 +93,7 @@ class StartedCall:
     ticket: int
     method: str
     params: dict[str, Any]
+    size: int = 0  # bytes of its arguments as sent, about (see `WaitRequest.parse`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,18 +106,22 @@ class WaitRequest:
     last: bool = False
 
     @classmethod
-    def parse(cls, params: Any) -> WaitRequest:
-        """Raises ValueError, saying what is wrong, for anything but the shape above."""
+    def parse(cls, params: Any, text_size: int = 0) -> WaitRequest:
+        """Raises ValueError, saying what is wrong, for anything but the shape above.
+        `text_size` is the length of the text `params` was read from: each call's
+        share of it is its size, or, in a large text, its arguments' own length."""
         if not isinstance(params, dict) or not isinstance(params.get("start", []), list):
             raise ValueError("params must be {start: [...], timeout_ms}")
+        items = params.get("start", [])
+        share = text_size // max(len(items), 1) if text_size <= SHARED_SIZE_MAX else None
         return cls(
-            tuple(_started(item) for item in params.get("start", [])),
+            tuple(_started(item, share) for item in items),
             _timeout_s(params.get("timeout_ms")),
             params.get("last") is True,
         )
 
 
-def _started(item: Any) -> StartedCall:
+def _started(item: Any, size: int | None) -> StartedCall:
     ticket = item.get("ticket") if isinstance(item, dict) else None
     call = item.get("call") if isinstance(item, dict) else None
     if not _is_ticket(ticket) or not isinstance(call, dict):
@@ -116,7 +129,9 @@ def _started(item: Any) -> StartedCall:
     method, params = call.get("method"), call.get("params")
     if not isinstance(method, str) or not isinstance(params, dict):
         raise ValueError("a call is {method: string, params: object}")
-    return StartedCall(ticket, method, params)
+    if size is None:
+        size = len(jsontext.dumps(params))
+    return StartedCall(ticket, method, params, size)
 
 
 def _is_ticket(value: Any) -> bool:
@@ -135,29 +150,66 @@ def _timeout_s(timeout_ms: Any) -> float:
     return math.inf if timeout_ms >= MAX_WAIT_MS else timeout_ms / 1000
 
 
-@dataclass(slots=True)
 class LeftCalls:
-    """An executor's count of calls going on after their executions answered."""
+    """An executor's calls going on after their executions answered: how many, and
+    the bytes of their arguments, in all and per caller (at most half of each, so
+    that one caller's leftovers never take every other caller's room)."""
 
-    count: int = 0
-    limit: int = LEFT_CALLS_MAX
+    def __init__(self, limit: int = LEFT_CALLS_MAX, byte_limit: int = LEFT_BYTES_MAX) -> None:
+        self.limit = limit
+        self.byte_limit = byte_limit
+        self.count = 0
+        self.bytes = 0
+        self._held: dict[str, tuple[int, int]] = {}  # caller: (calls, bytes)
+
+    def __repr__(self) -> str:
+        return f"<LeftCalls {self.count}/{self.limit}, {self.bytes}/{self.byte_limit} bytes>"
+
+    def take(self, principal: str, size: int) -> bool:
+        """Count a call of `principal`'s with `size` bytes of arguments, if there is
+        room for it; False if there is not."""
+        calls, used = self._held.get(principal, (0, 0))
+        if (
+            self.count >= self.limit
+            or self.bytes + size > self.byte_limit
+            or 2 * (calls + 1) > self.limit
+            or 2 * (used + size) > self.byte_limit
+        ):
+            return False
+        self._held[principal] = (calls + 1, used + size)
+        self.count += 1
+        self.bytes += size
+        return True
+
+    def give_back(self, principal: str, size: int) -> None:
+        """A call `take` counted is done."""
+        calls, used = self._held.pop(principal)
+        if calls > 1:
+            self._held[principal] = (calls - 1, used - size)
+        self.count -= 1
+        self.bytes -= size
 
 
 class GuestCalls:
     """One execution's started calls (see the module doc); Trio thread only."""
 
     def __init__(
-        self, request: Request, nursery: trio.Nursery | None, left: LeftCalls | None = None
+        self,
+        request: Request,
+        nursery: trio.Nursery | None,
+        left: LeftCalls | None = None,
+        principal: str | None = None,
     ) -> None:
         self._request = request
         self._nursery = nursery
         self._left = LeftCalls(limit=0) if left is None else left
+        self._principal = principal or ""
         self._out = 0  # started, not yet done
         self._unbegun = 0
         self._done: list[Answer] = []  # not yet collected
         self._arrived = trio.Event()
-        # The scopes of the calls out, each with whether it is counted in `_left`.
-        self._scopes: dict[trio.CancelScope, bool] = {}
+        # The calls out, each by its scope, with whether it is counted in `_left`.
+        self._scopes: dict[trio.CancelScope, tuple[StartedCall, bool]] = {}
         self._cancelled = False
 
     def __repr__(self) -> str:
@@ -185,14 +237,14 @@ class GuestCalls:
         self._unbegun -= 1
         answer = None
         with trio.CancelScope() as scope:
-            self._scopes[scope] = False
+            self._scopes[scope] = (call, False)
             if self._cancelled:
                 scope.cancel()
             try:
                 answer = await self._answer(call)
             finally:
-                if self._scopes.pop(scope):
-                    self._left.count -= 1
+                if self._scopes.pop(scope)[1]:
+                    self._left.give_back(self._principal, call.size)
                 self._out -= 1
         if answer is not None:
             self._finish(answer)
@@ -229,10 +281,9 @@ class GuestCalls:
         """The run has answered: each call still out goes on while the executor's
         `LeftCalls` has room for it, and is cancelled otherwise."""
         self._cancelled = True  # nothing is started after the answer
-        for scope in self._scopes:
-            if self._left.count < self._left.limit:
-                self._left.count += 1
-                self._scopes[scope] = True
+        for scope, (call, _) in self._scopes.items():
+            if self._left.take(self._principal, call.size):
+                self._scopes[scope] = (call, True)
             else:
                 scope.cancel()
 

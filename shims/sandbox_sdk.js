@@ -8,6 +8,7 @@
 
 const stringify = JSON.stringify;
 const toString = String;
+const hasOwn = Object.hasOwn;
 // The daemon's UpstreamError: the code of a tool's own failure.
 const TOOL_FAILED = -32007;
 
@@ -30,8 +31,10 @@ export function makeTools(request, handed = (promise) => promise) {
   async function call(path, args) {
     const params = { name: path, arguments: args ?? {}, shape: "value" };
     const result = await request("tools/call", params, path);
-    if (result.error) throw new ToolError(result.error.message, TOOL_FAILED, result.error.tool ?? path);
-    return result.value;
+    // The answer's own fields: not a getter the program put on Object.prototype.
+    const failure = hasOwn(result, "error") ? result.error : undefined;
+    if (failure) throw new ToolError(failure.message, TOOL_FAILED, failure.tool ?? path);
+    return hasOwn(result, "value") ? result.value : undefined;
   }
 
   // The shape the generated declarations promise for `tools.$discover()`.

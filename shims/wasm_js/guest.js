@@ -56,6 +56,11 @@ const NativeMap = Map;
 const promiseThen = Promise.prototype.then;
 const then = uncurry(promiseThen);
 const apply = Reflect.apply;
+const hasOwn = Object.hasOwn;
+// A property the host's answer itself holds: never one a program planted on
+// Object.prototype, whose getter would run (and could throw) inside the poll.
+const own = (object, key) =>
+  object !== null && typeof object === "object" && hasOwn(object, key) ? object[key] : undefined;
 const weakMapGet = uncurry(WeakMap.prototype.get);
 const weakMapSet = uncurry(WeakMap.prototype.set);
 const consoleObject = console;
@@ -96,8 +101,22 @@ const calls = {
 };
 
 function toolError(error, tool) {
-  const { code, message, data } = error;
-  return new ToolError(message, code ?? JSON_RPC_INTERNAL, data?.tool ?? tool, data);
+  const data = own(error, "data");
+  const code = own(error, "code") ?? JSON_RPC_INTERNAL;
+  return new ToolError(own(error, "message"), code, own(data, "tool") ?? tool, data);
+}
+
+// Settle `call` with the host's `reply`. A setter the program planted (on
+// Error.prototype, say) may throw as the error is made: the call fails with that,
+// and the poll goes on.
+function settleCall(call, reply) {
+  try {
+    const error = own(reply, "error");
+    if (error) call.reject(toolError(error, call.tool));
+    else call.resolve(own(reply, "result"));
+  } catch (thrown) {
+    call.reject(thrown);
+  }
 }
 
 // A call to the daemon; a promise of its result, rejected with ToolError.
@@ -130,21 +149,20 @@ function exchange(timeout, last = false) {
   calls.sending = "";
   const wait = `{"start":[${sending}],"timeout_ms":${timeout},"last":${last}}`;
   const answer = parse(hostCall("calls/wait", wait));
-  if (answer.error) {
+  if (own(answer, "error")) {
     // The run is being stopped: no call it made will be answered.
-    mapForEach(calls.out, (call) => call.reject(toolError(answer.error, call.tool)));
+    mapForEach(calls.out, (call) => settleCall(call, answer));
     calls.out = new NativeMap();
     return;
   }
-  const done = answer.result;
+  const done = own(answer, "result");
   for (let index = 0; index < done.length; index++) {
     const ticket = done[index][0]; // not destructured: that would take an iterator
     const reply = done[index][1];
     const call = mapGet(calls.out, ticket);
     if (call === undefined) continue;
     mapDelete(calls.out, ticket);
-    if (reply.error) call.reject(toolError(reply.error, call.tool));
-    else call.resolve(reply.result);
+    settleCall(call, reply);
   }
   while (calls.first < calls.next && mapSize(calls.out) < CALLS_OUT_MAX) {
     const call = mapGet(calls.waiting, calls.first);

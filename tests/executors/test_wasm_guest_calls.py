@@ -11,6 +11,7 @@ import json
 import math
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 from hypothesis import given
@@ -56,16 +57,22 @@ class GatedBridge(NoBridge):
 
 class SlowBridge(NoBridge):
     """Answers `tools.t.slow({s})` after `s` seconds, anything else at once; keeps the
-    names of the calls that finished."""
+    names of the calls that finished, and of those cancelled."""
 
     def __init__(self) -> None:
         self.finished: list[str] = []
+        self.cancelled: list[str] = []
 
     async def request(self, method: str, params: dict[str, Any]) -> Any:
         arguments = params["arguments"]
-        await trio.sleep(arguments.get("s", 0))
-        self.finished.append(arguments.get("name", params["name"]))
-        return {"value": arguments.get("name", params["name"])}
+        name = arguments.get("name", params["name"])
+        try:
+            await trio.sleep(arguments.get("s", 0))
+        except trio.Cancelled:
+            self.cancelled.append(name)
+            raise
+        self.finished.append(name)
+        return {"value": name}
 
 
 async def run(executor: WasmJsExecutor, code: str, bridge: Any, **limits: Any) -> Outcome:
@@ -335,9 +342,9 @@ async def test_calls_left_behind_go_on_only_within_the_executors_room() -> None:
         await gate.wait()
         return params["n"]
 
-    left = LeftCalls(limit=2)
+    left = LeftCalls(limit=4)  # two for each caller
     async with trio.open_nursery() as nursery:
-        calls = GuestCalls(request, nursery, left)
+        calls = GuestCalls(request, nursery, left, "alice")
         for ticket in range(3):
             calls.start(StartedCall(ticket, "m", {"n": ticket}))
         await calls.begun()
@@ -349,3 +356,117 @@ async def test_calls_left_behind_go_on_only_within_the_executors_room() -> None:
     assert left.count == 0
     answered = [ticket for ticket, ok, _ in calls.collect_nowait() or [] if ok]
     assert len(answered) == 2 and 9 not in answered  # the third was cancelled
+
+
+def test_left_calls_are_bounded_by_their_arguments_bytes_and_per_caller() -> None:
+    left = LeftCalls(limit=100, byte_limit=1000)
+    assert left.take("alice", 400)
+    assert not left.take("alice", 101)  # past half the bytes: others keep their room
+    assert left.take("bob", 500)
+    assert not left.take("carol", 101)  # past all the bytes
+    assert left.take("carol", 100)
+    left.give_back("bob", 500)
+    assert left.take("carol", 300)
+    assert (left.count, left.bytes) == (3, 800)
+    for _ in range(50):  # half of the 100 calls
+        assert left.take("dave", 0)
+    assert not left.take("dave", 0)
+    assert left.take("erin", 0)
+
+
+def test_each_call_started_has_the_size_of_its_arguments() -> None:
+    """A small wait shares its text's length among its calls; in a large one each
+    call's arguments are measured, so that a large call is not mistaken for small."""
+    small = {"ticket": 1, "call": {"method": "m", "params": {"a": "x"}}}
+    wait = WaitRequest.parse({"start": [small, {**small, "ticket": 2}]}, 600)
+    assert [call.size for call in wait.start] == [300, 300]
+    big = {"ticket": 3, "call": {"method": "m", "params": {"a": "x" * 2_000_000}}}
+    wait = WaitRequest.parse({"start": [small, big]}, 2_000_100)
+    assert [call.size for call in wait.start] == [len('{"a":"x"}'), 2_000_000 + len('{"a":""}')]
+
+
+# -- calls of a program that ends without answering well ------------------------------
+
+SENT_THEN = """
+tools.t.slow({ s: 60, name: "cancelled" });
+await new Promise((resolve) => setTimeout(resolve, 1)); // sent: the loop was idle
+"""
+
+
+@pytest.mark.parametrize(
+    ("ending", "status"),
+    [
+        ("const hog = []; for (;;) hog.push(new Array(1e6).fill(1.5));", Status.MEMORY_LIMIT),
+        ('throw new Error("out of memory");', Status.MEMORY_LIMIT),
+        ('throw new Error("failed");', Status.ERROR),
+        (
+            'setTimeout(() => { throw new Error("timer"); }, 1); await new Promise(() => {});',
+            Status.ERROR,
+        ),
+    ],
+    ids=["memory", "says out of memory", "throws", "uncaught in a callback"],
+)
+async def test_the_calls_of_a_program_that_failed_are_cancelled(
+    wasm_js: WasmJsExecutor, ending: str, status: Status
+) -> None:
+    """Only a program that answered leaves its calls going on, as on Deno, where a
+    worker that fails is ended with its calls."""
+    bridge = SlowBridge()
+    outcome = await run(wasm_js, SENT_THEN + ending, bridge)
+    assert (outcome.status, outcome.tool_calls) == (status, 1), outcome
+    with trio.fail_after(WAIT_S):
+        while bridge.cancelled != ["cancelled"]:
+            await trio.sleep(0.02)
+
+
+async def test_a_program_answering_past_its_deadline_leaves_no_call_behind(
+    wasm_js: WasmJsExecutor,
+) -> None:
+    """Answered between its deadline and the tick that would have stopped it: a
+    timeout, whose calls are cancelled like any stopped program's. Where that moment
+    falls is not ours to choose: the program answers at offsets a tenth of a
+    millisecond apart around its deadline, and each run's calls must match its status."""
+    bridge = SlowBridge()
+    answered = []
+    for run_number in range(50):
+        code = f"""
+const t0 = performance.now();
+while (performance.now() < t0 + 50 - 6 + {run_number / 10}) {{}}
+tools.t.slow({{ s: 0.3, name: "{run_number}" }});
+"late"
+"""
+        outcome = await run(wasm_js, code, bridge, timeout_ms=50)
+        assert outcome.status in (Status.OK, Status.TIMEOUT), outcome
+        if outcome.status is Status.OK:
+            answered.append(str(run_number))
+    await trio.sleep(0.5)
+    assert sorted(bridge.finished) == sorted(answered)
+
+
+async def test_a_getter_planted_on_object_prototype_cannot_break_the_calls(
+    wasm_js: WasmJsExecutor,
+) -> None:
+    """The host's answers are read by their own properties: a program's getter for
+    `error` or `result` never runs inside the guest's poll, nor a setter as a tool's
+    error is made anywhere but in that call's own failure."""
+    code = """
+Object.defineProperty(Object.prototype, "error", { get() { throw new Error("boom"); } });
+Object.defineProperty(Object.prototype, "result", { get() { throw new Error("boom"); } });
+const fast = await tools.t.fast({ name: "fast" });
+const both = await Promise.all([tools.t.fast({ name: "a" }), tools.t.slow({ s: 0.05, name: "b" })]);
+Object.defineProperty(Error.prototype, "code", { set() { throw new Error("set"); } });
+const failed = await tools.t.fail({}).catch((error) => error.message);
+tools.t.fast({ name: "left" });
+[fast, both, failed]
+"""
+
+    class Failing(SlowBridge):
+        async def request(self, method: str, params: dict[str, Any]) -> Any:
+            if params["name"] == "t.fail":
+                raise InvalidParams("invalid params: no", {"tool": "t.fail"})
+            return await super().request(method, params)
+
+    outcome = await run(wasm_js, code, Failing())
+    assert outcome.status is Status.OK, outcome
+    assert outcome.result == ["fast", ["a", "b"], "set"]
+    assert "guest.js" not in outcome.stderr
