@@ -20,14 +20,14 @@ it, so that a stop or a timeout ends it.
 
 A call still out when the run answers goes on to its end, as a call a Deno program
 started and did not await does, while the executor has room for it (`LeftCalls`: at
-most LEFT_CALLS_MAX such calls holding LEFT_BYTES_MAX of arguments, and one caller at
-most half of each); it is cancelled otherwise. Nobody collects its answer. The executor's nursery
-owns it, so it ends with the executor at the latest, and the gateway bounds each call's
-time. The calls a program sends only as it answers (`last`) are made within what is
-left of its `limits.tool_calls`: past it they are dropped, as a Deno worker's are once
-it has answered, rather than have the finished program stopped over the limit. A
-program stopped (its time up, cancelled, over a limit) or failed has its calls
-cancelled.
+most LEFT_CALLS_MAX such calls holding LEFT_BYTES_MAX of arguments, one caller at most
+half of each); it is cancelled otherwise. Nobody collects its answer. The executor's
+nursery owns it, so it ends with the executor at the latest, and the gateway bounds
+each call's time. The calls a program sends only as it answers (`last`) are made
+within what is left of its `limits.tool_calls`: past it they are dropped, as a Deno
+worker's are once it has answered, rather than have the finished program stopped over
+the limit. A program that failed or was stopped (its time up, cancelled, over a
+limit) has its calls cancelled.
 Before the execution is reported, every call the guest started has begun (`begun`): it
 was counted and authorised while its execution ran, never refused as late.
 """
