@@ -54,8 +54,9 @@ class Principal:
     # The tools this principal may call: every one of these pattern sets must allow a
     # tool (a session holds its request's patterns and its caller's).
     tool_patterns: tuple[tuple[str, ...], ...] = (("*",),)
-    # Session principals only: the execution they belong to.
+    # Session principals only: the execution they belong to, and who started it.
     execution_id: str | None = None
+    owner: str | None = None
 
     @property
     def is_admin(self) -> bool:
@@ -218,23 +219,33 @@ class Authenticator:
         return None
 
     def session_principal(
-        self, execution_id: str, tool_patterns: tuple[tuple[str, ...], ...]
+        self,
+        execution_id: str,
+        tool_patterns: tuple[tuple[str, ...], ...],
+        owner: str | None = None,
     ) -> Principal:
-        """Who one execution's sandbox is: it may list and call only tools every set of
-        `tool_patterns` allows, and nothing else."""
+        """Who one execution's sandbox is (started by `owner`): it may list and call
+        only tools every set of `tool_patterns` allows, and nothing else."""
         return Principal(
             f"session:{execution_id}",
             "session",
             _SESSION_SCOPES,
             tool_patterns=tool_patterns,
             execution_id=execution_id,
+            owner=owner,
         )
 
-    def mint_session(self, execution_id: str, tool_patterns: tuple[tuple[str, ...], ...]) -> str:
+    def mint_session(
+        self,
+        execution_id: str,
+        tool_patterns: tuple[tuple[str, ...], ...],
+        owner: str | None = None,
+    ) -> str:
         """A new session token for one execution's `session_principal`;
         `revoke_session` ends it."""
         token = new_token()
-        self._sessions[hash_token(token)] = self.session_principal(execution_id, tool_patterns)
+        principal = self.session_principal(execution_id, tool_patterns, owner)
+        self._sessions[hash_token(token)] = principal
         return token
 
     def revoke_session(self, token: str) -> None:

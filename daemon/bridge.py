@@ -28,9 +28,13 @@ ToolPatterns = tuple[tuple[str, ...], ...]
 class SessionTokens(Protocol):
     """Where session tokens are minted and revoked (the daemon's `Authenticator`)."""
 
-    def session_principal(self, execution_id: str, tool_patterns: ToolPatterns) -> Principal: ...
+    def session_principal(
+        self, execution_id: str, tool_patterns: ToolPatterns, owner: str | None = None
+    ) -> Principal: ...
 
-    def mint_session(self, execution_id: str, tool_patterns: ToolPatterns) -> str: ...
+    def mint_session(
+        self, execution_id: str, tool_patterns: ToolPatterns, owner: str | None = None
+    ) -> str: ...
 
     def revoke_session(self, token: str) -> None: ...
 
@@ -53,14 +57,18 @@ class SessionBridge:
         execution_id: str,
         tool_patterns: ToolPatterns,
         *,
+        owner: str | None = None,
         callback: CallbackAddress | None = None,
     ) -> None:
         self._sessions = sessions
         self._dispatch = dispatch
         self._execution_id = execution_id
         self._tool_patterns = tool_patterns
+        self._owner = owner
         # None once the execution has ended: requests are then unauthenticated.
-        self._principal: Principal | None = sessions.session_principal(execution_id, tool_patterns)
+        self._principal: Principal | None = sessions.session_principal(
+            execution_id, tool_patterns, owner
+        )
         self._token: str | None = None
         self.callback = callback
 
@@ -70,7 +78,9 @@ class SessionBridge:
         if self._token is None:
             if self._principal is None:
                 raise RuntimeError("this execution has ended; its session cannot be used")
-            self._token = self._sessions.mint_session(self._execution_id, self._tool_patterns)
+            self._token = self._sessions.mint_session(
+                self._execution_id, self._tool_patterns, self._owner
+            )
         return self._token
 
     def __enter__(self) -> SessionBridge:

@@ -72,7 +72,8 @@ log = logging.getLogger("conduit.executions")
 OutputSink = Callable[[dict[str, Any]], Awaitable[None]]
 # Opens an execution's bridge (its way back in for tool calls), given its id and the
 # tool patterns that must all allow a tool; the bridge's token ends when the block exits.
-OpenBridge = Callable[[str, tuple[tuple[str, ...], ...]], "AbstractContextManager[ToolBridge]"]
+# (execution id, tool patterns, who started it): the execution's bridge.
+OpenBridge = Callable[[str, tuple[tuple[str, ...], ...], str], "AbstractContextManager[ToolBridge]"]
 # Runs one job: an executor's `run`, or a session's sandbox's.
 RunJob = Callable[[Job, ToolBridge], Awaitable[Outcome]]
 
@@ -483,7 +484,8 @@ class Executions:
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         outcome = Outcome(Status.CANCELLED, error=_stopped_error(Status.CANCELLED))
         try:
-            with self._open_bridge(job.execution_id, allowed) as bridge, entry.scope:
+            bridge_for = self._open_bridge(job.execution_id, allowed, principal.name)
+            with bridge_for as bridge, entry.scope:
                 outcome = await target.run(job, bridge)
         finally:
             del self._running[job.execution_id]

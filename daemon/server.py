@@ -225,15 +225,19 @@ class Daemon:
         return self.executions.policy
 
     def open_bridge(
-        self, execution_id: str, tool_patterns: tuple[tuple[str, ...], ...]
+        self,
+        execution_id: str,
+        tool_patterns: tuple[tuple[str, ...], ...],
+        owner: str | None = None,
     ) -> SessionBridge:
-        """One execution's way back in for its tool calls, under a session token of
-        its own that ends when the bridge exits."""
+        """One execution's way back in for its tool calls (started by `owner`), under
+        a session token of its own that ends when the bridge exits."""
         return SessionBridge(
             self.auth,
             self.dispatcher.dispatch,
             execution_id,
             tool_patterns,
+            owner=owner,
             callback=self.callback_address,
         )
 

@@ -267,7 +267,10 @@ class ToolAccess:
     def _report(self, principal: Principal, call: ToolCallRecord, upstream: str | None) -> None:
         owner = principal.name
         if principal.kind == "session":
-            owner = self._ledger.note_tool_call(principal.execution_id, call) or owner
+            # A call a program left going on may end after its execution: its owner then
+            # comes with the session.
+            recorded = self._ledger.note_tool_call(principal.execution_id, call)
+            owner = recorded or principal.owner or owner
         data = {
             "tool": call.tool,
             "upstream": upstream,

@@ -337,7 +337,7 @@ class ExecutionsFixture:
 
     @contextmanager
     def open_bridge(
-        self, execution_id: str, patterns: tuple[tuple[str, ...], ...]
+        self, execution_id: str, patterns: tuple[tuple[str, ...], ...], owner: str | None = None
     ) -> Iterator[FakeBridge]:
         bridge = FakeBridge(execution_id, patterns)
         self.bridges.append(bridge)

@@ -248,3 +248,26 @@ async def test_upstreams_going_down_and_up_are_told_to_the_master(
     assert up["restarts"] >= 1
     assert up["error"] is None
     assert up["tools"] > 0
+
+
+async def test_a_call_a_program_left_going_on_is_told_to_its_owner(
+    start_daemon: Any, connect: Any
+) -> None:
+    """It ends after its execution: the event still goes to who started the program
+    (it went to the dead session's name, which nobody can subscribe as)."""
+    server, info = await start_daemon(auth={"clients": [AGENT]}, upstreams=[ECHO], **NO_DENO)
+    await wait_upstreams(server, "echo")
+    watcher = await login_agent(connect, info)
+    await watcher.call("events/subscribe", {"types": ["execution.finished", "tool.called"]})
+    agent = await login_agent(connect, info)
+    result = await run_js(agent, "tools.echo.slow({ seconds: 0.2 });\n'answered'")
+    assert result["result"] == "answered", result
+    with trio.fail_after(WAIT_S):
+        finished, called = await next_event(watcher), await next_event(watcher)
+    assert finished["type"] == "execution.finished"
+    assert (called["type"], called["tool"], called["outcome"]) == (
+        "tool.called",
+        "echo__slow",
+        "ok",
+    )
+    assert called["execution_id"] == result["execution_id"]
