@@ -775,7 +775,10 @@ class WasmExecutor:
             # Done between the deadline and the tick that would have stopped it: late.
             interrupt.stop(_wasmtime.StopReason.TIMEOUT)
         outcome = self._outcome(job, capture, answer, trap, interrupt.reason)
-        await _settle_calls(execution.calls, outcome.status)
+        # A stop that landed after the answer (the daemon's, over a limit, say) still
+        # stops its calls, whatever the status says.
+        answered = outcome.status is Status.OK and interrupt.reason is None
+        await _settle_calls(execution.calls, answered=answered and not job.stop.is_set())
         if execution.queue_expired and outcome.status is Status.TIMEOUT:
             outcome.error = ErrorInfo(
                 "Timeout",
@@ -1402,7 +1405,7 @@ def _wait_calls(execution: _Execution, params: str) -> str:
     """`calls/wait`: start the calls listed, then answer those done, waiting (off its
     CPU slot) up to the time asked for until one is (runner thread)."""
     try:
-        wait = WaitRequest.parse(jsontext.loads(params, lenient_numbers=True), len(params))
+        wait = WaitRequest.parse(jsontext.loads(params, lenient_numbers=True), params)
     except jsontext.JsonTextError as exc:
         return rpc_error(-32700, f"parse error: {exc}")
     except ValueError as exc:
@@ -1466,14 +1469,14 @@ async def _collect_for_guest(execution: _Execution, wait: WaitRequest) -> list[A
     return await _without_slot(execution, functools.partial(calls.collect, wait.timeout_s))
 
 
-async def _settle_calls(calls: GuestCalls | None, status: Status) -> None:
+async def _settle_calls(calls: GuestCalls | None, *, answered: bool) -> None:
     """Settle what becomes of a run's calls still out as it is reported: those of a
-    program that answered go on (`GuestCalls.leave`), once every one has begun, so
-    that it is counted; those of a program stopped or failed are cancelled, as a
-    Deno worker's are when it ends."""
+    program that `answered` (and was not stopped) go on (`GuestCalls.leave`), once
+    every one has begun, so that it is counted; those of a program stopped or failed
+    are cancelled, as a Deno worker's are when it ends."""
     if calls is None:
         return
-    if status is not Status.OK:
+    if not answered:
         calls.cancel()
         return
     try:

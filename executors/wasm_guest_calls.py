@@ -71,9 +71,6 @@ CALLS_OUT_MAX = 256
 # calls behind cannot pile them up.
 LEFT_CALLS_MAX = 256
 LEFT_BYTES_MAX = 64 * 1024 * 1024
-# A wait text up to this size shares its length among its calls as their sizes;
-# past it each call's arguments are measured (in the guest's thread).
-SHARED_SIZE_MAX = 1024 * 1024
 # JSON-RPC "internal error", for a call that failed other than with an RpcError.
 INTERNAL_ERROR = -32603
 # The largest ticket: an integer a JavaScript number holds exactly.
@@ -93,7 +90,7 @@ class StartedCall:
     ticket: int
     method: str
     params: dict[str, Any]
-    size: int = 0  # bytes of its arguments as sent, about (see `WaitRequest.parse`)
+    size: int = 0  # bytes of its arguments as UTF-8 JSON (see `WaitRequest.parse`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,16 +103,16 @@ class WaitRequest:
     last: bool = False
 
     @classmethod
-    def parse(cls, params: Any, text_size: int = 0) -> WaitRequest:
+    def parse(cls, params: Any, text: str = "") -> WaitRequest:
         """Raises ValueError, saying what is wrong, for anything but the shape above.
-        `text_size` is the length of the text `params` was read from: each call's
-        share of it is its size, or, in a large text, its arguments' own length."""
+        `text` is what `params` was read from: a call alone in it is charged the
+        text's bytes; calls sharing it are each measured, as UTF-8."""
         if not isinstance(params, dict) or not isinstance(params.get("start", []), list):
             raise ValueError("params must be {start: [...], timeout_ms}")
         items = params.get("start", [])
-        share = text_size // max(len(items), 1) if text_size <= SHARED_SIZE_MAX else None
+        alone = len(text.encode("utf-8", "surrogatepass")) if len(items) == 1 else None
         return cls(
-            tuple(_started(item, share) for item in items),
+            tuple(_started(item, alone) for item in items),
             _timeout_s(params.get("timeout_ms")),
             params.get("last") is True,
         )
@@ -130,7 +127,7 @@ def _started(item: Any, size: int | None) -> StartedCall:
     if not isinstance(method, str) or not isinstance(params, dict):
         raise ValueError("a call is {method: string, params: object}")
     if size is None:
-        size = len(jsontext.dumps(params))
+        size = len(jsontext.encode(params))
     return StartedCall(ticket, method, params, size)
 
 

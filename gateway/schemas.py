@@ -63,6 +63,13 @@ MAX_MESSAGE_CHARS = 300
 MAX_ARGUMENT_DEPTH = 128
 
 
+def _too_deep(arguments: Any) -> list[str]:
+    """The error of arguments nested deeper than `MAX_ARGUMENT_DEPTH`, or `[]`."""
+    if jsontext.depth(arguments, MAX_ARGUMENT_DEPTH) > MAX_ARGUMENT_DEPTH:
+        return [f"arguments: nested deeper than {MAX_ARGUMENT_DEPTH} levels"]
+    return []
+
+
 class ArgumentsInvalid(GatewayError):
     """Strict mode refused a call: the arguments do not match the tool's input schema.
 
@@ -213,9 +220,13 @@ class SchemaCache:
     def validate(self, tool: UpstreamTool, arguments: Any) -> list[str]:
         """Every way `arguments` fails the tool's schema; `[]` if they match.
 
-        A tool without a schema accepts any object. Raises `SchemaInvalid` if the
-        schema has problems, naming the first.
+        A tool without a schema accepts any object; no tool accepts arguments nested
+        deeper than `MAX_ARGUMENT_DEPTH`. Raises `SchemaInvalid` if the schema has
+        problems, naming the first.
         """
+        too_deep = _too_deep(arguments)
+        if too_deep:
+            return too_deep
         compiled = self._compiled(tool)
         if compiled.problems:
             raise SchemaInvalid(f"{tool.path} has an invalid input schema: {compiled.problems[0]}")
@@ -230,10 +241,9 @@ class SchemaCache:
         `SchemaInvalid` for a tool without a schema or with an invalid one,
         `ArgumentsInvalid` for arguments that do not match.
         """
-        if jsontext.depth(arguments, MAX_ARGUMENT_DEPTH) > MAX_ARGUMENT_DEPTH:
-            raise ArgumentsInvalid(
-                tool, [f"arguments: nested deeper than {MAX_ARGUMENT_DEPTH} levels"]
-            )
+        too_deep = _too_deep(arguments)
+        if too_deep:
+            raise ArgumentsInvalid(tool, too_deep)
         if not strict:
             return
         if not has_schema(tool):

@@ -16,6 +16,24 @@ const parse = JSON.parse;
 const encode = TextEncoder.prototype.encode.bind(new TextEncoder());
 const decoder = new TextDecoder();
 const decode = TextDecoder.prototype.decode.bind(decoder);
+// Methods as plain functions: the program may replace them on the prototypes, and the
+// replies it awaits must still reach it, and only it.
+const uncurry = (method) => Function.prototype.call.bind(method);
+const NativeMap = Map;
+const mapGet = uncurry(Map.prototype.get);
+const mapSet = uncurry(Map.prototype.set);
+const mapDelete = uncurry(Map.prototype.delete);
+const mapForEach = uncurry(Map.prototype.forEach);
+const mapClear = uncurry(Map.prototype.clear);
+const mapSize = uncurry(Object.getOwnPropertyDescriptor(Map.prototype, "size").get);
+const indexOf = uncurry(String.prototype.indexOf);
+const slice = uncurry(String.prototype.slice);
+const subarray = uncurry(Uint8Array.prototype.subarray);
+const NativePromise = Promise;
+const hasOwn = Object.hasOwn;
+// A field the reply itself holds, never one planted on Object.prototype.
+const own = (object, key) =>
+  object !== null && typeof object === "object" && hasOwn(object, key) ? object[key] : undefined;
 
 // The connection to `callback` (the worker's, from its prelude), opened now; null when
 // there is no address. `connect` is Deno.connect, captured by the worker before any
@@ -45,7 +63,7 @@ export function requester(token, channel) {
 
 function socketRequester(token, conn) {
   let nextId = 1;
-  const pending = new Map();
+  const pending = new NativeMap();
   let closed = false;
   // Waiting for replies must not keep the process alive when no call is: a program
   // whose promise never settles still ends the way it would without the connection.
@@ -59,33 +77,43 @@ function socketRequester(token, conn) {
       for (;;) {
         const n = await conn.read(buffer);
         if (n === null) break;
-        text += decode(buffer.subarray(0, n), { stream: true });
+        text += decode(subarray(buffer, 0, n), { stream: true });
         let newline;
-        while ((newline = text.indexOf("\n")) >= 0) {
-          settle(parse(text.slice(0, newline)));
-          text = text.slice(newline + 1);
+        while ((newline = indexOf(text, "\n")) >= 0) {
+          settle(parse(slice(text, 0, newline)));
+          text = slice(text, newline + 1);
         }
       }
     } catch {
       // Fall through: every call still waiting learns the connection is gone.
     }
     closed = true;
-    for (const { reject } of pending.values()) {
-      reject(new ToolError("the connection to the daemon closed", -32603, null));
-    }
-    pending.clear();
+    mapForEach(pending, (waiter) => {
+      waiter.reject(new ToolError("the connection to the daemon closed", -32603, null));
+    });
+    mapClear(pending);
   }
 
+  // Settle the call `reply` answers. A setter the program planted (on
+  // Error.prototype, say) may throw as the error is made: that call fails with it,
+  // and the replies after it are still read.
   function settle(reply) {
-    const waiter = pending.get(reply.id);
+    const id = own(reply, "id");
+    const waiter = mapGet(pending, id);
     if (!waiter) return;
-    pending.delete(reply.id);
-    if (pending.size === 0) conn.unref();
-    if (reply.error) {
-      const { code, message, data } = reply.error;
-      waiter.reject(new ToolError(message, code, data?.tool ?? waiter.tool, data));
-    } else {
-      waiter.resolve(reply.result);
+    mapDelete(pending, id);
+    if (mapSize(pending) === 0) conn.unref();
+    try {
+      const error = own(reply, "error");
+      if (error) {
+        const data = own(error, "data");
+        const tool = own(data, "tool") ?? waiter.tool;
+        waiter.reject(new ToolError(own(error, "message"), own(error, "code"), tool, data));
+      } else {
+        waiter.resolve(own(reply, "result"));
+      }
+    } catch (thrown) {
+      waiter.reject(thrown);
     }
   }
 
@@ -101,7 +129,7 @@ function socketRequester(token, conn) {
         // That call's caller learns of it; this message goes on.
       }
     }
-    for (let offset = 0; offset < bytes.length; ) offset += await conn.write(bytes.subarray(offset));
+    for (let offset = 0; offset < bytes.length; ) offset += await conn.write(subarray(bytes, offset));
   }
 
   async function request(method, params, tool) {
@@ -114,7 +142,7 @@ function socketRequester(token, conn) {
     const auth = `{"bearerToken":${stringify(bearerToken ?? null)}}`;
     const head = `{"jsonrpc":"2.0","id":${id},"method":${stringify(`${method}`)}`;
     const message = `${head},"params":${stringify(params)},"auth":${auth}}`;
-    const reply = new Promise((resolve, reject) => pending.set(id, { resolve, reject, tool }));
+    const reply = new NativePromise((resolve, reject) => mapSet(pending, id, { resolve, reject, tool }));
     conn.ref();
     const write = writeAfter(writes, encode(message + "\n"));
     writes = write;

@@ -97,6 +97,7 @@ const calls = {
   next: 0,
   tickets: 0,
   sending: "", // `{"ticket","call"}` texts, comma-separated
+  sent: new Map(), // the calls in `sending`, by ticket
   polling: false,
 };
 
@@ -134,6 +135,7 @@ function startCall(method, params, tool) {
 function send(call) {
   const ticket = ++calls.tickets;
   mapSet(calls.out, ticket, call);
+  mapSet(calls.sent, ticket, call);
   const item = `{"ticket":${ticket},"call":${call.text}}`;
   calls.sending = calls.sending === "" ? item : `${calls.sending},${item}`;
   if (!calls.polling) {
@@ -146,13 +148,20 @@ function send(call) {
 // takes) and settle the calls done; `last` as the run answers.
 function exchange(timeout, last = false) {
   const sending = calls.sending;
+  const sent = calls.sent;
   calls.sending = "";
+  calls.sent = new NativeMap();
   const wait = `{"start":[${sending}],"timeout_ms":${timeout},"last":${last}}`;
   const answer = parse(hostCall("calls/wait", wait));
-  if (own(answer, "error")) {
-    // The run is being stopped: no call it made will be answered.
-    mapForEach(calls.out, (call) => settleCall(call, answer));
-    calls.out = new NativeMap();
+  const error = own(answer, "error");
+  if (error) {
+    // The run is being stopped, and no call it made will be answered; or the host
+    // refused this wait (a call it could not read), whose calls were never made.
+    const failed = own(error, "code") === JSON_RPC_INTERNAL ? calls.out : sent;
+    mapForEach(failed, (call, ticket) => {
+      mapDelete(calls.out, ticket);
+      settleCall(call, answer);
+    });
     return;
   }
   const done = own(answer, "result");
@@ -644,6 +653,7 @@ export function run(requestText) {
   if (calls.tickets !== 0) { // only after a step that called: nothing to do otherwise
     calls.out = new NativeMap();
     calls.waiting = new NativeMap();
+    calls.sent = new NativeMap();
     failedUnhandled.calls = new NativeMap();
   }
   calls.first = calls.next = calls.tickets = 0;

@@ -98,6 +98,20 @@ catch (e) { caught = e.message; }
 const later = tools.echo.fail({ message: "later" }).then(() => "no", (e) => e.message);
 [settled[0].reason.message, caught, await later]
 """,
+    # What the program plants on prototypes never reaches the answers' reader: a
+    # throwing `error` getter, replaced Map methods, a throwing setter as an error is
+    # made (that call fails with it; the next is answered).
+    """
+Object.defineProperty(Object.prototype, "error", { get() { throw new Error("getter"); } });
+Object.defineProperty(Object.prototype, "result", { get() { throw new Error("getter"); } });
+Map.prototype.get = () => { throw new Error("get"); };
+Map.prototype.set = () => { throw new Error("set"); };
+const said = await tools.echo.echo({ text: "hi" });
+const both = await Promise.all([tools.echo.echo({ text: "a" }), tools.echo.slow({ seconds: 0.05 })]);
+Object.defineProperty(Error.prototype, "code", { set() { throw new Error("setter"); } });
+const failed = await tools.echo.fail({ message: "no" }).then(() => "made", (e) => e.message);
+[said, both[0], failed, await tools.echo.echo({ text: "after" })]
+""",
 ]
 
 

@@ -374,15 +374,18 @@ def test_left_calls_are_bounded_by_their_arguments_bytes_and_per_caller() -> Non
     assert left.take("erin", 0)
 
 
-def test_each_call_started_has_the_size_of_its_arguments() -> None:
-    """A small wait shares its text's length among its calls; in a large one each
-    call's arguments are measured, so that a large call is not mistaken for small."""
+def test_each_call_started_has_the_size_of_its_arguments_in_bytes() -> None:
+    """A call alone in its wait is charged the wait's bytes; calls sharing one are
+    measured each, so that a large call is never charged a small share (calls done
+    at once, `tools/list` say, would take the rest away with them)."""
     small = {"ticket": 1, "call": {"method": "m", "params": {"a": "x"}}}
-    wait = WaitRequest.parse({"start": [small, {**small, "ticket": 2}]}, 600)
-    assert [call.size for call in wait.start] == [300, 300]
-    big = {"ticket": 3, "call": {"method": "m", "params": {"a": "x" * 2_000_000}}}
-    wait = WaitRequest.parse({"start": [small, big]}, 2_000_100)
-    assert [call.size for call in wait.start] == [len('{"a":"x"}'), 2_000_000 + len('{"a":""}')]
+    wide = "\U0001f600" * 1000  # 4 bytes each in UTF-8
+    big = {"ticket": 3, "call": {"method": "m", "params": {"a": wide}}}
+    text = json.dumps({"start": [big]}, ensure_ascii=False)
+    (alone,) = WaitRequest.parse({"start": [big]}, text).start
+    assert alone.size == len(text.encode()) > 4000
+    shared = WaitRequest.parse({"start": [small] * 255 + [big]}, "short").start
+    assert [call.size for call in shared[-2:]] == [len('{"a":"x"}'), 4000 + len('{"a":""}')]
 
 
 # -- calls of a program that ends without answering well ------------------------------
@@ -470,3 +473,51 @@ tools.t.fast({ name: "left" });
     assert outcome.status is Status.OK, outcome
     assert outcome.result == ["fast", ["a", "b"], "set"]
     assert "guest.js" not in outcome.stderr
+
+
+async def test_a_program_stopped_after_it_answered_leaves_no_call_behind(
+    wasm_js: WasmJsExecutor,
+) -> None:
+    """The daemon stops a program over its tool calls as the call past the limit comes
+    in; the guest may answer before the stop lands, and the daemon reports the limit
+    all the same: its calls are cancelled as any stopped program's."""
+    job = Job(
+        "ex_js",
+        "javascript",
+        """
+for (let i = 0; i < 4; i++) tools.t.slow({ s: 60, name: `n${i}` }).catch(() => {});
+await new Promise((resolve) => setTimeout(resolve, 0));
+"answered"
+""",
+        Limits(),
+    )
+
+    class Limiting(SlowBridge):
+        async def request(self, method: str, params: dict[str, Any]) -> Any:
+            if params["arguments"]["name"] == "n3":
+                job.stop.set()
+                raise InvalidParams("over the limit")
+            return await super().request(method, params)
+
+    bridge = Limiting()
+    with trio.fail_after(WAIT_S):
+        await wasm_js.run(job, bridge)
+        while sorted(bridge.cancelled) != ["n0", "n1", "n2"]:
+            await trio.sleep(0.02)
+
+
+async def test_a_wait_the_host_cannot_read_fails_only_its_own_calls(
+    wasm_js: WasmJsExecutor,
+) -> None:
+    """A call whose arguments the host refuses to read (an integer of 5,000 digits)
+    fails with the calls sent beside it; one made earlier is still answered."""
+    code = """
+const first = tools.t.slow({ s: 0.2, name: "first" });
+await new Promise((resolve) => setTimeout(resolve, 0)); // sent on its own
+const refused = await tools.t.fast({ n: JSON.rawJSON("9".repeat(5000)) })
+  .then(() => "made", (error) => error.code);
+[await first, refused]
+"""
+    outcome = await run(wasm_js, code, SlowBridge())
+    assert outcome.status is Status.OK, outcome
+    assert outcome.result == ["first", -32700]

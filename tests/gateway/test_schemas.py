@@ -208,3 +208,5 @@ def test_either_mode_refuses_arguments_nested_past_what_a_request_can_carry() ->
         with pytest.raises(ArgumentsInvalid) as caught:
             cache.enforce(_tool({"type": "object"}), {"deep": [deep]}, strict=strict)
         assert caught.value.errors == [f"arguments: nested deeper than {MAX_ARGUMENT_DEPTH} levels"]
+    # tools/validate says the same of them
+    assert cache.validate(_tool({"type": "object"}), {"deep": [deep]}) == caught.value.errors
