@@ -70,9 +70,9 @@ log = logging.getLogger("conduit.executions")
 
 # Receives the params of each `execution/output` notification of a streamed execution.
 OutputSink = Callable[[dict[str, Any]], Awaitable[None]]
-# Opens an execution's bridge (its way back in for tool calls), given its id and the
-# tool patterns that must all allow a tool; the bridge's token ends when the block exits.
-# (execution id, tool patterns, who started it): the execution's bridge.
+# Opens an execution's bridge (its way back in for tool calls), given its id, the tool
+# patterns that must all allow a tool, and who started it; the bridge's token ends when
+# the block exits.
 OpenBridge = Callable[[str, tuple[tuple[str, ...], ...], str], "AbstractContextManager[ToolBridge]"]
 # Runs one job: an executor's `run`, or a session's sandbox's.
 RunJob = Callable[[Job, ToolBridge], Awaitable[Outcome]]

@@ -9,7 +9,7 @@
 //
 // Captured at import, before any program code runs.
 
-import { ToolError } from "./sandbox_sdk.js";
+import { ToolError, own, settleReply } from "./sandbox_sdk.js";
 
 const stringify = JSON.stringify;
 const parse = JSON.parse;
@@ -30,10 +30,6 @@ const indexOf = uncurry(String.prototype.indexOf);
 const slice = uncurry(String.prototype.slice);
 const subarray = uncurry(Uint8Array.prototype.subarray);
 const NativePromise = Promise;
-const hasOwn = Object.hasOwn;
-// A field the reply itself holds, never one planted on Object.prototype.
-const own = (object, key) =>
-  object !== null && typeof object === "object" && hasOwn(object, key) ? object[key] : undefined;
 
 // The connection to `callback` (the worker's, from its prelude), opened now; null when
 // there is no address. `connect` is Deno.connect, captured by the worker before any
@@ -94,27 +90,13 @@ function socketRequester(token, conn) {
     mapClear(pending);
   }
 
-  // Settle the call `reply` answers. A setter the program planted (on
-  // Error.prototype, say) may throw as the error is made: that call fails with it,
-  // and the replies after it are still read.
   function settle(reply) {
     const id = own(reply, "id");
     const waiter = mapGet(pending, id);
     if (!waiter) return;
     mapDelete(pending, id);
     if (mapSize(pending) === 0) conn.unref();
-    try {
-      const error = own(reply, "error");
-      if (error) {
-        const data = own(error, "data");
-        const tool = own(data, "tool") ?? waiter.tool;
-        waiter.reject(new ToolError(own(error, "message"), own(error, "code"), tool, data));
-      } else {
-        waiter.resolve(own(reply, "result"));
-      }
-    } catch (thrown) {
-      waiter.reject(thrown);
-    }
+    settleReply(reply, waiter.resolve, waiter.reject, waiter.tool);
   }
 
   // Messages are written whole and in the order made (a large one takes several

@@ -11,6 +11,28 @@ const toString = String;
 const hasOwn = Object.hasOwn;
 // The daemon's UpstreamError: the code of a tool's own failure.
 const TOOL_FAILED = -32007;
+const JSON_RPC_INTERNAL = -32603;
+
+// `object[key]` if it is the object's own: never a getter the program planted on a
+// prototype, which would run (and could throw) inside the shim reading an answer.
+export function own(object, key) {
+  return object !== null && typeof object === "object" && hasOwn(object, key) ? object[key] : undefined;
+}
+
+// Settle a call with the daemon's JSON-RPC `reply`: `resolve` its result, or `reject`
+// a ToolError. A setter the program planted (on Error.prototype, say) may throw as the
+// error is made: the call fails with that, and the shim goes on reading answers.
+export function settleReply(reply, resolve, reject, tool) {
+  try {
+    const error = own(reply, "error");
+    if (!error) return resolve(own(reply, "result"));
+    const data = own(error, "data");
+    const code = own(error, "code") ?? JSON_RPC_INTERNAL;
+    reject(new ToolError(own(error, "message"), code, own(data, "tool") ?? tool, data));
+  } catch (thrown) {
+    reject(thrown);
+  }
+}
 
 export class ToolError extends Error {
   constructor(message, code, tool, data) {
@@ -31,10 +53,9 @@ export function makeTools(request, handed = (promise) => promise) {
   async function call(path, args) {
     const params = { name: path, arguments: args ?? {}, shape: "value" };
     const result = await request("tools/call", params, path);
-    // The answer's own fields: not a getter the program put on Object.prototype.
-    const failure = hasOwn(result, "error") ? result.error : undefined;
-    if (failure) throw new ToolError(failure.message, TOOL_FAILED, failure.tool ?? path);
-    return hasOwn(result, "value") ? result.value : undefined;
+    const failure = own(result, "error");
+    if (failure) throw new ToolError(own(failure, "message"), TOOL_FAILED, own(failure, "tool") ?? path);
+    return own(result, "value");
   }
 
   // The shape the generated declarations promise for `tools.$discover()`.

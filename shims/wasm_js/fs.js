@@ -15,6 +15,8 @@
 // `host-call` is turned into UTF-8 by a loop in the component's bindings, which took
 // most of a second for a megabyte's base64 (see executors/wasm_fs.py).
 
+import { own } from "./sandbox_sdk.js";
+
 export function makeFs(hostCall, stringify, parse, writeLine) {
   const U8 = Uint8Array;
   // Taken now: a program may replace them later, not change what `fs` does.
@@ -23,7 +25,6 @@ export function makeFs(hostCall, stringify, parse, writeLine) {
   const utf8 = TextEncoder.prototype.encode.bind(new TextEncoder());
   const isView = ArrayBuffer.isView;
   const ErrorClass = Error;
-  const hasOwn = Object.hasOwn;
   const keysOf = Object.keys;
   const defineProperty = Object.defineProperty;
 
@@ -56,12 +57,6 @@ export function makeFs(hostCall, stringify, parse, writeLine) {
     }
     if (extra !== "") text = text === "" ? extra : `${text},${extra}`;
     return `{${text}}`;
-  }
-
-  // `object[name]` if it is the object's own, else undefined.
-  function own(object, name) {
-    const isObject = object !== null && typeof object === "object";
-    return isObject && hasOwn(object, name) ? object[name] : undefined;
   }
 
   function request(method, json, path) {

@@ -38,7 +38,7 @@ import {
 } from "./console.js";
 import { makeFs } from "./fs.js";
 import { makeTimers } from "./timers.js";
-import { ToolError, encodeResult, makeTools } from "./sandbox_sdk.js";
+import { ToolError, encodeResult, makeTools, own, settleReply } from "./sandbox_sdk.js";
 
 // Captured before any program code runs: the program may replace globals and
 // prototypes, and nothing it does may change how its result or error is reported.
@@ -56,11 +56,6 @@ const NativeMap = Map;
 const promiseThen = Promise.prototype.then;
 const then = uncurry(promiseThen);
 const apply = Reflect.apply;
-const hasOwn = Object.hasOwn;
-// A property the host's answer itself holds: never one a program planted on
-// Object.prototype, whose getter would run (and could throw) inside the poll.
-const own = (object, key) =>
-  object !== null && typeof object === "object" && hasOwn(object, key) ? object[key] : undefined;
 const weakMapGet = uncurry(WeakMap.prototype.get);
 const weakMapSet = uncurry(WeakMap.prototype.set);
 const consoleObject = console;
@@ -101,23 +96,8 @@ const calls = {
   polling: false,
 };
 
-function toolError(error, tool) {
-  const data = own(error, "data");
-  const code = own(error, "code") ?? JSON_RPC_INTERNAL;
-  return new ToolError(own(error, "message"), code, own(data, "tool") ?? tool, data);
-}
-
-// Settle `call` with the host's `reply`. A setter the program planted (on
-// Error.prototype, say) may throw as the error is made: the call fails with that,
-// and the poll goes on.
 function settleCall(call, reply) {
-  try {
-    const error = own(reply, "error");
-    if (error) call.reject(toolError(error, call.tool));
-    else call.resolve(own(reply, "result"));
-  } catch (thrown) {
-    call.reject(thrown);
-  }
+  settleReply(reply, call.resolve, call.reject, call.tool);
 }
 
 // A call to the daemon; a promise of its result, rejected with ToolError.

@@ -107,7 +107,10 @@ Object.defineProperty(Object.prototype, "result", { get() { throw new Error("get
 Map.prototype.get = () => { throw new Error("get"); };
 Map.prototype.set = () => { throw new Error("set"); };
 const said = await tools.echo.echo({ text: "hi" });
-const both = await Promise.all([tools.echo.echo({ text: "a" }), tools.echo.slow({ seconds: 0.05 })]);
+const both = await Promise.all([
+  tools.echo.echo({ text: "a" }),
+  tools.echo.slow({ seconds: 0.05 }),
+]);
 Object.defineProperty(Error.prototype, "code", { set() { throw new Error("setter"); } });
 const failed = await tools.echo.fail({ message: "no" }).then(() => "made", (e) => e.message);
 [said, both[0], failed, await tools.echo.echo({ text: "after" })]
