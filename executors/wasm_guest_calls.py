@@ -20,14 +20,15 @@ it, so that a stop or a timeout ends it.
 
 A call still out when the run answers goes on to its end, as a call a Deno program
 started and did not await does, while the executor has room for it (`LeftCalls`: at
-most LEFT_CALLS_MAX such calls holding LEFT_BYTES_MAX of arguments, one caller at most
-half of each); it is cancelled otherwise. Nobody collects its answer. The executor's
-nursery owns it, so it ends with the executor at the latest, and the gateway bounds
-each call's time. The calls a program sends only as it answers (`last`) are made
-within what is left of its `limits.tool_calls`: past it they are dropped, as a Deno
-worker's are once it has answered, rather than have the finished program stopped over
-the limit. A program that failed or was stopped (its time up, cancelled, over a
-limit) has its calls cancelled.
+most LEFT_CALLS_MAX such calls holding LEFT_BYTES_MAX of arguments, each caller an even
+share of both among the callers leaving calls); it is cancelled otherwise, or later,
+should another caller need the room it holds beyond its share. Nobody collects its
+answer. The executor's nursery owns it, so it ends with the executor at the latest,
+and the gateway bounds each call's time. The calls a program sends only as it answers
+(`last`) are made within what is left of its `limits.tool_calls`: past it they are
+dropped, as a Deno worker's are once it has answered, rather than have the finished
+program stopped over the limit. A program that failed or was stopped (its time up,
+cancelled, over a limit) has its calls cancelled.
 Before the execution is reported, every call the guest started has begun (`begun`): it
 was counted and authorised while its execution ran, never refused as late.
 """
@@ -79,6 +80,7 @@ MAX_TICKET = 2**53
 MAX_WAIT_MS = 365 * 24 * 3600 * 1000
 
 Request = Callable[[str, dict[str, Any]], Awaitable[Any]]
+Cancel = Callable[[], None]
 # A call's answer: (its ticket, True, its result) or (its ticket, False, the JSON-RPC
 # error answer as text). Results are encoded by `answers_text` in the guest's thread,
 # never on the event loop: a tool's result may be large.
@@ -148,41 +150,68 @@ def _timeout_s(timeout_ms: Any) -> float:
 
 
 class LeftCalls:
-    """An executor's calls going on after their executions answered: how many, and
-    the bytes of their arguments, in all and per caller (at most half of each, so
-    that one caller's leftovers never take every other caller's room)."""
+    """An executor's calls going on after their executions answered: how many, and the
+    bytes of their arguments, in all and per caller.
+
+    A caller may hold an even share of each among the callers holding calls, itself
+    included. One below its share that finds no room makes it: the oldest calls of
+    whoever holds the most are cancelled (by the `cancel` each was taken with) until
+    the call fits. So a caller alone may use all the room, and no caller, nor two, can
+    keep another's calls from going on."""
 
     def __init__(self, limit: int = LEFT_CALLS_MAX, byte_limit: int = LEFT_BYTES_MAX) -> None:
         self.limit = limit
         self.byte_limit = byte_limit
         self.count = 0
         self.bytes = 0
-        self._held: dict[str, tuple[int, int]] = {}  # caller: (calls, bytes)
+        # Per caller, its calls in the order taken: key -> (bytes, cancel).
+        self._held: dict[str, dict[object, tuple[int, Cancel]]] = {}
+        self._bytes_of: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return f"<LeftCalls {self.count}/{self.limit}, {self.bytes}/{self.byte_limit} bytes>"
 
-    def take(self, principal: str, size: int) -> bool:
-        """Count a call of `principal`'s with `size` bytes of arguments, if there is
-        room for it; False if there is not."""
-        calls, used = self._held.get(principal, (0, 0))
-        if (
-            self.count >= self.limit
-            or self.bytes + size > self.byte_limit
-            or 2 * (calls + 1) > self.limit
-            or 2 * (used + size) > self.byte_limit
-        ):
+    def held(self, principal: str) -> tuple[int, int]:
+        """`principal`'s calls and their bytes."""
+        return len(self._held.get(principal, ())), self._bytes_of.get(principal, 0)
+
+    def take(self, principal: str, key: object, size: int, cancel: Cancel) -> bool:
+        """Count `principal`'s call `key`, with `size` bytes of arguments, if it is
+        within the caller's share, making room for it if need be; False if it is not.
+        `cancel` is called should the call later lose its room to another caller's."""
+        callers = len(self._held) + (principal not in self._held)
+        calls, used = self.held(principal)
+        if calls + 1 > self.limit // callers or used + size > self.byte_limit // callers:
             return False
-        self._held[principal] = (calls + 1, used + size)
+        while self.count + 1 > self.limit:
+            self._evict(max(self._held, key=lambda caller: len(self._held[caller])))
+        while self.bytes + size > self.byte_limit:
+            self._evict(max(self._held, key=self._bytes_of.__getitem__))
+        self._held.setdefault(principal, {})[key] = (size, cancel)
+        self._bytes_of[principal] = used + size
         self.count += 1
         self.bytes += size
         return True
 
-    def give_back(self, principal: str, size: int) -> None:
-        """A call `take` counted is done."""
-        calls, used = self._held.pop(principal)
-        if calls > 1:
-            self._held[principal] = (calls - 1, used - size)
+    def give_back(self, principal: str, key: object) -> None:
+        """Call `key` is done; nothing if it was no longer counted (it lost its room)."""
+        entry = self._held.get(principal, {}).get(key)
+        if entry is not None:
+            self._forget(principal, key, entry[0])
+
+    def _evict(self, principal: str) -> None:
+        """Cancel `principal`'s oldest call, no longer counting it."""
+        key, (size, cancel) = next(iter(self._held[principal].items()))
+        self._forget(principal, key, size)
+        cancel()
+
+    def _forget(self, principal: str, key: object, size: int) -> None:
+        mine = self._held[principal]
+        del mine[key]
+        if mine:
+            self._bytes_of[principal] -= size
+        else:
+            del self._held[principal], self._bytes_of[principal]
         self.count -= 1
         self.bytes -= size
 
@@ -241,7 +270,7 @@ class GuestCalls:
                 answer = await self._answer(call)
             finally:
                 if self._scopes.pop(scope)[1]:
-                    self._left.give_back(self._principal, call.size)
+                    self._left.give_back(self._principal, scope)
                 self._out -= 1
         if answer is not None:
             self._finish(answer)
@@ -279,7 +308,7 @@ class GuestCalls:
         `LeftCalls` has room for it, and is cancelled otherwise."""
         self._cancelled = True  # nothing is started after the answer
         for scope, (call, _) in self._scopes.items():
-            if self._left.take(self._principal, call.size):
+            if self._left.take(self._principal, scope, call.size, scope.cancel):
                 self._scopes[scope] = (call, True)
             else:
                 scope.cancel()
