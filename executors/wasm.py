@@ -76,6 +76,7 @@ import wasmtime.component
 from conduit.core import jsontext
 from conduit.core.errors import Overloaded, RpcError, RuntimeMissing, SandboxCrashed
 from conduit.core.files import FileData
+from conduit.core.left_calls import LeftCalls
 from conduit.executors import _wasmtime, outcomes, thread_priority, workdir
 from conduit.executors.base import (
     ErrorInfo,
@@ -105,7 +106,6 @@ from conduit.executors.wasm_guest_calls import (
     WAIT_METHOD,
     Answer,
     GuestCalls,
-    LeftCalls,
     StartedCall,
     WaitRequest,
     answers_text,

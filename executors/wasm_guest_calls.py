@@ -20,8 +20,8 @@ it, so that a stop or a timeout ends it.
 
 A call still out when the run answers goes on to its end, as a call a Deno program
 started and did not await does, while the executor has room for it (`LeftCalls`: at
-most LEFT_CALLS_MAX such calls holding LEFT_BYTES_MAX of arguments, each caller an even
-share of both among the callers leaving calls); it is cancelled otherwise, or later,
+most `LEFT_CALLS_MAX` such calls holding `LEFT_BYTES_MAX` of arguments, each caller an
+even share of both among the callers leaving calls); it is cancelled otherwise, or later,
 should another caller need the room it holds beyond its share. Nobody collects its
 answer. The executor's nursery owns it, so it ends with the executor at the latest,
 and the gateway bounds each call's time. The calls a program sends only as it answers
@@ -45,13 +45,13 @@ import trio
 
 from conduit.core import jsontext
 from conduit.core.errors import RpcError
+from conduit.core.left_calls import LeftCalls
 
 __all__ = [
     "CALLS_OUT_MAX",
     "INTERNAL_ERROR",
     "WAIT_METHOD",
     "GuestCalls",
-    "LeftCalls",
     "StartedCall",
     "WaitRequest",
     "answers_text",
@@ -65,13 +65,6 @@ WAIT_METHOD = "calls/wait"
 # any fan-out a program means, few enough that a loop starting calls it never awaits
 # cannot fill the daemon with tasks.
 CALLS_OUT_MAX = 256
-# Calls that may go on after their executions answered, in all of an executor's
-# executions at once (`LeftCalls`), and the bytes of their arguments (the host keeps
-# them, and the request made of them, outside every execution's memory): past either,
-# a run's calls still out are cancelled as it answers, so that run after run leaving
-# calls behind cannot pile them up.
-LEFT_CALLS_MAX = 256
-LEFT_BYTES_MAX = 64 * 1024 * 1024
 # JSON-RPC "internal error", for a call that failed other than with an RpcError.
 INTERNAL_ERROR = -32603
 # The largest ticket: an integer a JavaScript number holds exactly.
@@ -80,7 +73,6 @@ MAX_TICKET = 2**53
 MAX_WAIT_MS = 365 * 24 * 3600 * 1000
 
 Request = Callable[[str, dict[str, Any]], Awaitable[Any]]
-Cancel = Callable[[], None]
 # A call's answer: (its ticket, True, its result) or (its ticket, False, the JSON-RPC
 # error answer as text). Results are encoded by `answers_text` in the guest's thread,
 # never on the event loop: a tool's result may be large.
@@ -147,73 +139,6 @@ def _timeout_s(timeout_ms: Any) -> float:
     # Past any execution's time, a wait is as long as it takes (the deadline ends it);
     # a huge integer would not even divide into a float.
     return math.inf if timeout_ms >= MAX_WAIT_MS else timeout_ms / 1000
-
-
-class LeftCalls:
-    """An executor's calls going on after their executions answered: how many, and the
-    bytes of their arguments, in all and per caller.
-
-    A caller may hold an even share of each among the callers holding calls, itself
-    included. One below its share that finds no room makes it: the oldest calls of
-    whoever holds the most are cancelled (by the `cancel` each was taken with) until
-    the call fits. So a caller alone may use all the room, and no caller, nor two, can
-    keep another's calls from going on."""
-
-    def __init__(self, limit: int = LEFT_CALLS_MAX, byte_limit: int = LEFT_BYTES_MAX) -> None:
-        self.limit = limit
-        self.byte_limit = byte_limit
-        self.count = 0
-        self.bytes = 0
-        # Per caller, its calls in the order taken: key -> (bytes, cancel).
-        self._held: dict[str, dict[object, tuple[int, Cancel]]] = {}
-        self._bytes_of: dict[str, int] = {}
-
-    def __repr__(self) -> str:
-        return f"<LeftCalls {self.count}/{self.limit}, {self.bytes}/{self.byte_limit} bytes>"
-
-    def held(self, principal: str) -> tuple[int, int]:
-        """`principal`'s calls and their bytes."""
-        return len(self._held.get(principal, ())), self._bytes_of.get(principal, 0)
-
-    def take(self, principal: str, key: object, size: int, cancel: Cancel) -> bool:
-        """Count `principal`'s call `key`, with `size` bytes of arguments, if it is
-        within the caller's share, making room for it if need be; False if it is not.
-        `cancel` is called should the call later lose its room to another caller's."""
-        callers = len(self._held) + (principal not in self._held)
-        calls, used = self.held(principal)
-        if calls + 1 > self.limit // callers or used + size > self.byte_limit // callers:
-            return False
-        while self.count + 1 > self.limit:
-            self._evict(max(self._held, key=lambda caller: len(self._held[caller])))
-        while self.bytes + size > self.byte_limit:
-            self._evict(max(self._held, key=self._bytes_of.__getitem__))
-        self._held.setdefault(principal, {})[key] = (size, cancel)
-        self._bytes_of[principal] = used + size
-        self.count += 1
-        self.bytes += size
-        return True
-
-    def give_back(self, principal: str, key: object) -> None:
-        """Call `key` is done; nothing if it was no longer counted (it lost its room)."""
-        entry = self._held.get(principal, {}).get(key)
-        if entry is not None:
-            self._forget(principal, key, entry[0])
-
-    def _evict(self, principal: str) -> None:
-        """Cancel `principal`'s oldest call, no longer counting it."""
-        key, (size, cancel) = next(iter(self._held[principal].items()))
-        self._forget(principal, key, size)
-        cancel()
-
-    def _forget(self, principal: str, key: object, size: int) -> None:
-        mine = self._held[principal]
-        del mine[key]
-        if mine:
-            self._bytes_of[principal] -= size
-        else:
-            del self._held[principal], self._bytes_of[principal]
-        self.count -= 1
-        self.bytes -= size
 
 
 class GuestCalls:
