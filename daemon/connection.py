@@ -30,7 +30,9 @@ told why first, in one error line with a null id, if that can be written at once
 Resource handling: `run` owns the stream and closes it before returning. When the peer
 half-closes, in-flight requests still finish and are answered, then the streams are
 cancelled; when the peer is gone entirely, everything is cancelled, and so are the
-executions its requests started.
+executions its requests started. A sandbox's connection is the exception: its requests
+are its program's tool calls, which go on after a worker that exited as it answered,
+within the daemon's room for them (`left_requests`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from conduit.core.errors import (
     Unauthenticated,
 )
 from conduit.core.framing import OVERSIZE, LineReader
+from conduit.core.left_calls import LeftCalls
 from conduit.core.protocol import (
     Request,
     decode,
@@ -62,6 +65,7 @@ from conduit.core.protocol import (
     result_reply,
 )
 from conduit.daemon.client_asks import AskTable
+from conduit.daemon.left_requests import LeftRequests
 from conduit.daemon.sessions import NamedSessions
 
 if TYPE_CHECKING:
@@ -150,12 +154,14 @@ class Connection:
         principal: Principal | None = None,
         peer: PeerCredentials | None = None,
         on_authenticated: Callable[[], None] | None = None,
+        left_calls: LeftCalls | None = None,
     ) -> None:
         """`authenticate` says who a token stands for here (None: nobody); `principal`
         is who the peer already is, if known without a token (its Unix uid, or
         `conduit mcp`'s stdio, the user who started it). `on_authenticated` is called
         once, when a connection that started without a principal first presents a
-        valid token."""
+        valid token. With `left_calls` (a sandbox's connection), requests go on within
+        its room once the peer is gone, rather than being cancelled (`LeftRequests`)."""
         self._stream = stream
         self._dispatcher = dispatcher
         self._limits = limits
@@ -180,6 +186,7 @@ class Connection:
         self._watch_scope = trio.CancelScope()
         self._failures = 0
         self._slots = trio.Semaphore(limits.max_in_flight)
+        self._left = None if left_calls is None else LeftRequests(left_calls)
         self._outbox_send, self._outbox = trio.open_memory_channel[bytes](_OUTBOX_SIZE)
         # Held by whoever is writing to the stream: the writer task, or a task
         # writing its own reply directly (see `_send`).
@@ -324,7 +331,7 @@ class Connection:
             await self._read_requests(requests)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             # The peer is gone entirely (reset): nobody will read our answers.
-            self._scope.cancel()
+            self._peer_gone()
         finally:
             # Nothing more is read, so no answer to a request of ours can come.
             self._asks.close("its connection is no longer read (it closed, or is draining)")
@@ -350,9 +357,9 @@ class Connection:
                 except ParseError as exc:
                     await self._refuse(None, exc)
                     continue
-                await self._start(message, requests)
+                await self._start(message, requests, len(line))  # type: ignore[arg-type]
 
-    async def _start(self, message: Any, requests: trio.Nursery) -> None:
+    async def _start(self, message: Any, requests: trio.Nursery, size: int) -> None:
         """Start the task answering `message`, once one of the connection's slots is free.
 
         A response (the client's answer to an `ask`) is handed over instead; nothing
@@ -365,18 +372,18 @@ class Connection:
         except trio.WouldBlock:
             await self._slots.acquire()
         self._busy += 1
-        requests.start_soon(self._serve_message, message)
+        requests.start_soon(self._serve_message, message, size)
         # After the spawn rather than before it: the request's task starts in the next
         # scheduler pass instead of the one after, and requests read in one chunk still
         # start in the order they came, one pass apart.
         await trio.lowlevel.checkpoint()
 
-    async def _serve_message(self, message: Any) -> None:
+    async def _serve_message(self, message: Any, size: int) -> None:
         try:
             if isinstance(message, list):
-                reply = await self._answer_batch(message)
+                reply = await self._answer_batch(message, size)
             else:
-                reply = await self._answer(message)
+                reply = await self._answer(message, size)
             if reply is not None:
                 await self._send(reply)
         finally:
@@ -384,7 +391,9 @@ class Connection:
             self._last_seen = trio.current_time()
             self._slots.release()
 
-    async def _answer_batch(self, batch: list[Any]) -> list[dict[str, Any]] | dict[str, Any] | None:
+    async def _answer_batch(
+        self, batch: list[Any], size: int
+    ) -> list[dict[str, Any]] | dict[str, Any] | None:
         if not batch:
             return self._refusal(None, InvalidRequest("invalid request: empty batch"))
         if len(batch) > _MAX_BATCH:
@@ -394,7 +403,7 @@ class Connection:
         replies: list[dict[str, Any] | None] = [None] * len(batch)
 
         async def answer(index: int, message: Any) -> None:
-            replies[index] = await self._answer(message)
+            replies[index] = await self._answer(message, size)
 
         async with trio.open_nursery() as nursery:
             for index, message in enumerate(batch):
@@ -402,7 +411,8 @@ class Connection:
         answered = [reply for reply in replies if reply is not None]
         return answered or None
 
-    async def _answer(self, message: Any) -> dict[str, Any] | None:
+    async def _answer(self, message: Any, size: int) -> dict[str, Any] | None:
+        """The reply to one message of `size` bytes (that of its batch, in one)."""
         if is_response(message):  # in a batch: an answer to an `ask`
             self._asks.answer(message)
             return None
@@ -412,16 +422,26 @@ class Connection:
             return self._refusal(request_id(message), exc)
         try:
             principal = self._principal_for(request)
-            result = await self._dispatcher.dispatch(
-                request.method,
-                request.params,
-                principal=principal,
-                peer=self,
-                request_id=request.id,
-            )
+            if self._left is None or principal is None:
+                result = await self._dispatch(request, principal)
+            else:
+                owner = principal.owner or principal.name
+                with self._left.running(owner, size) as scope:
+                    result = await self._dispatch(request, principal)
+                if scope.cancelled_caught:  # its peer is gone, and there was no room
+                    return None
         except RpcError as exc:
             return None if request.is_notification else error_reply(request.id, exc)
         return None if request.is_notification else result_reply(request.id, result)
+
+    async def _dispatch(self, request: Request, principal: Principal | None) -> Any:
+        return await self._dispatcher.dispatch(
+            request.method,
+            request.params,
+            principal=principal,
+            peer=self,
+            request_id=request.id,
+        )
 
     def _principal_for(self, request: Request) -> Principal | None:
         """Who makes `request`: its bearer token's principal, if it has one, else the
@@ -444,6 +464,8 @@ class Connection:
         await self._send(self._refusal(ident, error))
 
     async def _send(self, message: Any) -> None:
+        if self._left is not None and self._left.gone:
+            return  # nobody reads it
         data = encode(message) + b"\n"
         if self._queued == 0:
             try:
@@ -454,13 +476,13 @@ class Connection:
                 try:
                     await self._stream.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    self._scope.cancel()  # the peer is gone, as in `_write_loop`
+                    self._peer_gone()  # as in `_write_loop`
                 finally:
                     self._writing.release()
                 return
         self._queued += 1
         # A closed outbox means the writer is gone with the peer: nobody is left to tell.
-        with contextlib.suppress(trio.ClosedResourceError):
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await self._outbox_send.send(data)
 
     async def _write_loop(self) -> None:
@@ -476,8 +498,19 @@ class Connection:
                     await self._stream.send_all(b"".join(chunks))
                 self._queued -= len(chunks)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            # The peer is gone: nothing we compute can reach it any more.
+            # The peer is gone: nothing we compute can reach it any more. Whoever waits
+            # to hand the writer a reply is let go.
+            self._outbox.close()
+            self._peer_gone()
+
+    def _peer_gone(self) -> None:
+        """The peer reads nothing more: a client's requests are cancelled with the
+        connection; a sandbox's go on within their room (`LeftRequests`), and the
+        requests it wrote before it went are still read."""
+        if self._left is None:
             self._scope.cancel()
+        else:
+            self._left.peer_gone()
 
     # ---- deadlines ---------------------------------------------------------------
 

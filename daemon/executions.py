@@ -14,11 +14,12 @@ notification params (`LiveOutput`), all of them before `execute` returns.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -129,6 +130,13 @@ class _Running:
     tool_log: list[ToolCallRecord] = dataclasses.field(default_factory=list)
     # Why the daemon stopped it early (cancelled, tool limit), if it did.
     stopped_as: Status | None = None
+    # Tool calls read from its sandbox, and the event of the next; whether its program
+    # has answered (calls read since are within its limit or refused, never a stop).
+    arrived: int = 0
+    arrival: trio.Event = dataclasses.field(default_factory=trio.Event)
+    answered: bool = False
+    # The scopes of its tool calls running now (`Executions.running_call`).
+    calls: set[trio.CancelScope] = dataclasses.field(default_factory=set)
 
     @property
     def execution_id(self) -> str:
@@ -148,6 +156,9 @@ class _Running:
 # How long an executor may take to stop a program it was asked to stop, before its
 # task is cancelled (and the output so far lost).
 _STOP_GRACE_S = 2.0
+# How long an answered execution's session stays open for the tool calls its sandbox
+# wrote before answering: they are in the daemon's socket already.
+_CALLS_READ_S = 1.0
 MIB = 1024 * 1024
 # Files an execution's record names, and how much of each path.
 RECORDED_FILES = 20
@@ -487,10 +498,16 @@ class Executions:
             bridge_for = self._open_bridge(job.execution_id, allowed, principal.name)
             with bridge_for as bridge, entry.scope:
                 outcome = await target.run(job, bridge)
+                entry.answered = True
+                if outcome.status is Status.OK and entry.stopped_as is None:
+                    await _calls_read(entry, outcome.calls_written)
         finally:
             del self._running[job.execution_id]
             if not self._running:
                 self._idle.set()
+            if outcome.status is not Status.OK or entry.stopped_as is not None:
+                for scope in entry.calls:  # a failed or stopped program's calls end
+                    scope.cancel()
         return _settle(outcome, entry)
 
     def cancel(
@@ -538,13 +555,37 @@ class Executions:
             raise Unauthenticated("unauthenticated: this execution has ended")
         limit = entry.job.limits.tool_calls
         if entry.tool_calls >= limit:
-            entry.stop(Status.TOOL_LIMIT)
+            if not entry.answered:  # one sent as the program answered is only refused
+                entry.stop(Status.TOOL_LIMIT)
             raise ToolLimitReached(
                 f"forbidden: this execution may make {limit} tool calls and has made them; "
                 "raise limits.tool_calls to allow more",
                 {"limit": limit},
             )
         entry.tool_calls += 1
+
+    def call_arrived(self, execution_id: str | None) -> None:
+        """A tool call of `execution_id`'s has been read from its sandbox."""
+        entry = self._running.get(execution_id or "")
+        if entry is not None:
+            entry.arrived += 1
+            entry.arrival.set()
+
+    @contextlib.contextmanager
+    def running_call(self, execution_id: str | None) -> Iterator[trio.CancelScope]:
+        """The scope a tool call of `execution_id`'s runs in: cancelled should the
+        execution end other than answering (`_run`), its sandbox gone or not."""
+        entry = self._running.get(execution_id or "")
+        with trio.CancelScope() as scope:
+            if entry is None:
+                scope.cancel()
+                yield scope
+                return
+            entry.calls.add(scope)
+            try:
+                yield scope
+            finally:
+                entry.calls.discard(scope)
 
     def owner(self, execution_id: str | None) -> str | None:
         """Who started the running execution `execution_id` (None if none is running)."""
@@ -680,6 +721,16 @@ def _interrupted(exc: BaseException, tool_calls: int) -> Outcome:
         )
     outcome.tool_calls = tool_calls
     return outcome
+
+
+async def _calls_read(entry: _Running, written: int) -> None:
+    """Return once the daemon has read the `written` tool calls a subprocess sandbox
+    wrote before it answered (a call it never awaited, started last, may still be in
+    the socket), or after `_CALLS_READ_S`: its session ends as this returns."""
+    with trio.move_on_after(_CALLS_READ_S):
+        while entry.arrived < written:
+            entry.arrival = trio.Event()
+            await entry.arrival.wait()
 
 
 def _settle(outcome: Outcome, entry: _Running) -> Outcome:

@@ -46,6 +46,7 @@ from pathlib import Path
 import trio
 
 from conduit.core.errors import ConfigError, Overloaded
+from conduit.core.left_calls import LeftCalls
 from conduit.core.protocol import encode, error_reply
 from conduit.core.redaction import redact
 from conduit.daemon import systemd
@@ -142,6 +143,8 @@ class Daemon:
         self.connections: set[Connection] = set()
         # Before the executions: their answers wait for its commits.
         self.audit = AuditStore(config.audit, config.server.state_dir)
+        # Sandboxes' calls going on after their workers exited (`LeftRequests`).
+        self.left_calls = LeftCalls()
         # The executors are built by `serve`, once it knows where sandboxes call back.
         self.executions = Executions(
             limits,
@@ -498,6 +501,7 @@ class Daemon:
             principal=principal,
             peer=peer,
             on_authenticated=on_authenticated,
+            left_calls=self.left_calls if sessions_only else None,
         )
 
     def _limits(self, transport: str | None) -> ConnectionLimits:

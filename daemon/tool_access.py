@@ -20,8 +20,10 @@ import functools
 import re
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
 
 from conduit.core.errors import (
     Forbidden,
@@ -29,6 +31,7 @@ from conduit.core.errors import (
     InvalidParams,
     NotFound,
     RpcError,
+    Unauthenticated,
     UpstreamError,
 )
 from conduit.daemon.events import BusEvent, EventType
@@ -154,6 +157,15 @@ class ToolLedger(Protocol):
         """Count one call; raises once the execution's limit is spent or it has ended."""
         ...
 
+    def call_arrived(self, execution_id: str | None) -> None:
+        """A call of the execution's has been read, whatever becomes of it."""
+        ...
+
+    def running_call(self, execution_id: str | None) -> AbstractContextManager[trio.CancelScope]:
+        """The scope a call of the execution's runs in: cancelled if the execution ends
+        other than answering (failed, or stopped), as its sandbox's own calls are."""
+        ...
+
     def note_tool_call(self, execution_id: str | None, call: ToolCallRecord) -> str | None:
         """Keep a call in its execution's record; returns who owns the execution."""
         ...
@@ -242,15 +254,15 @@ class ToolAccess:
         called = name
         upstream = None
         outcome = "error"
+        if principal.kind == "session":
+            self._ledger.call_arrived(principal.execution_id)
         try:
             tool = self.resolve(principal, name)
             called, upstream = tool.id, tool.upstream
             if principal.kind == "session":
                 self._ledger.count_tool_call(principal.execution_id)
             try:
-                result = await self.catalogue.call(
-                    tool, arguments, timeout_s=self.call_timeout_s, observer=observer
-                )
+                result = await self._call(principal, tool, arguments, observer)
             except ToolNotFound as exc:  # it left since `resolve`: as if never there
                 raise _refusal(principal, exc, name) from exc
             except GatewayError as exc:
@@ -263,6 +275,24 @@ class ToolAccess:
             call = ToolCallRecord(called, round((time.perf_counter() - started) * 1000, 3), outcome)
             self._report(principal, call, upstream)
         return tool, result
+
+    async def _call(
+        self,
+        principal: Principal,
+        tool: UpstreamTool,
+        arguments: dict[str, Any],
+        observer: CallObserver | None,
+    ) -> dict[str, Any]:
+        """`catalogue.call`; a sandbox's within its execution's `running_call` scope."""
+        if principal.kind != "session":
+            return await self.catalogue.call(
+                tool, arguments, timeout_s=self.call_timeout_s, observer=observer
+            )
+        with self._ledger.running_call(principal.execution_id):
+            return await self.catalogue.call(
+                tool, arguments, timeout_s=self.call_timeout_s, observer=observer
+            )
+        raise Unauthenticated(f"unauthenticated: execution {principal.execution_id} has ended")
 
     def _report(self, principal: Principal, call: ToolCallRecord, upstream: str | None) -> None:
         owner = principal.name

@@ -199,6 +199,9 @@ class Outcome:
     # What the program left under `out/` in its working directory (regular files only,
     # paths relative to `out/`), for the result.
     files: list[FileData] = field(default_factory=list)
+    # Tool calls a subprocess sandbox wrote to the daemon before it answered, which the
+    # daemon reads before the execution's session ends (a call read after is refused).
+    calls_written: int = 0
 
 
 @dataclass(frozen=True, slots=True)

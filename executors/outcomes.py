@@ -147,6 +147,9 @@ def answered(
         return _unreadable(outcome, sender, str(exc))
     if not isinstance(message, dict):
         return _unreadable(outcome, sender, "not a JSON object")
+    calls = message.get("calls")
+    if type(calls) is int and calls > 0:
+        outcome.calls_written = calls
     error = message.get("error")
     outcome.exit_code = 0 if error is None else error_exit_code(message)
     if error is None:

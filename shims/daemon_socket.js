@@ -101,9 +101,12 @@ function socketRequester(token, conn) {
 
   // Messages are written whole and in the order made (a large one takes several
   // writes, which another's must not split); `written()` is the last one's write, or
-  // null, which a one-shot worker waits for before it reports and exits.
+  // null, which a one-shot worker waits for before it reports and exits, and
+  // `toolCallsWritten()` how many tool calls were written whole, which it reports: the
+  // daemon reads that many before the execution's session ends.
   let writes = null;
-  async function writeAfter(before, bytes) {
+  let toolCalls = 0;
+  async function writeAfter(before, bytes, toolCall) {
     if (before !== null) {
       try {
         await before;
@@ -112,6 +115,7 @@ function socketRequester(token, conn) {
       }
     }
     for (let offset = 0; offset < bytes.length; ) offset += await conn.write(subarray(bytes, offset));
+    if (toolCall) toolCalls++;
   }
 
   async function request(method, params, tool) {
@@ -126,11 +130,12 @@ function socketRequester(token, conn) {
     const message = `${head},"params":${stringify(params)},"auth":${auth}}`;
     const reply = new NativePromise((resolve, reject) => mapSet(pending, id, { resolve, reject, tool }));
     conn.ref();
-    const write = writeAfter(writes, encode(message + "\n"));
+    const write = writeAfter(writes, encode(message + "\n"), method === "tools/call");
     writes = write;
     await write;
     return reply;
   }
   request.written = () => writes;
+  request.toolCallsWritten = () => toolCalls;
   return request;
 }

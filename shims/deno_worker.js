@@ -36,6 +36,7 @@ import { stdinReader, writeAll } from "./worker_io.js";
 // Captured before any program code runs: the program may replace globals and
 // prototypes, and nothing it does may reach the nonce or forge the marker.
 const stringify = JSON.stringify;
+const sliceString = Function.prototype.call.bind(String.prototype.slice);
 const encode = TextEncoder.prototype.encode.bind(new TextEncoder());
 const stdoutWrite = Deno.stdout.writeSync.bind(Deno.stdout);
 const stderrWrite = Deno.stderr.writeSync.bind(Deno.stderr);
@@ -109,13 +110,16 @@ function installTools(channel) {
     return viaChannel(method, params, tool);
   };
   callsWriting = () => viaChannel?.written() ?? null;
+  callsWritten = () => viaChannel?.toolCallsWritten() ?? 0;
   const tools = makeTools(request);
   Object.defineProperty(globalThis, "tools", { value: tools, enumerable: true });
   Object.defineProperty(globalThis, "ToolError", { value: ToolError, enumerable: true });
 }
 
-// The write of the last call the program made, or null (installTools).
+// The write of the last call the program made, or null, and how many tool calls were
+// written (installTools).
 let callsWriting = () => null;
+let callsWritten = () => 0;
 
 // Writes the marker: the step's only report counts. A one-shot worker then exits, once
 // the calls its program made are written: a call it did not await is still made.
@@ -134,8 +138,13 @@ function finish(current, payload, code) {
   })();
 }
 
+// A one-shot worker's answer also says how many tool calls it wrote (`{"calls": n,
+// ...}`): the daemon reads them all before the execution's session ends, so a call the
+// program did not await is made however late it was started.
 function report(current, payload, code) {
-  writeText(RESULT_MARK + current.job.nonce + payload + "\n");
+  const calls = current.job.session ? 0 : callsWritten();
+  const answer = calls === 0 ? payload : `{"calls":${calls},${sliceString(payload, 1)}`;
+  writeText(RESULT_MARK + current.job.nonce + answer + "\n");
   if (!current.job.session) exit(code);
   if (step === current) step = null;
   current.done();

@@ -17,6 +17,7 @@ import trio.testing
 
 from conduit.core.errors import MethodNotFound
 from conduit.core.files import FileData
+from conduit.core.left_calls import LeftCalls
 from conduit.daemon.auth import Principal
 from conduit.daemon.config import LimitsConfig, PolicyConfig, SessionsConfig
 from conduit.daemon.connection import Connection, ConnectionLimits
@@ -106,6 +107,7 @@ def open_connection(
     principal: Principal | None = OWNER,
     lockstep: bool = False,
     transport: str = "unix",
+    left_calls: LeftCalls | None = None,
 ) -> tuple[Lines, Connection, FakeDispatch]:
     """Serve one connection over an in-memory stream in `nursery`: (peer, it, dispatch).
 
@@ -122,6 +124,7 @@ def open_connection(
         transport=transport,
         authenticate=known_token,
         principal=principal,
+        left_calls=left_calls,
     )
     peer = Lines(ours, theirs)
 

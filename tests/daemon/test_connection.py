@@ -18,8 +18,9 @@ from conduit.core.errors import (
     ParseError,
     Unauthenticated,
 )
+from conduit.core.left_calls import LeftCalls
 from conduit.daemon.connection import ConnectionLimits
-from tests.daemon.fakes import LIMITS, TOKEN, WAIT_S, FakeDispatch, open_connection
+from tests.daemon.fakes import LIMITS, OWNER, TOKEN, WAIT_S, FakeDispatch, open_connection
 
 
 def reply(ident: Any, result: Any) -> dict[str, Any]:
@@ -337,6 +338,42 @@ async def test_a_peer_gone_entirely_cancels_its_requests(nursery: trio.Nursery) 
         await peer.reset()
         await peer.ended.wait()
     assert cancelled.is_set()
+
+
+def _held_until(gate: trio.Event, done: list[Any]) -> Any:
+    """A handler that finishes once `gate` is set, noting its params in `done`."""
+
+    async def slow(params: Any, peer: Any, principal: Any) -> Any:
+        await gate.wait()
+        done.append(params)
+        return {}
+
+    return slow
+
+
+@pytest.mark.parametrize("room", [2, 1])
+async def test_a_sandboxs_requests_go_on_within_their_room_once_it_is_gone(
+    nursery: trio.Nursery, room: int
+) -> None:
+    """A worker that wrote its calls and exited: those it wrote are still read, and go
+    on to their end while the room for calls left behind has space, with nobody to
+    answer; a client's would be cancelled (above)."""
+    gate = trio.Event()
+    done: list[Any] = []
+    left = LeftCalls(limit=room)
+    dispatch = FakeDispatch(slow=_held_until(gate, done))
+    peer, _, _ = open_connection(nursery, dispatch, transport="sandbox", left_calls=left)
+    await peer.send_line(
+        b'{"id":1,"method":"slow","params":{"n":1}}\n'
+        b'{"id":2,"method":"slow","params":{"n":2}}\n{"id":3,"method":"ping"}'
+    )
+    await peer.stream.aclose()  # gone: the answer to `ping` cannot be written
+    await trio.testing.wait_all_tasks_blocked()
+    assert left.held(OWNER.name)[0] == room and not peer.ended.is_set()
+    gate.set()
+    with trio.fail_after(WAIT_S):
+        await peer.ended.wait()
+    assert len(done) == room and left.count == 0
 
 
 async def test_stop_reading_answers_what_is_in_flight_then_closes(

@@ -330,6 +330,34 @@ async def test_tool_calls_past_the_limit_stop_the_program() -> None:
     assert len(refused) == 1
 
 
+async def test_the_calls_a_sandbox_wrote_before_answering_are_read_before_it_ends() -> None:
+    """A worker answers having written three calls the daemon has not read yet: the
+    execution stays open until they arrive (counted, within its limit, beyond it only
+    refused: its answer stands)."""
+    seen: list[tuple[int, bool]] = []
+
+    async def arrive_late(execution_id: str) -> None:
+        for _ in range(3):
+            await trio.sleep(0.05)
+            fx.executions.call_arrived(execution_id)
+            try:
+                fx.executions.count_tool_call(execution_id)
+                seen.append((1, fx.executions.owner(execution_id) is not None))
+            except ToolLimitReached:
+                seen.append((0, fx.executions.owner(execution_id) is not None))
+
+    async def answers_first(job: Job, bridge: ToolBridge) -> Outcome:
+        nursery.start_soon(arrive_late, job.execution_id)
+        return Outcome(Status.OK, result="sent", exit_code=0, calls_written=3)
+
+    fx = ExecutionsFixture(FakeExecutor(answers_first))
+    request = ExecutionRequest(language="python", code="x", limits={"tool_calls": 2})
+    async with trio.open_nursery() as nursery:
+        result = await fx.executions.execute(request, ALICE)
+    assert (result.status, result.result, result.tool_calls) == ("ok", "sent", 2)
+    assert seen == [(1, True), (1, True), (0, True)]  # each while it was still running
+
+
 # ---- files in and out ------------------------------------------------------------------
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 8

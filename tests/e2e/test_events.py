@@ -271,3 +271,25 @@ async def test_a_call_a_program_left_going_on_is_told_to_its_owner(
         "ok",
     )
     assert called["execution_id"] == result["execution_id"]
+
+
+@pytest.mark.parametrize("executor", ["wasm-js", "deno"])
+async def test_a_call_left_by_a_program_that_failed_is_cancelled(
+    start_daemon: Any, connect: Any, executor: str
+) -> None:
+    """Only a program that answered leaves its calls going on: one that failed has them
+    cancelled, on deno as on wasm-js (its worker's connection is let go on with calls
+    of programs that answered, `left_requests`)."""
+    deno = {} if executor == "deno" else NO_DENO
+    server, info = await start_daemon(auth={"clients": [AGENT]}, upstreams=[ECHO], **deno)
+    await wait_upstreams(server, "echo")
+    watcher = await login_agent(connect, info)
+    await watcher.call("events/subscribe", {"types": ["tool.called"]})
+    agent = await login_agent(connect, info)
+    code = "tools.echo.slow({ seconds: 20 });\nawait new Promise((r) => setTimeout(r, 200));\n"
+    result = await run_js(agent, code + "throw new Error('no');", executor=executor)
+    assert (result["status"], result["executor"]) == ("error", executor), result
+    with trio.fail_after(10):  # well before the call's 20 s
+        called = await next_event(watcher)
+    assert (called["tool"], called["execution_id"]) == ("echo__slow", result["execution_id"])
+    assert called["outcome"] != "ok" and called["duration_ms"] < 10_000, called

@@ -242,6 +242,55 @@ seen.map((answer) => answer.before - first)
         assert (outcome["status"], outcome["result"]) == ("ok", list(range(12))), outcome
 
 
+# Thirty calls started last and never awaited.
+FIRE_AND_FORGET = """
+for (let i = 0; i < 30; i++) tools.echo.{call};
+"sent"
+"""
+
+
+async def test_calls_a_program_never_awaited_are_all_made_on_both(
+    start_daemon: Any, connect: Any
+) -> None:
+    """Thirty calls started last and never awaited: every one is made, on wasm-js and on
+    deno (whose worker exits as it answers: the daemon read only a few of them before
+    the execution's session ended, and refused the rest)."""
+    counting = {**ECHO, "args": [*ECHO["args"], "--arrival"]}
+    server, info = await start_daemon(upstreams=[counting])
+    await wait_upstreams(server, "echo")
+    client = await connect(info)
+    for executor in ["wasm-js", "deno"]:
+        outcome = await run(client, FIRE_AND_FORGET.format(call="arrival({})"), executor)
+        assert (outcome["status"], outcome["result"], outcome["tool_calls"]) == (
+            "ok",
+            "sent",
+            30,
+        ), outcome
+    # And they reach the server: calls before this one, each time it asks.
+    made = "(await tools.echo.arrival({})).before"
+    with trio.fail_after(10):
+        for asked in range(1000):
+            if (await run(client, made, "wasm-js"))["result"] == 60 + asked:
+                break
+            await trio.sleep(0.02)
+
+
+@pytest.mark.parametrize("executor", ["wasm-js", "deno"])
+async def test_calls_left_past_the_tool_limit_are_dropped_not_a_stop(
+    shared: RawClient,  # noqa: F811
+    executor: str,
+) -> None:
+    """A program that answers having started more calls than `limits.tool_calls` allows:
+    those within the limit are made, the rest dropped, and its answer stands."""
+    code = FIRE_AND_FORGET.format(call="echo({ text: 'x' })")
+    outcome = await run(shared, code, executor, limits={"tool_calls": 10})
+    assert (outcome["status"], outcome["result"], outcome["tool_calls"]) == (
+        "ok",
+        "sent",
+        10,
+    ), outcome
+
+
 async def test_large_calls_made_at_once_on_deno_each_arrive_whole(
     shared: RawClient,  # noqa: F811
 ) -> None:
