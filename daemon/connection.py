@@ -293,7 +293,7 @@ class Connection:
         line = encode({"jsonrpc": "2.0", "method": method, "params": params}) + b"\n"
         try:
             self._outbox_send.send_nowait(line)
-        except (trio.WouldBlock, trio.ClosedResourceError):
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             return False
         return True
 
@@ -332,6 +332,11 @@ class Connection:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             # The peer is gone entirely (reset): nobody will read our answers.
             self._peer_gone()
+        else:
+            if self._left is not None:
+                # A sandbox's worker never half-closes: it has exited (as it answered),
+                # and its calls still running are calls left behind from now.
+                self._peer_gone()
         finally:
             # Nothing more is read, so no answer to a request of ours can come.
             self._asks.close("its connection is no longer read (it closed, or is draining)")

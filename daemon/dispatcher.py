@@ -341,6 +341,10 @@ class Dispatcher:
             request_id,
         )
         outcome: int | str = ANSWERED
+        if name == "tools/call" and principal is not None and principal.kind == "session":
+            # Counted whatever becomes of it: the daemon waits for the calls a sandbox
+            # wrote before it answered to be read (`Executions.call_arrived`).
+            self._executions.call_arrived(principal.execution_id)
         try:
             return await _call(name, raw_params, ctx)
         except RpcError as exc:

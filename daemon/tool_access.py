@@ -157,10 +157,6 @@ class ToolLedger(Protocol):
         """Count one call; raises once the execution's limit is spent or it has ended."""
         ...
 
-    def call_arrived(self, execution_id: str | None) -> None:
-        """A call of the execution's has been read, whatever becomes of it."""
-        ...
-
     def running_call(self, execution_id: str | None) -> AbstractContextManager[trio.CancelScope]:
         """The scope a call of the execution's runs in: cancelled if the execution ends
         other than answering (failed, or stopped), as its sandbox's own calls are."""
@@ -254,8 +250,6 @@ class ToolAccess:
         called = name
         upstream = None
         outcome = "error"
-        if principal.kind == "session":
-            self._ledger.call_arrived(principal.execution_id)
         try:
             tool = self.resolve(principal, name)
             called, upstream = tool.id, tool.upstream

@@ -376,6 +376,25 @@ async def test_a_sandboxs_requests_go_on_within_their_room_once_it_is_gone(
     assert len(done) == room and left.count == 0
 
 
+async def test_a_sandbox_that_ends_its_stream_has_exited_and_left_its_requests(
+    nursery: trio.Nursery,
+) -> None:
+    """A worker does not half-close: its end of the stream means it exited, and what
+    it asked for is counted as left behind at once (not when an answer fails)."""
+    gate = trio.Event()
+    done: list[Any] = []
+    left = LeftCalls()
+    dispatch = FakeDispatch(slow=_held_until(gate, done))
+    peer, _, _ = open_connection(nursery, dispatch, transport="sandbox", left_calls=left)
+    await peer.send_line(b'{"id":1,"method":"slow"}')
+    await peer.stream.send_eof()
+    await trio.testing.wait_all_tasks_blocked()
+    assert left.count == 1
+    gate.set()
+    assert await peer.until_closed() == []  # nobody to answer
+    assert done and left.count == 0
+
+
 async def test_stop_reading_answers_what_is_in_flight_then_closes(
     nursery: trio.Nursery,
 ) -> None:

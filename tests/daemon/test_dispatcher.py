@@ -50,9 +50,10 @@ class Harness:
         self.events: list[BusEvent] = []
         bus = EventBus()
         bus.add_sink(self.events.append)
+        self.executions = _Executions()
         self.dispatcher = Dispatcher(
             table,
-            executions=_Executions(),  # type: ignore[arg-type]
+            executions=self.executions,  # type: ignore[arg-type]
             tools=None,  # type: ignore[arg-type]
             events=bus,
             audit=None,  # type: ignore[arg-type]
@@ -67,10 +68,17 @@ class Harness:
 
 
 class _Executions:
-    """Who owns a running execution: all `_violation` asks of executions."""
+    """Who owns a running execution (all `_violation` asks), and the tool calls that
+    reached the dispatcher from sandboxes."""
+
+    def __init__(self) -> None:
+        self.arrived: list[str | None] = []
 
     def owner(self, execution_id: str | None) -> str | None:
         return "alice" if execution_id == "ex_1" else None
+
+    def call_arrived(self, execution_id: str | None) -> None:
+        self.arrived.append(execution_id)
 
 
 class _Peer:
@@ -243,6 +251,17 @@ async def test_a_session_calls_only_session_methods_and_its_owner_hears(
     [event] = harness.events
     assert event.data["rule"] == "access.method"
     assert (event.data["execution_id"], event.principal) == ("ex_1", "alice")
+
+
+async def test_a_sandboxs_tool_call_is_counted_as_arrived_whatever_becomes_of_it(
+    harness: Harness,
+) -> None:
+    """Its execution waits for the calls its worker wrote to arrive: one refused (its
+    params invalid, here no such method) arrived all the same. A client's is not one."""
+    for principal in (SESSION, ALICE):
+        with pytest.raises(MethodNotFound):
+            await harness.call("tools/call", {"name": 5}, principal=principal)
+    assert harness.executions.arrived == ["ex_1"]
 
 
 async def test_a_spent_tool_limit_is_not_reported_as_a_violation(harness: Harness) -> None:

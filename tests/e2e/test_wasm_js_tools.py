@@ -242,9 +242,9 @@ seen.map((answer) => answer.before - first)
         assert (outcome["status"], outcome["result"]) == ("ok", list(range(12))), outcome
 
 
-# Thirty calls started last and never awaited.
+# Calls started last and never awaited.
 FIRE_AND_FORGET = """
-for (let i = 0; i < 30; i++) tools.echo.{call};
+for (let i = 0; i < {count}; i++) tools.echo.{call};
 "sent"
 """
 
@@ -260,7 +260,7 @@ async def test_calls_a_program_never_awaited_are_all_made_on_both(
     await wait_upstreams(server, "echo")
     client = await connect(info)
     for executor in ["wasm-js", "deno"]:
-        outcome = await run(client, FIRE_AND_FORGET.format(call="arrival({})"), executor)
+        outcome = await run(client, FIRE_AND_FORGET.format(count=30, call="arrival({})"), executor)
         assert (outcome["status"], outcome["result"], outcome["tool_calls"]) == (
             "ok",
             "sent",
@@ -275,6 +275,24 @@ async def test_calls_a_program_never_awaited_are_all_made_on_both(
             await trio.sleep(0.02)
 
 
+async def test_calls_a_deno_program_left_running_take_the_daemons_room(
+    start_daemon: Any, connect: Any
+) -> None:
+    """Once its worker has exited, a deno program's calls still running are counted in
+    the room for calls left behind, as soon as the worker is gone (they went uncounted
+    until one of them ended and its answer could not be written)."""
+    server, info = await start_daemon(upstreams=[ECHO])
+    await wait_upstreams(server, "echo")
+    client = await connect(info)
+    code = FIRE_AND_FORGET.format(count=10, call="slow({ seconds: 20 })")
+    outcome = await run(client, code, "deno")
+    assert (outcome["status"], outcome["tool_calls"]) == ("ok", 10), outcome
+    with trio.fail_after(10):  # well before the calls' 20 s
+        while server.left_calls.count < 10:
+            await trio.sleep(0.02)
+    assert server.left_calls.held("") == (0, 0)  # charged to the client, not to nobody
+
+
 @pytest.mark.parametrize("executor", ["wasm-js", "deno"])
 async def test_calls_left_past_the_tool_limit_are_dropped_not_a_stop(
     shared: RawClient,  # noqa: F811
@@ -282,7 +300,7 @@ async def test_calls_left_past_the_tool_limit_are_dropped_not_a_stop(
 ) -> None:
     """A program that answers having started more calls than `limits.tool_calls` allows:
     those within the limit are made, the rest dropped, and its answer stands."""
-    code = FIRE_AND_FORGET.format(call="echo({ text: 'x' })")
+    code = FIRE_AND_FORGET.format(count=30, call="echo({ text: 'x' })")
     outcome = await run(shared, code, executor, limits={"tool_calls": 10})
     assert (outcome["status"], outcome["result"], outcome["tool_calls"]) == (
         "ok",
