@@ -297,7 +297,9 @@ class Daemon:
         try:
             sandbox = await open_sandbox_listener(_unix_directory(bound))
             bound.append(sandbox)
-            self.callback_address = CallbackAddress(unix_path=sandbox.address)
+            self.callback_address = CallbackAddress(
+                unix_path=sandbox.address, max_message_bytes=self.config.server.max_message_bytes
+            )
             async with trio.open_nursery() as root:
                 await root.start(self.audit.run)
                 self.executions.registry = build_registry(self.config, self.callback_address)

@@ -211,6 +211,9 @@ class CallbackAddress:
     unix_path: str | None = None
     tcp_host: str | None = None
     tcp_port: int | None = None
+    # The longest line the daemon reads there: a call longer is refused by the sandbox's
+    # own SDK (the daemon could answer it only with a reply no call is waiting for).
+    max_message_bytes: int | None = None
 
 
 @runtime_checkable

@@ -46,18 +46,20 @@ export async function openChannel(callback, connect) {
 }
 
 // `request(method, params, tool)` on `channel` under `token`: a promise of the call's
-// result; rejects with ToolError for an error answer, a lost connection, or a channel
-// that could not be opened. `token` may be a function giving the token for each call
-// (a session's worker holds one connection for steps with tokens of their own).
-export function requester(token, channel) {
+// result; rejects with ToolError for an error answer, a lost connection, a channel
+// that could not be opened, or a call longer than `maxBytes` (the daemon's
+// `max_message_bytes`, which it would refuse with a reply naming no call). `token` may
+// be a function giving the token for each call (a session's worker holds one
+// connection for steps with tokens of their own).
+export function requester(token, channel, maxBytes = null) {
   if (!channel) {
     return () => Promise.reject(new ToolError("tools are not available in this execution", -32006, null));
   }
   if (channel.failure) return () => Promise.reject(new ToolError(channel.failure, -32603, null));
-  return socketRequester(token, channel);
+  return socketRequester(token, channel, maxBytes);
 }
 
-function socketRequester(token, conn) {
+function socketRequester(token, conn, maxBytes) {
   let nextId = 1;
   const pending = new NativeMap();
   let closed = false;
@@ -128,9 +130,14 @@ function socketRequester(token, conn) {
     const auth = `{"bearerToken":${stringify(bearerToken ?? null)}}`;
     const head = `{"jsonrpc":"2.0","id":${id},"method":${stringify(`${method}`)}`;
     const message = `${head},"params":${stringify(params)},"auth":${auth}}`;
+    const bytes = encode(message + "\n");
+    if (maxBytes !== null && bytes.length - 1 > maxBytes) {
+      const size = `the call is ${bytes.length - 1} bytes`;
+      throw new ToolError(`${size}; the daemon reads at most ${maxBytes} (server.max_message_bytes)`, -32600, tool);
+    }
     const reply = new NativePromise((resolve, reject) => mapSet(pending, id, { resolve, reject, tool }));
     conn.ref();
-    const write = writeAfter(writes, encode(message + "\n"), method === "tools/call");
+    const write = writeAfter(writes, bytes, method === "tools/call");
     writes = write;
     await write;
     return reply;

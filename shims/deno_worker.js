@@ -100,13 +100,13 @@ let step = null;
 
 // Each call goes out under the token of the step it is made in; installed once, so a
 // session's steps share the one connection and the one `tools` global.
-function installTools(channel) {
+function installTools(channel, maxBytes) {
   const noTools = requester(null, null);
   let viaChannel = null;
   const request = (method, params, tool) => {
     const job = step?.job;
     if (!job?.callback || !channel) return noTools(method, params, tool);
-    viaChannel ??= requester(() => step?.job.session_token, channel);
+    viaChannel ??= requester(() => step?.job.session_token, channel, maxBytes);
     return viaChannel(method, params, tool);
   };
   callsWriting = () => viaChannel?.written() ?? null;
@@ -271,7 +271,7 @@ const { callback, session, workdir } = await stdin.prelude();
 if (session) endStdin();
 const channel = await openChannel(callback, connect);
 dropPermissions(permissions, callback, workdir ?? null);
-installTools(channel);
+installTools(channel, callback?.max_message_bytes ?? null);
 
 writeText(READY);
 if (session) {

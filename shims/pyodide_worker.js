@@ -56,7 +56,7 @@ const [pyodideDir, snapshotPath, timeZonesPath, ...usedUp] = Deno.args;
 const files = await pyodideFiles(pyodideDir, timeZonesPath, snapshotPath);
 const lines = lineReader(stdinRead);
 const { callback } = await lines();
-const request = requester(await openChannel(callback, Deno.connect));
+const request = requester(await openChannel(callback, Deno.connect), callback?.max_message_bytes ?? null);
 giveUp(callback);
 
 let warm = await prepare();
@@ -186,8 +186,9 @@ async function relay(worker, { call, method, params }, token) {
 
 // JSON-RPC on the one connection to the daemon, every job's calls multiplexed by id,
 // each under its own job's token. `request.broken` says why no call can succeed any
-// more (the connection closed), or is null.
-function requester(channel) {
+// more (the connection closed), or is null. A call longer than `maxBytes` (the daemon's
+// `max_message_bytes`) fails here: the daemon's refusal would name no call.
+function requester(channel, maxBytes) {
   if (!channel) return Object.assign(() => Promise.reject(NO_TOOLS), { broken: null });
   if (channel.failure) {
     const failure = { code: -32603, message: channel.failure };
@@ -201,6 +202,11 @@ function requester(channel) {
     const message = { jsonrpc: "2.0", id, method, params, auth: { bearerToken: token } };
     const reply = new Promise((resolve, reject) => pending.set(id, { resolve, reject }));
     const bytes = encode(stringify(message) + "\n");
+    if (maxBytes !== null && bytes.length - 1 > maxBytes) {
+      pending.delete(id);
+      const size = `the call is ${bytes.length - 1} bytes`;
+      throw { code: -32600, message: `${size}; the daemon reads at most ${maxBytes} (server.max_message_bytes)` };
+    }
     for (let offset = 0; offset < bytes.length; ) offset += await channel.write(bytes.subarray(offset));
     return reply;
   };

@@ -323,6 +323,29 @@ back.map((text, i) => text === sent[i])
     assert (outcome["status"], outcome["result"]) == ("ok", [True, True, True]), outcome
 
 
+async def test_a_call_longer_than_the_daemon_reads_fails_at_once_on_deno(
+    shared: RawClient,  # noqa: F811
+) -> None:
+    """A call over `server.max_message_bytes` (8 MiB): the worker's SDK refuses it with a
+    ToolError, where the daemon's refusal, a reply naming no call, left it waiting until
+    the program's timeout."""
+    code = """
+let caught = null;
+try {
+  await tools.echo.echo({ text: "x".repeat(9 * 1024 * 1024) });
+} catch (e) {
+  caught = [e.name, e.code, e.message.includes("server.max_message_bytes")];
+}
+caught
+"""
+    outcome = await run(shared, code, "deno", limits={"timeout_ms": 20_000})
+    assert (outcome["status"], outcome["result"], outcome["tool_calls"]) == (
+        "ok",
+        ["ToolError", -32600, True],
+        0,
+    ), outcome
+
+
 async def test_a_failing_call_nothing_handles_ends_the_run_as_on_deno(
     shared: RawClient,  # noqa: F811
 ) -> None:
