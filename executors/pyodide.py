@@ -647,6 +647,7 @@ def _address(callback: CallbackAddress | None) -> dict[str, Any] | None:
         "unix_path": callback.unix_path,
         "tcp_host": callback.tcp_host,
         "tcp_port": callback.tcp_port,
+        "max_message_bytes": callback.max_message_bytes,
     }
 
 

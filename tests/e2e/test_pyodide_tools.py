@@ -77,6 +77,21 @@ async def test_the_same_python_source_runs_unchanged_on_pyodide(
     assert limited["result"] == -32003, limited
 
 
+async def test_a_call_longer_than_the_daemon_reads_fails_at_once(
+    shared: Served[ServingInfo], connect: Any
+) -> None:
+    """Over `server.max_message_bytes` (8 MiB) a call is refused by the worker itself,
+    not left waiting for a reply that would name no call."""
+    client = await connect(shared.value)
+    code = (
+        "try:\n    tools.echo.echo(text='x' * (9 * 1024 * 1024))\n"
+        "except ToolError as e:\n    return [e.code, 'server.max_message_bytes' in str(e)]"
+    )
+    request = {"language": "python", "executor": "pyodide", "code": code}
+    outcome = await client.call("execute", {**request, "limits": {"timeout_ms": 20_000}})
+    assert (outcome["status"], outcome["result"]) == ("ok", [-32600, True]), outcome
+
+
 async def pyodide_in_use(client: Any) -> int:
     """How many of the daemon's Pyodide processes run a program now."""
     listed = await client.call("executors/list")
