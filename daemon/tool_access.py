@@ -20,7 +20,7 @@ import functools
 import re
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -278,14 +278,12 @@ class ToolAccess:
         observer: CallObserver | None,
     ) -> dict[str, Any]:
         """`catalogue.call`; a sandbox's within its execution's `running_call` scope."""
-        if principal.kind != "session":
+        sandbox = principal.kind == "session"
+        with self._ledger.running_call(principal.execution_id) if sandbox else nullcontext():
             return await self.catalogue.call(
                 tool, arguments, timeout_s=self.call_timeout_s, observer=observer
             )
-        with self._ledger.running_call(principal.execution_id):
-            return await self.catalogue.call(
-                tool, arguments, timeout_s=self.call_timeout_s, observer=observer
-            )
+        # Only a sandbox's scope swallows a cancellation: its execution ended.
         raise Unauthenticated(f"unauthenticated: execution {principal.execution_id} has ended")
 
     def _report(self, principal: Principal, call: ToolCallRecord, upstream: str | None) -> None:
