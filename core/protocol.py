@@ -7,6 +7,7 @@ version is refused.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ __all__ = [
     "is_response",
     "parse_request",
     "result_reply",
+    "unreadable_id",
 ]
 
 
@@ -80,6 +82,32 @@ def request_id(message: Any) -> str | int | float | None:
         if _is_id(value):
             return value
     return None
+
+
+def unreadable_id(line: bytes) -> str | int | float | None:
+    """The id of a line `decode` refused, where only its numbers kept it from being
+    read (one past Python's digit limit, `NaN`, `1e999`): the error then goes to the
+    request that made it, whose sender would otherwise wait for an answer to it."""
+    try:
+        message = _ID_READER.decode(line.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    return request_id(message)
+
+
+def _short_number(text: str) -> int | float | None:
+    """A number of a line read only for its id: converted if short, else skipped."""
+    if len(text) > _ID_DIGITS:
+        return None
+    number = float(text) if any(c in text for c in ".eE") else int(text)
+    return number if math.isfinite(number) else None
+
+
+# Ids are never longer than this; anything longer is skipped unread, in linear time.
+_ID_DIGITS = 64
+_ID_READER = json.JSONDecoder(
+    parse_int=_short_number, parse_float=_short_number, parse_constant=lambda _: None
+)
 
 
 def is_response(message: Any) -> bool:

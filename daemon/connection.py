@@ -63,6 +63,7 @@ from conduit.core.protocol import (
     parse_request,
     request_id,
     result_reply,
+    unreadable_id,
 )
 from conduit.daemon.client_asks import AskTable
 from conduit.daemon.left_requests import LeftRequests
@@ -360,7 +361,7 @@ class Connection:
                 try:
                     message = decode(line)  # type: ignore[arg-type]
                 except ParseError as exc:
-                    await self._refuse(None, exc)
+                    await self._refuse(unreadable_id(line), exc)  # type: ignore[arg-type]
                     continue
                 await self._start(message, requests, len(line))  # type: ignore[arg-type]
 

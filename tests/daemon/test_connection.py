@@ -106,13 +106,23 @@ async def test_invalid_utf8_is_a_parse_error(nursery: trio.Nursery) -> None:
         (rb'{"jsonrpc":"2.0","id":"\udfff","method":"nope"}', "\ufffd", MethodNotFound.code),
         (rb'{"jsonrpc":"2.0","id":1e400,"method":"ping"}', None, ParseError.code),
         (rb'{"jsonrpc":"2.0","id":NaN,"method":"ping"}', None, ParseError.code),
+        # The rest of the line is readable: its error goes to its id, whose sender (a
+        # sandbox's call) would otherwise wait for an answer that names no request.
         (
             b'{"jsonrpc":"2.0","id":4,"method":"ping","params":{"n":' + b"7" * 5000 + b"}}",
-            None,
+            4,
             ParseError.code,
         ),
+        (rb'{"jsonrpc":"2.0","id":"n","method":"ping","params":{"n":NaN}}', "n", ParseError.code),
     ],
-    ids=["lone-surrogate-method", "lone-surrogate-id", "1e400-id", "nan-id", "5000-digits"],
+    ids=[
+        "lone-surrogate-method",
+        "lone-surrogate-id",
+        "1e400-id",
+        "nan-id",
+        "5000-digits",
+        "nan-param",
+    ],
 )
 async def test_unrepresentable_text_is_answered_with_valid_json(
     nursery: trio.Nursery, line: bytes, ident: Any, code: int

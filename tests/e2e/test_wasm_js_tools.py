@@ -346,6 +346,26 @@ caught
     ), outcome
 
 
+async def test_a_call_the_daemon_cannot_read_fails_at_once_on_both(
+    shared: RawClient,  # noqa: F811
+) -> None:
+    """An argument past Python's digit limit (`JSON.rawJSON`): the call fails with a
+    ToolError on both executors (on deno it waited for the program's timeout, the
+    daemon's parse error naming no request)."""
+    code = """
+let caught = null;
+try {
+  await tools.echo.add({ a: JSON.rawJSON("9".repeat(5000)), b: 1 });
+} catch (e) {
+  caught = [e.name, e.code];
+}
+caught
+"""
+    for executor in ["deno", "wasm-js"]:
+        outcome = await run(shared, code, executor, limits={"timeout_ms": 20_000})
+        assert (outcome["status"], outcome["result"]) == ("ok", ["ToolError", -32700]), outcome
+
+
 async def test_a_failing_call_nothing_handles_ends_the_run_as_on_deno(
     shared: RawClient,  # noqa: F811
 ) -> None:
