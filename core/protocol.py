@@ -7,8 +7,8 @@ version is refused.
 
 from __future__ import annotations
 
-import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,14 +85,34 @@ def request_id(message: Any) -> str | int | float | None:
 
 
 def unreadable_id(line: bytes) -> str | int | float | None:
-    """The id of a line `decode` refused, where only its numbers kept it from being
-    read (one past Python's digit limit, `NaN`, `1e999`): the error then goes to the
-    request that made it, whose sender would otherwise wait for an answer to it."""
+    """The id of a line `decode` refused, where it can still be read: the error then
+    goes to the request that made it, whose sender (a sandbox's tool call) would
+    otherwise wait for an answer that names no request.
+
+    Readable where the line is an object, whole (it ends as one), and its id comes
+    within its first `_ID_SCAN_CHARS`, after nothing but members with a string or
+    number value (as `"jsonrpc"` is): what comes after the id is not read, so it may
+    be what kept the line from being read (a number past Python's digit limit, `NaN`,
+    values nested deeper than the decoder goes). Otherwise (a line cut short, not
+    UTF-8, with no such id): None.
+    """
     try:
-        message = _ID_READER.decode(line.decode("utf-8"))
-    except (ValueError, RecursionError):
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
         return None
-    return request_id(message)
+    if not text.rstrip().endswith("}"):
+        return None
+    found = _LEADING_ID.match(text, 0, _ID_SCAN_CHARS)
+    if found is None:
+        return None
+    value = found.group(1)
+    if value.startswith('"'):
+        try:
+            return request_id({"id": jsontext.loads(value)})
+        except jsontext.JsonTextError:  # an escape JSON does not have
+            return None
+    # `true`, `null` or junk is no id (and `int` would read `1_000` or other scripts' digits).
+    return _short_number(value) if _NUMBER.fullmatch(value) else None
 
 
 def _short_number(text: str) -> int | float | None:
@@ -103,10 +123,19 @@ def _short_number(text: str) -> int | float | None:
     return number if math.isfinite(number) else None
 
 
-# Ids are never longer than this; anything longer is skipped unread, in linear time.
+# A number id of more digits is not converted (an id this long is not one we sent).
 _ID_DIGITS = 64
-_ID_READER = json.JSONDecoder(
-    parse_int=_short_number, parse_float=_short_number, parse_constant=lambda _: None
+_STRING = r'"(?:[^"\\]|\\.)*"'
+_SCALAR = rf'(?:{_STRING}|[^\s\[\]{{}},:"]+)'
+# Where a request's id is (after "jsonrpc", before "method"); a longer search would let
+# one refused line hold the event loop up (a backtracking search of megabytes takes seconds).
+_ID_SCAN_CHARS = 4096
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+# An object's opening members, each a string key and a scalar value, up to its "id"
+# (whole: followed by the next member or the end of the object).
+_LEADING_ID = re.compile(
+    rf'\s*\{{(?:\s*{_STRING}\s*:\s*{_SCALAR}\s*,)*?\s*"id"\s*:\s*({_SCALAR})(?=\s*[,}}])',
+    re.DOTALL,
 )
 
 

@@ -28,8 +28,10 @@ TCP, systemd sockets). Blank lines are ignored and a trailing `\\r` is dropped.
 
 - A line that is not JSON gets `-32700` with `"id": null`; the connection stays open.
   So does a line that is not valid UTF-8, one with `NaN` or `Infinity`, a number past
-  a 64-bit float's range (`1e400`) or an integer of more than 4,300 digits; where only
-  such a number kept the line from being read, the error carries the request's own id.
+  a 64-bit float's range (`1e400`), an integer of more than 4,300 digits or values
+  nested about 1,000 deep. Where such a line is a whole object and its `"id"` comes
+  early (within its first 4 KiB, after nothing but string or number members, as
+  after `"jsonrpc"`), the error carries that id.
 - **Lone surrogates are replaced.** A `\\uD800`-`\\uDFFF` escape that is not half of a
   pair is legal JSON but no UTF-8 text can hold it: the daemon reads each one as U+FFFD
   (`\\uFFFD`), and writes U+FFFD for any a program prints, raises or returns. Everything

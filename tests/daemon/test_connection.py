@@ -114,6 +114,14 @@ async def test_invalid_utf8_is_a_parse_error(nursery: trio.Nursery) -> None:
             ParseError.code,
         ),
         (rb'{"jsonrpc":"2.0","id":"n","method":"ping","params":{"n":NaN}}', "n", ParseError.code),
+        (
+            b'{"jsonrpc":"2.0","id":6,"method":"ping","params":{"n":'
+            + b"[" * 3000
+            + b"]" * 3000
+            + b"}}",
+            6,
+            ParseError.code,
+        ),
     ],
     ids=[
         "lone-surrogate-method",
@@ -122,6 +130,7 @@ async def test_invalid_utf8_is_a_parse_error(nursery: trio.Nursery) -> None:
         "nan-id",
         "5000-digits",
         "nan-param",
+        "nested-too-deep",
     ],
 )
 async def test_unrepresentable_text_is_answered_with_valid_json(

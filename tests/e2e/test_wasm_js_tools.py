@@ -349,21 +349,28 @@ caught
 async def test_a_call_the_daemon_cannot_read_fails_at_once_on_both(
     shared: RawClient,  # noqa: F811
 ) -> None:
-    """An argument past Python's digit limit (`JSON.rawJSON`): the call fails with a
-    ToolError on both executors (on deno it waited for the program's timeout, the
-    daemon's parse error naming no request)."""
+    """An argument past Python's digit limit (`JSON.rawJSON`), or nested deeper than the
+    daemon reads: the call fails with a ToolError (on deno both waited for the
+    program's timeout, the daemon's parse error naming no request). wasm-js's
+    `JSON.stringify` refuses the nesting itself, with its own error."""
     code = """
-let caught = null;
-try {
-  await tools.echo.add({ a: JSON.rawJSON("9".repeat(5000)), b: 1 });
-} catch (e) {
-  caught = [e.name, e.code];
+let deep = [];
+for (let i = 0; i < 3000; i++) deep = [deep];
+const caught = [];
+for (const a of [JSON.rawJSON("9".repeat(5000)), deep]) {
+  try {
+    await tools.echo.add({ a, b: 1 });
+    caught.push(null);
+  } catch (e) {
+    caught.push([e.name, e.code ?? null]);
+  }
 }
 caught
 """
-    for executor in ["deno", "wasm-js"]:
+    for executor, deep in [("deno", ["ToolError", -32700]), ("wasm-js", ["InternalError", None])]:
         outcome = await run(shared, code, executor, limits={"timeout_ms": 20_000})
-        assert (outcome["status"], outcome["result"]) == ("ok", ["ToolError", -32700]), outcome
+        assert outcome["status"] == "ok", outcome
+        assert outcome["result"] == [["ToolError", -32700], deep], outcome
 
 
 async def test_a_failing_call_nothing_handles_ends_the_run_as_on_deno(
