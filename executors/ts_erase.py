@@ -21,7 +21,7 @@ fails that check and the program is refused, never run with another meaning.
 
 The check trusts this grammar's reading of the TypeScript, and TypeScript's own parser
 reads some texts otherwise (`a < b > c`, what follows an `as` type, a modifier ending
-its line, `declare` alone on one): those are refused by rules of their own
+its line, `declare` alone on one, `c ? (x): T => y : z`): those are refused by rules of their own
 (`_check_reading`, `_comparison`, `_continued`), each saying what and where. A test runs
 generated programs through real Deno both ways to keep them honest
 (tests/executors/test_ts_erase_deno.py).
@@ -134,9 +134,32 @@ _NEXT_TOKEN = re.compile(
 _TRAILING_GAP = re.compile(rf"(?:{_SPACE}|/\*[\s\S]*?\*/)*\Z")
 # A line of a type that starts with `[`.
 _BRACKET_LINE = re.compile(rf"[\n\r\u2028\u2029]{_SPACE}*\[")
-# What may stand between a `<` and a `>` as type arguments: names, dots, commas,
-# `|`, `&`, `[]` and more `<` (see `_comparison`).
-_TYPE_LIST = re.compile(rb"\s*[A-Za-z_$][\w$.,|&\[\]<\s]*")
+# What `_no_typed_arrow_after_parentheses` does not look into: a function with a
+# return type in brackets cannot be what takes the `:` that ends the true branch.
+_BRACKETED = frozenset(
+    {
+        "statement_block", "arguments", "array", "object", "template_string",
+        "parenthesized_expression", "class_body", "subscript_expression",
+    }
+)  # fmt: skip
+# How many nodes of a conditional's false branch are looked through (see
+# `_no_typed_arrow_after_parentheses`); past that, it is refused.
+_BRANCH_NODES = 10_000
+# How far after a `<` a `>` closing what could be type arguments is looked for.
+_TYPE_LIST_BYTES = 4096
+# The tokens of what may be a list of types (`_type_list_end`): what no type holds
+# (`code`), what any may (`type`: strings, templates, comments, `=>`, numbers, names,
+# `.`, `,`, `|`, `&`, space), what only one in brackets or a conditional type may
+# (`nested`), brackets, and anything else (`code` too).
+_TYPE_TOKEN = re.compile(
+    rb"""(?P<code>&&|\|\||\?\?|\?\.|[=!]=)
+    |(?P<type>"(?:[^"\\\n\r]|\\.)*"|'(?:[^'\\\n\r]|\\.)*'|`(?:[^`\\]|\\.)*`
+        |//[^\n\r]*|/\*.*?\*/|=>|-?[0-9][\w.]*|[\w$\\\x80-\xff]+|[.,|&\s])
+    |(?P<nested>[?:;+\-])
+    |(?P<open>[(\[{])|(?P<close>[)\]}])|(?P<angle><)|(?P<end>>)
+    |(?P<other>.)""",
+    re.VERBOSE | re.DOTALL,
+)
 # What ends TypeScript's `as` expression but would continue JavaScript's.
 _NOT_AFTER_AS = frozenset({"(", "`", ".", "?.", "**", "!", "++", "--", "<"})
 # Right operands of `<` that would be types to TypeScript (`f < () => T > x`).
@@ -192,7 +215,7 @@ _READ = frozenset(
         "arrow_function", "expression_statement", "formal_parameters",
         "as_expression", "satisfies_expression", "non_null_expression",
         "required_parameter", "optional_parameter", "import_statement", "export_statement",
-        "abstract_class_declaration", "binary_expression",
+        "abstract_class_declaration", "binary_expression", "ternary_expression",
     }
 )  # fmt: skip
 
@@ -425,8 +448,10 @@ class _Eraser:
     def _comparison(self, node: tree_sitter.Node) -> None:
         """`f < T > x` and `a < b, c > d`: comparisons to this grammar that TypeScript
         may read as type arguments (or the other way round). Refused: a `>` whose left
-        operand ends in a `<` comparison, and a `<` whose nearest `>` after it
-        encloses only what a list of types could be."""
+        operand ends in a `<` comparison, and a `<` whose `>` after it encloses only
+        what a list of types could be (`_type_list_end`): whether TypeScript then
+        reads types depends on what follows (`(`, a template, a line break, an
+        operator), which this grammar does not weigh."""
         operator = node.child_by_field_name("operator")
         if operator is None:
             return
@@ -441,9 +466,41 @@ class _Eraser:
             right = node.child_by_field_name("right")
             if right is not None and right.type in _TYPE_LIKE_OPERANDS:
                 raise _Refused(f"a < … > TypeScript may read as types (line {_line(node)})")
-            closing = self._data.find(b">", operator.end_byte)
-            if closing >= 0 and _TYPE_LIST.fullmatch(self._data, operator.end_byte, closing):
+            if _type_list_end(self._data, operator.end_byte) is not None:
                 raise _Refused(f"a < … > TypeScript may read as types (line {_line(node)})")
+
+
+def _type_list_end(data: bytes, start: int) -> int | None:
+    """Where the `>` is that would close type arguments opened just before `start`, if
+    everything up to it could be a list of types; None if something cannot be (an
+    operator no type has, a bracket closed that was opened before, a `;` or `?` of
+    code), or no such `>` comes within `_TYPE_LIST_BYTES`.
+
+    Generous on purpose: it sees tokens, not the grammar of types, so a comparison it
+    takes for types is refused (and runs on Deno), never erased with another meaning.
+    """
+    brackets = angles = 0
+    conditional = False  # after `extends`, `?` and `:` may be a conditional type's
+    end = min(len(data), start + _TYPE_LIST_BYTES)
+    for token in _TYPE_TOKEN.finditer(data, start, end):
+        kind = token.lastgroup
+        if kind == "open":
+            brackets += 1
+        elif kind == "close":
+            brackets -= 1
+            if brackets < 0:
+                return None
+        elif kind == "angle":
+            angles += 1
+        elif kind == "end":
+            if not angles:
+                return token.start() if not brackets else None  # in brackets: code
+            angles -= 1
+        elif kind == "type":
+            conditional = conditional or token[0] == b"extends"
+        elif kind != "nested" or not (brackets or conditional):
+            return None
+    return None
 
 
 def _line(node: tree_sitter.Node) -> int:
@@ -514,6 +571,8 @@ def _check_reading(data: bytes, node: tree_sitter.Node) -> None:
         parameters = [child for child in node.named_children if not child.is_extra]
         if any(_is_rest(parameter) for parameter in parameters[:-1]):
             raise _Refused(f"a rest parameter that is not the last (line {_line(node)})")
+    elif kind == "ternary_expression":
+        _no_typed_arrow_after_parentheses(data, node)
 
 
 def _is_keyword(
@@ -547,6 +606,33 @@ def _arrow_on_one_line(data: bytes, arrow: tree_sitter.Node) -> None:
     )
     if _LINE_BREAK.search(_text(after_async)):
         raise _Refused(f"a line break after an arrow function's async (line {_line(arrow)})")
+
+
+def _no_typed_arrow_after_parentheses(data: bytes, node: tree_sitter.Node) -> None:
+    """In `c ? (x): T => y : z => 1`, TypeScript reads the true branch as an arrow
+    function with a return type (`(x): T => y`), as a `:` follows it; this grammar
+    reads `(x)` as the branch and `T => ((y): z => 1)` as the other. Where a true
+    branch ends with `)` and the false one holds an arrow function with a return type
+    outside brackets, the program is refused (so is one too large to look through)."""
+    consequence = node.child_by_field_name("consequence")
+    alternative = node.child_by_field_name("alternative")
+    if consequence is None or alternative is None:
+        return
+    if not data[consequence.start_byte : consequence.end_byte].endswith(b")"):
+        return
+    waiting = [alternative]
+    for _ in range(_BRANCH_NODES):
+        if not waiting:
+            return
+        current = waiting.pop()
+        if current.type == "arrow_function" and current.child_by_field_name("return_type"):
+            break
+        if current.type not in _BRACKETED:
+            waiting.extend(current.children)
+    line = _line(node)
+    raise _Refused(
+        f"a conditional whose true branch TypeScript may read as a function (line {line})"
+    )
 
 
 def _is_declared_field(node: tree_sitter.Node) -> bool:

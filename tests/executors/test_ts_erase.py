@@ -173,6 +173,15 @@ def test_a_declare_block_goes_whole_whatever_it_holds() -> None:
         "const l = { a: 1 } as const satisfies Record<string, number>; l",
         # The call binds first, whatever operator is before it.
         "!f<T>(x); a + b.c<T>(x); await g<T>(); typeof h<T>()",
+        # Comparisons nothing but a comparison could be, in a `? :` or with `&&`.
+        'const s = n < 0 ? "neg" : n > 0 ? "pos" : "zero"',
+        "for (let i: number = 0; i < 10 && i > -1; i++) {}",
+        "xs.filter((x: number) => x < 5).map((y) => y > 2)",
+        "if (a < b) { b = a > 0 ? 1 : 2 }",
+        "const ok = a < b || b > 3; const t = `${a < b}${b > a}`",
+        # Functions with return types in a false branch, in brackets.
+        "const r = c ? (x) : (y) => { const f = (q): number => q; return f }",
+        "const r = c ? async (x): T => a + (z) : w => 1",
     ],
 )
 def test_types_that_hide_nothing_are_erased(code: str) -> None:
@@ -278,6 +287,21 @@ def test_any_text_is_erased_in_place_or_refused(pieces: list[str]) -> None:
         "html<string>`a${1}b`",
         "let v = g <() => any>\nconsole.log(v)",
         "new Array<any> - b",
+        # Literal, object, indexed and function types: a tagged template's, or an
+        # instantiation ended by a line break, to TypeScript.
+        'const r = tag<Row | "none">`hello`',
+        'a<"x" | "y">`c`',
+        'f(a < "x", B > `c`)',
+        "r = a < B | -1 >\nc;",
+        'r = a < B | "x" > // note\nc;',
+        "r = a < {} >\nc;",
+        'r = a < C["x"] >\nc;',
+        "r = a < (() => 1) | B >\nc;",
+        "r = a < \\u0042 >\nc",
+        # A true branch TypeScript reads as an arrow function with a return type.
+        "const pick = first ? (a, b): number => (a) : (a) => a",
+        "const r = c ? (x): any => (z) : w => 1",
+        "const r = c ? (x): T => a + (z) : w => 1",
         # Unicode space and line breaks around what follows an `as` type.
         "let y = f as any\u00a0\n(2)",
         "let y = f as any\u2028(2)",
