@@ -840,6 +840,9 @@ _NOT_LINE_BREAK = re.compile(r"[^\n\r\u2028\u2029]")
 # A backslash before a line break in a string: it adds nothing to the string's value,
 # and on the header's one line it has no place.
 _LINE_CONTINUATION = re.compile(r"\\(?:\r\n|[\n\r\u2028\u2029])")
+# What a script may read as an HTML-like comment, and the nodes in which it is text.
+_HTML_COMMENT_MARK = re.compile(rb"<!--|-->")
+_TEXT_NODES = frozenset({"string", "template_string", "regex", "comment"})
 # The same line breaks in UTF-8.
 _LINE_BREAK_BYTES = re.compile(rb"[\n\r]|\xe2\x80[\xa8\xa9]")
 
@@ -870,10 +873,23 @@ def _plan(data: bytes, root: tree_sitter.Node, imports: list[str]) -> tuple[list
         return edits, False
     # A script (the wasm-js guest evaluates the program as one) reads `<!--` and a
     # line's leading `-->` as comments to the end of the line, where the grammar reads
-    # operators: with either in the text, nothing is written on a line before.
-    inline = b"<!--" in data or b"-->" in data
+    # operators: with either in the code, nothing is written on a line before.
+    inline = _html_comment_marks(data, root)
     returned, on_head = _returned(*last, before_last, inline=inline)
     return edits + returned, on_head
+
+
+def _html_comment_marks(data: bytes, root: tree_sitter.Node) -> bool:
+    """Whether `<!--` or `-->` stands in the program's code (not in a string, template,
+    regular expression or comment: there it is text, whatever the type around it, so a
+    TypeScript program and its erasure are planned alike)."""
+    for mark in _HTML_COMMENT_MARK.finditer(data):
+        node: tree_sitter.Node | None = root.descendant_for_byte_range(mark.start(), mark.end())
+        while node is not None and node.type not in _TEXT_NODES:
+            node = node.parent
+        if node is None:
+            return True
+    return False
 
 
 def _plan_statement(

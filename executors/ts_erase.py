@@ -5,9 +5,9 @@ type (annotations, interfaces, type aliases, generics, `as` and `satisfies`, non
 `!`, `import type`, optional and definite markers, modifiers, overload and abstract
 signatures, `declare`d things) with spaces, keeping every line break, so every line and
 column of the code that is left stays where it was: errors and stack traces point at
-the program's own text. (A column counts bytes of erased text before it on its line:
-only a non-ASCII character inside a type moves it.) A statement that goes entirely
-starts with `;` instead of a space, so the statement before it still ends where it did.
+the program's own text (a non-ASCII character in a type becomes as many spaces as the
+engines count it columns). A statement that goes entirely starts with `;` instead of a
+space, so the statement before it still ends where it did.
 
 What erasure cannot express (`enum`, `namespace`, parameter properties, decorators,
 `<T>x` casts, `import x = require()`, `this` parameters, `export =`) is refused with
@@ -200,6 +200,8 @@ _LEADING_KEYWORD = frozenset(
     }
 )
 _KEEP_LINE_BREAKS = re.compile(rb"\xe2\x80[\xa8\xa9]|[^\n\r]")
+# A character that is not a line break (erasure keeps those).
+_CHARACTER = re.compile(r"[^\n\r\u2028\u2029]")
 # A byte that may begin a line break erasure keeps (U+2028 and U+2029 begin 0xE2).
 _LINE_BREAK_BYTES = re.compile(rb"[\n\r\xe2]")
 # Every kind of node `_Eraser._visit` and `_check_reading` act on; the walk passes
@@ -241,11 +243,16 @@ def erase(syntax: Syntax | None) -> Erased | NotErasable:
         return NotErasable(_UNREAD, unread=True)
     if not erased.complete:
         return NotErasable("types whose erasure leaves no JavaScript")
-    reference, edits = _reference(syntax, edits, eraser.calls)
+    reference, left = _reference(syntax, edits, eraser.calls)
     if reference is _UNREAD_TREE:
         return NotErasable(_UNREAD, unread=True)
-    if reference is None or not _same_tree(reference, erased.root, edits):
+    if reference is None or not _same_tree(reference, erased.root, left):
         return NotErasable("types whose erasure would change how the code around them reads")
+    if not all(syntax.data[start:end].isascii() for start, end, _ in edits):
+        # Checked byte for byte; run with each erased character one column wide.
+        erased = js_syntax.parse(_program(_in_columns(syntax.data, edits)), "javascript")
+        if erased is None or not erased.complete:
+            return NotErasable(_UNREAD, unread=erased is None)
     return Erased(erased.code, erased)
 
 
@@ -667,6 +674,29 @@ def _apply(data: bytes, edits: list[_Edit]) -> bytes:
         if statement:
             out[start] = ord(";")
     return bytes(out)
+
+
+def _in_columns(data: bytes, edits: list[_Edit]) -> bytes:
+    """`_apply`'s program, with each erased character one space per UTF-16 unit (a
+    column, to the engines) rather than one per byte: what follows a non-ASCII
+    character in a type on its line keeps its column."""
+    out = bytearray()
+    done = 0
+    for first, end, statement in sorted(edits):
+        start = max(first, done)  # a range within one erased already
+        if start >= end:
+            continue
+        out += data[done:start]
+        blank = _CHARACTER.sub(_columns, data[start:end].decode("utf-8", "surrogatepass"))
+        out += (";" + blank[1:] if statement else blank).encode("utf-8", "surrogatepass")
+        done = end
+    out += data[done:]
+    return bytes(out)
+
+
+def _columns(found: re.Match[str]) -> str:
+    """A character's columns as spaces: two for one past U+FFFF (a surrogate pair)."""
+    return "  " if ord(found[0]) > 0xFFFF else " "
 
 
 def _program(data: bytes) -> str:

@@ -307,7 +307,10 @@ async function runProgram(current) {
     const media = current.job.lang === "javascript" ? "javascript" : "typescript";
     const source = toBase64.call(encode(current.job.module));
     const program = await import(`data:application/${media};base64,${source}`);
-    const value = await program.default();
+    // Called alone, as a module's own code runs: its top-level `this` is undefined, as on
+    // wasm-js, not the module namespace.
+    const run = program.default;
+    const value = await run();
     finish(current, `{"result":${encodeResult(value)}}`, 0);
   } catch (error) {
     fail(current, error);

@@ -87,6 +87,8 @@ class Square extends Shape {
         "const id = <T,>(v: T): T => v;\nconst n = 1 + id<number>(2);\n!id<boolean>(false) && n"
     ),
     "a timeout": "const spin = (): void => { for (;;) {} };\nspin()",
+    "top-level this, as in a module": "const t: string = typeof this;\nt",
+    "text in a type that a script reads as a comment": 'type X = "-->";\nnew Error("e").stack',
 }
 
 ON_DENO = {
@@ -171,6 +173,27 @@ async def test_the_outcomes_compared_are_the_programs_own(shared: RawClient) -> 
     assert (await run(shared, ERASED["a timeout"], None))["status"] == "timeout"
     said = await run(shared, ERASED["inputs and output"], None)
     assert (said["result"], said["stdout"], said["stderr"]) == (42, "hello ada\n", "to stderr\n")
+    this = await run(shared, ERASED["top-level this, as in a module"], None)
+    assert this["result"] == "undefined", this
+
+
+async def test_columns_after_non_ascii_types_and_comment_marks_are_the_same(
+    shared: RawClient,  # noqa: F811
+) -> None:
+    """A type holding `é` or `😀`, or `-->`, leaves every column after it where Deno
+    has it (an engine counts UTF-16 units where erasure wrote a space a byte; Deno
+    planned around the `-->` its erasure no longer holds)."""
+    thrown = 'function greet(name: "José" | "😀"): string { throw new Error(name) }\ngreet("José")'
+    places = [
+        re.findall(
+            r"<program>:(\d+):(\d+)", (await run(shared, thrown, executor))["error"]["traceback"]
+        )
+        for executor in (None, "deno")
+    ]
+    assert places[0][0] == places[1][0] == ("1", "53"), places  # `new Error`, in UTF-16 units
+    stack = 'type X = "-->";\nnew Error("e").stack'
+    results = [(await run(shared, stack, executor))["result"] for executor in (None, "deno")]
+    assert "<program>:2:1" in results[0] and results[0] == results[1], results
 
 
 @pytest.mark.parametrize("name", ON_DENO)

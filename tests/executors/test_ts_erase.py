@@ -30,13 +30,18 @@ def refused(code: str) -> str:
 
 
 def _assert_kept_in_place(code: str, javascript: str) -> None:
-    """Byte for byte the same length and lines; what is left is where it was."""
-    before = code.encode("utf-8", "surrogatepass")
-    after = javascript.encode("utf-8", "surrogatepass")
+    """Column for column (UTF-16 units, as the engines count) the same length and
+    lines; what is left is where it was."""
+    before = code.encode("utf-16-le", "surrogatepass")
+    after = javascript.encode("utf-16-le", "surrogatepass")
     assert len(before) == len(after)
-    for old, new in zip(before, after, strict=True):
-        assert new == old or new in b" ;", (code, javascript)
-        assert (old in b"\n\r") == (new in b"\n\r")
+    for index in range(0, len(before), 2):
+        old, new = before[index : index + 2], after[index : index + 2]
+        assert new == old or new in (b" \0", b";\0"), (code, javascript)
+        assert (old in _BREAKS) == (new in _BREAKS)
+
+
+_BREAKS = tuple(c.encode("utf-16-le") for c in "\n\r\u2028\u2029")
 
 
 @pytest.mark.parametrize(
@@ -77,9 +82,11 @@ def _assert_kept_in_place(code: str, javascript: str) -> None:
         ),
         ("let u: `a${string}` = 'a'", "let u               = 'a'"),
         ("let v: /* c */ number = 1", "let v                 = 1"),
-        # A column counts bytes: the two of `é` are two spaces, the three of `→` three.
-        ("let w: 'é' = 'é'", "let w       = 'é'"),
-        ("let a: '\u2192' = 1", "let a        = 1"),
+        # A column is a UTF-16 unit: `é` and `→` are one space each, `😀` two.
+        ("let w: 'é' = 'é'", "let w      = 'é'"),
+        ("let a: '\u2192' = 1", "let a      = 1"),
+        ("let e: '😀' = 1", "let e       = 1"),
+        ("let g: 'é' = f<number>(1)", "let g      = f        (1)"),
         # Line breaks in a type stay where they were, whichever they are.
         ("let b: {\n  k: 1\u2028} = { k: 1 }", "let b   \n      \u2028  = { k: 1 }"),
         ("let c: {\r\n k: 1 } = { k: 1 }", "let c   \r\n        = { k: 1 }"),
@@ -359,8 +366,8 @@ def test_deno_reached_another_way_still_goes_to_deno(code: str) -> None:
 def test_hostile_text_in_types_and_code_is_erased_in_place() -> None:
     """Lone surrogates (legal in JSON, and so in a program) in a type and in a string,
     and a 5,000-digit number: erased like any other text."""
-    # The surrogate's three bytes are three spaces.
-    assert erased("let x: '\udfff' = '\ud800'; x") == "let x        = '\ud800'; x"
+    # The surrogate is one column: one space.
+    assert erased("let x: '\udfff' = '\ud800'; x") == "let x      = '\ud800'; x"
     digits = "9" * 5000
     assert erased(f"let n: number = {digits}; n") == f"let n         = {digits}; n"
 
