@@ -212,6 +212,8 @@ DEFAULT_MAX_DISK_MB = 1024
 
 # What Deno prints when it dies of memory: V8's fatal heap OOM, a failed Rust allocation.
 OOM_SIGNS = outcomes.V8_OUT_OF_MEMORY
+# A worker that could not write its answer exits with this (shims/deno_worker.js).
+UNREPORTED_EXIT = 121
 # Where V8's OOM report (GC log, C stack trace) starts; cut from the stderr we return.
 OOM_REPORT_STARTS = ("\n<--- Last few GCs --->", "<--- Last few GCs --->", "\n#\n# Fatal")
 # How V8 words an ArrayBuffer or WebAssembly.Memory allocation that the memory
@@ -1156,6 +1158,14 @@ def _outcome(
 
 def _from_exit(outcome: Outcome, returncode: int | None, limits: Limits) -> Outcome:
     """No result line: the program called Deno.exit(), or the process died."""
+    if returncode == UNREPORTED_EXIT:
+        return outcomes.failed(
+            outcome,
+            Status.ERROR,
+            "Error",
+            "the program closed its standard output (Deno.stdout), so its answer could not "
+            "be reported; leave stdout open",
+        )
     if returncode is not None and returncode >= 0:
         outcome.exit_code = returncode
         if returncode == 0:

@@ -46,6 +46,8 @@ const connect = Deno.connect;
 const permissions = Deno.permissions;
 const toBase64 = Uint8Array.prototype.toBase64;
 const RESULT_MARK = "\x1e";
+// The exit code of a worker that could not write its answer (executors/deno.py).
+const UNREPORTED = 121;
 const READY = "\x1econduit-ready\n";
 const WORKER_URL = import.meta.url;
 // How V8 prints our data: URLs in stack frames (long ones shortened with "......").
@@ -144,7 +146,13 @@ function finish(current, payload, code) {
 function report(current, payload, code) {
   const calls = current.job.session ? 0 : callsWritten();
   const answer = calls === 0 ? payload : `{"calls":${calls},${sliceString(payload, 1)}`;
-  writeText(RESULT_MARK + current.job.nonce + answer + "\n");
+  try {
+    writeText(RESULT_MARK + current.job.nonce + answer + "\n");
+  } catch {
+    // The program closed stdout (`Deno.stdout.close()`): no answer can reach the
+    // daemon, and an exit 0 would read as a program that called `Deno.exit(0)`.
+    exit(UNREPORTED);
+  }
   if (!current.job.session) exit(code);
   if (step === current) step = null;
   current.done();

@@ -202,6 +202,22 @@ async def test_deno_exit_codes(deno: DenoExecutor) -> None:
     assert three.error.type == "Exit"
 
 
+@pytest.mark.parametrize(
+    "code",
+    [
+        'Deno.stdout.close(); throw new Error("mine")',
+        "Deno.stdout.close(); return 5",
+        'Deno.stdout.close(); Deno.stderr.close(); throw new Error("mine")',
+    ],
+)
+async def test_a_program_that_closes_stdout_fails_saying_so(deno: DenoExecutor, code: str) -> None:
+    """Its answer cannot be written: not `ok` with no result (the worker used to exit 0
+    once the write failed, which reads as `Deno.exit(0)`)."""
+    outcome = await run(deno, code)
+    assert outcome.status is Status.ERROR, outcome
+    assert outcome.error is not None and "closed its standard output" in outcome.error.message
+
+
 # -- limits -------------------------------------------------------------------------------
 
 

@@ -234,6 +234,15 @@ async def test_deno_exit_resets(deno: DenoExecutor) -> None:
     assert await results(session, "typeof gone") == ["undefined"]
 
 
+async def test_a_step_that_closes_stdout_fails_and_resets(deno: DenoExecutor) -> None:
+    session = await open_session(deno)
+    await results(session, "let gone = 1")
+    outcome = await step(session, "Deno.stdout.close(); 5")
+    assert (outcome.status, outcome.session_reset) == (Status.ERROR, True), outcome
+    assert outcome.error is not None and "closed its standard output" in outcome.error.message
+    assert await results(session, "typeof gone") == ["undefined"]
+
+
 async def test_a_sandbox_that_died_between_steps_is_replaced(deno: DenoExecutor) -> None:
     session = await open_session(deno)
     await results(session, "let gone = 1")
