@@ -40,7 +40,18 @@ import { pyodideFiles, startInterpreter } from "./pyodide_boot.js";
 import { writeAll } from "./worker_io.js";
 
 const stringify = JSON.stringify;
-const parse = JSON.parse;
+const rawJSON = JSON.rawJSON;
+const LONG_NUMBER = /\d{16}/;
+// JSON text read with every integer past 2^53 kept as written (a JavaScript number
+// would round it): Python's integers reach the daemon and come back exact.
+function parse(text) {
+  return LONG_NUMBER.test(text) ? JSON.parse(text, exactIntegers) : JSON.parse(text);
+}
+function exactIntegers(_key, value, context) {
+  if (typeof value !== "number" || Number.isSafeInteger(value)) return value;
+  const source = context?.source;
+  return typeof source === "string" && /^-?\d+$/.test(source) ? rawJSON(source) : value;
+}
 const encode = TextEncoder.prototype.encode.bind(new TextEncoder());
 const decode = TextDecoder.prototype.decode.bind(new TextDecoder());
 const stdoutWrite = Deno.stdout.writeSync.bind(Deno.stdout);

@@ -92,6 +92,20 @@ async def test_a_call_longer_than_the_daemon_reads_fails_at_once(
     assert (outcome["status"], outcome["result"]) == ("ok", [-32600, True]), outcome
 
 
+async def test_integers_past_2_53_reach_the_tool_and_come_back_exact(
+    shared: Served[ServingInfo], connect: Any
+) -> None:
+    """The worker relays Python's JSON through JavaScript, whose numbers would round
+    them (9007199254740993 became ...992), as CPython on wasm-python does not."""
+    client = await connect(shared.value)
+    code = "[tools.echo.add(a=2**53, b=1), tools.echo.echo(text=-(10**20) - 1)]"
+    expected = [{"sum": 2**53 + 1}, -(10**20) - 1]
+    for executor in ("pyodide", "wasm-python"):
+        request = {"language": "python", "executor": executor, "code": code}
+        outcome = await client.call("execute", request)
+        assert (outcome["status"], outcome["result"]) == ("ok", expected), (executor, outcome)
+
+
 async def pyodide_in_use(client: Any) -> int:
     """How many of the daemon's Pyodide processes run a program now."""
     listed = await client.call("executors/list")
