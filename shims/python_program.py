@@ -419,7 +419,10 @@ def _flush_lines():
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
-            reconfigure(line_buffering=True)
+            # A stream an earlier step closed or broke stays as it is: the program
+            # finds out when it prints, and the step still runs.
+            with contextlib.suppress(Exception):
+                reconfigure(line_buffering=True)
 
 
 def execute(request, host_call):
@@ -449,10 +452,19 @@ async def execute_async(request, host_call, allow_await=True, scope=None):
         if pending is not None:  # a coroutine when the program awaits at top level
             await pending
     except SystemExit as exc:
-        return _exit_answer(exc)
+        answer = _exit_answer(exc)
     except BaseException as exc:  # the program's own failure, reported as its result
-        return error_answer(exc)
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    return _result_answer(scope.get(RESULT_NAME))
+        answer = error_answer(exc)
+    else:
+        answer = _result_answer(scope.get(RESULT_NAME))
+    _flush_output()
+    return answer
+
+
+def _flush_output():
+    """Write out what the program left buffered. A stream it closed, replaced or broke
+    loses that output, as at CPython's exit, and never the program's own outcome: a
+    failure here is not the program's, so it is ignored."""
+    for name in ("stdout", "stderr"):
+        with contextlib.suppress(BaseException):
+            getattr(sys, name).flush()

@@ -109,6 +109,21 @@ async def test_the_python_contract_holds(pyodide: SharedPyodide) -> None:
     assert "pyodide" not in failed.error.traceback.lower()
 
 
+async def test_a_program_that_closes_or_breaks_its_output_keeps_its_outcome(
+    pyodide: SharedPyodide,
+) -> None:
+    closed = await run(pyodide, "import sys\nsys.stdout.close()\n5")
+    assert (closed.status, closed.result) == (Status.OK, 5), closed
+    raised = await run(pyodide, "import sys\nsys.stderr.close()\nraise KeyError('mine')")
+    assert raised.error is not None and raised.error.type == "KeyError", raised
+    code = (
+        "import sys\nclass Out:\n    def write(self, text):\n        return len(text)\n"
+        "    def flush(self):\n        raise OSError('disk full')\nsys.stdout = Out()\n5"
+    )
+    broken = await run(pyodide, code)
+    assert (broken.status, broken.result) == (Status.OK, 5), broken
+
+
 async def test_the_whole_standard_library_is_there(pyodide: SharedPyodide) -> None:
     code = (
         "import sqlite3, decimal, asyncio, zoneinfo, lzma\n"

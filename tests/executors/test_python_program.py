@@ -3,7 +3,9 @@ executor's guest runs (the executors' own tests run it inside their sandboxes)."
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -120,3 +122,39 @@ def test_session_steps_share_one_namespace_and_fresh_runs_do_not(
     # A step's result and inputs are its own.
     assert run("x", session=True, inputs=5) == {"result": 2}
     assert run("y = inputs", session=True) == {"result": None}
+
+
+# Programs that close or break their own output: the program's outcome stands, and a
+# flush failing once it has ended only loses what it could not write, as in CPython.
+CLOSED_OUTPUT_PROGRAMS = [
+    ("import sys\nsys.stdout.close()\n5", {"result": 5}),
+    ("import sys\nsys.stderr.close()\nraise KeyError('mine')", "KeyError"),
+    (
+        "import sys\nclass Out:\n    def write(self, text):\n        return len(text)\n"
+        "    def flush(self):\n        raise OSError('disk full')\nsys.stdout = Out()\n5",
+        {"result": 5},
+    ),
+    ("import sys\nsys.stdout.close()\nraise SystemExit(3)", "SystemExit"),
+]
+
+
+@pytest.mark.parametrize(("code", "outcome"), CLOSED_OUTPUT_PROGRAMS)
+def test_a_program_that_breaks_its_output_keeps_its_outcome(
+    monkeypatch: pytest.MonkeyPatch, code: str, outcome: dict[str, Any] | str
+) -> None:
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(io.BytesIO()))
+    monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(io.BytesIO()))
+    answer = run(code)
+    if isinstance(outcome, str):
+        assert answer["error"]["type"] == outcome, answer
+    else:
+        assert answer == outcome
+
+
+def test_a_session_step_runs_after_an_earlier_one_closed_stdout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(python_program, "_SESSION_SCOPE", {})
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(io.BytesIO()))
+    assert run("import sys\nsys.stdout.close()\nx = 1", session=True) == {"result": None}
+    assert run("x + 1", session=True, live_output=True) == {"result": 2}

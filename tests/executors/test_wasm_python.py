@@ -82,6 +82,28 @@ async def test_tracebacks_with_a_top_level_return_keep_user_lines(wasm: WasmPyth
     assert "<module>" not in outcome.error.traceback
 
 
+@pytest.mark.parametrize(
+    ("code", "status", "result", "error"),
+    [
+        ("import sys\nsys.stdout.close()\n5", Status.OK, 5, None),
+        ("import sys\nsys.stderr.close()\nraise KeyError('mine')", Status.ERROR, None, "KeyError"),
+        (
+            "import sys\nclass Out:\n    def write(self, text):\n        return len(text)\n"
+            "    def flush(self):\n        raise OSError('disk full')\nsys.stdout = Out()\n5",
+            Status.OK,
+            5,
+            None,
+        ),
+    ],
+)
+async def test_a_program_that_closes_or_breaks_its_output_keeps_its_outcome(
+    wasm: WasmPythonExecutor, code: str, status: Status, result: Any, error: str | None
+) -> None:
+    outcome = await run(wasm, code)
+    assert (outcome.status, outcome.result) == (status, result), outcome
+    assert (outcome.error.type if outcome.error else None) == error
+
+
 async def test_syntax_errors_name_the_line(wasm: WasmPythonExecutor) -> None:
     outcome = await run(wasm, "x = 1\ny = (\n")
     assert outcome.status is Status.ERROR
