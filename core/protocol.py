@@ -23,6 +23,7 @@ __all__ = [
     "is_response",
     "parse_request",
     "result_reply",
+    "skipped_response_id",
     "unreadable_id",
 ]
 
@@ -103,9 +104,35 @@ def unreadable_id(line: bytes) -> str | int | float | None:
     if not text.rstrip().endswith("}"):
         return None
     found = _LEADING_ID.match(text, 0, _ID_SCAN_CHARS)
-    if found is None:
+    return None if found is None else _id_value(found.group(1))
+
+
+def skipped_response_id(opening: bytes, ending: bytes) -> str | int | float | None:
+    """The id of a response too long to read, known only by its first and last bytes:
+    the request it answers can then be failed, rather than wait for an answer that was
+    skipped.
+
+    Read where the line ends as an object and is evidently a response, its id among
+    its opening members followed by `"result"` or `"error"` (`{"jsonrpc":"2.0","id":7,
+    "result":…`, as the Python SDK writes) or its last member after an opening
+    `"result"` or `"error"` (`{"result":…,"jsonrpc":"2.0","id":7}`, as the TypeScript
+    SDK writes); what comes between is not looked at. Otherwise (a request or a
+    notification, an id elsewhere, an id at each end and the two differ): None.
+    """
+    head = opening[:_ID_SCAN_CHARS].decode("utf-8", "replace")
+    tail = ending.decode("utf-8", "replace")
+    if not tail.rstrip().endswith("}"):
         return None
-    value = found.group(1)
+    first = _LEADING_RESPONSE_ID.match(head)
+    last = _TRAILING_ID.search(tail)
+    if first is None and not _RESPONSE_START.match(head):
+        return None
+    ids = {_id_value(found.group(1)) for found in (first, last) if found is not None}
+    return ids.pop() if len(ids) == 1 else None
+
+
+def _id_value(value: str) -> str | int | float | None:
+    """An id as a line's text has it (a string or a number), or None for anything else."""
     if value.startswith('"'):
         try:
             return request_id({"id": jsontext.loads(value)})
@@ -137,6 +164,15 @@ _LEADING_ID = re.compile(
     rf'\s*\{{(?:\s*{_STRING}\s*:\s*{_SCALAR}\s*,)*?\s*"id"\s*:\s*({_SCALAR})(?=\s*[,}}])',
     re.DOTALL,
 )
+# A response's opening members up to its "id", followed by its "result" or "error".
+_LEADING_RESPONSE_ID = re.compile(
+    rf'\s*\{{(?:\s*{_STRING}\s*:\s*{_SCALAR}\s*,)*?\s*"id"\s*:\s*({_SCALAR})'
+    r'\s*,\s*"(?:result|error)"\s*:',
+    re.DOTALL,
+)
+# A response that opens with its "result" or "error", and its "id" as its last member.
+_RESPONSE_START = re.compile(r'\s*\{\s*"(?:result|error)"\s*:')
+_TRAILING_ID = re.compile(rf',\s*"id"\s*:\s*({_SCALAR})\s*\}}\s*\Z')
 
 
 def is_response(message: Any) -> bool:

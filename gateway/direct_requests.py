@@ -182,6 +182,16 @@ class DirectRequests:
         pending.done.set()
         return True
 
+    def answer_error(self, request_id: object, error: types.ErrorData) -> bool:
+        """Whether `request_id` names a pending request; if so it fails with `error`, as
+        if that had been its response (the transport could not read the real one)."""
+        pending = self._pending.get(request_id) if isinstance(request_id, str) else None
+        if pending is None or pending.done.is_set():
+            return False
+        pending.error = error
+        pending.done.set()
+        return True
+
     def close(self) -> None:
         """The connection ended: fail every pending request (`ConnectionClosed`), and
         any later one. Idempotent."""

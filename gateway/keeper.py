@@ -63,6 +63,7 @@ __all__ = [
     "SessionKeeper",
     "TransportStreams",
     "WriteStream",
+    "answer_too_large",
 ]
 
 log = logging.getLogger("conduit.gateway.upstream")
@@ -84,6 +85,8 @@ MAX_TOOL_PAGES = 1000
 CLOSE_TIMEOUT_S = 5.0
 # Error texts end up in `upstreams/list` and logs; an upstream controls part of them.
 MAX_ERROR_CHARS = 500
+# The `data` key that marks an `answer_too_large` error.
+_TOO_LARGE_KEY = "conduitAnswerTooLarge"
 # How long a relayed log message may wait on the client it goes to: the connection's
 # message loop waits meanwhile, and must not for a client that stopped reading.
 _RELAY_S = 1.0
@@ -121,6 +124,22 @@ class WriteStream(Protocol[_T_contra]):
 # The streams of one connection, as the SDK's `Client` takes them from a transport: on
 # the read side an `Exception` stands for a line that was not JSON-RPC.
 TransportStreams = tuple[ReadStream[SessionMessage | Exception], WriteStream[SessionMessage]]
+
+
+def answer_too_large(size_bytes: int, max_bytes: int) -> types.ErrorData:
+    """The error a transport answers a request with in place of a response it would not
+    read, being longer than `max_bytes`: the request fails at once and the connection
+    goes on. `call_tool` knows it by its `data`."""
+    return types.ErrorData(
+        code=types.INTERNAL_ERROR,
+        message=f"the answer was {size_bytes} bytes, more than the {max_bytes} bytes "
+        f"({max_bytes / 2**20:g} MiB) the daemon reads from an upstream; it was dropped unread",
+        data={_TOO_LARGE_KEY: {"sizeBytes": size_bytes, "maxBytes": max_bytes}},
+    )
+
+
+def _is_too_large(exc: MCPError) -> bool:
+    return isinstance(exc.data, dict) and _TOO_LARGE_KEY in exc.data
 
 
 class Misconfigured(Exception):
@@ -804,10 +823,23 @@ class SessionKeeper(abc.ABC):
         return f"upstream {self.name!r} is not connected ({self._state.value}){why}"
 
     def _call_error(self, tool: str, connection: _Connection, exc: MCPError) -> str:
-        if connection.lost.is_set() or exc.code == types.CONNECTION_CLOSED:
+        if _is_too_large(exc):
+            return _bounded(
+                f"upstream {self.name!r} answered tools/call {tool!r} with too much: "
+                f"{exc.message}; other calls go on (ask the tool for less: a smaller page "
+                "or range)"
+            )
+        if connection.lost.is_set():
             return (
                 f"upstream {self.name!r} closed the connection during tools/call {tool!r} "
                 f"({connection.lost_reason or exc.message}); it is being reconnected"
+            )
+        if exc.code == types.CONNECTION_CLOSED:
+            # The SDK's HTTP transport gave up on this call's stream alone (an SSE event
+            # past `MAX_SSE_EVENT_BYTES`, a stream that ended early): the session is up.
+            return _bounded(
+                f"upstream {self.name!r} gave no answer to tools/call {tool!r} "
+                f"({exc.message}); other calls go on"
             )
         return _bounded(
             f"upstream {self.name!r} answered tools/call {tool!r} with error {exc.code}: "

@@ -20,7 +20,11 @@ enters `open_stdio_transport`; leaving it stops the process group within
 own session (so its process group can be killed as one), `close_fds`, and an
 environment of a few harmless variables plus the upstream's `env`, never the daemon's.
 
-This module does not know about tools or the MCP protocol beyond line framing.
+A line longer than `MAX_MESSAGE_BYTES` is skipped unheld (`lines.py`); a response
+among them fails only the request it answered, read by its id (see `_answer_skipped`).
+
+This module does not know about tools or the MCP protocol beyond line framing and
+the answer to a request whose response was skipped.
 """
 
 from __future__ import annotations
@@ -41,8 +45,16 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
 
+from conduit.core.protocol import skipped_response_id
 from conduit.gateway.direct_requests import DirectRequests
-from conduit.gateway.keeper import Misconfigured, RateLimit, SessionKeeper, TransportStreams
+from conduit.gateway.keeper import (
+    Misconfigured,
+    RateLimit,
+    SessionKeeper,
+    TransportStreams,
+    answer_too_large,
+)
+from conduit.gateway.lines import LineSplitter, Oversize
 from conduit.gateway.settings import StdioUpstreamSettings
 
 __all__ = ["StdioUpstream", "child_environment", "open_stdio_transport"]
@@ -50,7 +62,8 @@ __all__ = ["StdioUpstream", "child_environment", "open_stdio_transport"]
 log = logging.getLogger("conduit.gateway.upstream")
 
 # The largest JSON-RPC message accepted from a server: tool results can be big
-# (a file, a page), but a line this long is a runaway, and it is never buffered past.
+# (a file, a page), but a line this long is a runaway, and it is never buffered past:
+# it is skipped, and fails the request it answers.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # Pipe reads: the kernel's pipe buffer is 64 KiB, so larger reads rarely fill.
 READ_CHUNK_BYTES = 64 * 1024
@@ -211,31 +224,53 @@ async def _read_messages(
     """Split stdout into lines; answers to `direct` requests go to them, every other
     line is parsed for the session. The end of stdout closes `messages`.
 
-    Bytes are scanned once (the search resumes where the last chunk ended), and a
-    line longer than `MAX_MESSAGE_BYTES` ends the connection instead of growing.
+    A line longer than `MAX_MESSAGE_BYTES` is skipped, never held (`LineSplitter`),
+    and fails the request it answers (`_answer_skipped`); one that shows no such
+    request ends the connection.
     """
     assert stdout is not None
-    buffer = bytearray()
+    lines = LineSplitter(MAX_MESSAGE_BYTES)
     with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
         async with messages:
             with scope:
                 while chunk := await _receive(stdout):
-                    scanned = len(buffer)
-                    buffer += chunk
-                    start = 0
-                    while (end := buffer.find(b"\n", scanned)) != -1:
-                        line = bytes(buffer[start:end]).strip()
-                        start = scanned = end + 1
-                        if line and not direct.take(line):
+                    for line in lines.feed(chunk):
+                        if isinstance(line, Oversize):
+                            if not await _answer_skipped(line, messages, direct):
+                                return
+                        elif not direct.take(line):
                             await messages.send(_parse(line))
-                    del buffer[:start]
-                    if len(buffer) > MAX_MESSAGE_BYTES:
-                        await messages.send(
-                            ValueError(
-                                f"a message exceeds {MAX_MESSAGE_BYTES} bytes; disconnecting"
-                            )
-                        )
-                        return
+
+
+async def _answer_skipped(
+    line: Oversize,
+    messages: MemoryObjectSendStream[SessionMessage | Exception],
+    direct: DirectRequests,
+) -> bool:
+    """Answer the request a skipped response was for with `answer_too_large`, in place
+    of that response: through `direct` if it is one of its requests, else through the
+    session. False, having told the session, when the line shows no response id.
+
+    Then the connection must end: the line may have been the answer some request waits
+    for, and which one cannot be told, so only closing the connection fails it (at
+    once, with the others in flight, rather than after its timeout). Failing the oldest
+    call instead could fail another caller's call and leave the right one waiting.
+    """
+    request_id = skipped_response_id(line.opening, line.ending)
+    if request_id is None:
+        await messages.send(
+            ValueError(
+                f"a message of {line.size} bytes exceeds the {MAX_MESSAGE_BYTES} bytes the "
+                "daemon reads, and no response id shows at its start or end; disconnecting"
+            )
+        )
+        return False
+    error = answer_too_large(line.size, MAX_MESSAGE_BYTES)
+    # A float id names no request: the SDK's ids are integers, `direct`'s strings.
+    if not direct.answer_error(request_id, error) and not isinstance(request_id, float):
+        reply = types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)
+        await messages.send(SessionMessage(reply))
+    return True
 
 
 async def _receive(stream: trio.abc.ReceiveStream) -> bytes:

@@ -25,6 +25,7 @@ import trio
 from pydantic import BaseModel, ValidationError
 
 from conduit.core.errors import UpstreamUnreachable
+from conduit.gateway import http_upstream
 from conduit.gateway.http_upstream import HTTP_TIMEOUT, HttpUpstream
 from conduit.gateway.model import UpstreamState, UpstreamStatus
 from conduit.gateway.settings import HttpUpstreamSettings, UpstreamList
@@ -126,6 +127,23 @@ async def test_calls_and_configured_headers_over_http(
     assert (await served.call("fail", message="nope"))["isError"] is True
     # Larger than the SDK's default 1 MiB SSE event limit.
     assert len(text_of(await served.call("big", n=3_000_000))) == 3_000_000
+
+
+async def test_an_answer_past_the_sse_event_cap_fails_its_call_alone(
+    serve: Any, reading_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The 2025 era answers over SSE, where the SDK caps an event and fails that call only.
+    monkeypatch.setattr(http_upstream, "MAX_SSE_EVENT_BYTES", 100_000)
+    served = await serve(http(reading_url, handshake="initialize"))
+    with pytest.raises(UpstreamUnreachable) as failed:
+        await served.call("big", n=150_000)
+    assert str(failed.value) == (
+        "upstream 'web' gave no answer to tools/call 'big' (SSE stream failed: Server-sent "
+        "event exceeded the 100000 byte limit.); other calls go on"
+    )
+    assert text_of(await served.call("echo", text="next")) == "next"
+    status = served.upstream.status()
+    assert (status.state, status.restarts) == (UpstreamState.READY, 0)
 
 
 async def test_a_call_times_out_over_http(serve: Any, reading_url: str) -> None:

@@ -15,17 +15,21 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import pytest
 import trio
+import trio.testing
+from mcp.shared.message import SessionMessage
 from pydantic import BaseModel, ValidationError
 
 from conduit.core.errors import UpstreamUnreachable
 from conduit.gateway import stdio_upstream
+from conduit.gateway.direct_requests import DirectRequests
 from conduit.gateway.keeper import ReconnectBackoff, SessionKeeper
 from conduit.gateway.model import UpstreamState, UpstreamStatus
 from conduit.gateway.settings import StdioUpstreamSettings, UpstreamList
 from conduit.gateway.stdio_upstream import StdioUpstream, child_environment
-from conduit.gateway.upstream import RawTool, Upstream
+from conduit.gateway.upstream import CallObserver, RawTool, Upstream
 from tests.fixtures.mcp_echo_server import command
 from tests.processes import leftovers, leftovers_beyond, processes_with
 
@@ -269,20 +273,59 @@ async def test_garbage_on_stdout_backs_off_and_other_upstreams_are_unaffected(
     assert text_of(await healthy.call("echo", text="fine")) == "fine"
 
 
-async def test_an_oversized_message_ends_the_connection(
+async def test_an_oversized_answer_fails_its_call_alone_and_the_connection_goes_on(
     serve: Any, tag: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(stdio_upstream, "MAX_MESSAGE_BYTES", 100_000)
     served = await serve(echo(tag))
-    with pytest.raises(UpstreamUnreachable, match="closed the connection"):
-        # Past the cap by less than a pipe holds (64 KiB): the server can finish
-        # writing it and exit when its stdin closes, instead of waiting out the grace
-        # period blocked on a pipe nobody reads.
-        await served.call("big", n=150_000)
-    status = await served.wait(is_state(UpstreamState.BACKING_OFF))
-    assert "a message exceeds 100000 bytes" in (status.last_error or "")
-    await served.wait(lambda s: s.state is UpstreamState.READY and s.restarts == 1)
-    assert len(text_of(await served.call("big", n=50_000))) == 50_000
+    slow: list[dict[str, Any]] = []
+    too_much = "answered tools/call 'big' with too much: the answer was 15[0-9]{4} bytes, "
+    too_much += r"more than the 100000 bytes \(0.0953674 MiB\)"
+    async with trio.open_nursery() as nursery:
+        # Another caller's call, in flight meanwhile on the same connection.
+        nursery.start_soon(lambda: _append(slow, served.call("slow", seconds=1)))
+        with trio.fail_after(WAIT_S), pytest.raises(UpstreamUnreachable, match=too_much):
+            await served.call("big", n=150_000)
+        # The same through the SDK session (a call that wants progress goes that way).
+        observer = CallObserver(progress=_no_progress)
+        with trio.fail_after(WAIT_S), pytest.raises(UpstreamUnreachable, match=too_much):
+            await served.upstream.call_tool(
+                "big", {"n": 150_000}, timeout_s=WAIT_S, observer=observer
+            )
+        assert len(text_of(await served.call("big", n=50_000))) == 50_000
+    assert text_of(slow[0]) == "slept"
+    status = served.upstream.status()
+    assert (status.state, status.restarts) == (UpstreamState.READY, 0)
+
+
+async def _append(results: list[dict[str, Any]], call: Awaitable[dict[str, Any]]) -> None:
+    results.append(await call)
+
+
+async def _no_progress(progress: float, total: float | None, message: str | None) -> None:
+    pass
+
+
+async def test_an_oversized_line_that_answers_no_request_ends_the_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(stdio_upstream, "MAX_MESSAGE_BYTES", 1000)
+    server, stdout = trio.testing.memory_stream_one_way_pair()
+    send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](10)
+    direct = DirectRequests(server.send_all, broken=lambda: None)
+    log = b'{"jsonrpc":"2.0","method":"notifications/message","params":{"data":"'
+    line = log + b"x" * 5000 + b'"}}'
+    await server.send_all(line + b'\n{"jsonrpc":"2.0","method":"x"}\n')
+    await server.aclose()
+    with trio.fail_after(WAIT_S):
+        await stdio_upstream._read_messages(stdout, send, trio.CancelScope(), direct)
+    async with receive:
+        (error,) = [item async for item in receive]
+    assert isinstance(error, ValueError)
+    assert str(error) == (
+        f"a message of {len(line)} bytes exceeds the 1000 bytes the daemon reads, and no response "
+        "id shows at its start or end; disconnecting"
+    )
 
 
 async def test_a_missing_command_fails_without_retrying(serve: Any) -> None:
