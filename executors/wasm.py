@@ -103,6 +103,7 @@ from conduit.executors.wasm_clock import BoundedClock, StoreClock
 from conduit.executors.wasm_fs import METHOD_PREFIX, FsError, GuestFiles
 from conduit.executors.wasm_guest_calls import (
     INTERNAL_ERROR,
+    PIPE_METHOD,
     WAIT_METHOD,
     Answer,
     GuestCalls,
@@ -1346,11 +1347,14 @@ def _host_call(method: str, params: str) -> str:
         return rpc_error(INTERNAL_ERROR, "the execution is being stopped")
     if method.startswith(METHOD_PREFIX) and execution.interrupt.reason is None:
         return _file_call(execution, method, params)  # takes what was piped, and shuts
-    if execution.guest_files is not None:
-        # Whatever the call: the guest's stdout after it is never a file's bytes.
-        execution.guest_files.shut_pipe()
+    files = execution.guest_files
+    # Whatever the call: the guest's stdout after it is never a file's bytes, and what
+    # was piped for it is its params or nothing.
+    piped = files.take_text() if files is not None else None
     if execution.interrupt.reason is not None:
         return rpc_error(INTERNAL_ERROR, "the execution is being stopped")
+    if method == PIPE_METHOD:
+        return _open_pipe(files, params)
     if method == UNCAUGHT_METHOD:
         if not execution.may_end:  # a session's step: it ends with the error as it settles
             return rpc_error(-32601, f"method not found: {method} (the instance goes on)")
@@ -1358,8 +1362,27 @@ def _host_call(method: str, params: str) -> str:
         execution.ended_with = params
         raise GuestEnded
     if method == WAIT_METHOD:
+        if params == "":
+            if piped is None:
+                return rpc_error(-32700, "parse error: the calls to start did not arrive whole")
+            params = piped
         return _wait_calls(execution, params)
     return _blocking_call(execution, method, params)
+
+
+def _open_pipe(files: GuestFiles | None, params: str) -> str:
+    """`calls/pipe`: the guest's next line on stdout, of at most `length` bytes, is the
+    params of its next `calls/wait` (see `wasm_guest_calls`)."""
+    if files is None:
+        return rpc_error(-32601, f"method not found: {PIPE_METHOD} (this guest has WASI files)")
+    try:
+        length = jsontext.loads(params, lenient_numbers=True).get("length")
+    except (jsontext.JsonTextError, AttributeError):
+        length = None
+    if type(length) is not int or length < 0:
+        return rpc_error(-32602, "invalid params: length must be a number of bytes")
+    files.pipe_text(length)
+    return '{"result":null}'
 
 
 def _blocking_call(execution: _Execution, method: str, params: str) -> str:

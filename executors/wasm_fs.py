@@ -25,6 +25,12 @@ and nothing past the first newline: then, or when the guest makes its next host 
 whatever it is (`shut_pipe`), it takes no more. So whatever a program does to the
 guest's `fs`, all but one announced line of its output is its own and counts against
 its limits.
+
+The same pipe carries a long `calls/wait` (the tool calls a program starts, arguments
+and all, see `wasm_guest_calls`): `pipe_text` opens it for a line of at most so many
+bytes, the guest writes its JSON on stdout, and the wait that follows, with empty
+params, takes it (`take_text`). The bindings' loop also never frees what it encodes:
+each argument sent in the call stayed in the guest's memory for good.
 """
 
 from __future__ import annotations
@@ -78,10 +84,12 @@ class GuestFiles:
     pipe_bytes: int = 0
     # Whether the pipe still takes stdout: not once it holds a newline or is full.
     pipe_taking: bool = False
+    # Whether the pipe was opened for text (`pipe_text`), rather than a write's base64.
+    pipe_for_text: bool = False
 
     def call(self, method: str, params: dict[str, Any]) -> Any:
         """Serve `fs/<operation>`; its result, or FsError."""
-        piped = self._take_pipe()
+        piped = self._take_pipe(for_text=False)
         operation = _OPERATIONS.get(method.removeprefix(METHOD_PREFIX))
         if operation is None:
             raise FsError("ENOSYS", f"no such file operation: {method}")
@@ -117,13 +125,36 @@ class GuestFiles:
         """Take no more stdout, and drop what was piped (any host call but a write's)."""
         self.pipe, self.pipe_taking = None, False
 
-    def _take_pipe(self) -> bytes | None:
-        """The piped base64, shutting the pipe; None if it is not whole."""
+    def pipe_text(self, max_bytes: int) -> None:
+        """Take the guest's next line on stdout, of at most `max_bytes` UTF-8 bytes
+        and its newline, for the host call after it (`take_text`)."""
+        self._open_pipe(max_bytes + 1, for_text=True)
+
+    def take_text(self) -> str | None:
+        """The line piped since `pipe_text`, shutting the pipe; None if none came
+        whole, or it is not UTF-8."""
+        line = self._take_pipe(for_text=True)
+        try:
+            return None if line is None else line.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+
+    def _take_pipe(self, *, for_text: bool) -> bytes | None:
+        """The line piped for text or for a write, shutting the pipe; None if it is
+        not whole (a write's fills the pipe exactly), or was piped for the other."""
         pipe = self.pipe
         self.shut_pipe()
-        if pipe is None or len(pipe) != self.pipe_bytes or not pipe.endswith(b"\n"):
+        if pipe is None or self.pipe_for_text != for_text or not pipe.endswith(b"\n"):
+            return None
+        if not for_text and len(pipe) != self.pipe_bytes:
             return None
         return bytes(memoryview(pipe)[:-1])
+
+    def _open_pipe(self, max_bytes: int, *, for_text: bool) -> None:
+        self.pipe = bytearray()
+        self.pipe_bytes = max_bytes
+        self.pipe_taking = True
+        self.pipe_for_text = for_text
 
     def _pipe(self, _path: str, params: dict[str, Any]) -> None:
         length = params.get("length")
@@ -131,9 +162,7 @@ class GuestFiles:
             raise FsError("ERR_INVALID_ARG_TYPE", "the length to pipe is not base64's")
         if length // 4 * 3 > self.disk_bytes + 2:  # cannot fit, whatever its padding
             self._full()
-        self.pipe = bytearray()
-        self.pipe_bytes = length + 1  # the base64 and a newline
-        self.pipe_taking = True
+        self._open_pipe(length + 1, for_text=False)  # the base64 and a newline
 
     def _read(self, path: str, params: dict[str, Any]) -> dict[str, str]:
         data = workdir.read(self.scratch.path, _file(path), self.disk_bytes)

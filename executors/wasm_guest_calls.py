@@ -31,6 +31,15 @@ program stopped over the limit. A program that failed or was stopped (its time u
 cancelled, over a limit) has its calls cancelled.
 Before the execution is reported, every call the guest started has begun (`begun`): it
 was counted and authorised while its execution ran, never refused as late.
+
+A long wait's JSON goes on the guest's stdout rather than in the host call: the guest
+announces it with `calls/pipe` ({"length": the most UTF-8 bytes it can take}), writes
+it as one line, and sends `calls/wait` with empty params, which takes that line (see
+`wasm_fs.GuestFiles.pipe_text`). A string handed to `host-call` crosses through the
+componentize-js bindings, which measure it in a JavaScript loop (~0.5 µs a character,
+46 ms for a 100 KiB argument) and never free the copy they make (1 MiB arguments ran
+a 128 MB guest out of memory in 9 calls); the engine writes stdout natively, and
+frees what it wrote.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ from conduit.core.left_calls import LeftCalls
 __all__ = [
     "CALLS_OUT_MAX",
     "INTERNAL_ERROR",
+    "PIPE_METHOD",
     "WAIT_METHOD",
     "GuestCalls",
     "StartedCall",
@@ -61,6 +71,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 WAIT_METHOD = "calls/wait"
+# The host call that announces a wait's JSON on stdout (above).
+PIPE_METHOD = "calls/pipe"
 # Calls one execution may have out at once (guest.js holds the rest back): enough for
 # any fan-out a program means, few enough that a loop starting calls it never awaits
 # cannot fill the daemon with tasks.

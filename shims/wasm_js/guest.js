@@ -124,6 +124,25 @@ function send(call) {
   }
 }
 
+// A wait this long or longer goes on stdout (`calls/pipe`, executors/wasm_guest_calls.py)
+// rather than in the host call: the bindings measure a string handed to `host-call` in a
+// loop of JavaScript (~0.5 µs a character) and never free the copy they make of it, so
+// each call's arguments stayed in memory for good. Below it, the two host calls more
+// cost more than the loop, and what stays is a few hundred bytes.
+const PIPE_MIN_CHARS = 512;
+
+// `calls/wait` with `wait`, its JSON: a line on stdout, announced first, when long. No
+// newline is in it (JSON.stringify escapes them), and no program code runs between the
+// announcement and the wait, so the line is all and only what the host takes.
+function hostWait(wait) {
+  if (wait.length < PIPE_MIN_CHARS) return hostCall("calls/wait", wait);
+  // UTF-8 takes at most 3 bytes for each UTF-16 unit.
+  const pipe = parse(hostCall("calls/pipe", `{"length":${wait.length * 3}}`));
+  if (own(pipe, "error") !== undefined) return hostCall("calls/wait", wait);
+  writeLine(wait);
+  return hostCall("calls/wait", "");
+}
+
 // Send what is to send, wait up to `timeout` (milliseconds, or "null" for as long as it
 // takes) and settle the calls done; `last` as the run answers.
 function exchange(timeout, last = false) {
@@ -132,7 +151,7 @@ function exchange(timeout, last = false) {
   calls.sending = "";
   calls.sent = new NativeMap();
   const wait = `{"start":[${sending}],"timeout_ms":${timeout},"last":${last}}`;
-  const answer = parse(hostCall("calls/wait", wait));
+  const answer = parse(hostWait(wait));
   const error = own(answer, "error");
   if (error) {
     // The run is being stopped, and no call it made will be answered; or the host

@@ -223,6 +223,35 @@ settled.map((s) => s.status === "fulfilled" ? s.value : [s.reason.name, s.reason
     assert outcome.result == [0, ["ToolError", InvalidParams.code], 2], outcome
 
 
+async def test_long_arguments_arrive_whole_and_leave_nothing_behind(
+    wasm_js: WasmJsExecutor,
+) -> None:
+    """Long arguments go on stdout, not through the bindings, which never freed their
+    copy: 256 KiB a call ran 128 MB out in ~130 calls (and took ~140 ms each)."""
+
+    class Measuring(NoBridge):
+        def __init__(self) -> None:
+            self.sizes: list[int] = []
+
+        async def request(self, method: str, params: dict[str, Any]) -> Any:
+            self.sizes.append(len(params["arguments"]["text"]))
+            return {"value": params["arguments"]["text"][-2:]}
+
+    code = """
+console.log("before");
+const first = await tools.t.echo({ text: "x".repeat(1000) + "é✓" });
+const text = "x".repeat(256 * 1024);
+for (let n = 0; n < 200; n++) await tools.t.echo({ text });
+console.log("after");
+first
+"""
+    bridge = Measuring()
+    outcome = await run(wasm_js, code, bridge, memory_mb=128, tool_calls=201)
+    assert (outcome.status, outcome.result) == (Status.OK, "é✓"), outcome
+    assert bridge.sizes == [1002] + [256 * 1024] * 200
+    assert outcome.stdout == "before\nafter\n"  # the piped arguments are not output
+
+
 async def test_a_session_step_leaving_a_call_out_does_not_trouble_the_next(
     wasm_js: WasmJsExecutor,
 ) -> None:
