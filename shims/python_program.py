@@ -98,7 +98,9 @@ class _Tools:
 
     def _request(self, method, params, tool=None):
         """Call the daemon; its result, or ToolError with the daemon's code."""
-        answer = json.loads(self._host_call(method, json.dumps(params)))
+        # NaN and Infinity are no JSON: refused here, as CPython's `json` refuses them,
+        # rather than reaching the tool as null.
+        answer = json.loads(self._host_call(method, json.dumps(params, allow_nan=False)))
         if "error" in answer:
             error = answer["error"]
             data = error.get("data") if isinstance(error.get("data"), dict) else {}

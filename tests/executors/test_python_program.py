@@ -73,6 +73,24 @@ async def test_tools_go_through_the_host_call_synchronously() -> None:
     ]
 
 
+async def test_nan_and_infinity_in_arguments_are_refused_before_the_call() -> None:
+    """Not sent as JSON's `null` (the tool got null on wasm-python) nor as a `NaN`
+    token the daemon refuses: CPython's own ValueError, and no call."""
+    calls = []
+
+    def host_call(method: str, params: str) -> str:
+        calls.append(params)
+        return json.dumps({"result": {"value": None}})
+
+    code = (
+        "out = []\nfor bad in (float('nan'), float('inf')):\n    try:\n"
+        "        tools.echo.echo(text=bad)\n    except ValueError as e:\n"
+        "        out.append('JSON' in str(e))\nout"
+    )
+    assert await run_async(code, host_call) == {"result": [True, True]}
+    assert calls == []
+
+
 async def test_refused_calls_raise_tool_error_with_the_daemon_code() -> None:
     def host_call(method: str, params: str) -> str:
         return json.dumps({"error": {"code": -32003, "message": "not allowed"}})
