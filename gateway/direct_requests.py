@@ -167,9 +167,8 @@ class DirectRequests:
             return False
         if not isinstance(message, dict) or "method" in message:
             return False
-        request_id = message.get("id")
-        pending = self._pending.get(request_id) if isinstance(request_id, str) else None
-        if pending is None or pending.done.is_set():
+        pending = self._waiting(message.get("id"))
+        if pending is None:
             return False
         result, error = message.get("result"), message.get("error")
         if isinstance(result, dict) and error is None:
@@ -185,12 +184,17 @@ class DirectRequests:
     def answer_error(self, request_id: object, error: types.ErrorData) -> bool:
         """Whether `request_id` names a pending request; if so it fails with `error`, as
         if that had been its response (the transport could not read the real one)."""
-        pending = self._pending.get(request_id) if isinstance(request_id, str) else None
-        if pending is None or pending.done.is_set():
+        pending = self._waiting(request_id)
+        if pending is None:
             return False
         pending.error = error
         pending.done.set()
         return True
+
+    def _waiting(self, request_id: object) -> _Pending | None:
+        """The request `request_id` names, if it still waits for its answer."""
+        pending = self._pending.get(request_id) if isinstance(request_id, str) else None
+        return None if pending is None or pending.done.is_set() else pending
 
     def close(self) -> None:
         """The connection ended: fail every pending request (`ConnectionClosed`), and
