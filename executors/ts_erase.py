@@ -147,6 +147,9 @@ _BRACKETED = frozenset(
 _BRANCH_NODES = 10_000
 # How far after a `<` a `>` closing what could be type arguments is looked for.
 _TYPE_LIST_BYTES = 4096
+# How many `<` a list of types may open inside it. Each `<` is looked at from at most
+# this many after it: a program of `a < b < c …` is read in linear time.
+_TYPE_LIST_ANGLES = 8
 # The tokens of what may be a list of types (`_type_list_end`): what no type holds
 # (`code`), what any may (`type`: strings, templates, comments, `=>`, numbers, names,
 # `.`, `,`, `|`, `&`, space), what only one in brackets or a conditional type may
@@ -499,6 +502,8 @@ def _type_list_end(data: bytes, start: int) -> int | None:
                 return None
         elif kind == "angle":
             angles += 1
+            if angles > _TYPE_LIST_ANGLES:  # deeper than types go: taken for types, refused
+                return token.start()
         elif kind == "end":
             if not angles:
                 return token.start() if not brackets else None  # in brackets: code
