@@ -142,9 +142,9 @@ _BRACKETED = frozenset(
         "parenthesized_expression", "class_body", "subscript_expression",
     }
 )  # fmt: skip
-# How many nodes of a conditional's false branch are looked through (see
-# `_no_typed_arrow_after_parentheses`); past that, it is refused.
-_BRANCH_NODES = 10_000
+# How many nodes of conditionals' false branches a program's check looks through in
+# all (see `_no_typed_arrow_after_parentheses`); past that, it is refused.
+_BRANCH_NODES = 20_000
 # How far after a `<` a `>` closing what could be type arguments is looked for.
 _TYPE_LIST_BYTES = 4096
 # How many `<` a list of types may open inside it. Each `<` is looked at from at most
@@ -310,6 +310,8 @@ class _Eraser:
         self.calls: list[_Edit] = []
         # The erased types of `as` and `satisfies` expressions the walk is still in.
         self._tails: list[tuple[int, int]] = []
+        # How many more nodes of conditionals' false branches may be looked through.
+        self._branch_nodes = _BRANCH_NODES
 
     def run(self, root: tree_sitter.Node) -> list[_Edit]:
         cursor = root.walk()
@@ -338,6 +340,10 @@ class _Eraser:
         if kind in _NEEDS_COMPILER:
             raise _Refused(f"{_NEEDS_COMPILER[kind]} (line {_line(node)})")
         _check_reading(self._data, node)
+        if kind == "ternary_expression":
+            self._branch_nodes = _no_typed_arrow_after_parentheses(
+                self._data, node, self._branch_nodes
+            )
         if kind in _TYPES:
             self._type(node)
             return False
@@ -583,8 +589,6 @@ def _check_reading(data: bytes, node: tree_sitter.Node) -> None:
         parameters = [child for child in node.named_children if not child.is_extra]
         if any(_is_rest(parameter) for parameter in parameters[:-1]):
             raise _Refused(f"a rest parameter that is not the last (line {_line(node)})")
-    elif kind == "ternary_expression":
-        _no_typed_arrow_after_parentheses(data, node)
 
 
 def _is_keyword(
@@ -620,27 +624,34 @@ def _arrow_on_one_line(data: bytes, arrow: tree_sitter.Node) -> None:
         raise _Refused(f"a line break after an arrow function's async (line {_line(arrow)})")
 
 
-def _no_typed_arrow_after_parentheses(data: bytes, node: tree_sitter.Node) -> None:
+def _no_typed_arrow_after_parentheses(data: bytes, node: tree_sitter.Node, budget: int) -> int:
     """In `c ? (x): T => y : z => 1`, TypeScript reads the true branch as an arrow
     function with a return type (`(x): T => y`), as a `:` follows it; this grammar
     reads `(x)` as the branch and `T => ((y): z => 1)` as the other. Where a true
     branch ends with `)` and the false one holds an arrow function with a return type
-    outside brackets, the program is refused (so is one too large to look through)."""
+    outside brackets, the program is refused.
+
+    Looks through at most `budget` nodes, and returns what is left of it: a program
+    whose conditionals hold more than `_BRANCH_NODES` in all is refused, so nested
+    conditionals cost linear time, not each one the rest of the chain."""
     consequence = node.child_by_field_name("consequence")
     alternative = node.child_by_field_name("alternative")
     if consequence is None or alternative is None:
-        return
+        return budget
     if not data[consequence.start_byte : consequence.end_byte].endswith(b")"):
-        return
+        return budget
     waiting = [alternative]
-    for _ in range(_BRANCH_NODES):
-        if not waiting:
-            return
+    while waiting:
+        if budget == 0:
+            break  # too large to look through
+        budget -= 1
         current = waiting.pop()
         if current.type == "arrow_function" and current.child_by_field_name("return_type"):
             break
         if current.type not in _BRACKETED:
             waiting.extend(current.children)
+    else:
+        return budget
     line = _line(node)
     raise _Refused(
         f"a conditional whose true branch TypeScript may read as a function (line {line})"

@@ -370,6 +370,14 @@ def test_a_chain_of_comparisons_is_read_once_and_refused() -> None:
     assert "may read as types" in refused(code)
 
 
+def test_nested_conditionals_are_looked_through_once() -> None:
+    """Each conditional looked through the rest of the chain after it (quadratic: 800
+    nested took a second); the program's conditionals share one budget of nodes."""
+    code = "let r = " + " ".join(f"c{i} ? (x{i}) :" for i in range(800)) + " 0"
+    assert "true branch" in refused(code)
+    erased("let r = " + " ".join(f"c{i} ? (x{i}) :" for i in range(60)) + " 0")
+
+
 def test_hostile_text_in_types_and_code_is_erased_in_place() -> None:
     """Lone surrogates (legal in JSON, and so in a program) in a type and in a string,
     and a 5,000-digit number: erased like any other text."""
