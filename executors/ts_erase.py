@@ -142,13 +142,11 @@ _BRACKETED = frozenset(
         "parenthesized_expression", "class_body", "subscript_expression",
     }
 )  # fmt: skip
-# How many nodes of conditionals' false branches a program's check looks through in
-# all (see `_no_typed_arrow_after_parentheses`); past that, it is refused.
-_BRANCH_NODES = 20_000
 # How far after a `<` a `>` closing what could be type arguments is looked for.
 _TYPE_LIST_BYTES = 4096
-# How many `<` a list of types may open inside it. Each `<` is looked at from at most
-# this many after it: a program of `a < b < c …` is read in linear time.
+# How many `<` a list of types is read through; past that, it is taken for types if a
+# `>` follows at all. Each `<` is read from at most this many after it: a program of
+# `a < b < c …` is read in linear time.
 _TYPE_LIST_ANGLES = 8
 # The tokens of what may be a list of types (`_type_list_end`): what no type holds
 # (`code`), what any may (`type`: strings, templates, comments, `=>`, numbers, names,
@@ -310,8 +308,9 @@ class _Eraser:
         self.calls: list[_Edit] = []
         # The erased types of `as` and `satisfies` expressions the walk is still in.
         self._tails: list[tuple[int, int]] = []
-        # How many more nodes of conditionals' false branches may be looked through.
-        self._branch_nodes = _BRANCH_NODES
+        # Whether a node holds a typed arrow function outside brackets, by node id (see
+        # `_no_typed_arrow_after_parentheses`): each node is looked at once.
+        self._typed_arrows: dict[int, bool] = {}
 
     def run(self, root: tree_sitter.Node) -> list[_Edit]:
         cursor = root.walk()
@@ -341,9 +340,7 @@ class _Eraser:
             raise _Refused(f"{_NEEDS_COMPILER[kind]} (line {_line(node)})")
         _check_reading(self._data, node)
         if kind == "ternary_expression":
-            self._branch_nodes = _no_typed_arrow_after_parentheses(
-                self._data, node, self._branch_nodes
-            )
+            _no_typed_arrow_after_parentheses(self._data, node, self._typed_arrows)
         if kind in _TYPES:
             self._type(node)
             return False
@@ -508,8 +505,8 @@ def _type_list_end(data: bytes, start: int) -> int | None:
                 return None
         elif kind == "angle":
             angles += 1
-            if angles > _TYPE_LIST_ANGLES:  # deeper than types go: taken for types, refused
-                return token.start()
+            if angles > _TYPE_LIST_ANGLES:  # deeper than types go: types only if a > follows
+                return token.start() if data.find(b">", token.end(), end) >= 0 else None
         elif kind == "end":
             if not angles:
                 return token.start() if not brackets else None  # in brackets: code
@@ -624,38 +621,46 @@ def _arrow_on_one_line(data: bytes, arrow: tree_sitter.Node) -> None:
         raise _Refused(f"a line break after an arrow function's async (line {_line(arrow)})")
 
 
-def _no_typed_arrow_after_parentheses(data: bytes, node: tree_sitter.Node, budget: int) -> int:
+def _no_typed_arrow_after_parentheses(
+    data: bytes, node: tree_sitter.Node, known: dict[int, bool]
+) -> None:
     """In `c ? (x): T => y : z => 1`, TypeScript reads the true branch as an arrow
     function with a return type (`(x): T => y`), as a `:` follows it; this grammar
     reads `(x)` as the branch and `T => ((y): z => 1)` as the other. Where a true
     branch ends with `)` and the false one holds an arrow function with a return type
-    outside brackets, the program is refused.
-
-    Looks through at most `budget` nodes, and returns what is left of it: a program
-    whose conditionals hold more than `_BRANCH_NODES` in all is refused, so nested
-    conditionals cost linear time, not each one the rest of the chain."""
+    outside brackets, the program is refused. `known` keeps what each node holds, so
+    nested conditionals look at each node once."""
     consequence = node.child_by_field_name("consequence")
     alternative = node.child_by_field_name("alternative")
     if consequence is None or alternative is None:
-        return budget
+        return
     if not data[consequence.start_byte : consequence.end_byte].endswith(b")"):
-        return budget
-    waiting = [alternative]
+        return
+    if _holds_typed_arrow(alternative, known):
+        line = _line(node)
+        raise _Refused(
+            f"a conditional whose true branch TypeScript may read as a function (line {line})"
+        )
+
+
+def _holds_typed_arrow(root: tree_sitter.Node, known: dict[int, bool]) -> bool:
+    """Whether `root` is or holds, outside brackets, an arrow function with a return
+    type (children first, without recursion; each answer kept in `known`)."""
+    waiting = [(root, False)]
     while waiting:
-        if budget == 0:
-            break  # too large to look through
-        budget -= 1
-        current = waiting.pop()
-        if current.type == "arrow_function" and current.child_by_field_name("return_type"):
-            break
-        if current.type not in _BRACKETED:
-            waiting.extend(current.children)
-    else:
-        return budget
-    line = _line(node)
-    raise _Refused(
-        f"a conditional whose true branch TypeScript may read as a function (line {line})"
-    )
+        node, children_known = waiting.pop()
+        if node.id in known:
+            continue
+        if node.type == "arrow_function" and node.child_by_field_name("return_type"):
+            known[node.id] = True
+        elif node.type in _BRACKETED:
+            known[node.id] = False
+        elif children_known:
+            known[node.id] = any(known[child.id] for child in node.children)
+        else:
+            waiting.append((node, True))
+            waiting.extend((child, False) for child in node.children)
+    return known[root.id]
 
 
 def _is_declared_field(node: tree_sitter.Node) -> bool:
