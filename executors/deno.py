@@ -1163,8 +1163,9 @@ def _from_exit(outcome: Outcome, returncode: int | None, limits: Limits) -> Outc
             outcome,
             Status.ERROR,
             "Error",
-            "the program closed its standard output (Deno.stdout), so its answer could not "
-            "be reported; leave stdout open",
+            "the sandbox's standard output was closed (Deno.stdout.close(), by this program "
+            "or by code an earlier step of its session left running), so its answer could "
+            "not be reported; leave stdout open",
         )
     if returncode is not None and returncode >= 0:
         outcome.exit_code = returncode

@@ -41,16 +41,20 @@ import { writeAll } from "./worker_io.js";
 
 const stringify = JSON.stringify;
 const rawJSON = JSON.rawJSON;
-const LONG_NUMBER = /\d{16}/;
-// JSON text read with every integer past 2^53 kept as written (a JavaScript number
-// would round it): Python's integers reach the daemon and come back exact.
+// A number JSON.stringify might write otherwise than it was read: a fraction, an
+// exponent, a negative zero, or 16 digits and more.
+const RESHAPED_NUMBER = /\d[.eE]|-0|\d{16}/;
+// JSON text read with every number JavaScript would write otherwise kept as written:
+// Python's 2**53 + 1, 1.0, -0.0 and 2.0**60 reach the daemon and come back as they were
+// (as JavaScript numbers they would come back 9007199254740992, 1, 0 and
+// 1152921504606847000).
 function parse(text) {
-  return LONG_NUMBER.test(text) ? JSON.parse(text, exactIntegers) : JSON.parse(text);
+  return RESHAPED_NUMBER.test(text) ? JSON.parse(text, exactNumbers) : JSON.parse(text);
 }
-function exactIntegers(_key, value, context) {
-  if (typeof value !== "number" || Number.isSafeInteger(value)) return value;
+function exactNumbers(_key, value, context) {
+  if (typeof value !== "number") return value;
   const source = context?.source;
-  return typeof source === "string" && /^-?\d+$/.test(source) ? rawJSON(source) : value;
+  return typeof source === "string" && source !== stringify(value) ? rawJSON(source) : value;
 }
 const encode = TextEncoder.prototype.encode.bind(new TextEncoder());
 const decode = TextDecoder.prototype.decode.bind(new TextDecoder());

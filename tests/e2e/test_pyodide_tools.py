@@ -92,14 +92,18 @@ async def test_a_call_longer_than_the_daemon_reads_fails_at_once(
     assert (outcome["status"], outcome["result"]) == ("ok", [-32600, True]), outcome
 
 
-async def test_integers_past_2_53_reach_the_tool_and_come_back_exact(
+async def test_numbers_reach_the_tool_and_come_back_as_python_wrote_them(
     shared: Served[ServingInfo], connect: Any
 ) -> None:
     """The worker relays Python's JSON through JavaScript, whose numbers would round
-    them (9007199254740993 became ...992), as CPython on wasm-python does not."""
+    them (9007199254740993 became ...992) or rewrite them (1.0 became 1, 2.0**60
+    1152921504606847000), as CPython on wasm-python does not."""
     client = await connect(shared.value)
-    code = "[tools.echo.add(a=2**53, b=1), tools.echo.echo(text=-(10**20) - 1)]"
-    expected = [{"sum": 2**53 + 1}, -(10**20) - 1]
+    code = (
+        "[tools.echo.add(a=2**53, b=1), tools.echo.echo(text=-(10**20) - 1)]"
+        " + [repr(tools.echo.echo(text=v)) for v in (1.0, -0.0, 1e20, 2.0**60)]"
+    )
+    expected = [{"sum": 2**53 + 1}, -(10**20) - 1, "1.0", "-0.0", "1e+20", "1.152921504606847e+18"]
     for executor in ("pyodide", "wasm-python"):
         request = {"language": "python", "executor": executor, "code": code}
         outcome = await client.call("execute", request)

@@ -215,7 +215,7 @@ async def test_a_program_that_closes_stdout_fails_saying_so(deno: DenoExecutor, 
     once the write failed, which reads as `Deno.exit(0)`)."""
     outcome = await run(deno, code)
     assert outcome.status is Status.ERROR, outcome
-    assert outcome.error is not None and "closed its standard output" in outcome.error.message
+    assert outcome.error is not None and "standard output was closed" in outcome.error.message
 
 
 # -- limits -------------------------------------------------------------------------------

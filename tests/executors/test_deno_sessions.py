@@ -239,7 +239,7 @@ async def test_a_step_that_closes_stdout_fails_and_resets(deno: DenoExecutor) ->
     await results(session, "let gone = 1")
     outcome = await step(session, "Deno.stdout.close(); 5")
     assert (outcome.status, outcome.session_reset) == (Status.ERROR, True), outcome
-    assert outcome.error is not None and "closed its standard output" in outcome.error.message
+    assert outcome.error is not None and "standard output was closed" in outcome.error.message
     assert await results(session, "typeof gone") == ["undefined"]
 
 
