@@ -594,7 +594,11 @@ class DenoExecutor:
             lambda: prepare_parsed(job.code, job.syntax.take(job.code, dialect)),
         )
         job.syntax.forget()
-        return {"module": prepared.text, "line_offset": prepared.line_offset}
+        return {
+            "module": prepared.text,
+            "line_offset": prepared.line_offset,
+            "column_shift": prepared.column_shift,
+        }
 
     def is_out_of_memory(self, error: ErrorInfo) -> bool:
         """Whether the program's error means it ran out of memory."""

@@ -724,6 +724,10 @@ class PreparedModule:
     text: str
     line_offset: int
     imports: tuple[str, ...] = ()
+    # Where `return (` went in front of the final expression on a line of the
+    # program's own (line, column of the expression, width), or None: the runtimes
+    # move the columns of that line's frames back by it.
+    column_shift: tuple[int, int, int] | None = None
 
     def function_expression(self, *, asynchronous: bool = True, strict: bool = False) -> str:
         """The program as `(async function () { ... })`, line for line as in `text`,
@@ -789,17 +793,41 @@ def prepare_parsed(code: str, syntax: Syntax | None) -> PreparedModule:
     edits = _shebang_edits(data)
     imports: list[str] = []
     head_end = ""
+    shift = None
     if syntax is not None:
         planned, opens_on_head = _plan(data, syntax._tree.root_node, imports)
         edits += planned
         head_end = _RETURN_OPEN if opens_on_head else ""
+        shift = _column_shift(data, planned)
     header = "".join(f"{statement} " for statement in imports)
     body = _decode(_apply(data, edits))
     return PreparedModule(
         text=f"{header}{_FUNCTION_HEAD}{head_end}\n{body}\n}}\n",
         line_offset=_LINE_OFFSET,
         imports=tuple(imports),
+        column_shift=shift,
     )
+
+
+def _column_shift(data: bytes, planned: list[_Edit]) -> tuple[int, int, int] | None:
+    """`PreparedModule.column_shift`: where `_returned` put `return (` right in front of
+    the final expression (on its line, after the statement before it), in the lines and
+    UTF-16 columns the engines count; None if it went on a line of its own."""
+    opening = _RETURN_OPEN.encode()
+    at = next((start for start, end, text in planned if start == end and text == opening), None)
+    if at is None:
+        return None
+    breaks = list(_ENGINE_LINE_BREAK.finditer(data, 0, at))
+    line_start = breaks[-1].end() if breaks else 0
+    column = (
+        len(
+            data[line_start:at]
+            .decode("utf-8", "surrogatepass")
+            .encode("utf-16-le", "surrogatepass")
+        )
+        // 2
+    )
+    return len(breaks) + 1, column + 1, len(_RETURN_OPEN)
 
 
 # `inputs` is a global the worker sets, not a parameter: a program may then declare its
@@ -843,6 +871,8 @@ _LINE_CONTINUATION = re.compile(r"\\(?:\r\n|[\n\r\u2028\u2029])")
 # What a script may read as an HTML-like comment, and the nodes in which it is text.
 _HTML_COMMENT_MARK = re.compile(rb"<!--|-->")
 _TEXT_NODES = frozenset({"string", "template_string", "regex", "comment"})
+# Line terminators as the engines count lines (CR LF is one).
+_ENGINE_LINE_BREAK = re.compile(rb"\r\n|[\n\r]|\xe2\x80[\xa8\xa9]")
 # The same line breaks in UTF-8.
 _LINE_BREAK_BYTES = re.compile(rb"[\n\r]|\xe2\x80[\xa8\xa9]")
 

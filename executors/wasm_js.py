@@ -312,6 +312,7 @@ class WasmJsExecutor(WasmExecutor):
             "function": module.function_expression(asynchronous=asynchronous, strict=True),
             "asynchronous": asynchronous,
             "line_offset": module.line_offset,
+            "column_shift": module.column_shift,
             "inputs": job.inputs,
             "timeout_ms": job.limits.timeout_ms,
         }

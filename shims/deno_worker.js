@@ -163,7 +163,17 @@ function report(current, payload, code) {
 // wasm-js guest writes them, never this worker's file (which names where the daemon is
 // installed) or Deno's internals. The lines are the step's, set as each step starts.
 let frameOffset = 0;
+// [line, column, width] where `return (` went in front of the final expression on a
+// line of the program's own (executors/js_syntax.py `column_shift`), or null: columns
+// from there on are moved back by its width, to the program's own text.
+let frameShift = null;
 const PROGRAM_FILE = "data:application/";
+
+function programColumn(line, column) {
+  const shift = frameShift;
+  if (shift === null || line !== shift[0] || column < shift[1] + shift[2]) return column;
+  return column - shift[2];
+}
 const startsWith = Function.prototype.call.bind(String.prototype.startsWith);
 
 function programStack(error, sites) {
@@ -178,7 +188,8 @@ function programStack(error, sites) {
   for (const site of sites) {
     const file = site.getFileName();
     if (typeof file !== "string" || !startsWith(file, PROGRAM_FILE)) continue;
-    const place = `<program>:${Math.max(1, site.getLineNumber() - frameOffset)}:${site.getColumnNumber()}`;
+    const line = Math.max(1, site.getLineNumber() - frameOffset);
+    const place = `<program>:${line}:${programColumn(line, site.getColumnNumber())}`;
     const name = site.getFunctionName();
     // The program's own body is the module's default export: unnamed, as on wasm-js.
     text += name && name !== "default" ? `\n    at ${name} (${place})` : `\n    at ${place}`;
@@ -190,7 +201,7 @@ Error.prepareStackTrace = programStack;
 function toUserLocations(text, lineOffset) {
   return text.replace(PROGRAM_URL, (_, line, column) => {
     const userLine = Math.max(1, Number(line) - lineOffset);
-    return `<program>:${userLine}:${column}`;
+    return `<program>:${userLine}:${programColumn(userLine, Number(column))}`;
   });
 }
 
@@ -304,6 +315,7 @@ function runStep(job) {
   return new Promise((done) => {
     step = { job, finished: false, done };
     frameOffset = job.line_offset ?? 0;
+    frameShift = job.column_shift ?? null;
     // A plain global, so a program may also declare its own `inputs`.
     globalThis.inputs = job.inputs ?? null;
     runProgram(step);

@@ -110,8 +110,19 @@ const PROGRAM_FRAME = /^(?:([\w.]+)\*)?(.*?)@.*> eval:(\d+):(\d+)$/;
 // How a program's frames are numbered: the line its wrapper adds before it (guest.js
 // sets it for each run).
 let lineOffset = 0;
-export function setLineOffset(offset) {
+// [line, column, width] where `return (` went in front of the final expression on a
+// line of the program's own (executors/js_syntax.py `column_shift`), or null.
+let columnShift = null;
+export function setLineOffset(offset, shift = null) {
   lineOffset = offset;
+  columnShift = shift;
+}
+
+// A frame's column in the program's own text: moved back past `return (`.
+function programColumn(line, column) {
+  const shift = columnShift;
+  if (shift === null || line !== shift[0] || column < shift[1] + shift[2]) return column;
+  return column - shift[2];
 }
 
 function escapeChar(char) {
@@ -277,7 +288,8 @@ export function eachErrorFrame(error, visit) {
     const name = frame[2];
     if (!below && name !== "" && madeBy(error, name)) continue;
     below = true;
-    const place = `<program>:${mathMax(1, toNumber(frame[3]) - lineOffset)}:${frame[4]}`;
+    const line = mathMax(1, toNumber(frame[3]) - lineOffset);
+    const place = `<program>:${line}:${programColumn(line, toNumber(frame[4]))}`;
     visit(name ? `    at ${name} (${place})` : `    at ${place}`);
   }
 }

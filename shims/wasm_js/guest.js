@@ -642,7 +642,7 @@ export function run(requestText) {
   const job = parse(requestText);
   executionEnd = now() + (job.timeout_ms ?? 0);
   const lineOffset = job.line_offset ?? 0;
-  setLineOffset(lineOffset);
+  setLineOffset(lineOffset, job.column_shift ?? null);
   // A plain global, so a program may also declare its own `inputs`.
   globalThis.inputs = job.inputs ?? null;
   const run = { lineOffset, failure: null, answer: null, queued: false };

@@ -194,6 +194,11 @@ async def test_columns_after_non_ascii_types_and_comment_marks_are_the_same(
     stack = 'type X = "-->";\nnew Error("e").stack'
     results = [(await run(shared, stack, executor))["result"] for executor in (None, "deno")]
     assert "<program>:2:1" in results[0] and results[0] == results[1], results
+    # The final expression shares its line with the statement before it: `return (`
+    # goes in front of it, and its frames' columns are moved back past it.
+    same_line = 'let q: number = 1;   new Error("e").stack'
+    results = [(await run(shared, same_line, executor))["result"] for executor in (None, "deno")]
+    assert "<program>:1:22" in results[0] and results[0] == results[1], results
 
 
 @pytest.mark.parametrize("name", ON_DENO)

@@ -966,3 +966,21 @@ def test_a_program_whose_copy_cannot_be_parsed_is_not_read_as_written(
     assert js_syntax.parse("async\rx => x", "javascript") is None
     assert len(calls) == 1
     assert js_syntax.unread_parses() == before + 1
+
+
+@pytest.mark.parametrize(
+    ("code", "shift"),
+    [
+        ('let q = 1;   new Error("e").stack', (1, 14, 8)),
+        ("let é = 1; é + 1", (1, 12, 8)),  # a column is a UTF-16 unit
+        ("let a = 1;\r\nlet b = 2; a", (2, 12, 8)),  # CR LF is one line break
+        ("let a = 1;\u2028let b = 2; a", (2, 12, 8)),  # so is U+2028, to the engines
+        ("let q = 1\nnew Error()", None),  # `return (` on the line before
+        ("x", None),  # on the header's line
+    ],
+)
+def test_where_return_goes_in_front_of_the_final_expression_is_told(
+    code: str, shift: tuple[int, int, int] | None
+) -> None:
+    """The runtimes move that line's columns back by it (deno_worker.js, console.js)."""
+    assert prepare_module(code, "typescript").column_shift == shift
