@@ -1,18 +1,21 @@
 """Newline-delimited framing: bytes in, lines out, with a size cap.
 
 Knows nothing about JSON or JSON-RPC. A line longer than `max_line_bytes` is never
-buffered whole: it is reported once as `OVERSIZE` and the rest of it is skipped up to
-its newline, so the stream stays usable after it.
+buffered whole: it is skipped as it comes, up to its newline, and reported once as an
+`Oversize` (its length, and its first and last bytes, which is where a JSON-RPC
+message's id is: a reader can tell which request it answered), so the stream stays
+usable after it.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Final
 
 import trio
 
-__all__ = ["OVERSIZE", "LineReader", "encode_line"]
+__all__ = ["ENDING_BYTES", "OPENING_BYTES", "LineReader", "Oversize", "encode_line"]
 
 # 64 KiB reads keep syscalls few for pipelined small requests without hoarding memory.
 _READ_SIZE: Final = 65_536
@@ -21,16 +24,46 @@ _READ_SIZE: Final = 65_536
 _LONG_READ_SIZE: Final = 1 << 20
 
 
-class _Oversize:
-    def __repr__(self) -> str:
-        return "OVERSIZE"
+# How much of a skipped line's opening is kept: where a message that puts its id first
+# has it (`protocol.unreadable_id` looks through as much).
+OPENING_BYTES: Final = 4096
+# How much of its end is kept: a message that puts its id last (`…,"id":"<id>"}`) has
+# it in its last few dozen bytes.
+ENDING_BYTES: Final = 256
 
 
-OVERSIZE: Final = _Oversize()
+@dataclass(frozen=True, slots=True)
+class Oversize:
+    """A line longer than the cap, skipped: its length, and its first and last bytes
+    (`OPENING_BYTES`, `ENDING_BYTES`; without the newline)."""
+
+    size: int
+    opening: bytes
+    ending: bytes
+
+
+class _Skipping:
+    """The line being skipped: counted, its opening and its last bytes kept."""
+
+    def __init__(self, start: bytes | bytearray) -> None:
+        self.size = len(start)
+        self.opening = bytes(start[:OPENING_BYTES])
+        self.ending = bytes(start[-ENDING_BYTES:])
+
+    def add(self, part: bytes | bytearray) -> None:
+        self.size += len(part)
+        if len(self.opening) < OPENING_BYTES:  # a cap below OPENING_BYTES
+            self.opening += part[: OPENING_BYTES - len(self.opening)]
+        self.ending = (self.ending + bytes(part[-ENDING_BYTES:]))[-ENDING_BYTES:]
+
+    def end(self, last: bytes | bytearray) -> Oversize:
+        self.add(last)
+        return Oversize(self.size, self.opening, self.ending)
 
 
 class LineReader:
-    """Yields each non-blank line of a stream (without its newline) or `OVERSIZE`.
+    """Yields each non-blank line of a stream (without its newline), or an `Oversize`
+    once a line past the cap has ended (or the stream did, in it).
 
     Iteration ends when the peer closes its side. A trailing `\\r` is dropped so CRLF
     clients (some `nc` builds, telnet) work. The reader does not own the stream.
@@ -43,25 +76,28 @@ class LineReader:
         # How much of the buffer is known to hold no newline: a long line arriving in
         # small reads is then searched once, not again from its start on each read.
         self._searched = 0
-        self._discarding = False
+        # The line past the cap being skipped: counted as it comes, never held.
+        self._skipping: _Skipping | None = None
 
-    def __aiter__(self) -> AsyncIterator[bytes | _Oversize]:
+    def __aiter__(self) -> AsyncIterator[bytes | Oversize]:
         return self._lines()
 
-    async def _lines(self) -> AsyncIterator[bytes | _Oversize]:
+    async def _lines(self) -> AsyncIterator[bytes | Oversize]:
         while True:
             for item in self._drain():
                 yield item
-            long_line = len(self._buffer) >= _READ_SIZE and not self._discarding
+            long_line = len(self._buffer) >= _READ_SIZE
             chunk = await self._stream.receive_some(_LONG_READ_SIZE if long_line else _READ_SIZE)
             if not chunk:
-                if self._buffer.strip() and not self._discarding:
+                if self._skipping is not None:
+                    yield self._skipping.end(b"")
+                elif self._buffer.strip():
                     yield self._take_rest()
                 return
             self._buffer += chunk
 
-    def _drain(self) -> list[bytes | _Oversize]:
-        items: list[bytes | _Oversize] = []
+    def _drain(self) -> list[bytes | Oversize]:
+        items: list[bytes | Oversize] = []
         start = 0
         buffer = self._buffer
         while True:
@@ -69,10 +105,11 @@ class LineReader:
             if end < 0:
                 self._searched = len(buffer)
                 break
-            if self._discarding:
-                self._discarding = False
+            if self._skipping is not None:
+                items.append(self._skipping.end(buffer[start:end]))
+                self._skipping = None
             elif end - start > self._max:
-                items.append(OVERSIZE)
+                items.append(_Skipping(buffer[start:end]).end(b""))
             else:
                 line = bytes(buffer[start:end]).rstrip(b"\r")
                 if line.strip():
@@ -80,12 +117,14 @@ class LineReader:
             start = end + 1
         del buffer[:start]
         self._searched -= start
-        if len(buffer) > self._max and not self._discarding:
-            items.append(OVERSIZE)
-            self._discarding = True
-        if self._discarding:
-            buffer.clear()
-            self._searched = 0
+        if self._skipping is not None:
+            self._skipping.add(buffer)
+        elif len(buffer) > self._max:
+            self._skipping = _Skipping(buffer)
+        else:
+            return items
+        buffer.clear()
+        self._searched = 0
         return items
 
     def _take_rest(self) -> bytes:

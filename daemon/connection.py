@@ -52,7 +52,7 @@ from conduit.core.errors import (
     RpcError,
     Unauthenticated,
 )
-from conduit.core.framing import OVERSIZE, LineReader
+from conduit.core.framing import LineReader, Oversize
 from conduit.core.left_calls import LeftCalls
 from conduit.core.protocol import (
     Request,
@@ -349,7 +349,7 @@ class Connection:
         reader = LineReader(_Watched(self, self._stream), max_bytes)
         async with contextlib.aclosing(reader.__aiter__()) as lines:
             async for line in lines:
-                if line is OVERSIZE:
+                if isinstance(line, Oversize):
                     await self._refuse(
                         None,
                         InvalidRequest(

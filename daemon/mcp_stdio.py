@@ -45,7 +45,7 @@ import trio
 
 from conduit.client import ConnectionFailed, LoginToken
 from conduit.core.errors import ConfigError, InternalError, InvalidRequest, RpcError
-from conduit.core.framing import OVERSIZE, LineReader
+from conduit.core.framing import LineReader, Oversize
 from conduit.core.protocol import decode, encode, error_reply
 from conduit.daemon.auth import ALL_SCOPES, Principal
 from conduit.daemon.client_settings import login_token
@@ -270,7 +270,7 @@ async def _relay(
                 # Closed here whichever way the loop ends, not whenever the collector runs.
                 async with aclosing(lines):
                     async for line in lines:
-                        if line is OVERSIZE:
+                        if isinstance(line, Oversize):
                             refusal = InvalidRequest(
                                 f"message too large: a line may hold at most "
                                 f"{max_request_bytes} bytes; the line was discarded"
@@ -287,7 +287,7 @@ async def _relay(
         nursery.start_soon(requests)
         try:
             async for line in replies:
-                if line is OVERSIZE:
+                if isinstance(line, Oversize):
                     log.error("dropped a reply larger than %d bytes", MAX_REPLY_BYTES)
                     dropped = InternalError(
                         f"internal error: a reply over {MAX_REPLY_BYTES} bytes was dropped"

@@ -20,7 +20,7 @@ enters `open_stdio_transport`; leaving it stops the process group within
 own session (so its process group can be killed as one), `close_fds`, and an
 environment of a few harmless variables plus the upstream's `env`, never the daemon's.
 
-A line longer than `MAX_MESSAGE_BYTES` is skipped unheld (`lines.py`); a response
+A line longer than `MAX_MESSAGE_BYTES` is skipped unheld (`core.framing`); a response
 among them fails only the request it answered, read by its id (see `_answer_skipped`).
 
 This module does not know about tools or the MCP protocol beyond line framing and
@@ -45,6 +45,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
 
+from conduit.core.framing import LineReader, Oversize
 from conduit.core.protocol import skipped_response_id
 from conduit.gateway.direct_requests import DirectRequests
 from conduit.gateway.keeper import (
@@ -54,7 +55,6 @@ from conduit.gateway.keeper import (
     TransportStreams,
     answer_too_large,
 )
-from conduit.gateway.lines import LineSplitter, Oversize
 from conduit.gateway.settings import StdioUpstreamSettings
 
 __all__ = ["StdioUpstream", "child_environment", "open_stdio_transport"]
@@ -224,22 +224,21 @@ async def _read_messages(
     """Split stdout into lines; answers to `direct` requests go to them, every other
     line is parsed for the session. The end of stdout closes `messages`.
 
-    A line longer than `MAX_MESSAGE_BYTES` is skipped, never held (`LineSplitter`),
+    A line longer than `MAX_MESSAGE_BYTES` is skipped, never held (`LineReader`),
     and fails the request it answers (`_answer_skipped`); one that shows no such
     request ends the connection.
     """
     assert stdout is not None
-    lines = LineSplitter(MAX_MESSAGE_BYTES)
+    reader = LineReader(_Pipe(stdout), MAX_MESSAGE_BYTES)
     with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-        async with messages:
+        async with messages, contextlib.aclosing(reader.__aiter__()) as lines:
             with scope:
-                while chunk := await _receive(stdout):
-                    for line in lines.feed(chunk):
-                        if isinstance(line, Oversize):
-                            if not await _answer_skipped(line, messages, direct):
-                                return
-                        elif not direct.take(line):
-                            await messages.send(_parse(line))
+                async for line in lines:
+                    if isinstance(line, Oversize):
+                        if not await _answer_skipped(line, messages, direct):
+                            return
+                    elif not direct.take(line):
+                        await messages.send(_parse(line))
 
 
 async def _answer_skipped(
@@ -273,9 +272,20 @@ async def _answer_skipped(
     return True
 
 
-async def _receive(stream: trio.abc.ReceiveStream) -> bytes:
+class _Pipe:
+    """The upstream's stdout, ending where it breaks or is closed (the process is gone
+    either way)."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self._stream = stream
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        return await _receive(self._stream, max_bytes or READ_CHUNK_BYTES)
+
+
+async def _receive(stream: trio.abc.ReceiveStream, max_bytes: int = READ_CHUNK_BYTES) -> bytes:
     try:
-        return await stream.receive_some(READ_CHUNK_BYTES)
+        return await stream.receive_some(max_bytes)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         return b""
 

@@ -537,18 +537,19 @@ async def _lines(chunks: list[bytes], max_bytes: int) -> list[Any]:
 
 @pytest.mark.parametrize("size", [1000, 999, 1001])
 async def test_reader_takes_a_line_up_to_the_max_and_no_more(size: int) -> None:
-    from conduit.core.framing import OVERSIZE
+    from conduit.core.framing import Oversize
 
     line = b"x" * size
     got = await _lines([line[:300], line[300:] + b"\n" + b"next\n"], 1000)
-    assert got == ([line, b"next"] if size <= 1000 else [OVERSIZE, b"next"])
+    told = [Oversize(size, line[:4096], line[-256:])]
+    assert got == ([line, b"next"] if size <= 1000 else [*told, b"next"])
 
 
 async def test_reader_a_line_without_newline_at_eof_is_taken_within_the_max() -> None:
-    from conduit.core.framing import OVERSIZE
+    from conduit.core.framing import Oversize
 
     assert await _lines([b"a" * 500], 1000) == [b"a" * 500]
-    assert await _lines([b"a" * 1500], 1000) == [OVERSIZE]
+    assert await _lines([b"a" * 1500], 1000) == [Oversize(1500, b"a" * 1500, b"a" * 256)]
 
 
 async def test_reader_holds_at_most_the_max_and_one_long_read() -> None:
