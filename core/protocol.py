@@ -158,18 +158,12 @@ _SCALAR = rf'(?:{_STRING}|[^\s\[\]{{}},:"]+)'
 # one refused line hold the event loop up (a backtracking search of megabytes takes seconds).
 _ID_SCAN_CHARS = 4096
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
-# An object's opening members, each a string key and a scalar value, up to its "id"
-# (whole: followed by the next member or the end of the object).
-_LEADING_ID = re.compile(
-    rf'\s*\{{(?:\s*{_STRING}\s*:\s*{_SCALAR}\s*,)*?\s*"id"\s*:\s*({_SCALAR})(?=\s*[,}}])',
-    re.DOTALL,
-)
-# A response's opening members up to its "id", followed by its "result" or "error".
-_LEADING_RESPONSE_ID = re.compile(
-    rf'\s*\{{(?:\s*{_STRING}\s*:\s*{_SCALAR}\s*,)*?\s*"id"\s*:\s*({_SCALAR})'
-    r'\s*,\s*"(?:result|error)"\s*:',
-    re.DOTALL,
-)
+# An object's opening members, each a string key and a scalar value, up to its "id".
+_OPENING_TO_ID = rf'\s*\{{(?:\s*{_STRING}\s*:\s*{_SCALAR}\s*,)*?\s*"id"\s*:\s*({_SCALAR})'
+# ...the id whole: followed by the next member or the end of the object.
+_LEADING_ID = re.compile(rf"{_OPENING_TO_ID}(?=\s*[,}}])", re.DOTALL)
+# ...a response's: followed by its "result" or "error".
+_LEADING_RESPONSE_ID = re.compile(rf'{_OPENING_TO_ID}\s*,\s*"(?:result|error)"\s*:', re.DOTALL)
 # A response that opens with its "result" or "error", and its "id" as its last member.
 _RESPONSE_START = re.compile(r'\s*\{\s*"(?:result|error)"\s*:')
 _TRAILING_ID = re.compile(rf',\s*"id"\s*:\s*({_SCALAR})\s*\}}\s*\Z')
