@@ -6,22 +6,9 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-import trio
 
 from conduit.core.framing import ENDING_BYTES, OPENING_BYTES, LineReader, Oversize
-
-
-class _Chunks(trio.abc.ReceiveStream):
-    """A stream that has every chunk ready, and counts what the reader holds."""
-
-    def __init__(self, chunks: list[bytes]) -> None:
-        self._chunks = list(reversed(chunks))
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        return self._chunks.pop() if self._chunks else b""
-
-    async def aclose(self) -> None:
-        self._chunks.clear()
+from tests.fuzz.test_fuzz_wire import _Chunks
 
 
 async def split(chunks: list[bytes], max_line_bytes: int = 100) -> list[bytes | Oversize]:
