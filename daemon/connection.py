@@ -4,9 +4,11 @@ Requests on a connection run concurrently (one task each, at most
 `max_in_flight_per_connection` at a time; past that the connection simply stops reading
 until one finishes) and are answered by id, possibly out of order. A reply is written
 by the task that made it when nothing else is being written or waiting to be (the
-common, one-request-at-a-time case: no hand-off to another task); otherwise it goes
-to the writer task, which coalesces whatever is ready into a single send. Either way
-the messages of one task reach the peer in the order it sent them.
+common, one-request-at-a-time case: no hand-off to another task); every other message
+goes to the writer task, which coalesces whatever is ready into a single send. Either
+way the messages of one task reach the peer in the order it sent them, and no line is
+left half written by a task cancelled while writing it (a streamed notification's
+timeout, say): only the writer writes what its sender may stop waiting for.
 
 ```
 Connection.run
@@ -189,8 +191,8 @@ class Connection:
         self._slots = trio.Semaphore(limits.max_in_flight)
         self._left = None if left_calls is None else LeftRequests(left_calls)
         self._outbox_send, self._outbox = trio.open_memory_channel[bytes](_OUTBOX_SIZE)
-        # Held by whoever is writing to the stream: the writer task, or a task
-        # writing its own reply directly (see `_send`).
+        # Held by whoever is writing to the stream: the writer task, a task writing its
+        # own reply (`_reply`), or the farewell of a connection being closed.
         self._writing = trio.Lock()
         # Messages handed to the writer and not yet written.
         self._queued = 0
@@ -391,7 +393,7 @@ class Connection:
             else:
                 reply = await self._answer(message, size)
             if reply is not None:
-                await self._send(reply)
+                await self._reply(reply)
         finally:
             self._busy -= 1
             self._last_seen = trio.current_time()
@@ -467,29 +469,50 @@ class Connection:
         return error_reply(ident, error)
 
     async def _refuse(self, ident: Any, error: RpcError) -> None:
+        # Through the writer: the reader, which refuses, is cancelled when the
+        # connection stops reading and goes on answering.
         await self._send(self._refusal(ident, error))
 
-    async def _send(self, message: Any) -> None:
-        if self._left is not None and self._left.gone:
-            return  # nobody reads it
-        data = encode(message) + b"\n"
-        if self._queued == 0:
+    async def _reply(self, message: Any) -> None:
+        """Write a reply, here if nothing else is being written or waits to be (the
+        common, one-request-at-a-time case: no hand-off to another task), else through
+        the writer; in order either way.
+
+        Written here only because nothing cancels a request's task while its
+        connection goes on: a line, once begun, must be written whole, or every later
+        message would be unreadable to the peer. Whatever may stop waiting for its
+        message (a timeout) sends it with `_send`.
+        """
+        if self._queued == 0 and not (self._left is not None and self._left.gone):
             try:
                 self._writing.acquire_nowait()
             except trio.WouldBlock:
                 pass
-            else:  # nothing is being written or waits to be: write it here
+            else:
                 try:
-                    await self._stream.send_all(data)
+                    await self._stream.send_all(encode(message) + b"\n")
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     self._peer_gone()  # as in `_write_loop`
                 finally:
                     self._writing.release()
                 return
+        await self._send(message)
+
+    async def _send(self, message: Any) -> None:
+        """Queue `message` for the writer, which writes it whole, in order. Waits while
+        the queue is full (the peer is not reading); a caller that stops waiting then
+        has sent nothing, and never half a line."""
+        if self._left is not None and self._left.gone:
+            return  # nobody reads it
         self._queued += 1
-        # A closed outbox means the writer is gone with the peer: nobody is left to tell.
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            await self._outbox_send.send(data)
+        try:
+            await self._outbox_send.send(encode(message) + b"\n")
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            # A closed outbox means the writer is gone with the peer: nobody is left to tell.
+            self._queued -= 1
+        except BaseException:  # cancelled before the writer took it
+            self._queued -= 1
+            raise
 
     async def _write_loop(self) -> None:
         try:

@@ -19,8 +19,17 @@ from conduit.core.errors import (
     Unauthenticated,
 )
 from conduit.core.left_calls import LeftCalls
-from conduit.daemon.connection import ConnectionLimits
-from tests.daemon.fakes import LIMITS, OWNER, TOKEN, WAIT_S, FakeDispatch, open_connection
+from conduit.daemon.connection import Connection, ConnectionLimits
+from tests.daemon.fakes import (
+    LIMITS,
+    OWNER,
+    TOKEN,
+    WAIT_S,
+    FakeDispatch,
+    Lines,
+    known_token,
+    open_connection,
+)
 
 
 def reply(ident: Any, result: Any) -> dict[str, Any]:
@@ -438,6 +447,51 @@ async def test_a_method_may_notify_before_it_answers(nursery: trio.Nursery) -> N
     await peer.send({"jsonrpc": "2.0", "id": 1, "method": "chatty"})
     assert await peer.recv() == {"jsonrpc": "2.0", "method": "note", "params": {"n": 1}}
     assert await peer.recv() == reply(1, {"done": True})
+
+
+async def test_a_notification_given_up_mid_write_leaves_no_half_line(
+    nursery: trio.Nursery,
+) -> None:
+    """A notification whose sender stops waiting (streamed output's stall timeout)
+    while the socket is full: the peer, reading again, gets whole lines only."""
+    note = {"text": "x" * 4_000_000}  # far more than a socket's buffers hold
+    returned = trio.Event()
+
+    async def impatient(params: Any, peer: Any, principal: Any) -> Any:
+        with trio.move_on_after(0.2):
+            await peer.notify("big", note)
+        returned.set()
+        return {"done": True}
+
+    ours, theirs = trio.socket.socketpair()
+    stream = trio.SocketStream(theirs)
+    peer = Lines(trio.SocketStream(ours), stream)
+    connection = Connection(
+        stream,
+        FakeDispatch(impatient=impatient),
+        LIMITS,
+        transport="unix",
+        authenticate=known_token,
+        principal=OWNER,
+    )
+
+    async def serve() -> None:
+        async with stream:
+            await connection.run()
+        peer.ended.set()
+
+    nursery.start_soon(serve)
+    await peer.send({"jsonrpc": "2.0", "id": 1, "method": "impatient"})
+    with trio.fail_after(WAIT_S):
+        await returned.wait()  # the peer has read nothing yet
+    lines = [await peer.raw(), await peer.raw()]
+    messages = [json.loads(line) for line in lines]  # each line is whole JSON
+    assert messages[-1] == reply(1, {"done": True})
+    assert all(m.get("params") == note for m in messages[:-1])
+    assert (await peer.request(2, "ping")) == reply(2, {})
+    await peer.stream.aclose()
+    with trio.fail_after(WAIT_S):
+        await peer.ended.wait()
 
 
 # ---- authentication -------------------------------------------------------------------
