@@ -198,6 +198,8 @@ class EpochTicker:
         # Interrupts the thread checks at every tick (those without an epoch callback),
         # replaced likewise.
         self._watched: frozenset[Interrupt] = frozenset()
+        # Called at every tick while hooked (`hook`), replaced likewise.
+        self._hooks: frozenset[Callable[[], None]] = frozenset()
         self._changed = threading.Condition()  # guards the fields below
         self._stopping = False
         self._serving = False
@@ -243,6 +245,16 @@ class EpochTicker:
     def unwatch(self, interrupt: Interrupt) -> None:
         with self._changed:
             self._watched = self._watched - {interrupt}
+
+    def hook(self, function: Callable[[], None]) -> None:
+        """Call `function` from the ticker's thread at every tick while guests run,
+        from the next one on, until `unhook`. It must not raise."""
+        with self._changed:
+            self._hooks = self._hooks | {function}
+
+    def unhook(self, function: Callable[[], None]) -> None:
+        with self._changed:
+            self._hooks = self._hooks - {function}
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
@@ -306,12 +318,14 @@ class EpochTicker:
                 began = self._began
                 if self._stopping:
                     return
-                engines, watched = self._engines, self._watched
+                engines, watched, hooks = self._engines, self._watched, self._hooks
             for engine in engines:
                 engine.increment_epoch()
             for interrupt in watched:
                 interrupt.check()
-            del engines, watched  # hold no engine while waiting
+            for function in hooks:
+                function()
+            del engines, watched, hooks  # hold no engine while waiting
             quiet_ticks += 1
             with self._changed:
                 if self._changed.wait_for(lambda: self._stopping, self._interval_s):

@@ -77,7 +77,7 @@ from conduit.core import jsontext
 from conduit.core.errors import Overloaded, RpcError, RuntimeMissing, SandboxCrashed
 from conduit.core.files import FileData
 from conduit.core.left_calls import LeftCalls
-from conduit.executors import _wasmtime, outcomes, thread_priority, workdir
+from conduit.executors import _wasmtime, outcomes, thread_priority, wasm_output, workdir
 from conduit.executors.base import (
     ErrorInfo,
     ExecutorInfo,
@@ -1342,6 +1342,7 @@ def _rejected(capture: OutputCapture, rejected: ProgramRejected) -> Outcome:
 
 def _host_call(method: str, params: str) -> str:
     """The guest's `host-call`: a JSON-RPC call under the session token (runner thread)."""
+    wasm_output.drain_current()  # what the guest wrote before the call comes first
     execution: _Execution | None = getattr(_RUNNING, "execution", None)
     if execution is None:
         return rpc_error(INTERNAL_ERROR, "the execution is being stopped")

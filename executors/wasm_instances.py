@@ -9,8 +9,8 @@ is instantiated, not what a program finds in it.
 What an instance needs that depends on its execution (the memory limit, the fuel
 budget, the interrupt, where its output goes) is set when an execution takes it; only
 what Wasmtime fixes at instantiation is fixed ahead: the WASI context, whose output
-goes through an `OutputRoute` that drops everything until the execution attaches its
-sink. A store's memory limit also bounds the memory an instance starts with, so
+goes through an `OutputRoute` (`wasm_output`) that drops everything until the execution
+attaches its sink. A store's memory limit also bounds the memory an instance starts with, so
 standby instances have none: an execution may take one only if its own limit is at
 least what the component starts with, `base_memory_mib` (the executor refuses the
 others before they run, saying so).
@@ -33,7 +33,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,12 +41,12 @@ import wasmtime
 import wasmtime.component
 
 from conduit.executors import _wasmtime
-from conduit.executors.output import StreamName
 from conduit.executors.scratch import Scratch, ScratchDirs
 from conduit.executors.wasm_calls import StringExport
 from conduit.executors.wasm_clock import BoundedClock, StoreClock
+from conduit.executors.wasm_output import OutputRoute
 
-__all__ = ["BaseMemoryRecord", "Instance", "Instances", "OutputRoute"]
+__all__ = ["BaseMemoryRecord", "Instance", "Instances"]
 
 log = logging.getLogger(__name__)
 
@@ -77,32 +77,6 @@ SCRATCH_GUEST = "/tmp"
 # What a guest given a scratch directory is first called with, as its instance is made:
 # it enters the directory then, ahead of its execution (see shims/wasm_python/guest.py).
 PREPARE_REQUEST = ""
-
-
-class OutputRoute:
-    """Where an instance's stdout and stderr go: nowhere until `attach` names a sink.
-
-    Wasmtime calls `stdout` and `stderr` from its own I/O threads, with at most 8 KiB
-    of a guest's write each time (the guest writes the rest, see
-    `python_program.write_whole`), and one piece at a time: a guest's write returns
-    only once its piece is taken, so the sink gets the pieces in the order written.
-    """
-
-    __slots__ = ("_sink",)
-
-    def __init__(self) -> None:
-        self._sink: Callable[[StreamName, bytes], None] | None = None
-
-    def attach(self, sink: Callable[[StreamName, bytes], None]) -> None:
-        self._sink = sink
-
-    def stdout(self, data: bytes) -> None:
-        if self._sink is not None:
-            self._sink("stdout", data)
-
-    def stderr(self, data: bytes) -> None:
-        if self._sink is not None:
-            self._sink("stderr", data)
 
 
 @dataclass(slots=True)
@@ -138,7 +112,7 @@ class Instance:
     def running(self) -> Iterator[None]:
         """Around every call into the guest, on the thread making it."""
         clock = self.clock.running() if self.clock is not None else _NOTHING
-        with _wasmtime.TICKER.running(), clock:
+        with _wasmtime.TICKER.running(), clock, self.output.current():
             yield
 
     def close(self) -> None:
@@ -146,6 +120,7 @@ class Instance:
             self.interrupt.uninstall()
             self.store.close()
         finally:
+            self.output.close()
             if self.scratch is not None:
                 self.scratch.release()
 
@@ -263,15 +238,14 @@ class Instances:
         store = wasmtime.Store(self._engine)
         scratch = self._scratch.new() if self._scratch is not None else None
         interrupt: _wasmtime.Interrupt | None = None
+        output = OutputRoute()
         try:
             if memory_bytes is not None:
                 store.set_limits(memory_size=memory_bytes)
             if self._fuel:
                 store.set_fuel(INSTANTIATE_FUEL)
-            output = OutputRoute()
             wasi = wasmtime.WasiConfig()
-            wasi.stdout_custom = output.stdout
-            wasi.stderr_custom = output.stderr
+            output.configure(wasi)
             for host, guest in self._read_only:
                 wasi.preopen_dir(str(host), guest, fs_mutable=False)
             for host, guest in self._writable:
@@ -290,10 +264,12 @@ class Instances:
                 export = StringExport(run)
                 if scratch is not None and self._preopen_scratch:
                     export(store, PREPARE_REQUEST)
+            output.finish()  # nobody's: what instantiating wrote
         except BaseException:
             if interrupt is not None:
                 interrupt.uninstall()
             store.close()
+            output.close()
             if scratch is not None:
                 scratch.remove()
             raise

@@ -24,6 +24,13 @@ SPINNERS = {
     "wasm-js": ("javascript", "console.log('first'); while (true) {}"),
 }
 
+# The same, waiting instead of spinning: what was printed before a wait streams while the
+# guest waits (a Wasmtime guest blocked in a wait runs none of its code meanwhile).
+WAITERS = {
+    "wasm-python": ("python", "import time\nprint('first')\ntime.sleep(600)"),
+    "wasm-js": ("javascript", "console.log('first'); await new Promise((r) => setTimeout(r, 6e5))"),
+}
+
 # Output spread over time, on both streams.
 SPREAD = {
     "deno": (
@@ -97,6 +104,16 @@ async def test_output_arrives_while_the_program_runs(
     _, info = await start_daemon()
     client = await connect(info)
     language, code = SPINNERS[executor]
+    await spin_then_cancel(client, language, code, executor)
+
+
+@pytest.mark.parametrize("executor", sorted(WAITERS))
+async def test_output_arrives_while_the_program_waits(
+    start_daemon: Any, connect: Any, executor: str
+) -> None:
+    _, info = await start_daemon()
+    client = await connect(info)
+    language, code = WAITERS[executor]
     await spin_then_cancel(client, language, code, executor)
 
 
@@ -191,9 +208,13 @@ async def test_a_client_that_stops_reading_cannot_stretch_the_timeout(
     watcher = await connect(info)
     await watcher.call("events/subscribe", {"types": ["execution.timed_out"]})
     stuck = await connect(info)
-    # Up to 20,000 pieces of output (a line each): far more than the socket and the
-    # connection's outbox hold. Then the program runs until its timeout.
-    code = "for _ in range(20_000):\n    print('y' * 50)\nwhile True:\n    pass"
+    # 40,000 pieces of output (each write to stderr ends one of stdout: the streams
+    # keep their order): far more than the socket and the connection's outbox hold.
+    # Then the program runs until its timeout.
+    code = (
+        "import sys\nfor _ in range(20_000):\n"
+        "    print('y' * 40)\n    print('e', file=sys.stderr)\nwhile True:\n    pass"
+    )
     params = {
         "language": "python",
         "code": code,

@@ -42,7 +42,8 @@ def run(instance: Instance, request: str) -> tuple[str, list[tuple[StreamName, b
     try:
         instance.install(_wasmtime.Interrupt(WAIT_S))
         instance.output.attach(lambda stream, data: written.append((stream, data)))
-        return instance.run(instance.store, request), written
+        with instance.running():
+            return instance.run(instance.store, request), written
     finally:
         instance.close()
 

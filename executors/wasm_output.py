@@ -1,0 +1,166 @@
+"""Where a Wasmtime instance's standard output and error go, and how the host reads them.
+
+Standard output is a memory file (`memfd`) that Wasmtime writes to as the guest
+writes: one system call on the guest's own thread. Wasmtime's other way, a callback
+for every write, hands each write to one of its I/O threads and waits until that
+thread has run it, about forty times the cost; a program printing ten thousand lines
+spent most of its time there.
+
+The host reads what was written (`OutputRoute.drain`) and gives it to the sink the
+execution attached, wherever order matters or a limit must be seen: as each of the
+guest's host calls begins (`drain_current`: what it wrote before a call, a file's bytes
+piped on stdout included, is taken before the call is handled), at every epoch tick
+while the guest runs, from the ticker's thread (so the output limit stops a guest that
+only prints, and a streaming reader sees what was printed before a wait while the guest
+waits), once each call into the guest has returned (`OutputRoute.finish`, which also
+frees what was read), and before each write to standard error.
+
+Standard error stays a callback, which drains standard output first: the two streams
+reach the sink in exactly the order the guest wrote them (docs/events.md), as they did
+when both were callbacks, and what goes to standard error is rarely the bulk.
+
+Where the system has no memory files, or no `/proc/self/fd` to name one by, standard
+output is a callback too (`FILES_AVAILABLE`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import wasmtime
+
+from conduit.executors import _wasmtime
+from conduit.executors.output import StreamName
+
+__all__ = ["FILES_AVAILABLE", "OutputRoute", "drain_current"]
+
+log = logging.getLogger(__name__)
+
+_FD_DIR = Path("/proc/self/fd")
+# Whether instances write to memory files; false, they go through callbacks.
+FILES_AVAILABLE = hasattr(os, "memfd_create") and _FD_DIR.is_dir()
+# The most of one stream a sink is given at once.
+READ_BYTES = 1024 * 1024
+# The route of the instance whose guest the thread is running (`current`).
+_CURRENT = threading.local()
+
+Sink = Callable[[StreamName, bytes], None]
+
+
+class OutputRoute:
+    """An instance's stdout and stderr: dropped until `attach` names a sink.
+
+    The sink is called on the thread that drains, or on one of Wasmtime's I/O threads
+    for a callback (with at most 8 KiB of a guest's write each time, the guest writing
+    the rest, see `python_program.write_whole`), one piece at a time, in order.
+    """
+
+    __slots__ = ("_file", "_lock", "_read", "_sink")
+
+    def __init__(self) -> None:
+        self._sink: Sink | None = None
+        self._file: int | None = None  # standard output's memory file
+        self._read = 0  # how much of it the sink has been given
+        self._lock = threading.Lock()
+
+    def configure(self, wasi: wasmtime.WasiConfig) -> None:
+        """Send the output of the instance made with `wasi` here."""
+        if not (FILES_AVAILABLE and self._open_file(wasi)):
+            wasi.stdout_custom = self._stdout
+        wasi.stderr_custom = self._stderr
+
+    def _open_file(self, wasi: wasmtime.WasiConfig) -> bool:
+        try:
+            fd = os.memfd_create("conduit-stdout")
+        except OSError as exc:
+            log.warning("guest output goes through callbacks: no memory file (%s)", exc)
+            return False
+        try:
+            # Wasmtime opens it by its name: a description of its own, at its own offset.
+            wasi.stdout_file = str(_FD_DIR / str(fd))
+        except wasmtime.WasmtimeError as exc:
+            log.warning("guest output goes through callbacks: %s", exc)
+            os.close(fd)
+            return False
+        self._file = fd
+        return True
+
+    def attach(self, sink: Sink | None) -> None:
+        self._sink = sink
+
+    def drain(self) -> None:
+        """Give the sink what the guest wrote to standard output since the last drain."""
+        if self._file is not None:
+            with self._lock:
+                self._drain(self._file)
+
+    def _drain(self, fd: int) -> None:
+        size = os.fstat(fd).st_size
+        if size < self._read:  # freed, and written again from the start
+            self._read = 0
+        while self._read < size:
+            data = os.pread(fd, min(size - self._read, READ_BYTES), self._read)
+            if not data:
+                return
+            self._read += len(data)
+            if self._sink is not None:
+                self._sink("stdout", data)
+
+    def _on_tick(self) -> None:
+        """`drain` from the epoch ticker's thread, where nothing may raise (a fault of
+        ours is logged, the guest goes on)."""
+        try:
+            self.drain()
+        except Exception:
+            log.exception("reading a guest's output failed")
+
+    def finish(self) -> None:
+        """`drain`, then free what was read: the guest is not running. Wasmtime writes
+        on at its own offset, past a hole that takes no memory."""
+        if self._file is not None:
+            with self._lock:
+                self._drain(self._file)
+                os.ftruncate(self._file, 0)
+
+    def close(self) -> None:
+        """Close the host's side of the file (Wasmtime's closes with its store)."""
+        fd, self._file = self._file, None
+        if fd is not None:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def current(self) -> Iterator[None]:
+        """This route is the thread's (`drain_current`) and drained at every tick for
+        the block, a call into the guest; it is finished after it."""
+        _CURRENT.route = self
+        _wasmtime.TICKER.hook(self._on_tick)
+        try:
+            yield
+        finally:
+            _wasmtime.TICKER.unhook(self._on_tick)
+            _CURRENT.route = None
+            self.finish()
+
+    def _stdout(self, data: bytes) -> None:
+        if self._sink is not None:
+            self._sink("stdout", data)
+
+    def _stderr(self, data: bytes) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._drain(self._file)  # written before this, so given first
+            if self._sink is not None:
+                self._sink("stderr", data)
+
+
+def drain_current() -> None:
+    """Drain the output of the guest this thread is running, if any: as a host call
+    begins, so that what the guest wrote before it is taken first."""
+    route: OutputRoute | None = getattr(_CURRENT, "route", None)
+    if route is not None:
+        route.drain()

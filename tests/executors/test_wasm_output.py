@@ -1,0 +1,80 @@
+"""How an instance's output reaches the host (`wasm_output`), on the real JS component."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conduit.executors import _wasmtime, wasm_output
+from conduit.executors.output import StreamName
+from conduit.executors.wasm_instances import Instance, Instances
+from tests.sandboxes import WAIT_S
+
+LINES = 10_000
+
+
+def printing(lines: int) -> str:
+    """A run request for a program printing `lines` numbered lines on stdout, then one
+    on stderr."""
+    body = f"for (let i = 0; i < {lines}; i++) console.log(`line ${{i}}`); console.error('end');"
+    return json.dumps({"function": f"(async function () {{ {body} return 1 }})", "line_offset": 0})
+
+
+def run(instance: Instance, request: str) -> list[tuple[StreamName, bytes]]:
+    """The pieces of output the sink got from running `request` in `instance`."""
+    pieces: list[tuple[StreamName, bytes]] = []
+    try:
+        instance.install(_wasmtime.Interrupt(WAIT_S))
+        instance.output.attach(lambda stream, data: pieces.append((stream, data)))
+        with instance.running():
+            assert json.loads(instance.run(instance.store, request)) == {"result": 1}
+    finally:
+        instance.close()
+    return pieces
+
+
+def joined(pieces: list[tuple[StreamName, bytes]], stream: StreamName) -> str:
+    return b"".join(data for name, data in pieces if name == stream).decode()
+
+
+EXPECTED = "".join(f"line {i}\n" for i in range(LINES))
+
+
+def test_thousands_of_lines_reach_the_sink_in_a_few_reads(js_instances: Instances) -> None:
+    pieces = run(js_instances.new(), printing(LINES))
+    assert joined(pieces, "stdout") == EXPECTED
+    # Read from the memory file in bulk, not handed over write by write.
+    assert len(pieces) < 20
+    # Standard error comes after everything written before it.
+    assert pieces[-1] == ("stderr", b"end\n")
+
+
+def test_without_memory_files_every_write_is_handed_over(
+    js_instances: Instances, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(wasm_output, "FILES_AVAILABLE", False)
+    pieces = run(js_instances.new(), printing(100))
+    assert joined(pieces, "stdout") == "".join(f"line {i}\n" for i in range(100))
+    assert len(pieces) >= 100
+    assert pieces[-1] == ("stderr", b"end\n")
+
+
+def test_what_a_run_wrote_is_not_handed_over_again(js_instances: Instances) -> None:
+    """After a call into the guest, what was read is freed; a second call's output is
+    its own (a session's steps share their instance)."""
+    instance = js_instances.new()
+    pieces: list[tuple[StreamName, bytes]] = []
+    try:
+        instance.install(_wasmtime.Interrupt(WAIT_S))
+        instance.output.attach(lambda stream, data: pieces.append((stream, data)))
+        with instance.running():
+            instance.run(instance.store, printing(3))
+        first = joined(pieces, "stdout")
+        pieces.clear()
+        with instance.running():
+            instance.run(instance.store, printing(2))
+    finally:
+        instance.close()
+    assert first == "line 0\nline 1\nline 2\n"
+    assert joined(pieces, "stdout") == "line 0\nline 1\n"
