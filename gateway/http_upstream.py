@@ -12,6 +12,10 @@ unguarded client for it. Whatever the factory returns, redirects are not followe
 `max_redirects` is set to 0, which also stops the SDK's own same-origin following, so
 a redirect fails the request with a message naming its location.
 
+No answer is held past `MAX_MESSAGE_BYTES`, whoever built the client: the SDK caps
+each SSE event at it, and `BodyCap` (see `http_body_cap.py`) every other body, which
+the SDK would read whole. Either fails only the request it answered.
+
 Resource handling: the client and the SDK transport belong to the keeper's `serve`
 task; each connection gets a fresh client, closed when the connection ends.
 
@@ -27,7 +31,8 @@ from typing import Protocol
 import httpx2
 from mcp.client.streamable_http import MCP_SESSION_ID, streamable_http_client
 
-from conduit.gateway.keeper import SessionKeeper, TransportStreams
+from conduit.gateway.http_body_cap import BodyCap
+from conduit.gateway.keeper import MAX_MESSAGE_BYTES, SessionKeeper, TransportStreams
 from conduit.gateway.settings import HttpUpstreamSettings
 
 __all__ = ["HttpClientFactory", "HttpUpstream"]
@@ -36,9 +41,6 @@ __all__ = ["HttpClientFactory", "HttpUpstream"]
 # reads because a server may hold an SSE stream (a listen stream, a slow tool) open.
 # Per-call deadlines are `call_timeout_s`, enforced above this layer.
 HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
-# One SSE event carries one JSON-RPC message: the same bound as a stdio line. The
-# SDK's default (1 MiB) would fail any larger tool result.
-MAX_SSE_EVENT_BYTES = 64 * 1024 * 1024
 
 
 class HttpClientFactory(Protocol):
@@ -89,17 +91,20 @@ class HttpUpstream(SessionKeeper):
         # No redirects, whoever built the client: the SDK follows same-origin ones
         # itself unless the client's budget is zero.
         client.max_redirects = 0
+        cap = BodyCap(MAX_MESSAGE_BYTES)
         client.event_hooks = {
             **client.event_hooks,
-            "response": [*client.event_hooks["response"], _session_watch(ended)],
+            "response": [*client.event_hooks["response"], _session_watch(ended), cap.watch],
         }
+        # One SSE event carries one JSON-RPC message: the same bound as a stdio line.
+        # The SDK's default (1 MiB) would fail any larger tool result.
         async with (
             client,
             streamable_http_client(
-                self._http.url, http_client=client, max_sse_event_size=MAX_SSE_EVENT_BYTES
-            ) as streams,
+                self._http.url, http_client=client, max_sse_event_size=MAX_MESSAGE_BYTES
+            ) as (read_stream, write_stream),
         ):
-            yield streams
+            yield cap.answers(read_stream), write_stream
 
 
 def _plain_client(

@@ -56,6 +56,7 @@ from conduit.gateway.settings import HttpUpstreamSettings, StdioUpstreamSettings
 from conduit.gateway.upstream import CallObserver, RawTool, StateListener
 
 __all__ = [
+    "MAX_MESSAGE_BYTES",
     "Misconfigured",
     "RateLimit",
     "ReadStream",
@@ -85,6 +86,10 @@ MAX_TOOL_PAGES = 1000
 CLOSE_TIMEOUT_S = 5.0
 # Error texts end up in `upstreams/list` and logs; an upstream controls part of them.
 MAX_ERROR_CHARS = 500
+# The largest JSON-RPC message read from a server, whatever the transport (a stdio
+# line, an SSE event, an HTTP body): tool results can be big (a file, a page), but
+# one this long is a runaway. It is not held whole: it fails the request it answers.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # The `data` key that marks an `answer_too_large` error.
 _TOO_LARGE_KEY = "conduitAnswerTooLarge"
 # How long a relayed log message may wait on the client it goes to: the connection's
@@ -126,16 +131,19 @@ class WriteStream(Protocol[_T_contra]):
 TransportStreams = tuple[ReadStream[SessionMessage | Exception], WriteStream[SessionMessage]]
 
 
-def answer_too_large(size_bytes: int, max_bytes: int) -> types.ErrorData:
+def answer_too_large(size_bytes: int | None, max_bytes: int) -> types.ErrorData:
     """The error a transport answers a request with in place of a response it would not
     read, being longer than `max_bytes`: the request fails at once and the connection
-    goes on. `call_tool` knows it by its `data`."""
-    return types.ErrorData(
-        code=types.INTERNAL_ERROR,
-        message=f"the answer was {size_bytes} bytes, more than the {max_bytes} bytes "
-        f"({max_bytes / 2**20:g} MiB) the daemon reads from an upstream; it was dropped unread",
-        data={_TOO_LARGE_KEY: {"sizeBytes": size_bytes, "maxBytes": max_bytes}},
-    )
+    goes on. `size_bytes` is None when the transport stopped reading at the cap
+    without learning the whole size. `call_tool` knows it by its `data`."""
+    limit = f"the {max_bytes} bytes ({max_bytes / 2**20:g} MiB) the daemon reads from an upstream"
+    if size_bytes is None:
+        message = f"the answer was more than {limit}; it was dropped, the rest unread"
+        sizes = {"maxBytes": max_bytes}
+    else:
+        message = f"the answer was {size_bytes} bytes, more than {limit}; it was dropped unread"
+        sizes = {"sizeBytes": size_bytes, "maxBytes": max_bytes}
+    return types.ErrorData(code=types.INTERNAL_ERROR, message=message, data={_TOO_LARGE_KEY: sizes})
 
 
 def _is_too_large(exc: MCPError) -> bool:
@@ -836,7 +844,7 @@ class SessionKeeper(abc.ABC):
             )
         if exc.code == types.CONNECTION_CLOSED:
             # The SDK's HTTP transport gave up on this call's stream alone (an SSE event
-            # past `MAX_SSE_EVENT_BYTES`, a stream that ended early): the session is up.
+            # past `MAX_MESSAGE_BYTES`, a stream that ended early): the session is up.
             return _bounded(
                 f"upstream {self.name!r} gave no answer to tools/call {tool!r} "
                 f"({exc.message}); other calls go on"

@@ -49,6 +49,7 @@ from conduit.core.framing import LineReader, Oversize
 from conduit.core.protocol import skipped_response_id
 from conduit.gateway.direct_requests import DirectRequests
 from conduit.gateway.keeper import (
+    MAX_MESSAGE_BYTES,
     Misconfigured,
     RateLimit,
     SessionKeeper,
@@ -61,10 +62,6 @@ __all__ = ["StdioUpstream", "child_environment", "open_stdio_transport"]
 
 log = logging.getLogger("conduit.gateway.upstream")
 
-# The largest JSON-RPC message accepted from a server: tool results can be big
-# (a file, a page), but a line this long is a runaway, and it is never buffered past:
-# it is skipped, and fails the request it answers.
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # Pipe reads: the kernel's pipe buffer is 64 KiB, so larger reads rarely fill.
 READ_CHUNK_BYTES = 64 * 1024
 # Stop sequence, as in the SDK: a server exits on its own once stdin closes; 2 s for

@@ -2,15 +2,17 @@
 
 The server answers one request per connection (`Connection: close`), records what it
 saw (the Host header, the address it was reached on, the TLS SNI) and lets each test
-decide the answer. Nothing here talks to anything but 127.0.0.0/8.
+decide the answer, which may be streamed (`Reply.stream`: an answer too large to hold).
+Nothing here talks to anything but 127.0.0.0/8.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ssl
 import tempfile
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +44,9 @@ class Reply:
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
+    # Sent in place of `body`, part by part: chunked unless `headers` set a
+    # Content-Length. The server stops where the client hangs up.
+    stream: AsyncGenerator[bytes, None] | None = None
 
 
 Handler = Callable[[Seen], Awaitable[Reply]]
@@ -93,7 +98,10 @@ class LocalServer:
                     return
                 self.requests.append(seen)
                 reply = await self.handler(seen)
-                await transport.send_all(_render(reply, head_only=seen.method == "HEAD"))
+                if reply.stream is None:
+                    await transport.send_all(_render(reply, head_only=seen.method == "HEAD"))
+                else:
+                    await _send_streamed(transport, reply, reply.stream)
             except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError):
                 pass  # the client hung up early: some tests do that on purpose
 
@@ -124,8 +132,25 @@ async def _read_request(stream: trio.abc.Stream, local: str) -> Seen | None:
 
 def _render(reply: Reply, *, head_only: bool) -> bytes:
     headers = {"content-length": str(len(reply.body)), "connection": "close", **reply.headers}
-    head = f"HTTP/1.1 {reply.status} X\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    return head.encode("latin-1") + b"\r\n" + (b"" if head_only else reply.body)
+    return _head(reply.status, headers) + (b"" if head_only else reply.body)
+
+
+async def _send_streamed(
+    stream: trio.abc.Stream, reply: Reply, parts: AsyncGenerator[bytes, None]
+) -> None:
+    chunked = "content-length" not in reply.headers
+    framing = {"transfer-encoding": "chunked"} if chunked else {}
+    await stream.send_all(_head(reply.status, {"connection": "close", **framing, **reply.headers}))
+    async with contextlib.aclosing(parts):
+        async for part in parts:
+            await stream.send_all(b"%x\r\n%b\r\n" % (len(part), part) if chunked else part)
+    if chunked:
+        await stream.send_all(b"0\r\n\r\n")
+
+
+def _head(status: int, headers: dict[str, str]) -> bytes:
+    head = f"HTTP/1.1 {status} X\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    return head.encode("latin-1") + b"\r\n"
 
 
 class FakeResolver:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import select
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+import zlib
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from functools import partial
 from typing import Any
 
@@ -27,9 +29,12 @@ from pydantic import BaseModel, ValidationError
 from conduit.core.errors import UpstreamUnreachable
 from conduit.gateway import http_upstream
 from conduit.gateway.http_upstream import HTTP_TIMEOUT, HttpUpstream
+from conduit.gateway.keeper import MAX_MESSAGE_BYTES
 from conduit.gateway.model import UpstreamState, UpstreamStatus
 from conduit.gateway.settings import HttpUpstreamSettings, UpstreamList
+from conduit.gateway.ssrf import SsrfGuard
 from tests.fixtures.mcp_echo_server import START_TIMEOUT_S, HttpServer, command, running_http
+from tests.gateway.local_http import LocalServer, Reply, Seen
 from tests.gateway.test_stdio_upstream import (
     HANDSHAKES,
     NEGOTIATED,
@@ -133,7 +138,7 @@ async def test_an_answer_past_the_sse_event_cap_fails_its_call_alone(
     serve: Any, reading_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The 2025 era answers over SSE, where the SDK caps an event and fails that call only.
-    monkeypatch.setattr(http_upstream, "MAX_SSE_EVENT_BYTES", 100_000)
+    monkeypatch.setattr(http_upstream, "MAX_MESSAGE_BYTES", 100_000)
     served = await serve(http(reading_url, handshake="initialize"))
     with pytest.raises(UpstreamUnreachable) as failed:
         await served.call("big", n=150_000)
@@ -144,6 +149,147 @@ async def test_an_answer_past_the_sse_event_cap_fails_its_call_alone(
     assert text_of(await served.call("echo", text="next")) == "next"
     status = served.upstream.status()
     assert (status.state, status.restarts) == (UpstreamState.READY, 0)
+
+
+# -- answers the SDK reads whole -------------------------------------------------------
+
+# Past the cap by more than loopback's socket buffers can take (a receive buffer may
+# grow to 32 MiB): a server that got to send all of it was read to its end.
+TOO_MUCH = 2 * MAX_MESSAGE_BYTES
+_MIB = b"x" * 2**20
+_TOO_MUCH_PREFIX = "upstream 'web' answered tools/call 'big' with too much: the answer was "
+_TOO_MUCH_SUFFIX = (
+    "the 67108864 bytes (64 MiB) the daemon reads from an upstream; it was dropped{}; "
+    "other calls go on (ask the tool for less: a smaller page or range)"
+)
+
+
+class JsonServer:
+    """A streamable-HTTP MCP server (no session, tools `echo` and `big`) that answers
+    every request with `application/json`, as a 2026-07-28 server always does.
+
+    `big` answers a tool result `TOO_MUCH` bytes long, streamed: with a Content-Length
+    (`framing="length"`), chunked, or chunked and gzipped. `finished` counts the ones
+    sent to their end.
+    """
+
+    def __init__(self, framing: str) -> None:
+        self.framing = framing
+        self.finished = 0
+        self.http = LocalServer(self._answer)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http.port}/mcp"
+
+    async def _answer(self, seen: Seen) -> Reply:
+        if seen.method != "POST":
+            return Reply(405)
+        message = json.loads(seen.body)
+        if "id" not in message:
+            return Reply(202)
+        method, params = message["method"], message.get("params", {})
+        if method == "tools/call" and params["name"] == "big":
+            return self._big(message["id"])
+        answer = {"jsonrpc": "2.0", "id": message["id"], **_outcome(method, params)}
+        return Reply(200, {"content-type": "application/json"}, json.dumps(answer).encode())
+
+    def _big(self, request_id: int | str) -> Reply:
+        opening = b'{"jsonrpc":"2.0","id":%b,"result":{"content":[{"type":"text","text":"'
+        parts = self._text(opening % json.dumps(request_id).encode(), b'"}]}}')
+        headers = {"content-type": "application/json"}
+        if self.framing == "length":
+            headers["content-length"] = str(TOO_MUCH)
+        elif self.framing == "gzip":
+            headers["content-encoding"] = "gzip"
+            parts = _gzipped(parts)
+        return Reply(200, headers, stream=parts)
+
+    async def _text(self, opening: bytes, closing: bytes) -> AsyncGenerator[bytes, None]:
+        yield opening
+        left = TOO_MUCH - len(opening) - len(closing)
+        while left > 0:
+            yield _MIB[:left]
+            left -= len(_MIB)
+        yield closing
+        self.finished += 1
+
+
+def _outcome(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    if method == "initialize":
+        result = {"capabilities": {"tools": {}}, "serverInfo": {"name": "json", "version": "1"}}
+        return {"result": {"protocolVersion": params["protocolVersion"], **result}}
+    if method == "tools/list":
+        tools = [{"name": name, "inputSchema": {"type": "object"}} for name in ("echo", "big")]
+        return {"result": {"tools": tools}}
+    if method == "tools/call":
+        return {"result": {"content": [{"type": "text", "text": params["arguments"]["text"]}]}}
+    return {"error": {"code": -32601, "message": f"no {method}"}}
+
+
+async def _gzipped(parts: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+    packer = zlib.compressobj(wbits=31)  # 31: the gzip format
+    async with contextlib.aclosing(parts):
+        async for part in parts:
+            if packed := packer.compress(part):
+                yield packed
+    yield packer.flush()
+
+
+def _json_upstream(server: JsonServer, client: str) -> HttpUpstream:
+    if client == "trusted":
+        return http(server.url, handshake="initialize")
+    # What the daemon gives an upstream it does not trust: the SSRF guard's client.
+    guard = SsrfGuard(allow_networks=["127.0.0.1/32"], extra_ports=[server.http.port])
+    settings = HttpUpstreamSettings(name="web", url=server.url, handshake="initialize")
+    return HttpUpstream(settings, http_client_factory=guard.open_mcp_client)
+
+
+@pytest.mark.parametrize(
+    ("framing", "client"),
+    [("length", "trusted"), ("chunked", "trusted"), ("chunked", "guarded"), ("gzip", "trusted")],
+)
+async def test_a_json_answer_past_the_cap_fails_its_call_alone(
+    serve: Any, framing: str, client: str
+) -> None:
+    server = JsonServer(framing)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.http.run)
+        served = await serve(_json_upstream(server, client))
+        with pytest.raises(UpstreamUnreachable) as failed:
+            await served.call("big")
+        assert text_of(await served.call("echo", text="next")) == "next"
+        status = served.upstream.status()
+        nursery.cancel_scope.cancel()
+    if framing == "length":  # told before its body, so none of it was read
+        too_much = f"{TOO_MUCH} bytes, more than " + _TOO_MUCH_SUFFIX.format(" unread")
+    else:
+        too_much = "more than " + _TOO_MUCH_SUFFIX.format(", the rest unread")
+    assert str(failed.value) == _TOO_MUCH_PREFIX + too_much
+    assert (status.state, status.restarts) == (UpstreamState.READY, 0)
+    if framing != "gzip":  # gzipped, all of it fits in the sockets' buffers
+        assert server.finished == 0, "the daemon read the whole answer"
+
+
+async def test_a_2026_answer_past_the_cap_fails_its_call_alone(
+    serve: Any, reading_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The SDK's own server: at 2026-07-28 it answers every request with one JSON body.
+    monkeypatch.setattr(http_upstream, "MAX_MESSAGE_BYTES", 100_000)
+    served = await serve(http(reading_url, handshake="auto"))
+    with pytest.raises(UpstreamUnreachable) as failed:
+        await served.call("big", n=150_000)
+    assert str(failed.value).startswith(
+        "upstream 'web' answered tools/call 'big' with too much: the answer was 150202 bytes, "
+        "more than the 100000 bytes (0.0953674 MiB) the daemon reads from an upstream"
+    )
+    assert text_of(await served.call("echo", text="next")) == "next"
+    status = served.upstream.status()
+    assert (status.state, status.restarts, status.protocol_version) == (
+        UpstreamState.READY,
+        0,
+        "2026-07-28",
+    )
 
 
 async def test_a_call_times_out_over_http(serve: Any, reading_url: str) -> None:
