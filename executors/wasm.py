@@ -1081,10 +1081,11 @@ class WasmExecutor:
         _RUNNING.execution = execution
         execution.clock = instance.clock
         try:
-            with instance.running():
-                return instance.run(store, request)
+            with instance.running():  # which reads all it wrote, and what it piped
+                answer = instance.run(store, request)
         finally:
             _RUNNING.execution = None
+        return _piped_answer(execution, answer)
 
     def _finish(self, execution: _Execution) -> bool:
         """The runner is done with the execution (its thread); whether the execution
@@ -1576,6 +1577,15 @@ def _instance_kept(execution: _Execution) -> bool:
         return True
     result = execution.result
     return execution.answered and isinstance(result, tuple) and result[0] is not None
+
+
+def _piped_answer(execution: _Execution, answer: str) -> str:
+    """`run`'s answer: itself, or when it is empty, the line the guest piped on stdout
+    in its place (a long answer, see `answered` in shims/wasm_js/guest.js)."""
+    files = execution.guest_files
+    if answer or files is None:
+        return answer
+    return files.take_text() or answer
 
 
 def _parse_answer(answer: str) -> dict[str, Any] | None:

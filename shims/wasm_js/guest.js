@@ -143,6 +143,17 @@ function hostWait(wait) {
   return hostCall("calls/wait", "");
 }
 
+// What `run` answers with `text`, its JSON answer: the text itself, or "" once the text
+// is written as a line on stdout (announced with `calls/pipe`), when long. The bindings
+// measure the string `run` returns in the same loop as one handed to `host-call`.
+function answered(text) {
+  if (text.length < PIPE_MIN_CHARS) return text;
+  const pipe = parse(hostCall("calls/pipe", `{"length":${text.length * 3}}`));
+  if (own(pipe, "error") !== undefined) return text;
+  writeLine(text);
+  return "";
+}
+
 // Send what is to send, wait up to `timeout` (milliseconds, or "null" for as long as it
 // takes) and settle the calls done; `last` as the run answers.
 function exchange(timeout, last = false) {
@@ -659,17 +670,17 @@ export function run(requestText) {
   calls.sending = "";
   calls.polling = false;
   const answer = runProgram(job);
-  if (run.failure !== null) return run.failure;
+  if (run.failure !== null) return answered(run.failure);
   if (typeof answer === "string") {
     sendRest();
-    return answer;
+    return answered(answer);
   }
   const settled = new NativePromise((resolve) => {
     run.answer = (text) => {
       const failed = run.failure === null ? unhandledCallFailure() : null;
       if (failed !== null) return uncaught(failed.reason); // which answers with it
       sendRest();
-      resolve(text);
+      resolve(answered(text));
     };
   });
   // `then` makes its promise with the constructor a promise names, which a program

@@ -257,6 +257,38 @@ async def test_result_larger_than_the_budget_is_refused(wasm_js: WasmJsExecutor)
     assert outcome.error is not None and outcome.error.type == "ResultTooLarge"
 
 
+@pytest.mark.parametrize(
+    ("code", "result"),
+    [
+        ("'a\\nb\\u2028c\\u0000'.repeat(2000)", "a\nb\u2028c\u0000" * 2000),
+        ("'\\u00e9\\u{1F600}'.repeat(3000)", "\u00e9\U0001f600" * 3000),
+        ("'\\ud800'.repeat(600)", "\ufffd" * 600),  # lone surrogates, replaced
+        (
+            "Array.from({ length: 500 }, (_, i) => ({ i, s: `v${i}` }))",
+            [{"i": i, "s": f"v{i}"} for i in range(500)],
+        ),
+        ("await null;\n'z'.repeat(100_000)", "z" * 100_000),
+    ],
+    ids=["escapes", "non-ascii", "surrogates", "objects", "async"],
+)
+async def test_long_results_come_back_whole(
+    wasm_js: WasmJsExecutor, code: str, result: Any
+) -> None:
+    # Past 512 characters the guest writes its answer on stdout (`answered` in
+    # shims/wasm_js/guest.js): none of it may show as output, all of it as the result.
+    outcome = await run(wasm_js, f"console.log('before');\n{code}")
+    assert outcome.status is Status.OK, outcome
+    assert outcome.result == result
+    assert outcome.stdout == "before\n"
+
+
+async def test_a_long_error_comes_back_whole(wasm_js: WasmJsExecutor) -> None:
+    outcome = await run(wasm_js, "throw new Error('e'.repeat(5000))")
+    assert outcome.status is Status.ERROR
+    assert outcome.error is not None and outcome.error.message == "e" * 5000
+    assert outcome.stdout == ""
+
+
 async def test_job_stop_interrupts_the_guest(wasm_js: WasmJsExecutor) -> None:
     job = Job("ex_stop", "javascript", "while (true) {}", Limits(timeout_ms=20_000))
     async with trio.open_nursery() as nursery:

@@ -9,6 +9,7 @@ import pytest
 from conduit.executors import _wasmtime, wasm_output
 from conduit.executors.output import StreamName
 from conduit.executors.wasm_instances import Instance, Instances
+from tests.executors.conftest import JsComponent
 from tests.sandboxes import WAIT_S
 
 LINES = 10_000
@@ -78,3 +79,29 @@ def test_what_a_run_wrote_is_not_handed_over_again(js_instances: Instances) -> N
         instance.close()
     assert first == "line 0\nline 1\nline 2\n"
     assert joined(pieces, "stdout") == "line 0\nline 1\n"
+
+
+def test_a_long_answer_is_written_on_stdout_after_announcing_it(
+    js_component: JsComponent,
+) -> None:
+    """The bindings measure the string `run` returns a character at a time: a long
+    answer comes as a line on stdout, announced by `calls/pipe`, and `run` returns ""."""
+    methods: list[str] = []
+
+    def host_call(method: str, _params: str) -> str:
+        methods.append(method)
+        return '{"result": null}'
+
+    body = "return 'w'.repeat(2000)"
+    request = json.dumps({"function": f"(async function () {{ {body} }})", "line_offset": 0})
+    instance = js_component.instances(host_call).new()
+    pieces: list[tuple[StreamName, bytes]] = []
+    try:
+        instance.install(_wasmtime.Interrupt(WAIT_S))
+        instance.output.attach(lambda stream, data: pieces.append((stream, data)))
+        with instance.running():
+            assert instance.run(instance.store, request) == ""
+    finally:
+        instance.close()
+    assert methods == ["calls/pipe"]
+    assert json.loads(joined(pieces, "stdout")) == {"result": "w" * 2000}
