@@ -24,15 +24,12 @@ import contextlib
 import datetime
 import json
 from collections.abc import AsyncIterator, Callable
-from types import TracebackType
-from typing import Any, Self
 
-import anyio
 import httpx2
 import mcp_types as types
 from mcp.shared.message import SessionMessage
 
-from conduit.gateway.keeper import ReadStream, answer_too_large
+from conduit.gateway.keeper import ReadStream, ReadStreamWrapper, answer_too_large
 
 __all__ = ["AnswerTooLarge", "BodyCap"]
 
@@ -150,7 +147,7 @@ def _request_id(request: httpx2.Request) -> types.RequestId | None:
     return request_id
 
 
-class _Answers:
+class _Answers(ReadStreamWrapper):
     """The transport's read stream, with the SDK's error for a request whose answer
     passed the cap replaced by the one `BodyCap` recorded for it."""
 
@@ -162,11 +159,6 @@ class _Answers:
         self._inner = inner
         self._tripped = tripped
 
-    @property
-    def last_context(self) -> Any:
-        # The dispatcher runs handlers in the sender's contextvars when the stream has them.
-        return getattr(self._inner, "last_context", None)
-
     async def receive(self) -> SessionMessage | Exception:
         item = await self._inner.receive()
         if not (isinstance(item, SessionMessage) and isinstance(item.message, types.JSONRPCError)):
@@ -176,23 +168,3 @@ class _Answers:
             return item
         reply = types.JSONRPCError(jsonrpc="2.0", id=item.message.id, error=error)
         return SessionMessage(reply, metadata=item.metadata)
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> SessionMessage | Exception:
-        try:
-            return await self.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()

@@ -60,6 +60,7 @@ __all__ = [
     "Misconfigured",
     "RateLimit",
     "ReadStream",
+    "ReadStreamWrapper",
     "ReconnectBackoff",
     "SessionKeeper",
     "TransportStreams",
@@ -228,7 +229,29 @@ class _Wrapping:
         await self.aclose()
 
 
-class _WatchedStream(_Wrapping):
+class ReadStreamWrapper(_Wrapping):
+    """A transport's read stream seen through `receive`, which a subclass defines:
+    iterated, and asked for its `last_context`, as the SDK's dispatcher does."""
+
+    @property
+    def last_context(self) -> Any:
+        # The dispatcher runs handlers in the sender's contextvars when the stream has them.
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> Any:
+        raise NotImplementedError
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+
+class _WatchedStream(ReadStreamWrapper):
     """The transport's read stream, unchanged, except that its end sets `ended`.
 
     The end of the read stream is the one signal every transport gives when the
@@ -240,26 +263,12 @@ class _WatchedStream(_Wrapping):
         self._inner = inner
         self._ended = ended
 
-    @property
-    def last_context(self) -> Any:
-        # The dispatcher runs handlers in the sender's contextvars when the stream has them.
-        return getattr(self._inner, "last_context", None)
-
     async def receive(self) -> Any:
         try:
             return await self._inner.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
             self._ended("the connection closed")
             raise
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> Any:
-        try:
-            return await self.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
 
 
 # The `_meta` keys the session puts on every request it sends once the version is

@@ -97,23 +97,21 @@ async def spin_then_cancel(client: RawClient, language: str, code: str, executor
     assert result["execution_id"] == execution_id
 
 
-@pytest.mark.parametrize("executor", sorted(SPINNERS))
+LIVE = [(executor, "spinning", *program) for executor, program in sorted(SPINNERS.items())] + [
+    (executor, "waiting", *program) for executor, program in sorted(WAITERS.items())
+]
+
+
+@pytest.mark.parametrize(
+    ("executor", "language", "code"),
+    [(executor, language, code) for executor, _, language, code in LIVE],
+    ids=[f"{executor}-{how}" for executor, how, *_ in LIVE],
+)
 async def test_output_arrives_while_the_program_runs(
-    start_daemon: Any, connect: Any, executor: str
+    start_daemon: Any, connect: Any, executor: str, language: str, code: str
 ) -> None:
     _, info = await start_daemon()
     client = await connect(info)
-    language, code = SPINNERS[executor]
-    await spin_then_cancel(client, language, code, executor)
-
-
-@pytest.mark.parametrize("executor", sorted(WAITERS))
-async def test_output_arrives_while_the_program_waits(
-    start_daemon: Any, connect: Any, executor: str
-) -> None:
-    _, info = await start_daemon()
-    client = await connect(info)
-    language, code = WAITERS[executor]
     await spin_then_cancel(client, language, code, executor)
 
 

@@ -134,21 +134,45 @@ async def test_calls_and_configured_headers_over_http(
     assert len(text_of(await served.call("big", n=3_000_000))) == 3_000_000
 
 
-async def test_an_answer_past_the_sse_event_cap_fails_its_call_alone(
-    serve: Any, reading_url: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("handshake", "version", "failure"),
+    [
+        # The 2025 era answers over SSE, where the SDK caps an event.
+        (
+            "initialize",
+            "2025-11-25",
+            "upstream 'web' gave no answer to tools/call 'big' (SSE stream failed: Server-sent "
+            "event exceeded the 100000 byte limit.); other calls go on",
+        ),
+        # At 2026-07-28 the SDK's own server answers every request with one JSON body.
+        (
+            "auto",
+            "2026-07-28",
+            "upstream 'web' answered tools/call 'big' with too much: the answer was 150202 "
+            "bytes, more than the 100000 bytes (0.0953674 MiB) the daemon reads from an upstream",
+        ),
+    ],
+)
+async def test_an_answer_past_the_cap_fails_its_call_alone(
+    serve: Any,
+    reading_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    handshake: str,
+    version: str,
+    failure: str,
 ) -> None:
-    # The 2025 era answers over SSE, where the SDK caps an event and fails that call only.
     monkeypatch.setattr(http_upstream, "MAX_MESSAGE_BYTES", 100_000)
-    served = await serve(http(reading_url, handshake="initialize"))
+    served = await serve(http(reading_url, handshake=handshake))
     with pytest.raises(UpstreamUnreachable) as failed:
         await served.call("big", n=150_000)
-    assert str(failed.value) == (
-        "upstream 'web' gave no answer to tools/call 'big' (SSE stream failed: Server-sent "
-        "event exceeded the 100000 byte limit.); other calls go on"
-    )
+    assert str(failed.value).startswith(failure)
     assert text_of(await served.call("echo", text="next")) == "next"
     status = served.upstream.status()
-    assert (status.state, status.restarts) == (UpstreamState.READY, 0)
+    assert (status.state, status.restarts, status.protocol_version) == (
+        UpstreamState.READY,
+        0,
+        version,
+    )
 
 
 # -- answers the SDK reads whole -------------------------------------------------------
@@ -269,27 +293,6 @@ async def test_a_json_answer_past_the_cap_fails_its_call_alone(
     assert (status.state, status.restarts) == (UpstreamState.READY, 0)
     if framing != "gzip":  # gzipped, all of it fits in the sockets' buffers
         assert server.finished == 0, "the daemon read the whole answer"
-
-
-async def test_a_2026_answer_past_the_cap_fails_its_call_alone(
-    serve: Any, reading_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The SDK's own server: at 2026-07-28 it answers every request with one JSON body.
-    monkeypatch.setattr(http_upstream, "MAX_MESSAGE_BYTES", 100_000)
-    served = await serve(http(reading_url, handshake="auto"))
-    with pytest.raises(UpstreamUnreachable) as failed:
-        await served.call("big", n=150_000)
-    assert str(failed.value).startswith(
-        "upstream 'web' answered tools/call 'big' with too much: the answer was 150202 bytes, "
-        "more than the 100000 bytes (0.0953674 MiB) the daemon reads from an upstream"
-    )
-    assert text_of(await served.call("echo", text="next")) == "next"
-    status = served.upstream.status()
-    assert (status.state, status.restarts, status.protocol_version) == (
-        UpstreamState.READY,
-        0,
-        "2026-07-28",
-    )
 
 
 async def test_a_call_times_out_over_http(serve: Any, reading_url: str) -> None:
