@@ -26,6 +26,7 @@ output is a callback too (`FILES_AVAILABLE`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import threading
@@ -35,7 +36,7 @@ from pathlib import Path
 import wasmtime
 
 from conduit.executors import _wasmtime
-from conduit.executors.output import StreamName
+from conduit.executors.output import READ_CHUNK_BYTES, StreamName
 
 __all__ = ["FILES_AVAILABLE", "OutputRoute", "drain_current"]
 
@@ -44,8 +45,12 @@ log = logging.getLogger(__name__)
 _FD_DIR = Path("/proc/self/fd")
 # Whether instances write to memory files; false, they go through callbacks.
 FILES_AVAILABLE = hasattr(os, "memfd_create") and _FD_DIR.is_dir()
-# The most of one stream a sink is given at once.
-READ_BYTES = 1024 * 1024
+# Set once the system refused a memory file in a way that will not pass.
+_FILES_REFUSED = threading.Event()
+# Failures to make a memory file that pass: that instance alone writes through callbacks.
+_SHORT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+# The most of one stream a sink is given at once (a streamed piece is one notification).
+READ_BYTES = READ_CHUNK_BYTES
 # The route of the instance whose guest the thread is running (`current`).
 _CURRENT = threading.local()
 
@@ -70,7 +75,7 @@ class OutputRoute:
 
     def configure(self, wasi: wasmtime.WasiConfig) -> None:
         """Send the output of the instance made with `wasi` here."""
-        if not (FILES_AVAILABLE and self._open_file(wasi)):
+        if not (FILES_AVAILABLE and not _FILES_REFUSED.is_set() and self._open_file(wasi)):
             wasi.stdout_custom = self._stdout
         wasi.stderr_custom = self._stderr
 
@@ -78,14 +83,15 @@ class OutputRoute:
         try:
             fd = os.memfd_create("conduit-stdout")
         except OSError as exc:
-            log.warning("guest output goes through callbacks: no memory file (%s)", exc)
+            if exc.errno not in _SHORT_OF:
+                _no_files(f"no memory file ({exc})")
             return False
         try:
             # Wasmtime opens it by its name: a description of its own, at its own offset.
             wasi.stdout_file = str(_FD_DIR / str(fd))
         except wasmtime.WasmtimeError as exc:
-            log.warning("guest output goes through callbacks: %s", exc)
             os.close(fd)
+            _no_files(str(exc))
             return False
         self._file = fd
         return True
@@ -156,6 +162,14 @@ class OutputRoute:
                 self._drain(self._file)  # written before this, so given first
             if self._sink is not None:
                 self._sink("stderr", data)
+
+
+def _no_files(reason: str) -> None:
+    """Make every instance from now on write through callbacks: this system cannot
+    give Wasmtime a memory file (said once)."""
+    if not _FILES_REFUSED.is_set():
+        _FILES_REFUSED.set()
+        log.warning("guest output goes through callbacks from now on: %s", reason)
 
 
 def drain_current() -> None:

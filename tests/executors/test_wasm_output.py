@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -59,6 +61,18 @@ def test_without_memory_files_every_write_is_handed_over(
     assert joined(pieces, "stdout") == "".join(f"line {i}\n" for i in range(100))
     assert len(pieces) >= 100
     assert pieces[-1] == ("stderr", b"end\n")
+
+
+def test_a_system_refusing_memory_files_is_told_once_and_served_by_callbacks(
+    js_instances: Instances, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(wasm_output, "_FD_DIR", Path("/nonexistent/fd"))
+    monkeypatch.setattr(wasm_output, "_FILES_REFUSED", threading.Event())
+    for _ in range(2):
+        pieces = run(js_instances.new(), printing(3))
+        assert joined(pieces, "stdout") == "line 0\nline 1\nline 2\n"
+    refusals = [r for r in caplog.records if "through callbacks" in r.getMessage()]
+    assert len(refusals) == 1
 
 
 def test_what_a_run_wrote_is_not_handed_over_again(js_instances: Instances) -> None:
