@@ -12,8 +12,16 @@ guest's host calls begins (`drain_current`: what it wrote before a call, a file'
 piped on stdout included, is taken before the call is handled), at every epoch tick
 while the guest runs, from the ticker's thread (so the output limit stops a guest that
 only prints, and a streaming reader sees what was printed before a wait while the guest
-waits), once each call into the guest has returned (`OutputRoute.finish`, which also
-frees what was read), and before each write to standard error.
+waits), once each call into the guest has returned (`OutputRoute.finish`), and before
+each write to standard error.
+
+What was read is freed wherever the guest cannot be writing: as a host call begins and
+once a call into the guest has returned. Not only at the end of a call: a wasm-js
+program writing files, or calling tools with long arguments, pipes their bytes through
+standard output (`wasm_fs`) without limit on their total, and kept to the end of the
+run they grew the daemon by gigabytes. Wasmtime writes at an offset of its own, which
+freeing (truncating the file) does not move: its next write lands where the last one
+ended, past a hole that takes no memory, so what is new is always at `_read` and after.
 
 Standard error stays a callback, which drains standard output first: the two streams
 reach the sink in exactly the order the guest wrote them (docs/events.md), as they did
@@ -99,16 +107,19 @@ class OutputRoute:
     def attach(self, sink: Sink | None) -> None:
         self._sink = sink
 
-    def drain(self) -> None:
-        """Give the sink what the guest wrote to standard output since the last drain."""
-        if self._file is not None:
-            with self._lock:
+    def drain(self, *, free: bool = False) -> None:
+        """Give the sink what the guest wrote to standard output since the last drain;
+        with `free`, free what was read too, which only a thread that knows the guest
+        is not running may ask (what it writes meanwhile would be lost)."""
+        with self._lock:
+            if self._file is not None:
                 self._drain(self._file)
+                if free:
+                    os.ftruncate(self._file, 0)
 
     def _drain(self, fd: int) -> None:
+        # Below `_read` once freed (see the module): nothing new until Wasmtime writes.
         size = os.fstat(fd).st_size
-        if size < self._read:  # freed, and written again from the start
-            self._read = 0
         while self._read < size:
             data = os.pread(fd, min(size - self._read, READ_BYTES), self._read)
             if not data:
@@ -126,16 +137,13 @@ class OutputRoute:
             log.exception("reading a guest's output failed")
 
     def finish(self) -> None:
-        """`drain`, then free what was read: the guest is not running. Wasmtime writes
-        on at its own offset, past a hole that takes no memory."""
-        if self._file is not None:
-            with self._lock:
-                self._drain(self._file)
-                os.ftruncate(self._file, 0)
+        """`drain`, then free what was read: the guest is not running."""
+        self.drain(free=True)
 
     def close(self) -> None:
         """Close the host's side of the file (Wasmtime's closes with its store)."""
-        fd, self._file = self._file, None
+        with self._lock:  # a tick's drain may still be under way
+            fd, self._file = self._file, None
         if fd is not None:
             os.close(fd)
 
@@ -174,7 +182,8 @@ def _no_files(reason: str) -> None:
 
 def drain_current() -> None:
     """Drain the output of the guest this thread is running, if any: as a host call
-    begins, so that what the guest wrote before it is taken first."""
+    begins, so that what the guest wrote before it is taken first. The guest waits for
+    the call, so what was read is freed."""
     route: OutputRoute | None = getattr(_CURRENT, "route", None)
     if route is not None:
-        route.drain()
+        route.drain(free=True)

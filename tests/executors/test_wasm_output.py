@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -41,6 +43,16 @@ def joined(pieces: list[tuple[StreamName, bytes]], stream: StreamName) -> str:
     return b"".join(data for name, data in pieces if name == stream).decode()
 
 
+def stdout_files() -> list[int]:
+    """This process's descriptors of guests' standard output files."""
+    fds = []
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{name}").startswith("/memfd:conduit-stdout"):
+                fds.append(int(name))
+    return fds
+
+
 EXPECTED = "".join(f"line {i}\n" for i in range(LINES))
 
 
@@ -63,18 +75,6 @@ def test_without_memory_files_every_write_is_handed_over(
     assert pieces[-1] == ("stderr", b"end\n")
 
 
-def test_a_system_refusing_memory_files_is_told_once_and_served_by_callbacks(
-    js_instances: Instances, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setattr(wasm_output, "_FD_DIR", Path("/nonexistent/fd"))
-    monkeypatch.setattr(wasm_output, "_FILES_REFUSED", threading.Event())
-    for _ in range(2):
-        pieces = run(js_instances.new(), printing(3))
-        assert joined(pieces, "stdout") == "line 0\nline 1\nline 2\n"
-    refusals = [r for r in caplog.records if "through callbacks" in r.getMessage()]
-    assert len(refusals) == 1
-
-
 def test_what_a_run_wrote_is_not_handed_over_again(js_instances: Instances) -> None:
     """After a call into the guest, what was read is freed; a second call's output is
     its own (a session's steps share their instance)."""
@@ -93,6 +93,62 @@ def test_what_a_run_wrote_is_not_handed_over_again(js_instances: Instances) -> N
         instance.close()
     assert first == "line 0\nline 1\nline 2\n"
     assert joined(pieces, "stdout") == "line 0\nline 1\n"
+
+
+def test_a_drain_before_the_guest_writes_again_takes_no_hole(js_instances: Instances) -> None:
+    """Freeing what was read leaves Wasmtime writing on at its own offset: a drain in
+    between (an epoch tick, or a host call, before the next step prints) must not make
+    the host read the hole before it, a NUL for every byte printed so far."""
+    instance = js_instances.new()
+    pieces: list[tuple[StreamName, bytes]] = []
+    try:
+        instance.install(_wasmtime.Interrupt(WAIT_S))
+        instance.output.attach(lambda stream, data: pieces.append((stream, data)))
+        with instance.running():
+            instance.run(instance.store, printing(3))
+        pieces.clear()
+        instance.output.drain()  # as a tick does, before the guest writes
+        with instance.running():
+            instance.run(instance.store, printing(2))
+    finally:
+        instance.close()
+    assert joined(pieces, "stdout") == "line 0\nline 1\n"
+
+
+def test_a_host_call_frees_what_was_read(js_component: JsComponent) -> None:
+    """As each host call begins the guest waits: what it wrote is read and freed then,
+    not only when the run ends (a file's bytes piped on stdout are not output, and
+    nothing else bounds how much of them a run writes)."""
+    held: list[int] = []
+
+    def host_call(_method: str, _params: str) -> str:
+        wasm_output.drain_current()
+        held.append(sum(os.fstat(fd).st_blocks * 512 for fd in stdout_files()))
+        return '{"result": null}'
+
+    instances = js_component.instances(host_call)
+    body = (
+        'const line = "x".repeat(1024 * 1024);'
+        "for (let i = 0; i < 50; i++) { console.log(line); fs.existsSync('a') }"
+    )
+    request = json.dumps(
+        {"function": f"(async function () {{ {body} return 1 }})", "line_offset": 0}
+    )
+    pieces = run(instances.new(), request)
+    assert len(joined(pieces, "stdout")) == 50 * (1024 * 1024 + 1)
+    assert len(held) == 50 and max(held) < 1024 * 1024, held
+
+
+def test_a_system_refusing_memory_files_is_told_once_and_served_by_callbacks(
+    js_instances: Instances, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(wasm_output, "_FD_DIR", Path("/nonexistent/fd"))
+    monkeypatch.setattr(wasm_output, "_FILES_REFUSED", threading.Event())
+    for _ in range(2):
+        pieces = run(js_instances.new(), printing(3))
+        assert joined(pieces, "stdout") == "line 0\nline 1\nline 2\n"
+    refusals = [r for r in caplog.records if "through callbacks" in r.getMessage()]
+    assert len(refusals) == 1
 
 
 def test_a_long_answer_is_written_on_stdout_after_announcing_it(
