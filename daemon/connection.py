@@ -298,6 +298,9 @@ class Connection:
             self._outbox_send.send_nowait(line)
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             return False
+        # Counted as `_send` counts, or the writer's count of what it has written takes
+        # the count below zero, and a reply would go ahead of a message still queued.
+        self._queued += 1
         return True
 
     def login(self, token: str) -> Principal:

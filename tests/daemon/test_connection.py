@@ -449,6 +449,25 @@ async def test_a_method_may_notify_before_it_answers(nursery: trio.Nursery) -> N
     assert await peer.recv() == reply(1, {"done": True})
 
 
+async def test_a_notification_sent_nowait_leaves_replies_in_order(nursery: trio.Nursery) -> None:
+    """`notify_nowait` (the tool list changed) counts as queued like every other message
+    for the writer: uncounted, the writer's count went below zero, and a reply could
+    then be written ahead of the notification its method sent before it."""
+
+    async def chatty(params: Any, peer: Any, principal: Any) -> Any:
+        await peer.notify("note", {"n": 1})
+        return {"done": True}
+
+    peer, connection, _ = open_connection(nursery, FakeDispatch(chatty=chatty))
+    assert connection.notify_nowait("changed", {})
+    assert await peer.recv() == {"jsonrpc": "2.0", "method": "changed", "params": {}}
+    # Trio runs the tasks woken together in either order: a few rounds see both.
+    for ident in range(20):
+        await peer.send({"jsonrpc": "2.0", "id": ident, "method": "chatty"})
+        assert await peer.recv() == {"jsonrpc": "2.0", "method": "note", "params": {"n": 1}}
+        assert await peer.recv() == reply(ident, {"done": True})
+
+
 async def test_a_notification_given_up_mid_write_leaves_no_half_line(
     nursery: trio.Nursery,
 ) -> None:
