@@ -1597,10 +1597,18 @@ def _parse_answer(answer: str) -> dict[str, Any] | None:
     return message if isinstance(message, dict) else None
 
 
-def _record(execution: _Execution, capture: OutputCapture, stream: str, data: bytes) -> None:
+def _record(execution: _Execution, capture: OutputCapture, stream: str, data: bytes) -> bool:
+    """Keep what `data` holds of output; whether more is wanted (`wasm_output.Sink`)."""
     data = _unpiped(execution, stream, data)
     if data and not (execution.abandoned or execution.output_closed):  # the report may be out
         capture.write_nowait(stream, data)  # type: ignore[arg-type]
+    return _wanted(execution, capture)
+
+
+def _wanted(execution: _Execution, capture: OutputCapture) -> bool:
+    """Whether the execution takes more output: not past its limit (the guest is being
+    stopped), nor once it is reported."""
+    return not (capture.limit_hit or execution.abandoned or execution.output_closed)
 
 
 def _unpiped(execution: _Execution, stream: str, data: bytes) -> bytes:
@@ -1614,13 +1622,14 @@ def _unpiped(execution: _Execution, stream: str, data: bytes) -> bytes:
 
 def _record_live(
     execution: _Execution, capture: OutputCapture, stream: StreamName, data: bytes
-) -> None:
+) -> bool:
     """`_record`, also handing what was kept to the Trio side (runner thread)."""
     data = _unpiped(execution, stream, data)
     if data and not (execution.abandoned or execution.output_closed):
         kept = capture.write_nowait(stream, data)
         if kept and execution.live is not None:
             execution.live(stream, kept)
+    return _wanted(execution, capture)
 
 
 class _LiveOutput:

@@ -62,7 +62,9 @@ READ_BYTES = READ_CHUNK_BYTES
 # The route of the instance whose guest the thread is running (`current`).
 _CURRENT = threading.local()
 
-Sink = Callable[[StreamName, bytes], None]
+# Takes a piece of output; answers False once it takes no more (the output limit was
+# reached, or the execution was reported), which spares the host reading the rest.
+Sink = Callable[[StreamName, bytes], bool | None]
 
 
 class OutputRoute:
@@ -71,14 +73,20 @@ class OutputRoute:
     The sink is called on the thread that drains, or on one of Wasmtime's I/O threads
     for a callback (with at most 8 KiB of a guest's write each time, the guest writing
     the rest, see `python_program.write_whole`), one piece at a time, in order.
+
+    Once it answers False, what is still to drain is skipped, not read: a guest
+    printing as fast as it can writes gigabytes a second until the interrupt the
+    output limit sets stops it, and reading all that on the epoch ticker's thread held
+    up every guest's ticks, so theirs and its own time limits, for seconds.
     """
 
-    __slots__ = ("_file", "_lock", "_read", "_sink")
+    __slots__ = ("_file", "_full", "_lock", "_read", "_sink")
 
     def __init__(self) -> None:
         self._sink: Sink | None = None
         self._file: int | None = None  # standard output's memory file
         self._read = 0  # how much of it the sink has been given
+        self._full = False  # whether the sink said it takes no more
         self._lock = threading.Lock()
 
     def configure(self, wasi: wasmtime.WasiConfig) -> None:
@@ -105,7 +113,8 @@ class OutputRoute:
         return True
 
     def attach(self, sink: Sink | None) -> None:
-        self._sink = sink
+        with self._lock:
+            self._sink, self._full = sink, False
 
     def drain(self, *, free: bool = False) -> None:
         """Give the sink what the guest wrote to standard output since the last drain;
@@ -121,12 +130,14 @@ class OutputRoute:
         # Below `_read` once freed (see the module): nothing new until Wasmtime writes.
         size = os.fstat(fd).st_size
         while self._read < size:
+            if self._sink is None or self._full:
+                self._read = size  # dropped: not worth reading
+                return
             data = os.pread(fd, min(size - self._read, READ_BYTES), self._read)
             if not data:
                 return
             self._read += len(data)
-            if self._sink is not None:
-                self._sink("stdout", data)
+            self._full = self._sink("stdout", data) is False
 
     def _on_tick(self) -> None:
         """`drain` from the epoch ticker's thread, where nothing may raise (a fault of

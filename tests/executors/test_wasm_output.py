@@ -139,6 +139,32 @@ def test_a_host_call_frees_what_was_read(js_component: JsComponent) -> None:
     assert len(held) == 50 and max(held) < 1024 * 1024, held
 
 
+def test_what_a_full_sink_would_be_given_is_not_read(js_instances: Instances) -> None:
+    """Once the sink takes no more (the output limit), the rest is skipped, not read:
+    a guest printing flat out until its stop writes far faster than the ticker's
+    thread reads, and reading it all held up every guest's ticks for seconds."""
+    instance = js_instances.new()
+    pieces: list[tuple[StreamName, bytes]] = []
+
+    def sink(stream: StreamName, data: bytes) -> bool:
+        pieces.append((stream, data))
+        return False
+
+    body = 'const line = "x".repeat(1023); for (let i = 0; i < 8192; i++) console.log(line);'
+    request = json.dumps(
+        {"function": f"(async function () {{ {body} return 1 }})", "line_offset": 0}
+    )
+    try:
+        instance.install(_wasmtime.Interrupt(WAIT_S))
+        instance.output.attach(sink)
+        with instance.running():
+            instance.run(instance.store, request)
+    finally:
+        instance.close()
+    assert len(pieces) == 1
+    assert len(pieces[0][1]) <= wasm_output.READ_BYTES
+
+
 def test_a_system_refusing_memory_files_is_told_once_and_served_by_callbacks(
     js_instances: Instances, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
