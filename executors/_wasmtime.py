@@ -376,6 +376,13 @@ class StopReason(enum.Enum):
 WATCH_EVERY_S = 0.05
 
 
+@dataclass(slots=True)
+class _Watch:
+    check: Callable[[], StopReason | None]
+    every_s: float
+    due: float = 0.0
+
+
 class Interrupt:
     """When one store's guest must stop: its wall deadline, or a reason set from outside.
 
@@ -391,8 +398,7 @@ class Interrupt:
         self.reason: StopReason | None = None
         # Kept alive with self; None without `_wasmtime_private`.
         self._callback = private.deadline_callback(self._on_deadline) if private.AVAILABLE else None
-        self._watch: Callable[[], StopReason | None] | None = None
-        self._next_watch = 0.0
+        self._watches: tuple[_Watch, ...] = ()
         # Without the callback: the engine whose epoch stops the guest, while installed
         # (guarded by `_installed`, so that no stop reaches the store installed after).
         self._engine: wasmtime.Engine | None = None
@@ -406,11 +412,13 @@ class Interrupt:
                 if self._engine is not None:
                     self._engine.increment_epoch()
 
-    def watch(self, check: Callable[[], StopReason | None]) -> None:
+    def watch(
+        self, check: Callable[[], StopReason | None], *, every_s: float = WATCH_EVERY_S
+    ) -> None:
         """Also stop for the reason `check` returns, if any: it runs on the guest's
-        thread between its instructions (or on the ticker's), at most every
-        WATCH_EVERY_S. It must not raise."""
-        self._watch = check
+        thread between its instructions (or on the ticker's, without the callback), at
+        most every `every_s` (0: at every tick). It must not raise."""
+        self._watches = (*self._watches, _Watch(check, every_s))
 
     def install(self, store: wasmtime.Store, engine: wasmtime.Engine) -> None:
         """Check this interrupt every tick while `store` (of `engine`) runs guest code.
@@ -452,9 +460,10 @@ class Interrupt:
         """Why the guest must stop now, if it must (set as `reason`)."""
         if self.reason is None and now >= self.deadline:
             self.reason = StopReason.TIMEOUT
-        if self.reason is None and self._watch is not None and now >= self._next_watch:
-            self._next_watch = now + WATCH_EVERY_S
-            self.reason = self._watch()
+        for watch in self._watches:
+            if self.reason is None and now >= watch.due:
+                watch.due = now + watch.every_s
+                self.reason = watch.check()
         return self.reason
 
     def _on_deadline(self, _context, _data, delta, kind) -> int:  # type: ignore[no-untyped-def]

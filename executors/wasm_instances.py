@@ -101,6 +101,8 @@ class Instance:
         once its files take more than `disk_bytes` (if given and it has a scratch
         directory: a guest whose files go through the host is checked there instead)."""
         self.interrupt.uninstall()
+        if _wasmtime.stops_by_callback():  # between the guest's own instructions
+            interrupt.watch(self.output.between_instructions, every_s=0.0)
         interrupt.install(self.store, self.engine)
         self.interrupt = interrupt
         if self.clock is not None:

@@ -9,14 +9,16 @@ spent most of its time there.
 The host reads what was written (`OutputRoute.drain`) and gives it to the sink the
 execution attached, wherever order matters or a limit must be seen: as each of the
 guest's host calls begins (`drain_current`: what it wrote before a call, a file's bytes
-piped on stdout included, is taken before the call is handled), at every epoch tick
-while the guest runs, from the ticker's thread (so the output limit stops a guest that
-only prints, and a streaming reader sees what was printed before a wait while the guest
-waits), once each call into the guest has returned (`OutputRoute.finish`), and before
-each write to standard error.
+piped on stdout included, is taken before the call is handled); at every epoch tick,
+from the epoch callback on the guest's own thread while it runs its code (so the output
+limit stops a guest that only prints, and a flood is read as it is written) and from
+the ticker's thread while a call is under way (so a streaming reader sees what was
+printed before a wait while the guest waits); once each call into the guest has
+returned (`OutputRoute.finish`); and before each write to standard error.
 
-What was read is freed wherever the guest cannot be writing: as a host call begins and
-once a call into the guest has returned. Not only at the end of a call: a wasm-js
+What was read is freed wherever the guest cannot be writing: as a host call begins, in
+the epoch callback, and once a call into the guest has returned. Not only at the end of
+a call: a wasm-js
 program writing files, or calling tools with long arguments, pipes their bytes through
 standard output (`wasm_fs`) without limit on their total, and kept to the end of the
 run they grew the daemon by gigabytes. Wasmtime writes at an offset of its own, which
@@ -138,6 +140,15 @@ class OutputRoute:
                 return
             self._read += len(data)
             self._full = self._sink("stdout", data) is False
+
+    def between_instructions(self) -> None:
+        """`drain` and free, from the epoch callback on the guest's own thread, which
+        is not writing then: a guest printing flat out is read as it goes, and holds at
+        most a tick's writes (a watch of its interrupt, so it returns None)."""
+        try:
+            self.drain(free=True)
+        except Exception:
+            log.exception("reading a guest's output failed")
 
     def _on_tick(self) -> None:
         """`drain` from the epoch ticker's thread, where nothing may raise (a fault of

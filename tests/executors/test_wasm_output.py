@@ -9,12 +9,15 @@ import threading
 from pathlib import Path
 
 import pytest
+import trio
 
 from conduit.executors import _wasmtime, wasm_output
+from conduit.executors.base import Job, Limits, Status
 from conduit.executors.output import StreamName
 from conduit.executors.wasm_instances import Instance, Instances
+from conduit.executors.wasm_js import WasmJsExecutor
 from tests.executors.conftest import JsComponent
-from tests.sandboxes import WAIT_S
+from tests.sandboxes import WAIT_S, NoBridge
 
 LINES = 10_000
 
@@ -201,3 +204,25 @@ def test_a_long_answer_is_written_on_stdout_after_announcing_it(
         instance.close()
     assert methods == ["calls/pipe"]
     assert json.loads(joined(pieces, "stdout")) == {"result": "w" * 2000}
+
+
+@pytest.mark.skipif(not _wasmtime.stops_by_callback(), reason="needs the epoch callback")
+async def test_a_running_guest_s_output_is_freed_as_it_goes(wasm_js: WasmJsExecutor) -> None:
+    """The epoch callback, on the guest's own thread, reads and frees what it wrote:
+    a guest that printed and computes on holds none of it (read from the ticker's
+    thread, it would be held until the run ends)."""
+    code = "console.log('x'.repeat(3_000_000)); while (true) {}"
+    job = Job("ex_out", "javascript", code, Limits(timeout_ms=3000, output_bytes=8_000_000))
+    held: list[int] = []
+
+    async def sample() -> None:
+        await trio.sleep(1.0)  # the line is out, and many ticks have passed
+        held.append(sum(os.fstat(fd).st_blocks * 512 for fd in stdout_files()))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sample)
+        with trio.fail_after(WAIT_S):
+            outcome = await wasm_js.run(job, NoBridge())
+    assert outcome.status is Status.TIMEOUT
+    assert outcome.stdout == "x" * 3_000_000 + "\n"
+    assert held[0] < 1_000_000, held
