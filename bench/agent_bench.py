@@ -1,6 +1,7 @@
 """What agents do, in a daemon of its own with every executor on: a request after the
 daemon sat idle (`bench/idle.py`), sixteen programs waiting on a tool at once
-(`bench/tool_waits.py`), the realistic program (`bench/realistic.py`), and sessions
+(`bench/tool_waits.py`), the realistic program (`bench/realistic.py`), bulk output and a
+large result (`bench/bulk.py`), and sessions
 (`bench/sessions.py`).
 
 The daemon has a Deno pool of 2, a pyodide pool of 2 and
@@ -16,7 +17,7 @@ from typing import Any
 
 import trio
 
-from bench import idle, realistic, sessions, tool_waits
+from bench import bulk, idle, realistic, sessions, tool_waits
 from bench.client import Client
 from bench.conduit_daemon import (
     daemon,
@@ -65,6 +66,10 @@ async def figures(workdir: Path, n: dict[str, int]) -> dict[str, Any]:
             results["realistic"][name] = await realistic.figures(
                 path, name, pool, n["realistic"], n["throughput_s"]
             )
+        results["bulk"] = {}
+        for name, pool in pools.items():
+            await settle(path, pools)
+            results["bulk"][name] = await bulk.figures(path, name, pool, n["bulk"])
         await settle(path, pools)
         results["sessions"] = await sessions.figures(
             path, pools, n["session_steps"], n["file_runs"], workdir

@@ -315,6 +315,8 @@ def _agent(results: dict[str, Any]) -> None:
     _idle(agent["idle"])
     _tool_waits(agent["tool_waits"])
     _realistic(agent["realistic"], _trivial(results))
+    if "bulk" in agent:
+        _bulk(agent["bulk"])
     _sessions(agent["sessions"])
 
 
@@ -395,6 +397,17 @@ def _realistic(
             f"    {name:14}{figures['latency']['p50_ms']:14.2f}{figures['per_s']:9.1f}"
             f"{_number(p50, 14, 2)}{_number(per_s, 9, 1)}"
         )
+
+
+def _bulk(bulk: dict[str, Any]) -> None:
+    print("  bulk: 10,000 printed lines, and a 500 KB string as the result; p50 (p99) ms:")
+    print(f"    {'':14}{'printed lines':>20}{'500 KB result':>20}")
+    for name, figures in bulk.items():
+        cells = "".join(
+            f"{figures[kind]['p50_ms']:>11.1f} ({figures[kind]['p99_ms']:.1f})".rjust(20)
+            for kind in ("print", "result")
+        )
+        print(f"    {name:14}{cells}")
 
 
 def _sessions(sessions: dict[str, Any]) -> None:

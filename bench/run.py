@@ -25,7 +25,8 @@ on sockets in a temporary directory and measures, over loopback only:
   and a trivial execution per executor after the daemon sat idle 2 s and 8 s, beside a
   plain blocking echo server; sixteen programs waiting a second on a tool at once; and
   a realistic program per executor (the standard library, 100 KB of inputs, 5 tool
-  calls), p50 and executions/s with 8 clients; a session's step (`x += 1`), a 1 MB file
+  calls), p50 and executions/s with 8 clients; 10,000 printed lines and a 500 KB
+  result per executor (bench/bulk.py); a session's step (`x += 1`), a 1 MB file
   in and out, and the memory an idle session holds, per executor (bench/sessions.py);
   `python -m bench.files_bench` measures the file round trip alone, beside a trivial run;
 - MCP clients on one daemon (bench/mcp_bench.py): a trivial `execute_python` as an MCP
@@ -102,6 +103,8 @@ def iterations(quick: bool) -> dict[str, int]:
         "plain_pyodide": 5,
         # Per executor, each execution once its pool is full: pyodide's take ~0.5 s.
         "realistic": 40,
+        # Per executor and program: 10,000 printed lines, a 500 KB result.
+        "bulk": 20,
         # Rounds of idle gaps: each is a minute (6 targets, 2 s and 8 s each).
         "idle_rounds": 5,
         # A session's steps, per executor, and 1 MB file round trips.
