@@ -78,9 +78,12 @@ __all__ = ["Connection", "ConnectionLimits", "RequestDispatch"]
 
 log = logging.getLogger("conduit.connection")
 
-# Replies waiting for the writer; past this, request tasks wait (back-pressure on a
-# client that stops reading) instead of the daemon buffering without bound.
+# Replies waiting for the writer; past this many, or this many bytes of them (one
+# message always fits), request tasks wait (back-pressure on a client that stops
+# reading) instead of the daemon buffering without bound: 256 results of a megabyte
+# each would have been held for a client reading none of them.
 _OUTBOX_SIZE = 256
+_OUTBOX_BYTES = 16 * 1024 * 1024
 # A batch larger than this is a mistake or an attack, not a workload.
 _MAX_BATCH = 1000
 # How long the line saying why a connection is closed may take to write: a peer that
@@ -194,8 +197,11 @@ class Connection:
         # Held by whoever is writing to the stream: the writer task, a task writing its
         # own reply (`_reply`), or the farewell of a connection being closed.
         self._writing = trio.Lock()
-        # Messages handed to the writer and not yet written.
+        # Messages handed to the writer and not yet written, and their bytes; set (and
+        # replaced) each time the writer has written some.
         self._queued = 0
+        self._queued_bytes = 0
+        self._written = trio.Event()
         self._reader_scope = trio.CancelScope()
         self._scope = trio.CancelScope()
         self._streams: trio.Nursery | None = None
@@ -294,6 +300,8 @@ class Connection:
         peer has stopped reading (its outbox is full) or is gone.
         """
         line = encode({"jsonrpc": "2.0", "method": method, "params": params}) + b"\n"
+        if not self._fits(line):
+            return False
         try:
             self._outbox_send.send_nowait(line)
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
@@ -301,6 +309,7 @@ class Connection:
         # Counted as `_send` counts, or the writer's count of what it has written takes
         # the count below zero, and a reply would go ahead of a message still queued.
         self._queued += 1
+        self._queued_bytes += len(line)
         return True
 
     def login(self, token: str) -> Principal:
@@ -507,15 +516,32 @@ class Connection:
         has sent nothing, and never half a line."""
         if self._left is not None and self._left.gone:
             return  # nobody reads it
+        data = encode(message) + b"\n"
+        while not self._fits(data):
+            if self._outbox_send.statistics().open_receive_channels == 0:
+                return  # the writer is gone with the peer: nobody is left to tell
+            await self._written.wait()
         self._queued += 1
+        self._queued_bytes += len(data)
         try:
-            await self._outbox_send.send(encode(message) + b"\n")
+            await self._outbox_send.send(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             # A closed outbox means the writer is gone with the peer: nobody is left to tell.
-            self._queued -= 1
+            self._unqueue(1, len(data))
         except BaseException:  # cancelled before the writer took it
-            self._queued -= 1
+            self._unqueue(1, len(data))
             raise
+
+    def _fits(self, data: bytes) -> bool:
+        """Whether `data` may join the writer's queue now: it is empty, or `data` keeps
+        its bytes within `_OUTBOX_BYTES` (its count the channel bounds)."""
+        return self._queued_bytes == 0 or self._queued_bytes + len(data) <= _OUTBOX_BYTES
+
+    def _unqueue(self, count: int, size: int) -> None:
+        self._queued -= count
+        self._queued_bytes -= size
+        self._written.set()
+        self._written = trio.Event()
 
     async def _write_loop(self) -> None:
         try:
@@ -528,11 +554,12 @@ class Connection:
                         break
                 async with self._writing:
                     await self._stream.send_all(b"".join(chunks))
-                self._queued -= len(chunks)
+                self._unqueue(len(chunks), sum(len(chunk) for chunk in chunks))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             # The peer is gone: nothing we compute can reach it any more. Whoever waits
             # to hand the writer a reply is let go.
             self._outbox.close()
+            self._written.set()
             self._peer_gone()
 
     def _peer_gone(self) -> None:

@@ -334,6 +334,35 @@ async def test_a_peer_that_stops_reading_is_not_buffered_without_bound(
         await peer.ended.wait()
 
 
+async def test_a_peer_that_stops_reading_is_not_sent_more_bytes_than_the_outbox_holds(
+    nursery: trio.Nursery,
+) -> None:
+    """Large replies to a client reading none of them: the daemon holds a bounded
+    number of bytes for it (16 MiB), not 256 replies' worth whatever their size."""
+    count = 200
+
+    async def big(params: Any, peer: Any, principal: Any) -> Any:
+        return "x" * 1_000_000
+
+    peer, _, dispatch = open_connection(nursery, FakeDispatch(big=big), lockstep=True)
+    lines = b"".join(
+        json.dumps({"jsonrpc": "2.0", "id": i, "method": "big"}).encode() + b"\n"
+        for i in range(count)
+    )
+
+    async def flood() -> None:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await peer.stream.send_all(lines)
+
+    nursery.start_soon(flood)
+    await trio.testing.wait_all_tasks_blocked()
+    # One reply being written, 16 MiB of them queued, one waiting per request slot.
+    assert 0 < len(dispatch.calls) <= 1 + 17 + LIMITS.max_in_flight
+    await peer.stream.aclose()
+    with trio.fail_after(WAIT_S):
+        await peer.ended.wait()
+
+
 # ---- closing ------------------------------------------------------------------------
 
 
