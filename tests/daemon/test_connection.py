@@ -305,23 +305,28 @@ async def test_requests_read_together_start_in_order_and_let_other_tasks_run(
     assert len(set(seen)) >= count // 2
 
 
-async def test_a_peer_that_stops_reading_is_not_buffered_without_bound(
-    nursery: trio.Nursery,
-) -> None:
-    count = 2000
-    peer, connection, dispatch = open_connection(nursery, lockstep=True)
+async def flood_unread(nursery: trio.Nursery, peer: Lines, method: str, count: int) -> None:
+    """Send `count` requests for `method` in one write, reading nothing, and return
+    once the connection has done all it will: the write is lockstep, so it waits for
+    the connection to read, which it stops doing."""
     lines = b"".join(
-        json.dumps({"jsonrpc": "2.0", "id": i, "method": "ping"}).encode() + b"\n"
+        json.dumps({"jsonrpc": "2.0", "id": i, "method": method}).encode() + b"\n"
         for i in range(count)
     )
 
     async def flood() -> None:
-        # Lockstep: this write waits for the connection to read, which it stops doing.
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await peer.stream.send_all(lines)
 
     nursery.start_soon(flood)
     await trio.testing.wait_all_tasks_blocked()
+
+
+async def test_a_peer_that_stops_reading_is_not_buffered_without_bound(
+    nursery: trio.Nursery,
+) -> None:
+    peer, connection, dispatch = open_connection(nursery, lockstep=True)
+    await flood_unread(nursery, peer, "ping", 2000)
     answered = len(dispatch.calls)
     # A reply being written, two outboxes' worth waiting (one taken by the writer, one
     # queued behind it), and a request per slot: then reading stops.
@@ -339,23 +344,12 @@ async def test_a_peer_that_stops_reading_is_not_sent_more_bytes_than_the_outbox_
 ) -> None:
     """Large replies to a client reading none of them: the daemon holds a bounded
     number of bytes for it (16 MiB), not 256 replies' worth whatever their size."""
-    count = 200
 
     async def big(params: Any, peer: Any, principal: Any) -> Any:
         return "x" * 1_000_000
 
     peer, _, dispatch = open_connection(nursery, FakeDispatch(big=big), lockstep=True)
-    lines = b"".join(
-        json.dumps({"jsonrpc": "2.0", "id": i, "method": "big"}).encode() + b"\n"
-        for i in range(count)
-    )
-
-    async def flood() -> None:
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            await peer.stream.send_all(lines)
-
-    nursery.start_soon(flood)
-    await trio.testing.wait_all_tasks_blocked()
+    await flood_unread(nursery, peer, "big", 200)
     # One reply being written, 16 MiB of them queued, one waiting per request slot.
     assert 0 < len(dispatch.calls) <= 1 + 17 + LIMITS.max_in_flight
     await peer.stream.aclose()
