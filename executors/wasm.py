@@ -1599,10 +1599,26 @@ def _parse_answer(answer: str) -> dict[str, Any] | None:
 
 def _record(execution: _Execution, capture: OutputCapture, stream: str, data: bytes) -> bool:
     """Keep what `data` holds of output; whether more is wanted (`wasm_output.Sink`)."""
-    data = _unpiped(execution, stream, data)
-    if data and not (execution.abandoned or execution.output_closed):  # the report may be out
-        capture.write_nowait(stream, data)  # type: ignore[arg-type]
+    _keep(execution, capture, stream, data)
     return _wanted(execution, capture)
+
+
+def _record_live(
+    execution: _Execution, capture: OutputCapture, stream: StreamName, data: bytes
+) -> bool:
+    """`_record`, also handing what was kept to the Trio side (runner thread)."""
+    kept = _keep(execution, capture, stream, data)
+    if kept and execution.live is not None:
+        execution.live(stream, kept)
+    return _wanted(execution, capture)
+
+
+def _keep(execution: _Execution, capture: OutputCapture, stream: str, data: bytes) -> bytes:
+    """What the capture kept of `data` less what was piped, unless the report may be out."""
+    data = _unpiped(execution, stream, data)
+    if data and not (execution.abandoned or execution.output_closed):
+        return capture.write_nowait(stream, data)  # type: ignore[arg-type]
+    return b""
 
 
 def _wanted(execution: _Execution, capture: OutputCapture) -> bool:
@@ -1618,18 +1634,6 @@ def _unpiped(execution: _Execution, stream: str, data: bytes) -> bytes:
         return data
     taken = files.piped_output(data)
     return data[taken:] if taken else data
-
-
-def _record_live(
-    execution: _Execution, capture: OutputCapture, stream: StreamName, data: bytes
-) -> bool:
-    """`_record`, also handing what was kept to the Trio side (runner thread)."""
-    data = _unpiped(execution, stream, data)
-    if data and not (execution.abandoned or execution.output_closed):
-        kept = capture.write_nowait(stream, data)
-        if kept and execution.live is not None:
-            execution.live(stream, kept)
-    return _wanted(execution, capture)
 
 
 class _LiveOutput:
