@@ -463,7 +463,11 @@ class Interrupt:
         for watch in self._watches:
             if self.reason is None and now >= watch.due:
                 watch.due = now + watch.every_s
-                self.reason = watch.check()
+                reason = watch.check()
+                # Only a reason: a stop from another thread while the check ran (it may
+                # release the GIL) must not be overwritten by its None.
+                if reason is not None and self.reason is None:
+                    self.reason = reason
         return self.reason
 
     def _on_deadline(self, _context, _data, delta, kind) -> int:  # type: ignore[no-untyped-def]

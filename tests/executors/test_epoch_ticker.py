@@ -178,3 +178,16 @@ async def _until_steady(engine: CountingEngine) -> None:
 
 def test_the_daemon_has_one_shared_ticker() -> None:
     assert isinstance(_wasmtime.TICKER, EpochTicker)
+
+
+def test_a_stop_made_while_a_watch_runs_is_kept() -> None:
+    """A watch may release the GIL (reading a guest's output does): a stop another
+    thread makes meanwhile must not be overwritten by the watch's None."""
+    interrupt = _wasmtime.Interrupt(60.0)
+
+    def stopped_meanwhile() -> None:
+        interrupt.stop(_wasmtime.StopReason.CANCELLED)
+
+    interrupt.watch(stopped_meanwhile, every_s=0.0)
+    interrupt.check()
+    assert interrupt.reason is _wasmtime.StopReason.CANCELLED
