@@ -204,6 +204,13 @@ class WasmPythonConfig(WasmConfig):
     packages: tuple[_Requirement, ...] = ()
 
 
+class WasmJsConfig(WasmConfig):
+    # A program sent here with no executor named that computes this long (CPU time),
+    # having had no tool call answered and streamed nothing, runs again from the start
+    # on deno, whose compiled code is several times faster (0 = never).
+    move_after_cpu_ms: Annotated[int, Field(ge=0, le=3_600_000)] = 50
+
+
 class PyodideConfig(_Section):
     # Off by default: each worker process holds ~0.25 GB; wasm-python runs Python's
     # default. Turn it on for programs that need the whole standard library or
@@ -236,7 +243,7 @@ class ExecutorsConfig(_Section):
     bwrap: str = ""
     deno: DenoConfig = DenoConfig()
     wasm_python: WasmPythonConfig = WasmPythonConfig()
-    wasm_js: WasmConfig = WasmConfig()
+    wasm_js: WasmJsConfig = WasmJsConfig()
     pyodide: PyodideConfig = PyodideConfig()
 
 

@@ -48,6 +48,7 @@ from conduit.daemon.records import (
     head,
 )
 from conduit.daemon.tool_access import requested_allowlist
+from conduit.executors import outcomes
 from conduit.executors.base import ErrorInfo, Job, Limits, Outcome, Status, ToolBridge
 from conduit.executors.output import StreamName
 from conduit.executors.readings import Readings
@@ -112,6 +113,10 @@ class _Target:
     language: str
     run: RunJob
     session: LiveSession | None = None
+    # Where the job moves if it computes for long, and after how much CPU time
+    # (`ExecutorRegistry.successor`): a program the daemon chose the executor for.
+    successor: _Target | None = None
+    move_after_cpu_s: float | None = None
 
     @property
     def session_id(self) -> str | None:
@@ -322,6 +327,7 @@ class Executions:
                 queue_timeout_s=max(0.0, self.limits.queue_timeout_s - queue_wait_s),
                 files=request.files,
                 syntax=syntax,
+                move_after_cpu_s=target.move_after_cpu_s,
             )
             allowed = (requested, *principal.tool_patterns)
             started_at = time.time()
@@ -337,7 +343,7 @@ class Executions:
             started = trio.current_time()
             tool_log: list[ToolCallRecord] = []
 
-            def end(outcome: Outcome) -> ExecutionResult:
+            def end(outcome: Outcome, target: _Target) -> ExecutionResult:
                 """Log and publish how the execution ended; returns the result."""
                 # What the executor spent waiting for a CPU slot or a sandbox is queueing.
                 duration_s = trio.current_time() - started - outcome.queue_s
@@ -365,7 +371,9 @@ class Executions:
                 return result
 
             try:
-                outcome = await self._run(job, target, allowed, principal, request, tool_log)
+                outcome, ran_on = await self._run(
+                    job, target, allowed, principal, request, tool_log
+                )
             except BaseException as exc:
                 # The caller is gone, the daemon stopped waiting, or the executor broke:
                 # the execution ended all the same, and is accounted for before the
@@ -373,9 +381,9 @@ class Executions:
                 interrupted = _interrupted(exc, len(tool_log))
                 # A session's sandbox in an unknown state is not trusted with its next step.
                 interrupted.session_reset = session is not None
-                end(interrupted)
+                end(interrupted, target)
                 raise
-        return await self._once_recorded(end(outcome))
+        return await self._once_recorded(end(outcome, ran_on))
 
     async def _once_recorded(self, result: ExecutionResult) -> ExecutionResult:
         """`result`, once its record is committed: a client that has its result finds
@@ -398,7 +406,13 @@ class Executions:
         executor = await self.registry.pick_ready(
             request.language, request.executor, within_s=within_s, code=code, syntax=syntax
         )
-        return _Target(executor.name, request.language, executor.run), limits
+        target = _Target(executor.name, request.language, executor.run)
+        moving = self.registry.successor(request.language, request.executor, executor, code)
+        if moving is None:
+            return target, limits
+        successor, after_s = moving
+        then = _Target(successor.name, request.language, successor.run)
+        return dataclasses.replace(target, successor=then, move_after_cpu_s=after_s), limits
 
     @asynccontextmanager
     async def _turn(self, session: LiveSession | None) -> AsyncIterator[float]:
@@ -480,8 +494,9 @@ class Executions:
         principal: Principal,
         request: ExecutionRequest,
         tool_log: list[ToolCallRecord],
-    ) -> Outcome:
-        """Run the job; the tool calls it makes are appended to `tool_log`."""
+    ) -> tuple[Outcome, _Target]:
+        """Run the job; the tool calls it makes are appended to `tool_log`. Returns how
+        it ended, and where: `target`, or the successor it moved to."""
         entry = _Running(
             job,
             principal.name,
@@ -498,6 +513,8 @@ class Executions:
             bridge_for = self._open_bridge(job.execution_id, allowed, principal.name)
             with bridge_for as bridge, entry.scope:
                 outcome = await target.run(job, bridge)
+                if outcome.moved:
+                    target, outcome = await self._run_moved(job, target, outcome, bridge, entry)
                 entry.answered = True
                 if outcome.status is Status.OK and entry.stopped_as is None:
                     await _calls_read(entry, outcome.calls_written)
@@ -508,7 +525,35 @@ class Executions:
             if outcome.status is not Status.OK or entry.stopped_as is not None:
                 for scope in entry.calls:  # a failed or stopped program's calls end
                     scope.cancel()
-        return _settle(outcome, entry)
+        return _settle(outcome, entry), target
+
+    async def _run_moved(
+        self, job: Job, target: _Target, moved: Outcome, bridge: ToolBridge, entry: _Running
+    ) -> tuple[_Target, Outcome]:
+        """Run `job` again from the start, given back unseen (`moved`) by `target`'s
+        executor, on its successor, with the time it has left; where the policy refuses
+        it there, on `target` again, never to move. Returns where it ran, and how."""
+        successor = target.successor
+        assert successor is not None  # only a job with one is given back
+        refused = await self._violation(job.language, successor.executor, job.code, job.syntax)
+        if refused is not None:
+            successor = target
+        spent_s = trio.current_time() - entry.started - moved.queue_s
+        limits = dataclasses.replace(
+            job.limits, timeout_ms=max(1, job.limits.timeout_ms - round(spent_s * 1000))
+        )
+        again = dataclasses.replace(
+            job,
+            limits=limits,
+            move_after_cpu_s=None,
+            queue_timeout_s=max(0.0, job.queue_timeout_s - moved.queue_s),
+        )
+        entry.executor = successor.executor
+        outcome = await successor.run(again, bridge)
+        outcome.queue_s += moved.queue_s
+        if outcome.error == outcomes.timed_out(Outcome(Status.OK), limits).error:
+            outcomes.timed_out(outcome, job.limits)  # the program's limit, not what was left
+        return successor, outcome
 
     def cancel(
         self,

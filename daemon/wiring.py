@@ -70,7 +70,12 @@ def build_registry(config: Config, callback: CallbackAddress | None) -> Executor
     if wasm_js.enabled:
         from conduit.executors.wasm_js import WasmJsExecutor
 
-        executors.append(WasmJsExecutor(cache_dir=wasm_cache, fuel=wasm_js.fuel or None))
+        move_after_s = wasm_js.move_after_cpu_ms / 1000 or None
+        executors.append(
+            WasmJsExecutor(
+                cache_dir=wasm_cache, fuel=wasm_js.fuel or None, move_after_cpu_s=move_after_s
+            )
+        )
     if config.executors.pyodide.enabled:
         from conduit.executors.pyodide import PyodideExecutor
 

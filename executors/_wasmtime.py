@@ -370,6 +370,8 @@ class StopReason(enum.Enum):
     CANCELLED = "cancelled"
     OUTPUT_LIMIT = "output_limit"
     FILES_LIMIT = "files_limit"
+    # Given back to the daemon to run elsewhere (`Job.move_after_cpu_s`).
+    MOVED = "moved"
 
 
 # How often an interrupt's `watch` check runs, at most.

@@ -153,6 +153,10 @@ class Job:
     # their total within `limits.disk_mb`).
     files: tuple[FileData, ...] = ()
     syntax: SyntaxMemo = field(default_factory=SyntaxMemo, compare=False, repr=False)
+    # Set when the daemon would rather run the program elsewhere once it has computed
+    # this long (CPU seconds) with nothing of it seen outside the sandbox: the executor
+    # may then stop it and answer `Outcome.moved`.
+    move_after_cpu_s: float | None = None
 
 
 def python_request(job: Job) -> dict[str, Any]:
@@ -202,6 +206,9 @@ class Outcome:
     # Tool calls a subprocess sandbox wrote to the daemon before it answered, which the
     # daemon reads before the execution's session ends (a call read after is refused).
     calls_written: int = 0
+    # The program was stopped unseen, to be run again from the start elsewhere
+    # (`Job.move_after_cpu_s`): nothing else of this outcome counts.
+    moved: bool = False
 
 
 @dataclass(frozen=True, slots=True)

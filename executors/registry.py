@@ -10,8 +10,9 @@ executor's `lacks(code, syntax, language)` says so: `Intl` on wasm-js, or TypeSc
 whose types do not simply erase) goes to another available executor for the language,
 when the configuration has one; a named executor always runs it. A session (no program
 yet) does not go to an executor that runs only part of its language (`partly`: wasm-js
-and TypeScript). A parse made to tell is kept in the request's `SyntaxMemo` for the program's later
-readers.
+and TypeScript). A parse made to tell is kept in the request's `SyntaxMemo` for the
+program's later readers. An executor may also name a `successor` for the programs it
+was chosen for that turn out to compute for long (wasm-js: deno, see `wasm_moves`).
 """
 
 from __future__ import annotations
@@ -148,6 +149,23 @@ class ExecutorRegistry:
         with trio.move_on_after(within_s) as waiting:
             await wait_ready()
         return self._pick(candidates, late_after_s=within_s if waiting.cancelled_caught else None)
+
+    def successor(
+        self, language: str, name: str | None, picked: Executor, code: str
+    ) -> tuple[Executor, float] | None:
+        """Where a program `picked` was chosen for moves if it computes for long, and
+        after how much CPU time (the executor's `moves_to` and `moves(code)`); None
+        when the request named its executor, or that one is not available now."""
+        moves = getattr(picked, "moves", None)
+        if name is not None or moves is None:
+            return None
+        successor = self._executors.get(getattr(picked, "moves_to", ""))
+        if successor is None or successor.unavailable_reason is not None:
+            return None
+        if language not in successor.languages:
+            return None
+        after_s = moves(code)
+        return None if after_s is None else (successor, after_s)
 
     def _candidates(self, language: str, name: str | None, lacking: set[str]) -> list[Executor]:
         """Who may run the program, in order of preference: the named executor alone;

@@ -120,6 +120,7 @@ from conduit.executors.wasm_instances import (
     Instances,
 )
 from conduit.executors.wasm_lingering import LingerBudget
+from conduit.executors.wasm_moves import MOVE_CHECK_EVERY_S, MoveWatch
 from conduit.executors.wasm_runners import Runner, Runners
 from conduit.executors.wasm_sessions import SessionSandbox, Step, WasmSession
 from conduit.executors.wasm_slots import CpuSlots, GuestInterrupt, Seat
@@ -266,6 +267,10 @@ class _Execution:
     nursery: trio.Nursery | None = None
     left_calls: LeftCalls | None = None
     tool_limit: int = 0  # `limits.tool_calls`
+    # Watched to move elsewhere after this much CPU (`wasm_moves`), until a call of the
+    # guest's reaches the daemon (`reached_out`).
+    move_after_cpu_s: float | None = None
+    reached_out: bool = False
 
     @property
     def queue_left_s(self) -> float:
@@ -718,6 +723,8 @@ class WasmExecutor:
             nursery=self._nursery,
             left_calls=self._left_calls,
             tool_limit=limits.tool_calls,
+            # Only where the guest's own thread runs the watch: its CPU time is read.
+            move_after_cpu_s=job.move_after_cpu_s if _wasmtime.stops_by_callback() else None,
         )
         interrupt.regain = functools.partial(_regain_slot, execution)
         self._runs += 1
@@ -1069,6 +1076,10 @@ class WasmExecutor:
             store.set_fuel(self._fuel)
         watched = execution.disk_bytes if self.preopen_files else None
         instance.install(execution.interrupt, disk_bytes=watched)
+        if execution.move_after_cpu_s is not None:
+            seen = functools.partial(_seen_outside, execution, capture)
+            watch = MoveWatch(execution.move_after_cpu_s, seen)
+            execution.interrupt.watch(watch, every_s=MOVE_CHECK_EVERY_S)
         if instance.scratch is not None and not self.preopen_files:
             execution.guest_files = GuestFiles(
                 instance.scratch,
@@ -1283,6 +1294,8 @@ class WasmExecutor:
         stopped: _wasmtime.StopReason | None,
     ) -> Outcome:
         limits = job.limits
+        if stopped is _wasmtime.StopReason.MOVED and answer is None:
+            return Outcome(Status.CANCELLED, moved=True)
         outcome = outcomes.captured(capture)
         if capture.limit_hit:
             return outcomes.output_limit(outcome, limits)
@@ -1357,6 +1370,7 @@ def _host_call(method: str, params: str) -> str:
         return rpc_error(INTERNAL_ERROR, "the execution is being stopped")
     if method == PIPE_METHOD:
         return _open_pipe(files, params)
+    execution.reached_out = True
     if method == UNCAUGHT_METHOD:
         if not execution.may_end:  # a session's step: it ends with the error as it settles
             return rpc_error(-32601, f"method not found: {method} (the instance goes on)")
@@ -1370,6 +1384,17 @@ def _host_call(method: str, params: str) -> str:
             params = piped
         return _wait_calls(execution, params)
     return _blocking_call(execution, method, params)
+
+
+def _seen_outside(execution: _Execution, capture: OutputCapture) -> bool:
+    """Whether something of the guest's run reached the outside: a call of its reached
+    the daemon, or output of its was streamed (the guest's thread)."""
+    if execution.reached_out:
+        return True
+    if execution.live is None:
+        return False  # its output is the result's, which a moved run has none of
+    wasm_output.drain_current()  # what it wrote is in the capture, or streamed
+    return capture.statistics().bytes > 0
 
 
 def _open_pipe(files: GuestFiles | None, params: str) -> str:

@@ -31,6 +31,7 @@ it relies on any of that, so that the registry can give it to an executor that h
 
 from __future__ import annotations
 
+import os
 import re
 
 from conduit.core import jsontext
@@ -178,6 +179,13 @@ _SIGNS = re.compile(
     )
 )
 
+# A program that may name the guest's own `fs` (which deno has not) stays here: the
+# word itself, or `\u`, which may spell it.
+_NAMES_FS = re.compile(r"(?<![\w$])fs(?![\w$])|\\u")
+# How much CPU time a program the daemon routed here may take before it is moved to
+# deno (`wasm_moves`): past it, deno's compiled code more than makes up for its start.
+MOVE_AFTER_CPU_S = 0.05
+
 # What `SyntaxMemo.decided` keeps of a program for this executor.
 _LACKS_IN_TYPESCRIPT = "wasm-js lacks, in typescript"
 _LACKS_IN_JAVASCRIPT = "wasm-js lacks, in javascript"
@@ -280,6 +288,26 @@ class WasmJsExecutor(WasmExecutor):
     # An error thrown by a callback the program handed over (a timer's, a listener's)
     # ends the run, as it ends a program on Deno (guest.js).
     ends_early = True
+    # Where a program that computes for long moves (`moves`).
+    moves_to = "deno"
+
+    def __init__(
+        self,
+        *,
+        cache_dir: str | os.PathLike[str],
+        fuel: int | None = None,
+        move_after_cpu_s: float | None = MOVE_AFTER_CPU_S,
+    ) -> None:
+        super().__init__(cache_dir=cache_dir, fuel=fuel)
+        self.move_after_cpu_s = move_after_cpu_s
+
+    def moves(self, code: str) -> float | None:
+        """After how much CPU time `code`, routed here (no executor named, no session),
+        may be stopped and run again on `moves_to` (`wasm_moves`); None: never, as for a
+        program that may use the guest's `fs`."""
+        if self.move_after_cpu_s is None or _NAMES_FS.search(code):
+            return None
+        return self.move_after_cpu_s
 
     @staticmethod
     def lacks(

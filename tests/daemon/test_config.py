@@ -127,7 +127,8 @@ def test_packages_are_kept_canonical(tmp_path: Path) -> None:
     config = load_config(_write(tmp_path, text), environ={})
     assert config.executors.wasm_python.packages == ("Tabulate==0.9.0", "sympy[dev]<2,>=1.14")
     assert config.executors.pyodide.packages == ("humanize",)
-    assert config.executors.wasm_js.model_dump() == {"enabled": True, "fuel": 0}
+    wasm_js = {"enabled": True, "fuel": 0, "move_after_cpu_ms": 50}
+    assert config.executors.wasm_js.model_dump() == wasm_js
 
 
 @pytest.mark.parametrize(
@@ -161,3 +162,15 @@ def test_a_relative_state_dir_is_made_absolute(
     monkeypatch.chdir(tmp_path)
     config = load_config(None, environ={}, overrides={"server.state_dir": "state"})
     assert config.server.state_dir == str(tmp_path / "state")
+
+
+def test_the_cpu_time_before_a_move_reaches_wasm_js(tmp_path: Path) -> None:
+    from conduit.daemon.wiring import build_registry
+
+    heavy = "let n = 0; for (;;) n++"
+    settings = (("", 0.05), ("move_after_cpu_ms = 0", None), ("move_after_cpu_ms = 250", 0.25))
+    for text, after_s in settings:
+        state = f'[server]\nstate_dir = "{tmp_path}"\n[executors.deno]\nenabled = false\n'
+        config = load_config(_write(tmp_path, f"{state}[executors.wasm_js]\n{text}\n"), environ={})
+        wasm_js = build_registry(config, None)._executors["wasm-js"]
+        assert wasm_js.moves(heavy) == after_s, text

@@ -1,0 +1,126 @@
+"""A program routed to wasm-js that computes for long moves to deno, unless something of
+it was seen outside its sandbox: real Deno, the real SpiderMonkey component and a real
+MCP upstream in one daemon (`wasm_moves`, docs/executors.md).
+
+The heavy programs here take well over the 50 ms of CPU time the move waits for on
+wasm-js (fib(25) alone is ~40 ms on deno's compiled code), whatever else the machine
+is doing: CPU time, not wall time, is what is counted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.conftest import RawClient
+from tests.e2e.test_streaming import collect, joined
+from tests.e2e.test_tools import shared, shared_daemon  # noqa: F401 (fixtures)
+
+FIB = "function fib(n: number): number { return n < 2 ? n : fib(n - 1) + fib(n - 2); }\n"
+
+HEAVY = {
+    "a recursion, in TypeScript": ("typescript", FIB + "fib(27)", 196418),
+    "word counts over a large input, printed": (
+        "javascript",
+        "console.log('counting');\n"
+        "const counts = new Map();\n"
+        "for (let i = 0; i < 400000; i++) {\n"
+        "  const word = 'w' + (i % 5000);\n"
+        "  counts.set(word, (counts.get(word) ?? 0) + 1);\n"
+        "}\n"
+        "console.log('counted');\n"
+        "[counts.size, counts.get('w7')]",
+        [5000, 80],
+    ),
+}
+
+STAYS = {
+    "a tool call made first": (
+        "typescript",
+        "const said = await tools.echo.echo({ text: 'hi' });\n" + FIB + "[said, fib(27)]",
+        ["hi", 196418],
+    ),
+    "the guest's own fs": (
+        "javascript",
+        "fs.writeFileSync('out/n.txt', '27');\n"
+        + FIB.replace(": number", "")
+        + "fib(Number(fs.readFileSync('out/n.txt', 'utf8')))",
+        196418,
+    ),
+}
+
+
+async def execute(client: RawClient, language: str, code: str, **params: Any) -> dict[str, Any]:
+    request = {"language": language, "code": code, "limits": {"timeout_ms": 60_000}, **params}
+    result: dict[str, Any] = await client.call("execute", request)
+    return result
+
+
+@pytest.mark.parametrize("name", HEAVY)
+async def test_a_program_that_computes_for_long_moves_to_deno(
+    shared: RawClient,  # noqa: F811
+    name: str,
+) -> None:
+    language, code, value = HEAVY[name]
+    moved = await execute(shared, language, code)
+    assert (moved["status"], moved["executor"], moved["result"]) == ("ok", "deno", value), moved
+    on_deno = await execute(shared, language, code, executor="deno")
+    # Its output once, the second run's: nothing of the run that was given up.
+    assert moved["stdout"] == on_deno["stdout"]
+    assert moved["stderr"] == on_deno["stderr"] == ""
+
+
+@pytest.mark.parametrize("name", STAYS)
+async def test_a_program_seen_outside_its_sandbox_stays_on_wasm_js(
+    shared: RawClient,  # noqa: F811
+    name: str,
+) -> None:
+    language, code, value = STAYS[name]
+    stayed = await execute(shared, language, code)
+    assert (stayed["status"], stayed["executor"], stayed["result"]) == ("ok", "wasm-js", value)
+    assert stayed["tool_calls"] == code.count("tools.")
+
+
+async def test_a_named_executor_runs_the_program_to_its_end(shared: RawClient) -> None:  # noqa: F811
+    language, code, value = HEAVY["a recursion, in TypeScript"]
+    named = await execute(shared, language, code, executor="wasm-js")
+    assert (named["status"], named["executor"], named["result"]) == ("ok", "wasm-js", value)
+
+
+async def test_light_or_waiting_programs_stay_on_wasm_js(shared: RawClient) -> None:  # noqa: F811
+    light = await execute(
+        shared, "typescript", "let n: number = 0;\nfor (let i = 0; i < 1e4; i++) n += i;\nn"
+    )
+    assert (light["executor"], light["result"]) == ("wasm-js", 49995000)
+    # A second of waiting takes next to no CPU time.
+    waiting = "await new Promise((r) => setTimeout(r, 1000));\n'waited'"
+    waited = await execute(shared, "javascript", waiting)
+    assert (waited["executor"], waited["result"]) == ("wasm-js", "waited")
+
+
+async def test_a_moved_program_keeps_its_timeout(shared: RawClient) -> None:  # noqa: F811
+    spun = await shared.call(
+        "execute",
+        {"language": "javascript", "code": "for (;;) {}", "limits": {"timeout_ms": 1500}},
+    )
+    assert (spun["status"], spun["executor"]) == ("timeout", "deno"), spun
+    assert "within 1500 ms" in spun["error"]["message"]
+
+
+async def test_a_streamed_program_moves_only_while_it_has_streamed_nothing(
+    shared: RawClient,  # noqa: F811
+) -> None:
+    _, code, _ = HEAVY["a recursion, in TypeScript"]
+    quiet = {"language": "typescript", "code": code + ";\nconsole.log('done')", "stream": True}
+    await shared.send({"jsonrpc": "2.0", "id": 1, "method": "execute", "params": quiet})
+    pieces, reply = await collect(shared, 1)
+    result = reply["result"]
+    assert (result["status"], result["executor"]) == ("ok", "deno"), result
+    assert joined(pieces, "stdout") == result["stdout"] == "done\n"  # streamed once
+    talking = {**quiet, "code": "console.log('start');\n" + code}
+    await shared.send({"jsonrpc": "2.0", "id": 2, "method": "execute", "params": talking})
+    pieces, reply = await collect(shared, 2)
+    result = reply["result"]
+    assert (result["status"], result["executor"], result["result"]) == ("ok", "wasm-js", 196418)
+    assert joined(pieces, "stdout") == result["stdout"] == "start\n"

@@ -1,0 +1,49 @@
+"""`MoveWatch` on its own, over a clock the test moves: when it gives a guest back."""
+
+from __future__ import annotations
+
+from conduit.executors._wasmtime import StopReason
+from conduit.executors.wasm_moves import MoveWatch
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 10.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_it_gives_the_guest_back_once_it_has_computed_for_long() -> None:
+    clock = Clock()
+    watch = MoveWatch(0.05, lambda: False, clock)
+    clock.now += 0.049
+    assert watch() is None
+    clock.now += 0.002
+    assert watch() is StopReason.MOVED
+    assert watch() is None  # said once
+
+
+def test_what_was_seen_outside_keeps_the_guest_where_it_is() -> None:
+    clock, asked = Clock(), []
+    seen = [False]
+
+    def was_seen() -> bool:
+        asked.append(True)
+        return seen[0]
+
+    watch = MoveWatch(0.05, was_seen, clock)
+    assert watch() is None and asked == []  # not asked before the time is up
+    seen[0] = True
+    clock.now += 1
+    assert watch() is None and len(asked) == 1
+    seen[0] = False
+    assert watch() is None and len(asked) == 1  # decided for good
+
+
+def test_it_counts_from_when_it_was_made_on_the_guests_thread() -> None:
+    clock = Clock()
+    clock.now = 100.0
+    watch = MoveWatch(0.05, lambda: False, clock)
+    clock.now = 100.04
+    assert watch() is None
