@@ -128,6 +128,13 @@ def _typescript_route(figures: dict[str, Any]) -> None:
     ):
         if name in figures:  # a run from before it was measured
             print(row(label, figures[name]))
+    for name, label in (
+        ("compute_route", "fib(27), no executor named (moved to deno)"),
+        ("compute_deno", "fib(27) on deno"),
+        ("compute_wasm_js", "fib(27) on wasm-js"),
+    ):
+        if name in figures:  # a run from before it was measured
+            print(row(label, figures[name]))
     print(row("erasing the types of 180 lines, on the host", figures["erase_report"]))
 
 

@@ -83,6 +83,8 @@ def iterations(quick: bool) -> dict[str, int]:
         # TypeScript on its route (wasm-js), and back to back on deno.
         "ts_route": 1000,
         "ts_deno_back_to_back": 100,
+        # A program that computes for a while (fib(27)): on the route, deno, wasm-js.
+        "ts_compute": 20,
         "plain_deno": 60,
         "throughput_s": 10,
         # A Wasmtime execution takes a millisecond or two: 1000 span seconds, not one

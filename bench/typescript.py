@@ -10,6 +10,8 @@
 - a TypeScript program making 100 tool calls, on the route: to the SDK's echo server,
   and to one that answers at once (`bench/instant_upstream.py`, the daemon's share);
 - ten tool calls of 50 ms at once (`Promise.all`), on the route and on deno;
+- a program that only computes (fib(27)): on the route (which moves it to deno after
+  50 ms of CPU time on wasm-js, `executors/wasm_moves.py`), on deno, and on wasm-js;
 - the host's time to erase the types of a 180-line program (`tests/fixtures/ts_report.ts`),
   its parse included, in this process.
 """
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.latency import check_result, execute_latency
-from bench.programs import DENO_REQUEST, TYPESCRIPT_REQUEST
+from bench.programs import DENO_REQUEST, RESULT, TYPESCRIPT_REQUEST
 from bench.stats import Figures, percentiles
 from bench.throughput import execute_throughput
 from bench.tool_calls import ts_fan_out, ts_hundred_calls
@@ -31,13 +33,16 @@ REPORT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "ts_report
 # Between two paced executions: longer than an instance's reset after its answer.
 PACE_S = 0.02
 ERASE_RUNS = 50
+COMPUTE = "function fib(n: number): number { return n < 2 ? n : fib(n - 1) + fib(n - 2); }\nfib(27)"
+COMPUTE_REQUEST: dict[str, Any] = {"language": "typescript", "code": COMPUTE}
+FIB_27 = 196418
 
 
-def on(executor: str) -> Any:
-    """A check that the result is the expected one, and came from `executor`."""
+def on(executor: str, expected: Any = RESULT) -> Any:
+    """A check that the result is `expected`, and came from `executor`."""
 
     def check(result: dict[str, Any]) -> None:
-        check_result(result)
+        check_result(result, expected)
         if result.get("executor") != executor:
             raise AssertionError(f"ran on {result.get('executor')}, not {executor}: {result}")
 
@@ -82,7 +87,22 @@ async def figures(path: str, n: dict[str, int], clients: int) -> dict[str, Any]:
         ),
         "fan_out": await ts_fan_out(path, n["ts_hundred_calls"], "wasm-js"),
         "deno_fan_out": await ts_fan_out(path, n["ts_hundred_calls"], "deno"),
+        **await compute(path, n["ts_compute"]),
         "erase_report": erase_time(),
+    }
+
+
+async def compute(path: str, runs: int) -> dict[str, Figures]:
+    """fib(27) on the route, which moves it, and on each executor named."""
+    return {
+        f"compute_{name}": await execute_latency(
+            path, {**COMPUTE_REQUEST, **named}, runs, check=on(executor, FIB_27)
+        )
+        for name, named, executor in (
+            ("route", {}, "deno"),
+            ("deno", {"executor": "deno"}, "deno"),
+            ("wasm_js", {"executor": "wasm-js"}, "wasm-js"),
+        )
     }
 
 

@@ -254,7 +254,14 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging(config.server.log_level)
     until_closed = args.until_stdin_closes
     trio.run(
-        partial(serve, config, reload=reload, handle_signals=True, until_stdin_closes=until_closed)
+        partial(
+            serve,
+            config,
+            reload=reload,
+            handle_signals=True,
+            until_stdin_closes=until_closed,
+            owns_process=True,
+        )
     )
     return 0
 

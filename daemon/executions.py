@@ -535,6 +535,8 @@ class Executions:
         it there, on `target` again, never to move. Returns where it ran, and how."""
         successor = target.successor
         assert successor is not None  # only a job with one is given back
+        if job.stop.is_set():  # stopped meanwhile: `_settle` says why
+            return target, moved
         refused = await self._violation(job.language, successor.executor, job.code, job.syntax)
         if refused is not None:
             successor = target
