@@ -6,6 +6,7 @@ import io
 import threading
 
 from conduit.daemon.progress import ERASE, ProgressLine
+from tests.hand_clock import HandClock
 
 # Generous: only a thread on a loaded machine is waited for.
 THREAD_WAIT_S = 30
@@ -16,16 +17,8 @@ class FakeTerminal(io.StringIO):
         return True
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_quick_run_shows_nothing_then_a_long_one_shows_the_time() -> None:
-    clock, terminal = Clock(), FakeTerminal()
+    clock, terminal = HandClock(), FakeTerminal()
     line = ProgressLine(terminal, clock=clock)
     clock.now += 0.9
     line.tick()
@@ -38,7 +31,7 @@ def test_a_quick_run_shows_nothing_then_a_long_one_shows_the_time() -> None:
 
 
 def test_output_erases_the_line_before_it_is_written() -> None:
-    clock, terminal, out = Clock(), FakeTerminal(), FakeTerminal()
+    clock, terminal, out = HandClock(), FakeTerminal(), FakeTerminal()
     line = ProgressLine(terminal, clock=clock)
     clock.now += 5
     line.tick()
@@ -50,7 +43,7 @@ def test_output_erases_the_line_before_it_is_written() -> None:
 
 
 def test_no_line_after_output_that_has_not_ended_its_line() -> None:
-    clock, terminal, out = Clock(), FakeTerminal(), FakeTerminal()
+    clock, terminal, out = HandClock(), FakeTerminal(), FakeTerminal()
     line = ProgressLine(terminal, clock=clock)
     clock.now += 5
     line.write(out, "Loading...")
@@ -62,7 +55,7 @@ def test_no_line_after_output_that_has_not_ended_its_line() -> None:
 
 
 def test_output_to_a_file_does_not_hold_the_line_back() -> None:
-    clock, terminal, piped = Clock(), FakeTerminal(), io.StringIO()
+    clock, terminal, piped = HandClock(), FakeTerminal(), io.StringIO()
     line = ProgressLine(terminal, clock=clock)
     clock.now += 5
     line.write(piped, "no newline")
@@ -71,7 +64,7 @@ def test_output_to_a_file_does_not_hold_the_line_back() -> None:
 
 
 def test_never_drawn_when_stderr_is_not_a_terminal() -> None:
-    clock, piped = Clock(), io.StringIO()
+    clock, piped = HandClock(), io.StringIO()
     line = ProgressLine(piped, clock=clock)
     with line.running():
         clock.now += 60
@@ -80,7 +73,7 @@ def test_never_drawn_when_stderr_is_not_a_terminal() -> None:
 
 
 def test_close_erases_it_for_good() -> None:
-    clock, terminal = Clock(), FakeTerminal()
+    clock, terminal = HandClock(), FakeTerminal()
     line = ProgressLine(terminal, clock=clock)
     clock.now += 5
     line.tick()

@@ -57,35 +57,35 @@ async def execute(client: RawClient, language: str, code: str, **params: Any) ->
     return result
 
 
-@pytest.mark.parametrize("name", HEAVY)
-async def test_a_program_that_computes_for_long_moves_to_deno(
+async def answered_on(
+    client: RawClient, case: tuple[str, str, Any], answered_by: str, **params: Any
+) -> dict[str, Any]:
+    """The result of running `case` (language, code, value), checked: `ok`, its value,
+    from `answered_by`."""
+    language, code, value = case
+    result = await execute(client, language, code, **params)
+    assert (result["status"], result["executor"], result["result"]) == ("ok", answered_by, value)
+    return result
+
+
+WHERE = {**dict.fromkeys(HEAVY, "deno"), **dict.fromkeys(STAYS, "wasm-js")}
+
+
+@pytest.mark.parametrize("name", WHERE)
+async def test_a_program_moves_to_deno_unless_something_of_it_was_seen(
     shared: RawClient,  # noqa: F811
     name: str,
 ) -> None:
-    language, code, value = HEAVY[name]
-    moved = await execute(shared, language, code)
-    assert (moved["status"], moved["executor"], moved["result"]) == ("ok", "deno", value), moved
-    on_deno = await execute(shared, language, code, executor="deno")
-    # Its output once, the second run's: nothing of the run that was given up.
-    assert moved["stdout"] == on_deno["stdout"]
-    assert moved["stderr"] == on_deno["stderr"] == ""
-
-
-@pytest.mark.parametrize("name", STAYS)
-async def test_a_program_seen_outside_its_sandbox_stays_on_wasm_js(
-    shared: RawClient,  # noqa: F811
-    name: str,
-) -> None:
-    language, code, value = STAYS[name]
-    stayed = await execute(shared, language, code)
-    assert (stayed["status"], stayed["executor"], stayed["result"]) == ("ok", "wasm-js", value)
-    assert stayed["tool_calls"] == code.count("tools.")
+    case, where = {**HEAVY, **STAYS}[name], WHERE[name]
+    routed = await answered_on(shared, case, where)
+    named = await answered_on(shared, case, where, executor=where)
+    # Its output once, its calls once: nothing of a run that was given up.
+    assert (routed["stdout"], routed["stderr"]) == (named["stdout"], named["stderr"])
+    assert routed["tool_calls"] == named["tool_calls"] == case[1].count("tools.")
 
 
 async def test_a_named_executor_runs_the_program_to_its_end(shared: RawClient) -> None:  # noqa: F811
-    language, code, value = HEAVY["a recursion, in TypeScript"]
-    named = await execute(shared, language, code, executor="wasm-js")
-    assert (named["status"], named["executor"], named["result"]) == ("ok", "wasm-js", value)
+    await answered_on(shared, HEAVY["a recursion, in TypeScript"], "wasm-js", executor="wasm-js")
 
 
 async def test_light_or_waiting_programs_stay_on_wasm_js(shared: RawClient) -> None:  # noqa: F811

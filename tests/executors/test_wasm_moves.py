@@ -7,18 +7,11 @@ import time
 
 from conduit.executors._wasmtime import StopReason
 from conduit.executors.wasm_moves import MoveWatch, program_cpu_s
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 10.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.hand_clock import HandClock
 
 
 def test_it_gives_the_guest_back_once_it_has_computed_for_long() -> None:
-    clock = Clock()
+    clock = HandClock()
     watch = MoveWatch(0.05, lambda: False, clock)
     clock.now += 0.049
     assert watch() is None
@@ -28,7 +21,7 @@ def test_it_gives_the_guest_back_once_it_has_computed_for_long() -> None:
 
 
 def test_what_was_seen_outside_keeps_the_guest_where_it_is() -> None:
-    clock, asked = Clock(), []
+    clock, asked = HandClock(), []
     seen = [False]
 
     def was_seen() -> bool:
@@ -45,7 +38,7 @@ def test_what_was_seen_outside_keeps_the_guest_where_it_is() -> None:
 
 
 def test_it_counts_from_when_it_was_made_on_the_guests_thread() -> None:
-    clock = Clock()
+    clock = HandClock()
     clock.now = 100.0
     watch = MoveWatch(0.05, lambda: False, clock)
     clock.now = 100.04
