@@ -55,6 +55,7 @@ from conduit.executors.wasm_sessions import WasmSession
 __all__ = [
     "DENO_ONLY_GLOBALS",
     "DENO_ONLY_MEMBERS",
+    "GUEST_ONLY_GLOBALS",
     "WasmJsExecutor",
     "javascript_lacks",
     "typescript_lacks",
@@ -179,9 +180,14 @@ _SIGNS = re.compile(
     )
 )
 
-# A program that may name the guest's own `fs` (which deno has not) stays here: the
-# word itself, or `\u`, which may spell it.
-_NAMES_FS = re.compile(r"(?<![\w$])fs(?![\w$])|\\u")
+# The globals this guest has and Deno's runtime has not (a test compares both runtimes'
+# global objects): its own `fs`, and SpiderMonkey's. A program that may name one stays
+# here rather than move to deno (`moves`), where it would fail: the word itself, or
+# `\u`, which may spell it.
+GUEST_ONLY_GLOBALS = frozenset({"InternalError", "MultipartFormData", "WorkerLocation", "fs"})
+_NAMES_GUEST_ONLY = re.compile(
+    r"(?<![\w$])(?:" + "|".join(sorted(GUEST_ONLY_GLOBALS)) + r")(?![\w$])|\\u"
+)
 # How much CPU time a program the daemon routed here may take before it is moved to
 # deno (`wasm_moves`): past it, deno's compiled code more than makes up for its start.
 MOVE_AFTER_CPU_S = 0.05
@@ -304,8 +310,8 @@ class WasmJsExecutor(WasmExecutor):
     def moves(self, code: str) -> float | None:
         """After how much CPU time `code`, routed here (no executor named, no session),
         may be stopped and run again on `moves_to` (`wasm_moves`); None: never, as for a
-        program that may use the guest's `fs`."""
-        if self.move_after_cpu_s is None or _NAMES_FS.search(code):
+        program that may use the guest's `fs` or another of `GUEST_ONLY_GLOBALS`."""
+        if self.move_after_cpu_s is None or _NAMES_GUEST_ONLY.search(code):
             return None
         return self.move_after_cpu_s
 

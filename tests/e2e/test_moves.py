@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from conduit.executors.wasm_js import GUEST_ONLY_GLOBALS
 from tests.conftest import RawClient
 from tests.e2e.test_streaming import collect, joined
 from tests.e2e.test_tools import shared, shared_daemon  # noqa: F401 (fixtures)
@@ -46,6 +47,16 @@ STAYS = {
         "fs.writeFileSync('out/n.txt', '27');\n"
         + FIB.replace(": number", "")
         + "fib(Number(fs.readFileSync('out/n.txt', 'utf8')))",
+        196418,
+    ),
+    "a global only the guest has": (
+        "javascript",
+        FIB.replace(": number", "")
+        + "const n = fib(27);\n"
+        + "try { (function deeper() { deeper(); })(); } catch (e) {\n"
+        + "  if (!(e instanceof InternalError)) throw e;\n"
+        + "}\n"
+        + "n",
         196418,
     ),
 }
@@ -82,6 +93,21 @@ async def test_a_program_moves_to_deno_unless_something_of_it_was_seen(
     # Its output once, its calls once: nothing of a run that was given up.
     assert (routed["stdout"], routed["stderr"]) == (named["stdout"], named["stderr"])
     assert routed["tool_calls"] == named["tool_calls"] == case[1].count("tools.")
+
+
+async def test_the_names_that_keep_a_program_are_the_globals_deno_lacks(
+    shared: RawClient,  # noqa: F811
+) -> None:
+    """A program naming a global only the guest has would fail on deno: the list is both
+    runtimes' difference, no more, no less (a SpiderMonkey upgrade fails here)."""
+    code = (
+        "let o = globalThis; const names = new Set();\n"
+        "while (o) { for (const n of Object.getOwnPropertyNames(o)) names.add(n); "
+        "o = Object.getPrototypeOf(o) }\n[...names]"
+    )
+    on_deno = await execute(shared, "javascript", code, executor="deno")
+    on_wasm_js = await execute(shared, "javascript", code, executor="wasm-js")
+    assert set(on_wasm_js["result"]) - set(on_deno["result"]) == GUEST_ONLY_GLOBALS
 
 
 async def test_a_named_executor_runs_the_program_to_its_end(shared: RawClient) -> None:  # noqa: F811
