@@ -540,7 +540,22 @@ class Executions:
         refused = await self._violation(job.language, successor.executor, job.code, job.syntax)
         if refused is not None:
             successor = target
-        spent_s = trio.current_time() - entry.started - moved.queue_s
+        outcome = await self._run_again(job, successor, moved.queue_s, bridge, entry)
+        if successor is not target and _overflowed_unseen(outcome, entry):
+            # Deno's stack holds about a quarter of the calls wasm-js's does (13,000
+            # against 51,000): a recursion that outgrew it, unseen, would have answered
+            # where it began, and runs there again, never to move.
+            outcome = await self._run_again(job, target, outcome.queue_s, bridge, entry)
+            successor = target
+        return successor, outcome
+
+    async def _run_again(
+        self, job: Job, on: _Target, queue_s: float, bridge: ToolBridge, entry: _Running
+    ) -> Outcome:
+        """Run `job` from the start on `on`, never to move, with the time it has left
+        after its runs so far (less their `queue_s` of queueing, which the outcome's
+        counts too)."""
+        spent_s = trio.current_time() - entry.started - queue_s
         limits = dataclasses.replace(
             job.limits, timeout_ms=max(1, job.limits.timeout_ms - round(spent_s * 1000))
         )
@@ -548,14 +563,14 @@ class Executions:
             job,
             limits=limits,
             move_after_cpu_s=None,
-            queue_timeout_s=max(0.0, job.queue_timeout_s - moved.queue_s),
+            queue_timeout_s=max(0.0, job.queue_timeout_s - queue_s),
         )
-        entry.executor = successor.executor
-        outcome = await successor.run(again, bridge)
-        outcome.queue_s += moved.queue_s
+        entry.executor = on.executor
+        outcome = await on.run(again, bridge)
+        outcome.queue_s += queue_s
         if outcome.error == outcomes.timed_out(Outcome(Status.OK), limits).error:
             outcomes.timed_out(outcome, job.limits)  # the program's limit, not what was left
-        return successor, outcome
+        return outcome
 
     def cancel(
         self,
@@ -778,6 +793,25 @@ async def _calls_read(entry: _Running, written: int) -> None:
         while entry.arrived < written:
             entry.arrival = trio.Event()
             await entry.arrival.wait()
+
+
+# How V8 (deno) says a program's recursion outgrew its stack.
+_STACK_OVERFLOW = ErrorInfo("RangeError", "Maximum call stack size exceeded")
+
+
+def _overflowed_unseen(outcome: Outcome, entry: _Running) -> bool:
+    """Whether a run failed as its stack overflowed with nothing of it seen outside its
+    sandbox: not streamed, no tool call made or sent, not stopped by the daemon."""
+    error = outcome.error
+    return (
+        outcome.status is Status.ERROR
+        and error is not None
+        and (error.type, error.message) == (_STACK_OVERFLOW.type, _STACK_OVERFLOW.message)
+        and entry.job.on_output is None
+        and entry.tool_calls == 0
+        and outcome.calls_written == 0
+        and not entry.job.stop.is_set()
+    )
 
 
 def _settle(outcome: Outcome, entry: _Running) -> Outcome:

@@ -13,7 +13,7 @@ import trio.testing
 from conduit.daemon.config import ExecutorPolicies, JavaScriptPolicy, LimitsConfig, PolicyConfig
 from conduit.daemon.executions import ExecutionRequest
 from conduit.executors import outcomes
-from conduit.executors.base import Job, Outcome, Status, ToolBridge
+from conduit.executors.base import ErrorInfo, Job, Outcome, Status, ToolBridge
 from tests.daemon.fakes import ALICE, ExecutionsFixture, FakeExecutor, Script
 
 JS = frozenset({"javascript", "typescript"})
@@ -153,3 +153,35 @@ async def test_a_program_cancelled_on_its_successor_ends_cancelled(
         fx.executions.cancel(ALICE, execution_id=running["execution_id"])
     [result] = results
     assert (result.status, result.executor) == ("cancelled", "deno")  # type: ignore[attr-defined]
+
+
+async def test_a_recursion_that_overflows_the_successor_unseen_runs_where_it_began(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    overflowed = ErrorInfo("RangeError", "Maximum call stack size exceeded")
+    runs: list[Job] = []
+
+    async def answers_second(job: Job, bridge: ToolBridge) -> Outcome:
+        runs.append(job)
+        return await (_gives_back if len(runs) == 1 else _answers)(job, bridge)
+
+    async def overflows(job: Job, bridge: ToolBridge) -> Outcome:
+        await trio.sleep(SPENT_S)
+        return Outcome(Status.ERROR, error=overflowed, exit_code=1)
+
+    fx, wasm_js, deno = _fixture(answers_second, then=overflows)
+    result = await fx.executions.execute(REQUEST, ALICE)
+    assert (result.status, result.executor, result.result) == ("ok", "wasm-js", {"n": 1})
+    assert _moves_of(wasm_js.jobs) == [AFTER_S, None]  # never given back twice
+    assert wasm_js.jobs[1].limits.timeout_ms == TIMEOUT_MS - 2 * SPENT_S * 1000
+    record = fx.events[-1].record
+    assert record is not None and record.executor == "wasm-js"
+
+    async def overflows_seen(job: Job, bridge: ToolBridge) -> Outcome:
+        return Outcome(Status.ERROR, error=overflowed, exit_code=1, calls_written=1)
+
+    runs.clear()
+    fx, wasm_js, _ = _fixture(answers_second, then=overflows_seen)
+    result = await fx.executions.execute(REQUEST, ALICE)
+    assert (result.status, result.executor) == ("error", "deno")  # a call was sent there
+    assert len(wasm_js.jobs) == 1

@@ -110,6 +110,23 @@ async def test_the_names_that_keep_a_program_are_the_globals_deno_lacks(
     assert set(on_wasm_js["result"]) - set(on_deno["result"]) == GUEST_ONLY_GLOBALS
 
 
+async def test_a_recursion_deeper_than_deno_allows_answers_where_it_began(
+    shared: RawClient,  # noqa: F811
+) -> None:
+    """wasm-js's stack holds ~51,000 calls, deno's ~13,000: a program that computed past
+    the move and then recursed 20,000 deep overflowed on deno, where it would have
+    answered. Unseen, it runs again where it began."""
+    depth = "function depth(n: number): number { return n && 1 + depth(n - 1); }\n"
+    code = FIB + depth + "fib(27);\ndepth(20000)"
+    result = await execute(shared, "typescript", code)
+    assert (result["status"], result["executor"], result["result"]) == ("ok", "wasm-js", 20000)
+    called = code.replace("depth(20000)", "await tools.echo.echo({ text: 'hi' });\ndepth(20000)")
+    told = await execute(shared, "typescript", called)
+    # Seen outside (a tool call made on deno): it ends as it ended there.
+    assert (told["status"], told["executor"], told["tool_calls"]) == ("error", "deno", 1), told
+    assert told["error"]["type"] == "RangeError"
+
+
 async def test_a_named_executor_runs_the_program_to_its_end(shared: RawClient) -> None:  # noqa: F811
     await answered_on(shared, HEAVY["a recursion, in TypeScript"], "wasm-js", executor="wasm-js")
 
