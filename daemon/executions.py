@@ -307,8 +307,9 @@ class Executions:
                 principal=principal.name,
             )
             check_s = trio.current_time() - checked
-            refused = self._refuse(job, target, principal, requested, violation, check_s)
-            return await self._once_recorded(refused)
+            return await self._once_recorded(
+                self._refuse(job, target, principal, requested, violation, check_s)
+            )
         if not self._admission.has_free_slot() or (session is not None and session.lock.locked()):
             syntax.forget()  # not held through the wait (see `SyntaxMemo`)
         async with self._turn(session) as turn_wait_s, self._admission.slot() as slot_wait_s:
@@ -370,20 +371,20 @@ class Executions:
                 self._events.publish(_ended_event(record))
                 return result
 
+            # Where it runs: `target`, then the successor it moved to, if it moved.
+            ran_on = [target]
             try:
-                outcome, ran_on = await self._run(
-                    job, target, allowed, principal, request, tool_log
-                )
+                outcome = await self._run(job, ran_on, allowed, principal, request, tool_log)
             except BaseException as exc:
                 # The caller is gone, the daemon stopped waiting, or the executor broke:
                 # the execution ended all the same, and is accounted for before the
-                # exception goes on.
+                # exception goes on, as where it was running.
                 interrupted = _interrupted(exc, len(tool_log))
                 # A session's sandbox in an unknown state is not trusted with its next step.
                 interrupted.session_reset = session is not None
-                end(interrupted, target)
+                end(interrupted, ran_on[-1])
                 raise
-        return await self._once_recorded(end(outcome, ran_on))
+        return await self._once_recorded(end(outcome, ran_on[-1]))
 
     async def _once_recorded(self, result: ExecutionResult) -> ExecutionResult:
         """`result`, once its record is committed: a client that has its result finds
@@ -489,14 +490,16 @@ class Executions:
     async def _run(
         self,
         job: Job,
-        target: _Target,
+        ran_on: list[_Target],
         allowed: tuple[tuple[str, ...], ...],
         principal: Principal,
         request: ExecutionRequest,
         tool_log: list[ToolCallRecord],
-    ) -> tuple[Outcome, _Target]:
-        """Run the job; the tool calls it makes are appended to `tool_log`. Returns how
-        it ended, and where: `target`, or the successor it moved to."""
+    ) -> Outcome:
+        """Run the job on `ran_on`'s target; the tool calls it makes are appended to
+        `tool_log`, and the successor it moves to, if it does, to `ran_on` (as it starts
+        there, so that an exception is told where it ran)."""
+        target = ran_on[0]
         entry = _Running(
             job,
             principal.name,
@@ -514,7 +517,7 @@ class Executions:
             with bridge_for as bridge, entry.scope:
                 outcome = await target.run(job, bridge)
                 if outcome.moved:
-                    target, outcome = await self._run_moved(job, target, outcome, bridge, entry)
+                    outcome = await self._run_moved(job, ran_on, outcome, bridge, entry)
                 entry.answered = True
                 if outcome.status is Status.OK and entry.stopped_as is None:
                     await _calls_read(entry, outcome.calls_written)
@@ -525,36 +528,48 @@ class Executions:
             if outcome.status is not Status.OK or entry.stopped_as is not None:
                 for scope in entry.calls:  # a failed or stopped program's calls end
                     scope.cancel()
-        return _settle(outcome, entry), target
+        return _settle(outcome, entry)
 
     async def _run_moved(
-        self, job: Job, target: _Target, moved: Outcome, bridge: ToolBridge, entry: _Running
-    ) -> tuple[_Target, Outcome]:
-        """Run `job` again from the start, given back unseen (`moved`) by `target`'s
-        executor, on its successor, with the time it has left; where the policy refuses
-        it there, on `target` again, never to move. Returns where it ran, and how."""
+        self,
+        job: Job,
+        ran_on: list[_Target],
+        moved: Outcome,
+        bridge: ToolBridge,
+        entry: _Running,
+    ) -> Outcome:
+        """Run `job` again from the start, given back unseen (`moved`) by its target's
+        executor (`ran_on[0]`), on its successor, with the time it has left; where the
+        policy refuses it there, on the target again, never to move. Returns how it
+        ended; where is the last of `ran_on`."""
+        target = ran_on[0]
         successor = target.successor
         assert successor is not None  # only a job with one is given back
         if job.stop.is_set():  # stopped meanwhile: `_settle` says why
-            return target, moved
+            return moved
         refused = await self._violation(job.language, successor.executor, job.code, job.syntax)
         if refused is not None:
             successor = target
-        outcome = await self._run_again(job, successor, moved.queue_s, bridge, entry)
+        outcome = await self._run_again(job, ran_on, successor, moved.queue_s, bridge, entry)
         if successor is not target and _overflowed_unseen(outcome, entry):
             # Deno's stack holds about a quarter of the calls wasm-js's does (13,000
             # against 51,000): a recursion that outgrew it, unseen, would have answered
             # where it began, and runs there again, never to move.
-            outcome = await self._run_again(job, target, outcome.queue_s, bridge, entry)
-            successor = target
-        return successor, outcome
+            outcome = await self._run_again(job, ran_on, target, outcome.queue_s, bridge, entry)
+        return outcome
 
     async def _run_again(
-        self, job: Job, on: _Target, queue_s: float, bridge: ToolBridge, entry: _Running
+        self,
+        job: Job,
+        ran_on: list[_Target],
+        on: _Target,
+        queue_s: float,
+        bridge: ToolBridge,
+        entry: _Running,
     ) -> Outcome:
-        """Run `job` from the start on `on`, never to move, with the time it has left
-        after its runs so far (less their `queue_s` of queueing, which the outcome's
-        counts too)."""
+        """Run `job` from the start on `on` (appended to `ran_on`), never to move, with
+        the time it has left after its runs so far (less their `queue_s` of queueing,
+        which the outcome's counts too)."""
         spent_s = trio.current_time() - entry.started - queue_s
         limits = dataclasses.replace(
             job.limits, timeout_ms=max(1, job.limits.timeout_ms - round(spent_s * 1000))
@@ -566,6 +581,7 @@ class Executions:
             queue_timeout_s=max(0.0, job.queue_timeout_s - queue_s),
         )
         entry.executor = on.executor
+        ran_on.append(on)
         outcome = await on.run(again, bridge)
         outcome.queue_s += queue_s
         if outcome.error == outcomes.timed_out(Outcome(Status.OK), limits).error:

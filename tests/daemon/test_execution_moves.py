@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
 import trio
 import trio.testing
 
+from conduit.core.errors import SandboxCrashed
 from conduit.daemon.config import ExecutorPolicies, JavaScriptPolicy, LimitsConfig, PolicyConfig
 from conduit.daemon.executions import ExecutionRequest
 from conduit.executors import outcomes
@@ -185,3 +187,16 @@ async def test_a_recursion_that_overflows_the_successor_unseen_runs_where_it_beg
     result = await fx.executions.execute(REQUEST, ALICE)
     assert (result.status, result.executor) == ("error", "deno")  # a call was sent there
     assert len(wasm_js.jobs) == 1
+
+
+async def test_a_successor_that_fails_is_named_in_the_record(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def breaks(job: Job, bridge: ToolBridge) -> Outcome:
+        raise SandboxCrashed("a Deno worker failed to start")
+
+    fx, _, _ = _fixture(then=breaks)
+    with pytest.raises(SandboxCrashed):
+        await fx.executions.execute(REQUEST, ALICE)
+    record = fx.events[-1].record
+    assert record is not None and (record.status, record.executor) == ("crashed", "deno")
