@@ -199,6 +199,11 @@ class LiveOutput:
         self._lock = trio.StrictFIFOLock()
         self.stalled = False
 
+    @property
+    def sent(self) -> bool:
+        """Whether a piece went to the client (or was on its way)."""
+        return self._seq > 0
+
     async def __call__(self, stream: StreamName, text: str) -> None:
         async with self._lock:
             if self.stalled:
@@ -817,13 +822,14 @@ _STACK_OVERFLOW = ErrorInfo("RangeError", "Maximum call stack size exceeded")
 
 def _overflowed_unseen(outcome: Outcome, entry: _Running) -> bool:
     """Whether a run failed as its stack overflowed with nothing of it seen outside its
-    sandbox: not streamed, no tool call made or sent, not stopped by the daemon."""
+    sandbox: no output streamed, no tool call made or sent, not stopped by the daemon."""
     error = outcome.error
+    live = entry.job.on_output
     return (
         outcome.status is Status.ERROR
         and error is not None
         and (error.type, error.message) == (_STACK_OVERFLOW.type, _STACK_OVERFLOW.message)
-        and entry.job.on_output is None
+        and (live is None or (isinstance(live, LiveOutput) and not live.sent))
         and entry.tool_calls == 0
         and outcome.calls_written == 0
         and not entry.job.stop.is_set()

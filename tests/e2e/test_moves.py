@@ -125,6 +125,17 @@ async def test_a_recursion_deeper_than_deno_allows_answers_where_it_began(
     # Seen outside (a tool call made on deno): it ends as it ended there.
     assert (told["status"], told["executor"], told["tool_calls"]) == ("error", "deno", 1), told
     assert told["error"]["type"] == "RangeError"
+    # Streamed, having streamed nothing: unseen all the same.
+    quiet = {"language": "typescript", "code": code, "stream": True}
+    await shared.send({"jsonrpc": "2.0", "id": 1, "method": "execute", "params": quiet})
+    pieces, reply = await collect(shared, 1)
+    assert pieces == []
+    assert (reply["result"]["status"], reply["result"]["executor"]) == ("ok", "wasm-js")
+    talking = {**quiet, "code": code.replace("depth(20000)", "console.log('deep');\ndepth(20000)")}
+    await shared.send({"jsonrpc": "2.0", "id": 2, "method": "execute", "params": talking})
+    pieces, reply = await collect(shared, 2)
+    assert joined(pieces, "stdout") == "deep\n"  # streamed from deno: it ends there
+    assert (reply["result"]["status"], reply["result"]["executor"]) == ("error", "deno")
 
 
 async def test_a_named_executor_runs_the_program_to_its_end(shared: RawClient) -> None:  # noqa: F811
