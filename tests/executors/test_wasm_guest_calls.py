@@ -458,7 +458,9 @@ async def test_the_calls_of_a_program_that_failed_are_cancelled(
     """Only a program that answered leaves its calls going on, as on Deno, where a
     worker that fails is ended with its calls."""
     bridge = SlowBridge()
-    outcome = await run(wasm_js, SENT_THEN + ending, bridge)
+    # Little memory to fill, and time enough to fill it on a machine busy with more
+    # than this test.
+    outcome = await run(wasm_js, SENT_THEN + ending, bridge, timeout_ms=25_000, memory_mb=64)
     assert (outcome.status, outcome.tool_calls) == (status, 1), outcome
     with trio.fail_after(WAIT_S):
         while bridge.cancelled != ["cancelled"]:
