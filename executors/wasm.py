@@ -1276,6 +1276,11 @@ class WasmExecutor:
         """Whether the guest's own error report means it ran out of memory."""
         return error.type == "MemoryError"
 
+    def out_of_memory_stderr(self, stderr: str) -> str | None:
+        """After a trap: the program's stderr without the guest runtime's last words,
+        if they say it gave up for want of memory; None if they do not."""
+        return None
+
     def explain_trap(self, trap: str) -> ErrorInfo | None:
         """What a trap means in this guest's terms, when it means something plain."""
         return None
@@ -1332,6 +1337,10 @@ class WasmExecutor:
         # The backtrace names guest functions (CPython's MemoryError_new, say): only
         # the trap's own message and the guest's stderr tell what happened.
         cause = _trap_message(trap)
+        program_stderr = self.out_of_memory_stderr(outcome.stderr)
+        if program_stderr is not None:
+            outcome.stderr = program_stderr
+            return outcomes.memory_limit(outcome, limits)
         if any(sign in (cause + outcome.stderr).lower() for sign in OUT_OF_MEMORY_SIGNS):
             return outcomes.memory_limit(outcome, limits)
         if "fuel" in cause:

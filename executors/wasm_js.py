@@ -75,6 +75,10 @@ EVENT_LOOP_EMPTY_NOTE = (
     "Error while (call) event loop error, but no exception is pending. Aborting, since that "
     "doesn't seem recoverable at all.\n"
 )
+# What SpiderMonkey writes to stderr as it aborts, out of memory where no error could
+# be thrown (a garbage collection that needs a new chunk): the trap is a memory limit,
+# and the line, which names where the engine was built, is not the program's.
+UNHANDLABLE_OOM = re.compile(r"Hit MOZ_CRASH\(\[unhandlable oom\][^\n]*\n?\Z")
 # The WASI file calls a module load traps in: there is no file system to load from.
 MODULE_LOAD_SIGNS = ("path_filestat_get", "path_open")
 NO_MODULE_LOADER = (
@@ -369,6 +373,10 @@ class WasmJsExecutor(WasmExecutor):
 
     def is_out_of_memory(self, error: ErrorInfo) -> bool:
         return error.type in ("Error", "InternalError") and error.message == OUT_OF_MEMORY
+
+    def out_of_memory_stderr(self, stderr: str) -> str | None:
+        found = UNHANDLABLE_OOM.search(stderr)
+        return None if found is None else stderr[: found.start()]
 
     def explain_trap(self, trap: str) -> ErrorInfo | None:
         if EVENT_LOOP_EMPTY in trap:
