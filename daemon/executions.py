@@ -550,11 +550,11 @@ class Executions:
         target = ran_on[0]
         successor = target.successor
         assert successor is not None  # only a job with one is given back
-        if job.stop.is_set():  # stopped meanwhile: `_settle` says why
-            return moved
         refused = await self._violation(job.language, successor.executor, job.code, job.syntax)
         if refused is not None:
             successor = target
+        if job.stop.is_set():  # stopped meanwhile (a long check is a thread's): `_settle` says why
+            return moved
         outcome = await self._run_again(job, ran_on, successor, moved.queue_s, bridge, entry)
         if successor is not target and _overflowed_unseen(outcome, entry):
             # Deno's stack holds about a quarter of the calls wasm-js's does (13,000

@@ -200,3 +200,13 @@ async def test_a_successor_that_fails_is_named_in_the_record(
         await fx.executions.execute(REQUEST, ALICE)
     record = fx.events[-1].record
     assert record is not None and (record.status, record.executor) == ("crashed", "deno")
+
+
+async def test_a_program_stopped_as_it_is_given_back_never_starts_again() -> None:
+    async def stopped_meanwhile(job: Job, bridge: ToolBridge) -> Outcome:
+        job.stop.set()  # as a cancel arriving between the two runs does
+        return Outcome(Status.CANCELLED, moved=True)
+
+    fx, _, deno = _fixture(stopped_meanwhile)
+    result = await fx.executions.execute(REQUEST, ALICE)
+    assert (result.status, deno.jobs) == ("cancelled", [])
