@@ -12,6 +12,10 @@ body: it fails that request alone (with its own `PARSE_ERROR`) and the session g
 on. `BodyCap.answers` puts the keeper's `answer_too_large` in place of that error, as
 the stdio transport answers a line past the same cap.
 
+The SDK logs that error with a traceback at ERROR ("Error parsing JSON response"), as
+for a body it could not parse: a filter on its logger drops that record for a body
+this cap stopped, and the cap logs one warning line of its own instead.
+
 SSE bodies (`text/event-stream`) are left alone: a stream of many messages that may
 stay open for the session's life, whose events the SDK caps one by one.
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 
 import httpx2
@@ -32,6 +37,13 @@ from mcp.shared.message import SessionMessage
 from conduit.gateway.keeper import ReadStream, ReadStreamWrapper, answer_too_large
 
 __all__ = ["AnswerTooLarge", "BodyCap"]
+
+log = logging.getLogger("conduit.gateway")
+# Capped answers kept for the SDK's error of their request: one whose request was
+# cancelled first never gets it, and is forgotten once this many came after it.
+_MAX_TRIPPED = 256
+# Where the SDK's streamable-HTTP client logs a body it failed to read.
+_SDK_LOG = logging.getLogger("mcp.client.streamable_http")
 
 
 class AnswerTooLarge(httpx2.StreamError):
@@ -47,6 +59,7 @@ class BodyCap:
     `answers` wraps the transport's read stream."""
 
     def __init__(self, max_bytes: int) -> None:
+        _SDK_LOG.addFilter(_CAPPED_QUIETLY)  # once: the same filter is not added twice
         self._max = max_bytes
         # What each request whose answer passed the cap gets, by its JSON-RPC id,
         # until the SDK's own error for it comes by `answers`.
@@ -76,11 +89,29 @@ class BodyCap:
 
     def _trip(self, request: httpx2.Request) -> Callable[[types.ErrorData], None]:
         def tripped(error: types.ErrorData) -> None:
+            log.warning(
+                "an upstream's answer was dropped: %s",
+                error.message,
+                extra={"url": str(request.url.copy_with(query=None))},
+            )
             request_id = _request_id(request)
             if request_id is not None:
                 self._tripped[request_id] = error
+                if len(self._tripped) > _MAX_TRIPPED:  # the oldest's error never came
+                    del self._tripped[next(iter(self._tripped))]
 
         return tripped
+
+
+class _CappedQuietly(logging.Filter):
+    """Drops the SDK's record of a body this cap stopped (`AnswerTooLarge`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        raised = record.exc_info[1] if record.exc_info else None
+        return not isinstance(raised, AnswerTooLarge)
+
+
+_CAPPED_QUIETLY = _CappedQuietly()
 
 
 class _CappedBody(httpx2.AsyncByteStream):

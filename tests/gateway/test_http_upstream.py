@@ -28,8 +28,9 @@ from pydantic import BaseModel, ValidationError
 
 from conduit.core.errors import UpstreamUnreachable
 from conduit.gateway import http_upstream
+from conduit.gateway.http_body_cap import BodyCap
 from conduit.gateway.http_upstream import HTTP_TIMEOUT, HttpUpstream
-from conduit.gateway.keeper import MAX_MESSAGE_BYTES
+from conduit.gateway.keeper import MAX_MESSAGE_BYTES, answer_too_large
 from conduit.gateway.model import UpstreamState, UpstreamStatus
 from conduit.gateway.settings import HttpUpstreamSettings, UpstreamList
 from conduit.gateway.ssrf import SsrfGuard
@@ -274,7 +275,7 @@ def _json_upstream(server: JsonServer, client: str) -> HttpUpstream:
     [("length", "trusted"), ("chunked", "trusted"), ("chunked", "guarded"), ("gzip", "trusted")],
 )
 async def test_a_json_answer_past_the_cap_fails_its_call_alone(
-    serve: Any, framing: str, client: str
+    serve: Any, framing: str, client: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     server = JsonServer(framing)
     async with trio.open_nursery() as nursery:
@@ -291,6 +292,9 @@ async def test_a_json_answer_past_the_cap_fails_its_call_alone(
         too_much = "more than " + _TOO_MUCH_SUFFIX.format(", the rest unread")
     assert str(failed.value) == _TOO_MUCH_PREFIX + too_much
     assert (status.state, status.restarts) == (UpstreamState.READY, 0)
+    # One warning line of the gateway's, no traceback of the SDK's.
+    said = [(r.name, r.levelname) for r in caplog.records if r.name.startswith(("mcp", "conduit"))]
+    assert said == [("conduit.gateway", "WARNING")], caplog.records
     if framing != "gzip":  # gzipped, all of it fits in the sockets' buffers
         assert server.finished == 0, "the daemon read the whole answer"
 
@@ -448,3 +452,15 @@ def test_http_settings_errors_name_the_field(
 def test_http_settings_defaults() -> None:
     settings = HttpUpstreamSettings(name="web", url="https://example.com/mcp")
     assert (settings.trusted, settings.headers, settings.auth) == (False, {}, None)
+
+
+def test_capped_answers_whose_error_never_comes_are_forgotten() -> None:
+    """A request cancelled after its answer passed the cap never gets the SDK's error:
+    the cap keeps a bounded number of such answers, not one per occurrence forever."""
+    cap = BodyCap(10)
+    for number in range(1000):
+        body = json.dumps({"jsonrpc": "2.0", "id": number, "method": "tools/call"})
+        request = httpx2.Request("POST", "http://upstream.test/mcp", content=body)
+        cap._trip(request)(answer_too_large(None, 10))
+    assert 0 < len(cap._tripped) <= 256
+    assert 999 in cap._tripped  # the latest are kept
