@@ -844,9 +844,10 @@ async def _freeze_start_up(registry: ExecutorRegistry) -> None:
     """Once the executors are prepared, set what start-up made apart from the garbage
     collector (`gc.freeze`): imports, schemas, parsers and components leave ~130,000
     objects, and a full collection walked them all, holding the GIL ~0.1 s, once every
-    thousand executions or so, stalling every execution and connection meanwhile."""
+    thousand executions or so, stalling every execution and connection meanwhile. No
+    collection first: it would be that stall, as the first requests come (under socket
+    activation they are why the daemon started), to free a few dozen objects."""
     await registry.wait_ready()
-    gc.collect()
     gc.freeze()
 
 
