@@ -82,6 +82,9 @@ class HostPool:
         self._name = name
         self._state = PoolState.CLOSED
         self._ready_send, self._ready = trio.open_memory_channel[PyodideHost](math.inf)
+        # The hosts in `_ready` still alive: one that exits there stays in the channel
+        # until `acquire` passes it over, and is no longer idle.
+        self._idle_hosts: set[PyodideHost] = set()
         self._live: set[PyodideHost] = set()
         self._busy: set[PyodideHost] = set()
         self._killed: set[PyodideHost] = set()
@@ -123,7 +126,7 @@ class HostPool:
         return len(self._live)
 
     def _idle(self) -> int:
-        return self._ready.statistics().current_buffer_used
+        return len(self._idle_hosts)
 
     def statistics(self) -> dict[str, Any]:
         """A snapshot of the pool, in `WarmPool.statistics()`'s terms where they fit:
@@ -150,6 +153,7 @@ class HostPool:
         if none was. The caller runs one program on it, then must `release` it."""
         try:
             host = self._ready.receive_nowait()
+            self._idle_hosts.discard(host)
         except trio.WouldBlock:
             host = None
             self._counts["cold_starts"] += 1
@@ -162,6 +166,7 @@ class HostPool:
             try:
                 with trio.move_on_at(min(deadline, trio.current_time() + GROW_CHECK_S)):
                     host = await self._ready.receive()
+                    self._idle_hosts.discard(host)
             finally:
                 self._waiting -= 1
             if host is None:
@@ -204,7 +209,7 @@ class HostPool:
             self._discard(host)
         else:
             self._note_refill(trio.current_time() - began)
-            self._ready_send.send_nowait(host)
+            self._make_idle(host)
         finally:
             self._recycling -= 1
 
@@ -296,14 +301,19 @@ class HostPool:
         if self._state is PoolState.DRAINING:
             host.kill()
         else:
-            self._ready_send.send_nowait(host)
+            self._make_idle(host)
 
     def _note_refill(self, took_s: float) -> None:
         self._counts["refills"] += 1
         self._refill_seconds_total += took_s
         self._last_refill_s = took_s
 
+    def _make_idle(self, host: PyodideHost) -> None:
+        self._idle_hosts.add(host)
+        self._ready_send.send_nowait(host)
+
     def _forget(self, host: PyodideHost) -> None:
+        self._idle_hosts.discard(host)
         if host in self._taken:
             self._taken.discard(host)
             return

@@ -163,3 +163,16 @@ async def test_a_taken_host_is_the_pools_no_more(
     counts = ("taken", "deaths", "discarded", "processes")
     assert tuple(stats[count] for count in counts) == (1, 0, 0, 1)
     assert len(starter.hosts) == 2
+
+
+async def test_a_host_that_dies_while_idle_is_not_counted_idle(
+    started: tuple[HostPool, Starter], autojump_clock: Any
+) -> None:
+    pool, starter = started
+    await trio.sleep(2)  # the first host is ready
+    [first] = starter.hosts
+    first.kill()  # exits on its own while nobody has it
+    await trio.sleep(2)  # and is replaced
+    stats = pool.statistics()
+    assert (stats["processes"], stats["idle"], stats["deaths"]) == (1, 1, 1), stats
+    assert await run_one(pool) is starter.hosts[1]
