@@ -151,7 +151,8 @@ async def serve_embedded(
     """
     from conduit.daemon.server import Daemon
 
-    daemon = Daemon(config, reload=reload)
+    # `conduit mcp` is a process of the daemon's own, as `conduit serve` is.
+    daemon = Daemon(config, reload=reload, owns_process=True)
     principal = stdio_principal(daemon, client)
     async with open_stdio_stream(fds) as stdio, trio.open_nursery() as nursery:
         await nursery.start(_serve_until_stopped, daemon, nursery.cancel_scope)

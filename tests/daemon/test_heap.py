@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from conduit.daemon import cli
+from conduit.daemon import cli, mcp_stdio
 
 SERVE_THEN_COUNT = """
 import gc, sys, tempfile
@@ -68,3 +68,19 @@ def test_conduit_serve_owns_its_process(monkeypatch: pytest.MonkeyPatch, tmp_pat
     args = parser.parse_args(["serve", "--state-dir", str(tmp_path)])
     assert cli._serve(args) == 0
     assert served and served[0]["owns_process"] is True
+
+
+async def test_conduit_mcp_owns_its_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[dict[str, Any]] = []
+
+    class Made(Exception):
+        pass
+
+    def daemon(config: Any, **options: Any) -> Any:
+        made.append(options)
+        raise Made
+
+    monkeypatch.setattr("conduit.daemon.server.Daemon", daemon)
+    with pytest.raises(Made):
+        await mcp_stdio.serve_embedded(object(), object())  # type: ignore[arg-type]
+    assert made and made[0]["owns_process"] is True
