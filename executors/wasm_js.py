@@ -189,8 +189,11 @@ _SIGNS = re.compile(
 # here rather than move to deno (`moves`), where it would fail: the word itself, or
 # `\u`, which may spell it.
 GUEST_ONLY_GLOBALS = frozenset({"InternalError", "MultipartFormData", "WorkerLocation", "fs"})
+# Each name first, then what comes before it: the engine then looks for the names'
+# letters, not at every place for what may come before one (a 1 MiB program: 12 against
+# 44 ms, on the event loop).
 _NAMES_GUEST_ONLY = re.compile(
-    r"(?<![\w$])(?:" + "|".join(sorted(GUEST_ONLY_GLOBALS)) + r")(?![\w$])|\\u"
+    "|".join(rf"{name}(?<![\w$]{name})(?![\w$])" for name in sorted(GUEST_ONLY_GLOBALS)) + r"|\\u"
 )
 # How much CPU time a program the daemon routed here may take before it is moved to
 # deno (`wasm_moves`): past it, deno's compiled code more than makes up for its start.

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import gc
 import time
+from pathlib import Path
+
+import pytest
 
 from conduit.executors._wasmtime import StopReason
+from conduit.executors.wasm_js import MOVE_AFTER_CPU_S, WasmJsExecutor
 from conduit.executors.wasm_moves import MoveWatch, program_cpu_s
 from tests.hand_clock import HandClock
 
@@ -57,3 +61,21 @@ def test_time_spent_collecting_garbage_is_not_the_programs() -> None:
     collected_s = time.thread_time() - cpu_before
     assert collected_s > 0.005  # the collection was worth measuring
     assert program_cpu_s() - before < collected_s / 4
+
+
+@pytest.mark.parametrize(
+    ("code", "moves"),
+    [
+        ("fs.readFileSync('a')", False),
+        ("x.fs", False),
+        ("e instanceof InternalError", False),
+        ("const s = '\\u0066s'", False),
+        ("const offsets = [1]; ifs(fs_x, $fs)", True),
+        ("let n = 0; for (;;) n++", True),
+    ],
+)
+def test_only_a_program_that_may_name_a_guest_only_global_stays(
+    tmp_path: Path, code: str, moves: bool
+) -> None:
+    wasm_js = WasmJsExecutor(cache_dir=tmp_path)
+    assert (wasm_js.moves(code) == MOVE_AFTER_CPU_S) is moves
