@@ -551,7 +551,7 @@ class Executions:
         successor = target.successor
         assert successor is not None  # only a job with one is given back
         refused = await self._violation(job.language, successor.executor, job.code, job.syntax)
-        if refused is not None:
+        if refused is not None or not await self._successor_ready(job, successor, moved, entry):
             successor = target
         if job.stop.is_set():  # stopped meanwhile (a long check is a thread's): `_settle` says why
             return moved
@@ -562,6 +562,20 @@ class Executions:
             # where it began, and runs there again, never to move.
             outcome = await self._run_again(job, ran_on, target, outcome.queue_s, bridge, entry)
         return outcome
+
+    async def _successor_ready(
+        self, job: Job, successor: _Target, moved: Outcome, entry: _Running
+    ) -> bool:
+        """Whether `successor` can take the moved job: one still starting (the first
+        requests after a start) is waited for as a request waits for its executor,
+        within what is left of the job's time and of its queueing time, which the wait
+        is counted in (`moved.queue_s`)."""
+        spent_s = trio.current_time() - entry.started - moved.queue_s
+        within_s = min(job.limits.timeout_ms / 1000 - spent_s, job.queue_timeout_s - moved.queue_s)
+        began = trio.current_time()
+        ready = await self.registry.wait_for(successor.executor, max(0.0, within_s))
+        moved.queue_s += trio.current_time() - began
+        return ready
 
     async def _run_again(
         self,

@@ -155,17 +155,30 @@ class ExecutorRegistry:
     ) -> tuple[Executor, float] | None:
         """Where a program `picked` was chosen for moves if it computes for long, and
         after how much CPU time (the executor's `moves_to` and `moves(code)`); None
-        when the request named its executor, or that one is not available now."""
+        when the request named its executor, or that one has failed (one still
+        starting is waited for as the program moves: see `wait_for`)."""
         moves = getattr(picked, "moves", None)
         if name is not None or moves is None:
             return None
         successor = self._executors.get(getattr(picked, "moves_to", ""))
-        if successor is None or successor.unavailable_reason is not None:
+        if successor is None or language not in successor.languages:
             return None
-        if language not in successor.languages:
-            return None
+        if successor.unavailable_reason is not None and not getattr(successor, "preparing", False):
+            return None  # one still starting is waited for as the program moves
         after_s = moves(code)
         return None if after_s is None else (successor, after_s)
+
+    async def wait_for(self, name: str, within_s: float) -> bool:
+        """Whether executor `name` can take jobs, once it has finished starting or
+        `within_s` has passed, whichever comes first."""
+        executor = self._executors.get(name)
+        if executor is None:
+            return False
+        wait_ready = getattr(executor, "wait_ready", None)
+        if executor.unavailable_reason is not None and wait_ready is not None:
+            with trio.move_on_after(within_s):
+                await wait_ready()
+        return executor.unavailable_reason is None
 
     def _candidates(self, language: str, name: str | None, lacking: set[str]) -> list[Executor]:
         """Who may run the program, in order of preference: the named executor alone;

@@ -210,3 +210,69 @@ async def test_a_program_stopped_as_it_is_given_back_never_starts_again() -> Non
     fx, _, deno = _fixture(stopped_meanwhile)
     result = await fx.executions.execute(REQUEST, ALICE)
     assert (result.status, deno.jobs) == ("cancelled", [])
+
+
+def _once_then_answers() -> Script:
+    """A script that gives the program back the first time, and answers after."""
+    runs: list[Job] = []
+
+    async def script(job: Job, bridge: ToolBridge) -> Outcome:
+        runs.append(job)
+        return await (_gives_back if len(runs) == 1 else _answers)(job, bridge)
+
+    return script
+
+
+def _starting(deno: FakeExecutor, settles: trio.Event, *, fails: bool = False) -> None:
+    """Make `deno` one still starting until `settles` is set (then failed, or ready)."""
+
+    async def wait_ready() -> bool:
+        await settles.wait()
+        deno.unavailable_reason = "deno is broken" if fails else None
+        deno.preparing = False  # type: ignore[attr-defined]
+        return not fails
+
+    deno.unavailable_reason = "the executor has not been started"
+    deno.preparing = True  # type: ignore[attr-defined]
+    deno.wait_ready = wait_ready  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["ready", "failed"])
+async def test_a_successor_still_starting_is_waited_for_as_queueing(
+    autojump_clock: trio.testing.MockClock, fails: bool
+) -> None:
+    """The first requests after a start: a program moves to a deno still probing its
+    runtime once it is ready, the wait counted as queueing, not the program's time; to
+    one that fails, never: it runs again where it began."""
+    fx, wasm_js, deno = _fixture(_once_then_answers())
+    settles = trio.Event()
+    _starting(deno, settles, fails=fails)
+    results = []
+    async with trio.open_nursery() as nursery:
+
+        async def execute() -> None:
+            results.append(await fx.executions.execute(REQUEST, ALICE))
+
+        nursery.start_soon(execute)
+        await trio.sleep(SPENT_S + 2.0)
+        settles.set()
+    [result] = results
+    assert (result.status, result.result) == ("ok", {"n": 1})
+    assert result.queue_ms == pytest.approx(2000)
+    if fails:
+        assert (result.executor, deno.jobs) == ("wasm-js", [])
+        assert _moves_of(wasm_js.jobs) == [AFTER_S, None]  # never given back twice
+    else:
+        assert (result.executor, len(deno.jobs)) == ("deno", 1)
+        assert deno.jobs[0].limits.timeout_ms == TIMEOUT_MS - SPENT_S * 1000
+
+
+async def test_a_successor_not_started_within_the_queueing_time_is_not_waited_for(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fx, _, deno = _fixture(_once_then_answers())
+    _starting(deno, trio.Event())  # never settles
+    result = await fx.executions.execute(REQUEST, ALICE)
+    assert (result.status, result.executor, deno.jobs) == ("ok", "wasm-js", [])
+    within_s = min(TIMEOUT_MS / 1000 - SPENT_S, LimitsConfig().queue_timeout_s)
+    assert result.queue_ms == pytest.approx(within_s * 1000)
