@@ -106,10 +106,13 @@ class Dialect:
     # ---- statements ----------------------------------------------------------------
 
     def insert_started(self) -> str:
-        """A running execution's row; nothing if its row is there already."""
+        """A running execution's row; if its row is there already and still running,
+        only its executor is updated (a program moved: `execution.moved`), and a row
+        that has ended is left as it is."""
         return (
             f"INSERT INTO executions ({', '.join(COLUMNS)}) VALUES ({self.marks(len(COLUMNS))}) "
-            "ON CONFLICT (execution_id) DO NOTHING"
+            "ON CONFLICT (execution_id) DO UPDATE SET executor = excluded.executor "
+            f"WHERE executions.status = '{RUNNING}'"
         )
 
     def upsert_ended(self) -> str:

@@ -39,6 +39,7 @@ class EventType(enum.StrEnum):
     """Every kind of event, by its wire name."""
 
     EXECUTION_STARTED = "execution.started"
+    EXECUTION_MOVED = "execution.moved"
     EXECUTION_FINISHED = "execution.finished"
     EXECUTION_FAILED = "execution.failed"
     EXECUTION_TIMED_OUT = "execution.timed_out"
@@ -56,6 +57,7 @@ class EventType(enum.StrEnum):
 PRINCIPAL_EVENTS = frozenset(
     {
         EventType.EXECUTION_STARTED,
+        EventType.EXECUTION_MOVED,
         EventType.EXECUTION_FINISHED,
         EventType.EXECUTION_FAILED,
         EventType.EXECUTION_TIMED_OUT,

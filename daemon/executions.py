@@ -142,6 +142,8 @@ class _Running:
     answered: bool = False
     # The scopes of its tool calls running now (`Executions.running_call`).
     calls: set[trio.CancelScope] = dataclasses.field(default_factory=set)
+    # Its record as it started, naming the executor it runs on now (None: not kept).
+    record: ExecutionRecord | None = None
 
     @property
     def execution_id(self) -> str:
@@ -336,16 +338,10 @@ class Executions:
                 move_after_cpu_s=target.move_after_cpu_s,
             )
             allowed = (requested, *principal.tool_patterns)
-            started_at = time.time()
-            digest = code_digest(code)
-            self._events.publish(
-                _started_event(
-                    _running_record(
-                        job, target, principal.name, requested, digest, started_at, queue_wait_s
-                    ),
-                    target,
-                )
+            running = _running_record(
+                job, target, principal.name, requested, code_digest(code), time.time(), queue_wait_s
             )
+            self._events.publish(_started_event(running))
             started = trio.current_time()
             tool_log: list[ToolCallRecord] = []
 
@@ -371,7 +367,13 @@ class Executions:
                 waited_s = ready_wait_s + queue_wait_s + outcome.queue_s
                 result = _result(execution_id, target, outcome, duration_s, waited_s, limits)
                 record = _record(
-                    result, job, principal.name, requested, digest, started_at, tuple(tool_log)
+                    result,
+                    job,
+                    principal.name,
+                    requested,
+                    running.code_sha256,
+                    running.started_at,
+                    tuple(tool_log),
                 )
                 self._events.publish(_ended_event(record))
                 return result
@@ -379,7 +381,9 @@ class Executions:
             # Where it runs: `target`, then the successor it moved to, if it moved.
             ran_on = [target]
             try:
-                outcome = await self._run(job, ran_on, allowed, principal, request, tool_log)
+                outcome = await self._run(
+                    job, ran_on, allowed, principal, request, tool_log, running
+                )
             except BaseException as exc:
                 # The caller is gone, the daemon stopped waiting, or the executor broke:
                 # the execution ended all the same, and is accounted for before the
@@ -500,10 +504,12 @@ class Executions:
         principal: Principal,
         request: ExecutionRequest,
         tool_log: list[ToolCallRecord],
+        running: ExecutionRecord,
     ) -> Outcome:
         """Run the job on `ran_on`'s target; the tool calls it makes are appended to
         `tool_log`, and the successor it moves to, if it does, to `ran_on` (as it starts
-        there, so that an exception is told where it ran)."""
+        there, so that an exception is told where it ran). `running` is its record as
+        it started."""
         target = ran_on[0]
         entry = _Running(
             job,
@@ -513,6 +519,7 @@ class Executions:
             trio.CancelScope(),
             request.origin,
             tool_log=tool_log,
+            record=running,
         )
         self._running[job.execution_id] = entry
         self._idle = trio.Event() if self._idle.is_set() else self._idle
@@ -599,6 +606,9 @@ class Executions:
             move_after_cpu_s=None,
             queue_timeout_s=max(0.0, job.queue_timeout_s - queue_s),
         )
+        if entry.record is not None and on.executor != entry.executor:
+            entry.record = dataclasses.replace(entry.record, executor=on.executor)
+            self._events.publish(_moved_event(entry.record, entry.executor))
         entry.executor = on.executor
         ran_on.append(on)
         outcome = await on.run(again, bridge)
@@ -965,11 +975,11 @@ def _from_the_start(
     }
 
 
-def _started_event(running: ExecutionRecord, target: _Target) -> BusEvent:
+def _started_event(running: ExecutionRecord) -> BusEvent:
     data = {
         "execution_id": running.execution_id,
         "principal": running.principal,
-        "executor": target.executor,
+        "executor": running.executor,
         "language": running.language,
         "code_sha256": running.code_sha256,
     }
@@ -982,6 +992,13 @@ def _started_event(running: ExecutionRecord, target: _Target) -> BusEvent:
         running.started_at,
         started=running,
     )
+
+
+def _moved_event(running: ExecutionRecord, moved_from: str) -> BusEvent:
+    """The execution runs again from the start on `running.executor` (see `wasm_moves`)."""
+    event = _started_event(running)
+    data = {**event.data, "from": moved_from}
+    return dataclasses.replace(event, type=EventType.EXECUTION_MOVED, data=data, ts=time.time())
 
 
 async def _nothing_to_wait_for() -> None:

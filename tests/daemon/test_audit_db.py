@@ -1,8 +1,9 @@
-"""The audit store's SQLite layer on its own: migrating a version-1 store, and sessions'
-rows. No daemon is started."""
+"""The audit store's SQLite layer on its own: migrating a version-1 store, sessions'
+rows, and a moved execution's running row. No daemon is started."""
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from pathlib import Path
 
@@ -88,5 +89,29 @@ def test_a_sessions_row_is_written_when_made_and_completed_when_it_ends(tmp_path
         audit_db.insert_records(db, [SessionRecord("ses_2", "bob", "deno", "typescript", 60.0)])
         audit_db.purge_before(db, cutoff=55.0, limit=100)
         assert [r[0] for r in db.execute("SELECT session_id FROM sessions")] == ["ses_2"]
+    finally:
+        db.close()
+
+
+def test_a_running_row_names_the_executor_a_program_moved_to(tmp_path: Path) -> None:
+    """`execution.moved` carries the running record again with its new executor: the
+    running row takes it; an ended row never goes back to running or changes."""
+    db = audit_db.open_writer(str(tmp_path / "audit.sqlite3"))
+    running = dataclasses.replace(record("ex_1", 1.0), status="running", executor="wasm-js")
+    moved = dataclasses.replace(running, executor="deno")
+    ended = dataclasses.replace(moved, status="ok")
+
+    def row() -> tuple[str, str]:
+        return tuple(db.execute("SELECT executor, status FROM executions").fetchone())
+
+    try:
+        audit_db.insert_records(db, [running])
+        assert row() == ("wasm-js", "running")
+        audit_db.insert_records(db, [moved])
+        assert row() == ("deno", "running")
+        audit_db.insert_records(db, [ended])
+        assert row() == ("deno", "ok")
+        audit_db.insert_records(db, [running])  # a journal's replay, after the end
+        assert row() == ("deno", "ok")
     finally:
         db.close()

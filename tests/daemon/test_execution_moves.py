@@ -69,9 +69,14 @@ async def test_a_program_given_back_runs_again_on_the_successor_with_the_time_le
     assert again.execution_id == first.execution_id and again.stop is first.stop
     assert again.limits.timeout_ms == TIMEOUT_MS - SPENT_S * 1000
     assert again.limits.memory_mb == first.limits.memory_mb
-    # One execution, one bridge, one record: the one that answered is named in it.
+    # One execution, one bridge, one record: the one that answered is named in it, and
+    # the move is told as it happens (its running row names deno from then on).
     assert len(fx.bridges) == 1
-    assert fx.types() == ["execution.started", "execution.finished"]
+    assert fx.types() == ["execution.started", "execution.moved", "execution.finished"]
+    started, moved = fx.events[0], fx.events[1]
+    assert moved.data == {**started.data, "executor": "deno", "from": "wasm-js"}
+    assert moved.started is not None and moved.started.executor == "deno"
+    assert moved.started.status == "running"
     record = fx.events[-1].record
     assert record is not None and record.executor == "deno"
     assert result.duration_ms >= SPENT_S * 1000  # the first run's time is the program's

@@ -15,11 +15,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import trio
 
+from conduit.daemon.records import code_digest
+from conduit.daemon.server import ServingInfo
 from conduit.executors.wasm_js import GUEST_ONLY_GLOBALS
 from tests.conftest import RawClient
+from tests.e2e.test_events import next_event
 from tests.e2e.test_streaming import collect, joined
 from tests.e2e.test_tools import shared, shared_daemon  # noqa: F401 (fixtures)
+from tests.served import Served
 
 FIB = "function fib(n: number): number { return n < 2 ? n : fib(n - 1) + fib(n - 2); }\n"
 
@@ -96,6 +101,45 @@ async def test_a_program_moves_to_deno_unless_something_of_it_was_seen(
     # Its output once, its calls once: nothing of a run that was given up.
     assert (routed["stdout"], routed["stderr"]) == (named["stdout"], named["stderr"])
     assert routed["tool_calls"] == named["tool_calls"] == case[1].count("tools.")
+
+
+async def event_of(watcher: RawClient, code: str) -> dict[str, Any]:
+    """The next event `watcher` is sent about a run of `code` (not another test's)."""
+    while (event := await next_event(watcher))["code_sha256"] != code_digest(code):
+        pass
+    return event
+
+
+async def test_a_move_is_told_and_the_running_row_names_where_it_runs(
+    shared_daemon: Served[ServingInfo],  # noqa: F811
+    connect: Any,
+) -> None:
+    """`execution.moved` as it happens; `executions/list` then lists the program running
+    on deno, not on wasm-js where it began."""
+    watcher, runner, lister = [await connect(shared_daemon.value) for _ in range(3)]
+    await watcher.call("events/subscribe", {"types": ["execution.started", "execution.moved"]})
+    code = "const end = Date.now() + 1500;\nwhile (Date.now() < end) {}\n'spun'"
+    results: list[dict[str, Any]] = []
+
+    async def run() -> None:
+        results.append(await execute(runner, "javascript", code))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        with trio.fail_after(30):
+            started, moved = [await event_of(watcher, code) for _ in range(2)]
+        assert (started["type"], started["executor"]) == ("execution.started", "wasm-js")
+        told = {**started, "type": "execution.moved", "executor": "deno", "from": "wasm-js"}
+        assert moved == {**told, "ts": moved["ts"]}
+        with trio.fail_after(30):
+            while True:  # the running row is written within the store's batch delay
+                query = {"code_sha256": code_digest(code)}
+                [row] = (await lister.call("executions/list", query))["executions"]
+                if row["executor"] == "deno":
+                    break
+                await trio.sleep(0.02)
+        assert row["status"] == "running"
+    assert (results[0]["status"], results[0]["executor"]) == ("ok", "deno")
 
 
 async def test_the_names_that_keep_a_program_are_the_globals_deno_lacks(
