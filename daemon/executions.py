@@ -417,7 +417,7 @@ class Executions:
             request.language, request.executor, within_s=within_s, code=code, syntax=syntax
         )
         target = _Target(executor.name, request.language, executor.run)
-        moving = self.registry.successor(request.language, request.executor, executor, code)
+        moving = self.registry.successor(request.language, request.executor, executor, code, syntax)
         if moving is None:
             return target, limits
         successor, after_s = moving

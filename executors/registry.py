@@ -151,7 +151,12 @@ class ExecutorRegistry:
         return self._pick(candidates, late_after_s=within_s if waiting.cancelled_caught else None)
 
     def successor(
-        self, language: str, name: str | None, picked: Executor, code: str
+        self,
+        language: str,
+        name: str | None,
+        picked: Executor,
+        code: str,
+        syntax: SyntaxMemo | None = None,
     ) -> tuple[Executor, float] | None:
         """Where a program `picked` was chosen for moves if it computes for long, and
         after how much CPU time (the executor's `moves_to` and `moves(code)`); None
@@ -165,7 +170,7 @@ class ExecutorRegistry:
             return None
         if successor.unavailable_reason is not None and not getattr(successor, "preparing", False):
             return None  # one still starting is waited for as the program moves
-        after_s = moves(code)
+        after_s = moves(code, SyntaxMemo() if syntax is None else syntax)
         return None if after_s is None else (successor, after_s)
 
     async def wait_for(self, name: str, within_s: float) -> bool:
@@ -263,8 +268,20 @@ class ExecutorRegistry:
         if len(code) <= _INLINE_READ_CHARS:
             return self._lacking(language, name, code, syntax)
         return await trio.to_thread.run_sync(
-            self._lacking, language, name, code, syntax, limiter=_READ_THREADS
+            self._read, language, name, code, syntax, limiter=_READ_THREADS
         )
+
+    def _read(self, language: str, name: str | None, code: str, syntax: SyntaxMemo) -> set[str]:
+        """`_lacking`, and whether an executor that may be picked would let the program
+        move (`successor`, which then finds it in `syntax`): all that is read of a
+        large program before it runs, read at once off the event loop."""
+        lacking = self._lacking(language, name, code, syntax)
+        if name is None:
+            for executor in self._executors.values():
+                moves = getattr(executor, "moves", None)
+                if moves is not None and language in executor.languages:
+                    moves(code, syntax)
+        return lacking
 
     def infos(self, *, configured_only: bool = False) -> list[ExecutorInfo]:
         """A snapshot of every known executor, including those the configuration leaves

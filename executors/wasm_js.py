@@ -202,6 +202,7 @@ MOVE_AFTER_CPU_S = 0.05
 # What `SyntaxMemo.decided` keeps of a program for this executor.
 _LACKS_IN_TYPESCRIPT = "wasm-js lacks, in typescript"
 _LACKS_IN_JAVASCRIPT = "wasm-js lacks, in javascript"
+_NAMES_A_GUEST_GLOBAL = "wasm-js names a global of its own"
 _MODULE = "wasm-js guest module"
 
 
@@ -314,11 +315,15 @@ class WasmJsExecutor(WasmExecutor):
         super().__init__(cache_dir=cache_dir, fuel=fuel)
         self.move_after_cpu_s = move_after_cpu_s
 
-    def moves(self, code: str) -> float | None:
+    def moves(self, code: str, syntax: SyntaxMemo | None = None) -> float | None:
         """After how much CPU time `code`, routed here (no executor named, no session),
         may be stopped and run again on `moves_to` (`wasm_moves`); None: never, as for a
-        program that may use the guest's `fs` or another of `GUEST_ONLY_GLOBALS`."""
-        if self.move_after_cpu_s is None or _NAMES_GUEST_ONLY.search(code):
+        program that may use the guest's `fs` or another of `GUEST_ONLY_GLOBALS`. What
+        the text says is kept in `syntax` (its reading is O(size): see `registry`)."""
+        if self.move_after_cpu_s is None:
+            return None
+        memo = SyntaxMemo() if syntax is None else syntax
+        if memo.decided(_NAMES_A_GUEST_GLOBAL, code, lambda: bool(_NAMES_GUEST_ONLY.search(code))):
             return None
         return self.move_after_cpu_s
 

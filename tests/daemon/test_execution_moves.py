@@ -44,7 +44,7 @@ def _fixture(
     """wasm-js (moving its programs to deno after AFTER_S) and deno, for javascript."""
     wasm_js = FakeExecutor(first, name="wasm-js", languages=JS)
     wasm_js.moves_to = "deno"  # type: ignore[attr-defined]
-    wasm_js.moves = lambda code: None if "fs" in code else AFTER_S  # type: ignore[attr-defined]
+    wasm_js.moves = lambda code, syntax: None if "fs" in code else AFTER_S  # type: ignore[attr-defined]
     deno = FakeExecutor(then, name="deno", languages=JS)
     deno.unavailable_reason = "down" if successor_down else None
     fx = ExecutionsFixture(

@@ -44,12 +44,17 @@ def test_a_decision_is_made_once_per_owner_kind_and_text() -> None:
     assert len(kept) == 4
 
 
-def test_a_memo_with_no_readings_decides_each_time() -> None:
+def test_a_memo_keeps_its_requests_decisions_and_with_no_readings_no_more() -> None:
+    """The request's later readers find what its first decided (a program too long for
+    `Readings` included); with no readings, the next request decides again."""
     decide = Decider()
     memo = SyntaxMemo()
     memo.decided("lacks", "x", decide)
-    memo.decided("lacks", "x", decide)
-    assert decide.made == 2
+    memo.decided("lacks", "x" * 1, decide)
+    assert decide.made == 1
+    memo.decided("lacks", "y", decide)
+    SyntaxMemo().decided("lacks", "x", decide)
+    assert decide.made == 3
 
 
 def test_none_is_a_decision_kept_like_any_other() -> None:

@@ -1,14 +1,19 @@
-"""`MoveWatch` on its own, over a clock the test moves: when it gives a guest back."""
+"""`MoveWatch` on its own, over a clock the test moves: when it gives a guest back; and
+which programs may move, read where."""
 
 from __future__ import annotations
 
 import gc
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from conduit.executors import wasm_js as wasm_js_module
 from conduit.executors._wasmtime import StopReason
+from conduit.executors.registry import ExecutorRegistry
+from conduit.executors.syntax_memo import SyntaxMemo
 from conduit.executors.wasm_js import MOVE_AFTER_CPU_S, WasmJsExecutor
 from conduit.executors.wasm_moves import MoveWatch, program_cpu_s
 from tests.hand_clock import HandClock
@@ -79,3 +84,32 @@ def test_only_a_program_that_may_name_a_guest_only_global_stays(
 ) -> None:
     wasm_js = WasmJsExecutor(cache_dir=tmp_path)
     assert (wasm_js.moves(code) == MOVE_AFTER_CPU_S) is moves
+
+
+async def test_a_large_programs_text_is_read_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether a program names a guest-only global is a scan of all its text (~12 ms a
+    MiB): for a program too large to be read inline, it is read with the rest in the
+    registry's worker thread, and the decision found there when the move is planned."""
+    wasm_js = WasmJsExecutor(cache_dir=tmp_path)
+    wasm_js._reason = None  # as once its component is loaded
+    registry = ExecutorRegistry([wasm_js], {"javascript": "wasm-js"})
+    readers: list[str] = []
+    scan = wasm_js_module._NAMES_GUEST_ONLY
+
+    class Watched:
+        def search(self, code: str) -> object:
+            readers.append(threading.current_thread().name)
+            return scan.search(code)
+
+    monkeypatch.setattr(wasm_js_module, "_NAMES_GUEST_ONLY", Watched())
+    monkeypatch.setattr(wasm_js, "moves_to", "wasm-js")  # a successor that is there
+    code = "let n = 0;\n" * 100_000  # past what Readings keeps, so only the memo holds it
+    syntax = SyntaxMemo()
+    picked = await registry.pick_ready("javascript", within_s=1, code=code, syntax=syntax)
+    assert registry.successor("javascript", None, picked, code, syntax) == (
+        wasm_js,
+        MOVE_AFTER_CPU_S,
+    )
+    assert len(readers) == 1 and readers[0] != threading.current_thread().name
