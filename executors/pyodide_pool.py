@@ -13,7 +13,7 @@ its place, so sessions never hold what fresh programs run on; the session kills 
 Programs that wait (on a tool, a sleep) hold their host all the while: when every host
 is running a program and none is making an interpreter, a program that waits for one
 has the pool start another host, up to `max_size`; hosts beyond `size` are retired as
-their program ends, once no program waits.
+their program ends, or as they become ready, once no program waits.
 
 The pool knows nothing about jobs: like `WarmPool` it changes its bookkeeping without
 awaiting, and closes hosts as a separate, shielded step.
@@ -193,8 +193,8 @@ class HostPool:
         """Take back `host` after its program: it makes its next interpreter in the
         background, or, when not `reusable` (or worn out), it is killed and replaced."""
         self._busy.discard(host)
-        surplus = len(self._live) - len(self._killed) > self._size and self._waiting == 0
-        if not reusable or surplus or host.jobs >= MAX_JOBS_PER_HOST or self._nursery is None:
+        worn = host.jobs >= MAX_JOBS_PER_HOST
+        if not reusable or self._surplus() or worn or self._nursery is None:
             self._discard(host)
             return
         self._recycling += 1
@@ -309,8 +309,18 @@ class HostPool:
         self._last_refill_s = took_s
 
     def _make_idle(self, host: PyodideHost) -> None:
+        """Hand `host` to the next program, unless it is beyond `size` with no program
+        waiting: one started for a waiter that another host served meanwhile would
+        otherwise idle for ever, holding its memory."""
+        if self._surplus():
+            self._discard(host)
+            return
         self._idle_hosts.add(host)
         self._ready_send.send_nowait(host)
+
+    def _surplus(self) -> bool:
+        """Whether the pool holds more hosts than `size` while no program waits."""
+        return len(self._live) - len(self._killed) > self._size and self._waiting == 0
 
     def _forget(self, host: PyodideHost) -> None:
         self._idle_hosts.discard(host)

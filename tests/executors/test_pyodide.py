@@ -55,13 +55,15 @@ class SharedPyodide:
     async def settled(self) -> dict[str, Any]:
         """The pool's statistics once it has its one process, ready, and nothing else:
         what an earlier test's programs cost it has been made good."""
-        with trio.fail_after(LOAD_WAIT_S):
+        pool: dict[str, Any] = {}
+        with trio.move_on_after(LOAD_WAIT_S):
             while True:
                 pool = (await self.info()).pool or {}
                 busy = any(pool.get(count) for count in ("starting", "in_use", "waiting"))
                 if pool.get("processes") == pool.get("idle") == 1 and not busy:
                     return pool
                 await trio.sleep(0.02)  # the pool announces nothing to its owner
+        raise AssertionError(f"the pool did not settle within {LOAD_WAIT_S} s: {pool}")
 
 
 @contextmanager

@@ -176,3 +176,31 @@ async def test_a_host_that_dies_while_idle_is_not_counted_idle(
     stats = pool.statistics()
     assert (stats["processes"], stats["idle"], stats["deaths"]) == (1, 1, 1), stats
     assert await run_one(pool) is starter.hosts[1]
+
+
+async def test_a_host_started_for_a_program_served_meanwhile_retires_at_once(
+    started: tuple[HostPool, Starter], autojump_clock: Any
+) -> None:
+    """A program waited on a busy host, so another was started (a second of CPU); the
+    busy one was done first and served it. Nobody waits when the new one is ready: it
+    is beyond `size` and retires, rather than idling for ever beside the first."""
+    pool, starter = started
+    busy = await pool.acquire(within_s=30)
+    assert busy is not None
+    served: list[Any] = []
+
+    async def waiting() -> None:
+        served.append(await run_one(pool))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiting)
+        await trio.sleep(GROW_CHECK_S + 0.1)  # the pool has started another host
+        assert pool.statistics()["starting"] == 1
+        pool.release(busy, True)
+    assert served == [busy]
+    await trio.sleep(2)  # the other host is ready by now
+    second = starter.hosts[1]
+    assert not second.alive
+    stats = pool.statistics()
+    assert (stats["processes"], stats["idle"], stats["discarded"]) == (1, 1, 1), stats
+    assert await run_one(pool) is busy
