@@ -576,13 +576,21 @@ class Executions:
         """Whether `successor` can take the moved job: one still starting (the first
         requests after a start) is waited for as a request waits for its executor,
         within what is left of the job's time and of its queueing time, which the wait
-        is counted in (`moved.queue_s`)."""
+        is counted in (`moved.queue_s`), and until the job is stopped. The parse is let
+        go of first, as before any wait (`SyntaxMemo`)."""
+        if self.registry.ready(successor.executor):
+            return True
+        if job.syntax is not None:
+            job.syntax.forget()
         spent_s = trio.current_time() - entry.started - moved.queue_s
         within_s = min(job.limits.timeout_ms / 1000 - spent_s, job.queue_timeout_s - moved.queue_s)
         began = trio.current_time()
-        ready = await self.registry.wait_for(successor.executor, max(0.0, within_s))
-        moved.queue_s += trio.current_time() - began
-        return ready
+        try:
+            with trio.CancelScope() as waiting, job.stop.calling(waiting.cancel):
+                return await self.registry.wait_for(successor.executor, max(0.0, within_s))
+            return False  # stopped meanwhile
+        finally:
+            moved.queue_s += trio.current_time() - began
 
     async def _run_again(
         self,

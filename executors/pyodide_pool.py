@@ -13,7 +13,7 @@ its place, so sessions never hold what fresh programs run on; the session kills 
 Programs that wait (on a tool, a sleep) hold their host all the while: when every host
 is running a program and none is making an interpreter, a program that waits for one
 has the pool start another host, up to `max_size`; hosts beyond `size` are retired as
-their program ends, or as they become ready, once no program waits.
+their program ends once no program waits, or after `SURPLUS_IDLE_S` unused.
 
 The pool knows nothing about jobs: like `WarmPool` it changes its bookkeeping without
 awaiting, and closes hosts as a separate, shielded step.
@@ -49,6 +49,10 @@ MAX_BACKOFF_S = 30.0
 MAX_JOBS_PER_HOST = 500
 # Closing hosts is a kill and a reap each; past this, their tasks are left to end.
 CLOSE_TIMEOUT_S = 5.0
+# How long a host beyond `size` may wait unused before it retires: one started for a
+# program that was served meanwhile serves the next that comes soon, rather than a host
+# being started and killed for each (a start is ~1 s of CPU).
+SURPLUS_IDLE_S = 10.0
 # How long a program waits for an interpreter before the pool looks whether one is on
 # its way. A short program takes well under this even on a busy machine, so only hosts
 # busy with long ones (waiting on a tool, a sleep) make the pool start another.
@@ -82,9 +86,9 @@ class HostPool:
         self._name = name
         self._state = PoolState.CLOSED
         self._ready_send, self._ready = trio.open_memory_channel[PyodideHost](math.inf)
-        # The hosts in `_ready` still alive: one that exits there stays in the channel
-        # until `acquire` passes it over, and is no longer idle.
-        self._idle_hosts: set[PyodideHost] = set()
+        # The hosts in `_ready` still alive, and since when they are: one that exits
+        # there stays in the channel until `acquire` passes it over, and is not idle.
+        self._idle_hosts: dict[PyodideHost, float] = {}
         self._live: set[PyodideHost] = set()
         self._busy: set[PyodideHost] = set()
         self._killed: set[PyodideHost] = set()
@@ -153,7 +157,7 @@ class HostPool:
         if none was. The caller runs one program on it, then must `release` it."""
         try:
             host = self._ready.receive_nowait()
-            self._idle_hosts.discard(host)
+            self._idle_hosts.pop(host, None)
         except trio.WouldBlock:
             host = None
             self._counts["cold_starts"] += 1
@@ -166,7 +170,7 @@ class HostPool:
             try:
                 with trio.move_on_at(min(deadline, trio.current_time() + GROW_CHECK_S)):
                     host = await self._ready.receive()
-                    self._idle_hosts.discard(host)
+                    self._idle_hosts.pop(host, None)
             finally:
                 self._waiting -= 1
             if host is None:
@@ -309,21 +313,28 @@ class HostPool:
         self._last_refill_s = took_s
 
     def _make_idle(self, host: PyodideHost) -> None:
-        """Hand `host` to the next program, unless it is beyond `size` with no program
-        waiting: one started for a waiter that another host served meanwhile would
-        otherwise idle for ever, holding its memory."""
-        if self._surplus():
-            self._discard(host)
-            return
-        self._idle_hosts.add(host)
+        """Hand `host` to the next program; one beyond `size` with no program waiting
+        (started for a waiter that another host served, or that gave up) retires if
+        none comes for `SURPLUS_IDLE_S`, rather than idle for ever, holding its memory."""
+        since = trio.current_time()
+        self._idle_hosts[host] = since
         self._ready_send.send_nowait(host)
+        if self._surplus() and self._nursery is not None:
+            self._nursery.start_soon(self._retire_if_unused, host, since)
+
+    async def _retire_if_unused(self, host: PyodideHost, since: float) -> None:
+        await trio.sleep(SURPLUS_IDLE_S)
+        # Still idle since then (not handed out and back meanwhile), and still beyond.
+        if self._idle_hosts.get(host) == since and self._surplus():
+            self._idle_hosts.pop(host, None)
+            self._discard(host)
 
     def _surplus(self) -> bool:
         """Whether the pool holds more hosts than `size` while no program waits."""
         return len(self._live) - len(self._killed) > self._size and self._waiting == 0
 
     def _forget(self, host: PyodideHost) -> None:
-        self._idle_hosts.discard(host)
+        self._idle_hosts.pop(host, None)
         if host in self._taken:
             self._taken.discard(host)
             return

@@ -173,6 +173,11 @@ class ExecutorRegistry:
         after_s = moves(code, SyntaxMemo() if syntax is None else syntax)
         return None if after_s is None else (successor, after_s)
 
+    def ready(self, name: str) -> bool:
+        """Whether executor `name` can take jobs now."""
+        executor = self._executors.get(name)
+        return executor is not None and executor.unavailable_reason is None
+
     async def wait_for(self, name: str, within_s: float) -> bool:
         """Whether executor `name` can take jobs, once it has finished starting or
         `within_s` has passed, whichever comes first."""

@@ -14,8 +14,8 @@ replaces it. A TypeScript program's erasure (`ts_erase`: the JavaScript it means
 that JavaScript's parse) is held beside it, made by the registry's reader when wasm-js
 may run it, and taken by wasm-js. It belongs to one request and is never shared, so no
 reader ever sees another request's program. What readers decide from the parse (not the
-parse) is kept for the request's later readers, and may be kept for the next request
-of the same principal with the same text (`decided`, `readings.Readings`).
+parse) may be kept for the next request of the same principal with the same text
+(`decided`, `readings.Readings`), or, for a small one, for the request's later readers.
 
 Whoever makes a request wait between readers (for an execution slot, for an executor
 still starting) lets go of its parse first (`forget`): a tree held through a wait of
@@ -65,7 +65,8 @@ class SyntaxMemo:
         self._owner = owner
         # Set when a parse came to nothing while a decision was being made.
         self._unread = False
-        # The decisions made for this request: what was decided -> (text, decision).
+        # The decisions kept for this request alone (`decided(shared=False)`): what was
+        # decided -> (the text, the decision).
         self._decisions: dict[Hashable, tuple[str, object]] = {}
 
     def __repr__(self) -> str:
@@ -74,26 +75,36 @@ class SyntaxMemo:
             return "<SyntaxMemo empty>"
         return f"<SyntaxMemo {held.dialect}, {len(held.code)} characters>"
 
-    def decided(self, what: Hashable, code: str, decide: Callable[[], T]) -> T:
+    def decided(
+        self, what: Hashable, code: str, decide: Callable[[], T], *, shared: bool = True
+    ) -> T:
         """`decide()`, a reader's decision about `code` (a function of its text alone,
-        made from this memo's parse), or the one made for the same text before, by this
-        request or one of the same owner (`Readings`). A decision made while a parse
-        came to nothing (too large, too slow, no thread for it) is not kept: the next
-        reader reads the program again. What `decide` raises is not kept either."""
-        made = self._decisions.get(what)
-        if made is not None and (made[0] is code or made[0] == code):
-            return made[1]  # type: ignore[return-value]
+        made from this memo's parse), or the one made for the same text before by a
+        request of the same owner (`Readings`). A decision made while a parse came to
+        nothing (too large, too slow, no thread for it) is not kept: the next request
+        reads the program again. What `decide` raises is not kept either.
+
+        Not `shared`: kept for this request's later readers only, whatever the
+        program's length; for a small decision (a flag) that is cheap to make again
+        for a short program, and not worth a place in `Readings`."""
+        if not shared:
+            made = self._decisions.get(what)
+            if made is not None and (made[0] is code or made[0] == code):
+                return made[1]  # type: ignore[return-value]
+            value = decide()
+            self._decisions[what] = (code, value)
+            return value
         readings = self._readings
-        found = MISSING if readings is None else readings.find(self._owner, what, code)
+        if readings is None:
+            return decide()
+        found = readings.find(self._owner, what, code)
         if found is not MISSING:
             return found  # type: ignore[return-value]
         self._unread = False
         unread_before = js_syntax.unread_parses()
         value = decide()
         if not self._unread and js_syntax.unread_parses() == unread_before:
-            self._decisions[what] = (code, value)
-            if readings is not None:
-                readings.keep(self._owner, what, code, value)
+            readings.keep(self._owner, what, code, value)
         return value
 
     def parse(self, code: str, dialect: Dialect) -> Syntax | None:

@@ -323,9 +323,13 @@ class WasmJsExecutor(WasmExecutor):
         if self.move_after_cpu_s is None:
             return None
         memo = SyntaxMemo() if syntax is None else syntax
-        if memo.decided(_NAMES_A_GUEST_GLOBAL, code, lambda: bool(_NAMES_GUEST_ONLY.search(code))):
-            return None
-        return self.move_after_cpu_s
+        guest_only = memo.decided(
+            _NAMES_A_GUEST_GLOBAL,
+            code,
+            lambda: bool(_NAMES_GUEST_ONLY.search(code)),
+            shared=False,  # a flag: a short program's text is read again in microseconds
+        )
+        return None if guest_only else self.move_after_cpu_s
 
     @staticmethod
     def lacks(

@@ -16,6 +16,7 @@ from conduit.daemon.config import ExecutorPolicies, JavaScriptPolicy, LimitsConf
 from conduit.daemon.executions import ExecutionRequest
 from conduit.executors import outcomes
 from conduit.executors.base import ErrorInfo, Job, Outcome, Status, ToolBridge
+from conduit.executors.syntax_memo import SyntaxMemo
 from tests.daemon.fakes import ALICE, ExecutionsFixture, FakeExecutor, Script
 
 JS = frozenset({"javascript", "typescript"})
@@ -281,3 +282,32 @@ async def test_a_successor_not_started_within_the_queueing_time_is_not_waited_fo
     assert (result.status, result.executor, deno.jobs) == ("ok", "wasm-js", [])
     within_s = min(TIMEOUT_MS / 1000 - SPENT_S, LimitsConfig().queue_timeout_s)
     assert result.queue_ms == pytest.approx(within_s * 1000)
+
+
+async def test_a_program_waiting_for_its_successor_is_stopped_at_once(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel while the moved program waits for a deno still starting ends it then,
+    not after the stop's grace; the wait is queueing, and the parse is not held
+    through it."""
+    forgotten: list[SyntaxMemo] = []
+    monkeypatch.setattr(SyntaxMemo, "forget", lambda memo: forgotten.append(memo))  # noqa: PLW0108
+    fx, _, deno = _fixture(_once_then_answers())
+    _starting(deno, trio.Event())  # never settles
+    results = []
+    async with trio.open_nursery() as nursery:
+
+        async def execute() -> None:
+            results.append(await fx.executions.execute(REQUEST, ALICE))
+
+        nursery.start_soon(execute)
+        await trio.sleep(SPENT_S + 1.0)
+        assert len(forgotten) == 1  # as it began to wait
+        [running] = fx.executions.running()
+        cancelled_at = trio.current_time()
+        fx.executions.cancel(ALICE, execution_id=running["execution_id"])
+    [result] = results
+    assert (result.status, result.executor, deno.jobs) == ("cancelled", "wasm-js", [])
+    assert trio.current_time() - cancelled_at < 0.1
+    assert result.queue_ms == pytest.approx(1000)
+    assert result.duration_ms == pytest.approx(SPENT_S * 1000)

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from conduit.executors.pyodide_host import HostBroken
-from conduit.executors.pyodide_pool import GROW_CHECK_S, HostPool
+from conduit.executors.pyodide_pool import GROW_CHECK_S, SURPLUS_IDLE_S, HostPool
 
 
 class FakeHost:
@@ -178,29 +178,36 @@ async def test_a_host_that_dies_while_idle_is_not_counted_idle(
     assert await run_one(pool) is starter.hosts[1]
 
 
-async def test_a_host_started_for_a_program_served_meanwhile_retires_at_once(
+async def test_a_host_started_for_a_program_served_meanwhile_retires_unused(
     started: tuple[HostPool, Starter], autojump_clock: Any
 ) -> None:
     """A program waited on a busy host, so another was started (a second of CPU); the
-    busy one was done first and served it. Nobody waits when the new one is ready: it
-    is beyond `size` and retires, rather than idling for ever beside the first."""
+    busy one was done first and served it. The new one, beyond `size`, serves the next
+    program that comes soon, and retires once none has for `SURPLUS_IDLE_S`, rather
+    than idle for ever beside the first."""
     pool, starter = started
-    busy = await pool.acquire(within_s=30)
-    assert busy is not None
-    served: list[Any] = []
 
-    async def waiting() -> None:
-        served.append(await run_one(pool))
+    async def served_meanwhile() -> None:
+        busy = await pool.acquire(within_s=30)
+        assert busy is not None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_one, pool)
+            await trio.sleep(GROW_CHECK_S + 0.1)  # the pool has started another host
+            assert pool.statistics()["starting"] == 1
+            pool.release(busy, True)
+        await trio.sleep(2)  # the other host is ready by now
+        assert pool.statistics()["processes"] == pool.statistics()["idle"] == 2
 
+    await served_meanwhile()
+    await trio.sleep(SURPLUS_IDLE_S / 2)
+    # A burst that comes soon finds both: nothing is started or killed for it.
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(waiting)
-        await trio.sleep(GROW_CHECK_S + 0.1)  # the pool has started another host
-        assert pool.statistics()["starting"] == 1
-        pool.release(busy, True)
-    assert served == [busy]
-    await trio.sleep(2)  # the other host is ready by now
-    second = starter.hosts[1]
-    assert not second.alive
+        for _ in range(2):
+            nursery.start_soon(run_one, pool)
+    await trio.sleep(SURPLUS_IDLE_S / 2 + 1)
+    assert (len(starter.hosts), pool.statistics()["discarded"]) == (2, 1)
+    await served_meanwhile()  # and once more; this time none comes
+    await trio.sleep(SURPLUS_IDLE_S + 1)
     stats = pool.statistics()
-    assert (stats["processes"], stats["idle"], stats["discarded"]) == (1, 1, 1), stats
-    assert await run_one(pool) is busy
+    assert (stats["processes"], stats["idle"]) == (1, 1), stats
+    assert sum(host.alive for host in starter.hosts) == 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conduit.executors import js_syntax, readings
-from conduit.executors.readings import MISSING, Readings
+from conduit.executors.readings import MAX_CHARS, MISSING, Readings
 from conduit.executors.syntax_memo import SyntaxMemo
 from conduit.executors.wasm_js import WasmJsExecutor
 
@@ -44,17 +44,26 @@ def test_a_decision_is_made_once_per_owner_kind_and_text() -> None:
     assert len(kept) == 4
 
 
-def test_a_memo_keeps_its_requests_decisions_and_with_no_readings_no_more() -> None:
-    """The request's later readers find what its first decided (a program too long for
-    `Readings` included); with no readings, the next request decides again."""
+def test_a_memo_with_no_readings_decides_each_time() -> None:
     decide = Decider()
     memo = SyntaxMemo()
     memo.decided("lacks", "x", decide)
-    memo.decided("lacks", "x" * 1, decide)
+    memo.decided("lacks", "x", decide)
+    assert decide.made == 2
+
+
+def test_a_decision_not_shared_is_kept_for_the_request_alone() -> None:
+    """The request's later readers find it, however long the program (`Readings`
+    keeps nothing past MAX_CHARS), and it takes no place in `Readings`."""
+    kept, decide = Readings(), Decider()
+    memo = SyntaxMemo(kept, "alice")
+    long = "x" * (MAX_CHARS + 1)
+    memo.decided("moves", long, decide, shared=False)
+    memo.decided("moves", "x" * (MAX_CHARS + 1), decide, shared=False)
     assert decide.made == 1
-    memo.decided("lacks", "y", decide)
-    SyntaxMemo().decided("lacks", "x", decide)
-    assert decide.made == 3
+    memo.decided("moves", "y", decide, shared=False)
+    SyntaxMemo(kept, "alice").decided("moves", long, decide, shared=False)
+    assert (decide.made, len(kept)) == (3, 0)
 
 
 def test_none_is_a_decision_kept_like_any_other() -> None:
