@@ -5,13 +5,14 @@ runtimes on both sides are in tests/e2e/test_moves.py."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 import trio
 import trio.testing
 
 from conduit.core.errors import SandboxCrashed
+from conduit.core.results import ExecutionResult
 from conduit.daemon.config import ExecutorPolicies, JavaScriptPolicy, LimitsConfig, PolicyConfig
 from conduit.daemon.executions import ExecutionRequest
 from conduit.executors import outcomes
@@ -243,6 +244,23 @@ def _starting(deno: FakeExecutor, settles: trio.Event, *, fails: bool = False) -
     deno.wait_ready = wait_ready  # type: ignore[attr-defined]
 
 
+async def _acting_meanwhile(
+    fx: ExecutionsFixture, after_s: float, act: Callable[[], None]
+) -> ExecutionResult:
+    """The result of executing REQUEST, having called `act()` `after_s` into it."""
+    results = []
+    async with trio.open_nursery() as nursery:
+
+        async def execute() -> None:
+            results.append(await fx.executions.execute(REQUEST, ALICE))
+
+        nursery.start_soon(execute)
+        await trio.sleep(after_s)
+        act()
+    [result] = results
+    return result
+
+
 @pytest.mark.parametrize("fails", [False, True], ids=["ready", "failed"])
 async def test_a_successor_still_starting_is_waited_for_as_queueing(
     autojump_clock: trio.testing.MockClock, fails: bool
@@ -253,16 +271,7 @@ async def test_a_successor_still_starting_is_waited_for_as_queueing(
     fx, wasm_js, deno = _fixture(_once_then_answers())
     settles = trio.Event()
     _starting(deno, settles, fails=fails)
-    results = []
-    async with trio.open_nursery() as nursery:
-
-        async def execute() -> None:
-            results.append(await fx.executions.execute(REQUEST, ALICE))
-
-        nursery.start_soon(execute)
-        await trio.sleep(SPENT_S + 2.0)
-        settles.set()
-    [result] = results
+    result = await _acting_meanwhile(fx, SPENT_S + 2.0, settles.set)
     assert (result.status, result.result) == ("ok", {"n": 1})
     assert result.queue_ms == pytest.approx(2000)
     if fails:
@@ -294,20 +303,16 @@ async def test_a_program_waiting_for_its_successor_is_stopped_at_once(
     monkeypatch.setattr(SyntaxMemo, "forget", lambda memo: forgotten.append(memo))  # noqa: PLW0108
     fx, _, deno = _fixture(_once_then_answers())
     _starting(deno, trio.Event())  # never settles
-    results = []
-    async with trio.open_nursery() as nursery:
+    cancelled_at: list[float] = []
 
-        async def execute() -> None:
-            results.append(await fx.executions.execute(REQUEST, ALICE))
-
-        nursery.start_soon(execute)
-        await trio.sleep(SPENT_S + 1.0)
+    def cancel() -> None:
         assert len(forgotten) == 1  # as it began to wait
         [running] = fx.executions.running()
-        cancelled_at = trio.current_time()
+        cancelled_at.append(trio.current_time())
         fx.executions.cancel(ALICE, execution_id=running["execution_id"])
-    [result] = results
+
+    result = await _acting_meanwhile(fx, SPENT_S + 1.0, cancel)
     assert (result.status, result.executor, deno.jobs) == ("cancelled", "wasm-js", [])
-    assert trio.current_time() - cancelled_at < 0.1
+    assert trio.current_time() - cancelled_at[0] < 0.1
     assert result.queue_ms == pytest.approx(1000)
     assert result.duration_ms == pytest.approx(SPENT_S * 1000)
