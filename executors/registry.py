@@ -170,7 +170,7 @@ class ExecutorRegistry:
             return None
         if successor.unavailable_reason is not None and not getattr(successor, "preparing", False):
             return None  # one still starting is waited for as the program moves
-        after_s = moves(code, SyntaxMemo() if syntax is None else syntax)
+        after_s = moves(code, syntax)
         return None if after_s is None else (successor, after_s)
 
     def ready(self, name: str) -> bool:
@@ -181,14 +181,11 @@ class ExecutorRegistry:
     async def wait_for(self, name: str, within_s: float) -> bool:
         """Whether executor `name` can take jobs, once it has finished starting or
         `within_s` has passed, whichever comes first."""
-        executor = self._executors.get(name)
-        if executor is None:
-            return False
-        wait_ready = getattr(executor, "wait_ready", None)
-        if executor.unavailable_reason is not None and wait_ready is not None:
+        wait_ready = getattr(self._executors.get(name), "wait_ready", None)
+        if not self.ready(name) and wait_ready is not None:
             with trio.move_on_after(within_s):
                 await wait_ready()
-        return executor.unavailable_reason is None
+        return self.ready(name)
 
     def _candidates(self, language: str, name: str | None, lacking: set[str]) -> list[Executor]:
         """Who may run the program, in order of preference: the named executor alone;
