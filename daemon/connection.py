@@ -1,8 +1,12 @@
 """One client connection: its stream, its auth state and its in-flight requests.
 
 Requests on a connection run concurrently (one task each, at most
-`max_in_flight_per_connection` at a time; past that the connection simply stops reading
-until one finishes) and are answered by id, possibly out of order. A reply is written
+`max_in_flight_per_connection` at a time; past that the connection stops reading until
+one finishes) and are answered by id, possibly out of order. While the daemon waits for
+the peer's answer to a question of its own (`ask`), it reads on instead: the answer may
+be behind requests that wait for a slot, and one of the slots may be the call waiting
+for that answer. It then holds up to `max_in_flight_per_connection` requests more, which
+start in order as slots free, and refuses any beyond those as overloaded. A reply is written
 by the task that made it when nothing else is being written or waiting to be (the
 common, one-request-at-a-time case: no hand-off to another task); every other message
 goes to the writer task, which coalesces whatever is ready into a single send. Either
@@ -192,6 +196,11 @@ class Connection:
         self._watch_scope = trio.CancelScope()
         self._failures = 0
         self._slots = trio.Semaphore(limits.max_in_flight)
+        # Requests read while every slot is taken, waiting for one (see `_start`).
+        self._held = 0
+        # Set, and replaced, when a slot frees or a question goes to the peer: what a
+        # reader waiting for a slot looks at again.
+        self._room = trio.Event()
         self._left = None if left_calls is None else LeftRequests(left_calls)
         self._outbox_send, self._outbox = trio.open_memory_channel[bytes](_OUTBOX_SIZE)
         # Held by whoever is writing to the stream: the writer task, a task writing its
@@ -272,6 +281,8 @@ class Connection:
     ) -> dict[str, Any]:
         """Send a server-to-client request and return the client's result (see
         `AskTable.ask`, which says what it raises); `request_id` as for `notify`."""
+        # The answer comes on this stream: a reader waiting for a slot reads on.
+        self._changed()
         return await self._asks.ask(self._send, method, params)
 
     def start_stream(self, stream: Callable[[], Awaitable[object]]) -> None:
@@ -380,23 +391,62 @@ class Connection:
                 await self._start(message, requests, len(line))  # type: ignore[arg-type]
 
     async def _start(self, message: Any, requests: trio.Nursery, size: int) -> None:
-        """Start the task answering `message`, once one of the connection's slots is free.
+        """Start the task answering `message`, once one of the connection's slots is free
+        (while the peer is asked something, `_hold` it instead and read on).
 
         A response (the client's answer to an `ask`) is handed over instead; nothing
         answers a response, so one that answers nothing of ours is dropped."""
         if is_response(message):
             self._asks.answer(message)
             return
-        try:  # a free slot, the usual case, is taken without a checkpoint
-            self._slots.acquire_nowait()
-        except trio.WouldBlock:
-            await self._slots.acquire()
+        while True:
+            try:  # a free slot, the usual case, is taken without a checkpoint
+                self._slots.acquire_nowait()
+                break
+            except trio.WouldBlock:
+                pass
+            if len(self._asks):  # the peer's answer may come next: read on
+                await self._hold(message, requests, size)
+                return
+            await self._room.wait()
         self._busy += 1
         requests.start_soon(self._serve_message, message, size)
         # After the spawn rather than before it: the request's task starts in the next
         # scheduler pass instead of the one after, and requests read in one chunk still
         # start in the order they came, one pass apart.
         await trio.lowlevel.checkpoint()
+
+    async def _hold(self, message: Any, requests: trio.Nursery, size: int) -> None:
+        """Hold `message` until a slot frees, in a task of its own (the reader reads
+        on); refused as overloaded when as many wait as may run."""
+        if self._held >= self._limits.max_in_flight:
+            error = Overloaded(
+                f"overloaded: {self._held} requests already wait for a slot on this "
+                "connection while the daemon waits for its answer; send the answer, "
+                "or fewer requests at once"
+            )
+            await self._refuse(request_id(message), error)
+            return
+        self._held += 1
+        self._busy += 1
+        requests.start_soon(self._serve_held, message, size)
+        # Its task waits for a slot before the next one read is spawned: they take the
+        # slots in the order they came (the lot is FIFO; a scheduler pass is not).
+        await trio.lowlevel.checkpoint()
+
+    async def _serve_held(self, message: Any, size: int) -> None:
+        try:
+            await self._slots.acquire()
+        except BaseException:
+            self._busy -= 1
+            raise
+        finally:
+            self._held -= 1
+        await self._serve_message(message, size)
+
+    def _changed(self) -> None:
+        self._room.set()
+        self._room = trio.Event()
 
     async def _serve_message(self, message: Any, size: int) -> None:
         try:
@@ -410,6 +460,7 @@ class Connection:
             self._busy -= 1
             self._last_seen = trio.current_time()
             self._slots.release()
+            self._changed()
 
     async def _answer_batch(
         self, batch: list[Any], size: int

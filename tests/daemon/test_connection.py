@@ -270,6 +270,69 @@ async def test_the_in_flight_cap_applies_back_pressure_not_errors(nursery: trio.
     assert peak == 2
 
 
+def _asking(asked: list[Any] | None = None, gate: trio.Event | None = None) -> Any:
+    """A handler that asks its peer a question (once `gate` is set) and answers with
+    the peer's answer."""
+
+    async def ask(params: Any, peer: Any, principal: Any) -> Any:
+        if gate is not None:
+            await gate.wait()
+        return await peer.ask("sampling/createMessage", {"q": 1})
+
+    return ask
+
+
+SAID = {"role": "assistant", "content": {"type": "text", "text": "ok"}, "model": "m"}
+
+
+async def test_while_the_peer_is_asked_requests_past_the_cap_are_held_not_its_answer(
+    nursery: trio.Nursery,
+) -> None:
+    release = trio.Event()
+    limits = ConnectionLimits(max_message_bytes=4096, max_in_flight=2, max_auth_failures=3)
+    dispatch = FakeDispatch(ask=_asking(), hold=answers_once_open(release))
+    peer, _, _ = open_connection(nursery, dispatch, limits)
+    await peer.send({"jsonrpc": "2.0", "id": "a", "method": "ask"})
+    question = await peer.recv()
+    assert question["method"] == "sampling/createMessage"
+    for ident in range(4):  # one takes the other slot, two are held, one is too many
+        await peer.send({"jsonrpc": "2.0", "id": ident, "method": "hold"})
+    refused = await peer.recv()
+    assert refused["id"] == 3 and refused["error"]["code"] == Overloaded.code, refused
+    assert "waits for its answer" in refused["error"]["message"]
+    await peer.send({"jsonrpc": "2.0", "id": question["id"], "result": SAID})
+    assert await peer.recv() == reply("a", SAID)
+    await trio.testing.wait_all_tasks_blocked()
+    # The held requests took the freed slot in the order they came.
+    assert dispatch.calls == [("ask", "a"), ("hold", 0), ("hold", 1)]
+    release.set()
+    answers = [await peer.recv() for _ in range(3)]
+    assert sorted(a["id"] for a in answers) == [0, 1, 2]
+    assert dispatch.calls[3:] == [("hold", 2)]
+
+
+async def test_a_question_asked_while_the_reader_waits_for_a_slot_is_answered(
+    nursery: trio.Nursery,
+) -> None:
+    """The reader waits for a slot (nothing asked yet); then a call in flight asks its
+    peer, whose answer is behind the request the reader holds."""
+    release, gate = trio.Event(), trio.Event()
+    limits = ConnectionLimits(max_message_bytes=4096, max_in_flight=2, max_auth_failures=3)
+    dispatch = FakeDispatch(ask=_asking(gate=gate), hold=answers_once_open(release))
+    peer, _, _ = open_connection(nursery, dispatch, limits)
+    await peer.send({"jsonrpc": "2.0", "id": "a", "method": "ask"})
+    for ident in range(2):
+        await peer.send({"jsonrpc": "2.0", "id": ident, "method": "hold"})
+    await trio.testing.wait_all_tasks_blocked()
+    assert len(dispatch.calls) == 2  # the reader waits for a slot
+    gate.set()
+    question = await peer.recv()
+    await peer.send({"jsonrpc": "2.0", "id": question["id"], "result": SAID})
+    assert await peer.recv() == reply("a", SAID)
+    release.set()
+    assert sorted([(await peer.recv())["id"] for _ in range(2)]) == [0, 1]
+
+
 async def test_requests_read_together_start_in_order_and_let_other_tasks_run(
     nursery: trio.Nursery,
 ) -> None:

@@ -588,13 +588,6 @@ async def test_a_question_asked_after_its_call_ended_reaches_no_other_client(
     assert shown == [], f"another client was asked: {shown}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING: the socket stops reading while all its request slots are taken "
-    "(`max_in_flight_per_connection`), and a client's answer is read in turn behind "
-    "the request it sent first: the question waits for an unrelated call to end (or "
-    "runs out the deadline, silencing the upstream: see above)",
-)
 async def test_a_request_waiting_for_a_slot_does_not_hold_the_clients_answer_back(
     fresh: Running,
 ) -> None:
