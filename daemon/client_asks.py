@@ -56,7 +56,8 @@ class AskTable:
         self._closed: str | None = None
 
     def __len__(self) -> int:
-        return len(self._waiting)
+        """The requests still waiting for the peer's answer."""
+        return sum(not waiting.done.is_set() for waiting in self._waiting.values())
 
     async def ask(
         self,

@@ -6,13 +6,16 @@ one finishes) and are answered by id, possibly out of order. While the daemon wa
 the peer's answer to a question of its own (`ask`), it reads on instead: the answer may
 be behind requests that wait for a slot, and one of the slots may be the call waiting
 for that answer. It then holds up to `max_in_flight_per_connection` requests more, which
-start in order as slots free, and refuses any beyond those as overloaded. A reply is written
-by the task that made it when nothing else is being written or waiting to be (the
-common, one-request-at-a-time case: no hand-off to another task); every other message
-goes to the writer task, which coalesces whatever is ready into a single send. Either
-way the messages of one task reach the peer in the order it sent them, and no line is
-left half written by a task cancelled while writing it (a streamed notification's
-timeout, say): only the writer writes what its sender may stop waiting for.
+start in order as slots free, and refuses any beyond those as overloaded (a refused
+notification, as ever, unanswered). An answer is taken as it is read, in a batch too.
+
+A reply is written by the task that made it when nothing else is being written or
+waiting to be (the common, one-request-at-a-time case: no hand-off to another task);
+every other message goes to the writer task, which coalesces whatever is ready into a
+single send. Either way the messages of one task reach the peer in the order it sent
+them, and no line is left half written by a task cancelled while writing it (a
+streamed notification's timeout, say): only the writer writes what its sender may stop
+waiting for.
 
 ```
 Connection.run
@@ -394,27 +397,47 @@ class Connection:
         """Start the task answering `message`, once one of the connection's slots is free
         (while the peer is asked something, `_hold` it instead and read on).
 
-        A response (the client's answer to an `ask`) is handed over instead; nothing
-        answers a response, so one that answers nothing of ours is dropped."""
-        if is_response(message):
-            self._asks.answer(message)
+        A response (the client's answer to an `ask`) is handed over instead, as are
+        those in a batch; nothing answers a response, so one that answers nothing of
+        ours is dropped."""
+        message = self._take_answers(message)
+        if message is None:
             return
         while True:
-            try:  # a free slot, the usual case, is taken without a checkpoint
-                self._slots.acquire_nowait()
-                break
-            except trio.WouldBlock:
-                pass
+            if not self._held:  # held requests take the slots first, in turn
+                try:  # a free slot, the usual case, is taken without a checkpoint
+                    self._slots.acquire_nowait()
+                    break
+                except trio.WouldBlock:
+                    pass
             if len(self._asks):  # the peer's answer may come next: read on
                 await self._hold(message, requests, size)
                 return
-            await self._room.wait()
+            try:
+                await self._room.wait()
+            except trio.Cancelled:  # reading stops (draining): what was read still runs
+                self._spawn_held(message, requests, size)
+                raise
         self._busy += 1
         requests.start_soon(self._serve_message, message, size)
         # After the spawn rather than before it: the request's task starts in the next
         # scheduler pass instead of the one after, and requests read in one chunk still
         # start in the order they came, one pass apart.
         await trio.lowlevel.checkpoint()
+
+    def _take_answers(self, message: Any) -> Any:
+        """`message` without the responses in it, handed to the questions they answer;
+        None if nothing else is left."""
+        if is_response(message):
+            self._asks.answer(message)
+            return None
+        if isinstance(message, list) and 0 < len(message) <= _MAX_BATCH:
+            answers = [item for item in message if is_response(item)]
+            for answer in answers:
+                self._asks.answer(answer)
+            if answers:
+                return [item for item in message if not is_response(item)] or None
+        return message
 
     async def _hold(self, message: Any, requests: trio.Nursery, size: int) -> None:
         """Hold `message` until a slot frees, in a task of its own (the reader reads
@@ -425,14 +448,19 @@ class Connection:
                 "connection while the daemon waits for its answer; send the answer, "
                 "or fewer requests at once"
             )
-            await self._refuse(request_id(message), error)
+            refusal = self._refusals(message, error)
+            if refusal is not None:
+                await self._send(refusal)
             return
-        self._held += 1
-        self._busy += 1
-        requests.start_soon(self._serve_held, message, size)
+        self._spawn_held(message, requests, size)
         # Its task waits for a slot before the next one read is spawned: they take the
         # slots in the order they came (the lot is FIFO; a scheduler pass is not).
         await trio.lowlevel.checkpoint()
+
+    def _spawn_held(self, message: Any, requests: trio.Nursery, size: int) -> None:
+        self._held += 1
+        self._busy += 1
+        requests.start_soon(self._serve_held, message, size)
 
     async def _serve_held(self, message: Any, size: int) -> None:
         try:
@@ -442,7 +470,22 @@ class Connection:
             raise
         finally:
             self._held -= 1
+            self._changed()
         await self._serve_message(message, size)
+
+    def _refusals(self, message: Any, error: RpcError) -> Any:
+        """The reply refusing `message` unrun: an error for each request it holds, none
+        for a notification (each is counted as refused)."""
+        items = message if isinstance(message, list) else [message]
+        replies = [
+            reply
+            for item in items
+            if (reply := self._refusal(request_id(item), error))
+            and not (isinstance(item, dict) and "id" not in item)  # a notification
+        ]
+        if isinstance(message, list):
+            return replies or None
+        return replies[0] if replies else None
 
     def _changed(self) -> None:
         self._room.set()

@@ -333,6 +333,87 @@ async def test_a_question_asked_while_the_reader_waits_for_a_slot_is_answered(
     assert sorted([(await peer.recv())["id"] for _ in range(2)]) == [0, 1]
 
 
+async def test_a_request_read_after_a_held_one_never_starts_before_it(
+    nursery: trio.Nursery,
+) -> None:
+    """A slot that frees as a held request's task starts goes to that request, not to
+    the next one read (Trio runs a pass's tasks in any order: many trials)."""
+    limits = ConnectionLimits(max_message_bytes=4096, max_in_flight=2, max_auth_failures=3)
+
+    async def trial() -> list[Any]:
+        gate = trio.Event()
+
+        async def spin(params: Any, peer: Any, principal: Any) -> Any:
+            await gate.wait()
+            for _ in range(2):
+                await trio.lowlevel.checkpoint()
+
+        dispatch = FakeDispatch(ask=_asking(), spin=spin, rec=answers_once_open(trio.Event()))
+        async with trio.open_nursery() as inner:
+            peer, _, _ = open_connection(inner, dispatch, limits)
+            await peer.send({"jsonrpc": "2.0", "id": "a", "method": "ask"})
+            await peer.recv()  # the question, left unanswered
+            await peer.send({"jsonrpc": "2.0", "method": "spin"})  # the other slot
+            await trio.testing.wait_all_tasks_blocked()
+            gate.set()  # it frees the slot while the requests below are read
+            lines = [{"jsonrpc": "2.0", "id": i, "method": "rec"} for i in range(3)]
+            await peer.stream.send_all(b"".join(json.dumps(m).encode() + b"\n" for m in lines))
+            await trio.testing.wait_all_tasks_blocked()
+            inner.cancel_scope.cancel()
+        return [ident for name, ident in dispatch.calls if name == "rec"]
+
+    orders = [await trial() for _ in range(30)]
+    assert all(order == list(range(len(order))) for order in orders), orders
+
+
+async def test_requests_refused_while_held_are_answered_as_json_rpc_says(
+    nursery: trio.Nursery,
+) -> None:
+    """Past the held cap: a notification gets no reply, a batch an array of errors."""
+    limits = ConnectionLimits(max_message_bytes=4096, max_in_flight=1, max_auth_failures=3)
+    dispatch = FakeDispatch(ask=_asking(), hold=answers_once_open(trio.Event()))
+    peer, _, _ = open_connection(nursery, dispatch, limits)
+    await peer.send({"jsonrpc": "2.0", "id": "a", "method": "ask"})
+    await peer.recv()  # the question
+    await peer.send({"jsonrpc": "2.0", "id": 0, "method": "hold"})  # held
+    await peer.send({"jsonrpc": "2.0", "method": "hold"})
+    await peer.send([{"jsonrpc": "2.0", "id": 1, "method": "hold"}, {"method": "hold"}])
+    refused = await peer.recv()
+    assert [r["id"] for r in refused] == [1], refused
+    assert refused[0]["error"]["code"] == Overloaded.code
+    assert dispatch.refusals == [(None, Overloaded.code)] * 3
+
+
+async def test_an_answer_in_a_batch_is_taken_at_once_whatever_waits(
+    nursery: trio.Nursery,
+) -> None:
+    limits = ConnectionLimits(max_message_bytes=4096, max_in_flight=1, max_auth_failures=3)
+    peer, _, _ = open_connection(nursery, FakeDispatch(ask=_asking()), limits)
+    await peer.send({"jsonrpc": "2.0", "id": "a", "method": "ask"})  # the only slot
+    question = await peer.recv()
+    answer = {"jsonrpc": "2.0", "id": question["id"], "result": SAID}
+    await peer.send([answer, {"jsonrpc": "2.0", "id": 1, "method": "ping"}])
+    assert await peer.recv() == reply("a", SAID)
+    # The rest of the batch is a request like any other, run once the slot frees.
+    assert await peer.recv() == [reply(1, {})]
+
+
+async def test_draining_answers_a_request_that_was_waiting_for_a_slot(
+    nursery: trio.Nursery,
+) -> None:
+    release = trio.Event()
+    limits = ConnectionLimits(max_message_bytes=4096, max_in_flight=1, max_auth_failures=3)
+    peer, connection, _ = open_connection(
+        nursery, FakeDispatch(hold=answers_once_open(release)), limits
+    )
+    await peer.send({"jsonrpc": "2.0", "id": 0, "method": "hold"})
+    await peer.send({"jsonrpc": "2.0", "id": 1, "method": "ping"})  # read, no slot yet
+    await trio.testing.wait_all_tasks_blocked()
+    connection.stop_reading()
+    release.set()
+    assert sorted(line["id"] for line in await peer.until_closed()) == [0, 1]
+
+
 async def test_requests_read_together_start_in_order_and_let_other_tasks_run(
     nursery: trio.Nursery,
 ) -> None:
