@@ -79,6 +79,26 @@ ON_DENO = {
         '[URL.canParse("https://a.example/x"), URL.canParse("nope")]',
         [True, False],
     ),
+    "a key made and used": (
+        'const key = await crypto.subtle.generateKey({ name: "AES-GCM", length: 256 }, true,\n'
+        '  ["encrypt", "decrypt"]);\n'
+        "const iv = new Uint8Array(12);\n"
+        'const sealed = await crypto.subtle.encrypt({ name: "AES-GCM", iv }, key,\n'
+        '  new TextEncoder().encode("secret"));\n'
+        'const opened = await crypto.subtle.decrypt({ name: "AES-GCM", iv }, key, sealed);\n'
+        "new TextDecoder().decode(opened)",
+        "secret",
+    ),
+    # SpiderMonkey's importKey traps on an EC key: the sandbox would crash.
+    "an EC public key read": (
+        "const jwk = { kty: 'EC', crv: 'P-256',\n"
+        "  x: 'f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU',\n"
+        "  y: 'x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0' };\n"
+        "const key = await crypto.subtle.importKey('jwk', jwk,\n"
+        "  { name: 'ECDSA', namedCurve: 'P-256' }, true, ['verify']);\n"
+        "key.type",
+        "public",
+    ),
 }
 
 

@@ -244,10 +244,10 @@ async def test_deno_only_globals_are_those_the_guest_lacks(shared: RawClient) ->
 
 # The built-ins whose members both runtimes must have alike, but for DENO_ONLY_MEMBERS.
 BUILT_INS = """
-AbortController AbortSignal Array ArrayBuffer BigInt Boolean DataView Date Error
-EventTarget FinalizationRegistry Function JSON Map Math Number Object Promise Proxy
-Reflect RegExp Set String Symbol TextDecoder TextEncoder Uint8Array URL URLSearchParams
-WeakMap WeakRef WeakSet console crypto performance
+AbortController AbortSignal Array ArrayBuffer BigInt Boolean CryptoKey DataView Date
+Error EventTarget FinalizationRegistry Function JSON Map Math Number Object Promise Proxy
+Reflect RegExp Set String SubtleCrypto Symbol TextDecoder TextEncoder Uint8Array URL
+URLSearchParams WeakMap WeakRef WeakSet console crypto performance
 """.split()  # noqa: SIM905 (a list of words, kept as words)
 
 

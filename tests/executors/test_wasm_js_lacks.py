@@ -33,6 +33,12 @@ from conduit.executors.wasm_js import WasmJsExecutor, javascript_lacks
         ("const { parse } = URL;\nparse(link)", "URL.parse"),
         ("(URL)?.parse(link)", "URL.parse"),
         ("Symbol.metadata in klass", "Symbol.metadata"),
+        ('await crypto.subtle.generateKey(spec, true, ["sign"])', "the method generateKey"),
+        (
+            'const key = await subtle.importKey("jwk", jwk, ec, true, ["verify"]);',
+            "the method importKey",
+        ),
+        ("SubtleCrypto.supports('encrypt', 'AES-GCM')", "SubtleCrypto.supports"),
         ('performance.mark("parsed");', "performance.mark"),
         ('Buffer.from("hi").toString("base64")', "Deno's globals: Buffer"),
         ("process.env.HOME ?? globalThis.navigator", "Deno's globals: navigator, process"),
@@ -65,6 +71,7 @@ def test_programs_that_use_what_wasm_js_lacks(code: str, lacked: str) -> None:
         "const normalize = (s) => s.trim();\nnormalize(' a ')",  # the program's own
         "JSON.parse(text).url",
         "new URL(link).searchParams.get('q')",
+        'await crypto.subtle.digest("SHA-256", bytes)',  # the guest's own digest
         "user.name + (user.process ?? '')",  # properties of its own objects
         "class Buffer {}\nnew Buffer()",  # declared: the program's own
         "/\\w+/u.test(text)",
