@@ -598,6 +598,7 @@ class DenoExecutor:
             "module": prepared.text,
             "line_offset": prepared.line_offset,
             "column_shift": prepared.column_shift,
+            "return_site": prepared.return_site,
         }
 
     def is_out_of_memory(self, error: ErrorInfo) -> bool:

@@ -728,6 +728,11 @@ class PreparedModule:
     # program's own (line, column of the expression, width), or None: the runtimes
     # move the columns of that line's frames back by it.
     column_shift: tuple[int, int, int] | None = None
+    # Where `return (` went on a line before the final expression (line, column of
+    # `return`; 0 for the header's line), and where the expression starts (line,
+    # column), or None: V8 places an error the expression throws at that `return`, so
+    # Deno's worker moves such a frame to the expression.
+    return_site: tuple[int, int, int, int] | None = None
 
     def function_expression(self, *, asynchronous: bool = True, strict: bool = False) -> str:
         """The program as `(async function () { ... })`, line for line as in `text`,
@@ -793,20 +798,50 @@ def prepare_parsed(code: str, syntax: Syntax | None) -> PreparedModule:
     edits = _shebang_edits(data)
     imports: list[str] = []
     head_end = ""
-    shift = None
+    shift = site = None
     if syntax is not None:
-        planned, opens_on_head = _plan(data, syntax._tree.root_node, imports)
+        planned, opens_on_head, returned_from = _plan(data, syntax._tree.root_node, imports)
         edits += planned
         head_end = _RETURN_OPEN if opens_on_head else ""
         shift = _column_shift(data, planned)
     header = "".join(f"{statement} " for statement in imports)
+    if syntax is not None and shift is None and returned_from is not None:
+        site = _return_site(data, planned, returned_from, _utf16_len(header + _FUNCTION_HEAD))
     body = _decode(_apply(data, edits))
     return PreparedModule(
         text=f"{header}{_FUNCTION_HEAD}{head_end}\n{body}\n}}\n",
         line_offset=_LINE_OFFSET,
         imports=tuple(imports),
         column_shift=shift,
+        return_site=site,
     )
+
+
+def _return_site(
+    data: bytes, planned: list[_Edit], returned_from: int, head_columns: int
+) -> tuple[int, int, int, int]:
+    """`PreparedModule.return_site`: where the `return` written on a line before the
+    final expression stands (the header's line is line 0), and where the expression
+    starts, in the program's lines and the engines' UTF-16 columns."""
+    opening = b";" + _RETURN_OPEN.encode()
+    at = next((start for start, end, text in planned if start == end and text == opening), None)
+    if at is None:  # on the header's line, after the function's head
+        keyword = (0, head_columns + 1)
+    else:
+        line, column = _engine_position(data, at)
+        keyword = (line, column + 1)  # past the `;` that ends the statement before
+    return (*keyword, *_engine_position(data, returned_from))
+
+
+def _engine_position(data: bytes, at: int) -> tuple[int, int]:
+    """The 1-based line and UTF-16 column of byte `at`, as the engines count them."""
+    breaks = list(_ENGINE_LINE_BREAK.finditer(data, 0, at))
+    line_start = breaks[-1].end() if breaks else 0
+    return len(breaks) + 1, _utf16_len(data[line_start:at].decode("utf-8", "surrogatepass")) + 1
+
+
+def _utf16_len(text: str) -> int:
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
 
 def _column_shift(data: bytes, planned: list[_Edit]) -> tuple[int, int, int] | None:
@@ -817,17 +852,7 @@ def _column_shift(data: bytes, planned: list[_Edit]) -> tuple[int, int, int] | N
     at = next((start for start, end, text in planned if start == end and text == opening), None)
     if at is None:
         return None
-    breaks = list(_ENGINE_LINE_BREAK.finditer(data, 0, at))
-    line_start = breaks[-1].end() if breaks else 0
-    column = (
-        len(
-            data[line_start:at]
-            .decode("utf-8", "surrogatepass")
-            .encode("utf-16-le", "surrogatepass")
-        )
-        // 2
-    )
-    return len(breaks) + 1, column + 1, len(_RETURN_OPEN)
+    return (*_engine_position(data, at), len(_RETURN_OPEN))
 
 
 # `inputs` is a global the worker sets, not a parameter: a program may then declare its
@@ -877,10 +902,13 @@ _ENGINE_LINE_BREAK = re.compile(rb"\r\n|[\n\r]|\xe2\x80[\xa8\xa9]")
 _LINE_BREAK_BYTES = re.compile(rb"[\n\r]|\xe2\x80[\xa8\xa9]")
 
 
-def _plan(data: bytes, root: tree_sitter.Node, imports: list[str]) -> tuple[list[_Edit], bool]:
-    """The edits to the program's top-level statements, and whether the returned value's
-    parenthesis opens on the header's line (see `_returned`); hoisted imports go to
-    `imports`.
+def _plan(
+    data: bytes, root: tree_sitter.Node, imports: list[str]
+) -> tuple[list[_Edit], bool, int | None]:
+    """The edits to the program's top-level statements, whether the returned value's
+    parenthesis opens on the header's line (see `_returned`), and where the returned
+    expression starts (a byte offset; None if nothing is returned); hoisted imports go
+    to `imports`.
 
     Statements from the first one in error on are left alone: what the parser made of
     them is a guess of its error recovery.
@@ -891,7 +919,7 @@ def _plan(data: bytes, root: tree_sitter.Node, imports: list[str]) -> tuple[list
     previous: tree_sitter.Node | None = None
     for statement in children(root):
         if statement.has_error:
-            return edits, False
+            return edits, False, None
         if statement.is_extra or statement.type == "hash_bang_line":
             continue
         shape = _plan_statement(data, statement, imports, edits)
@@ -900,13 +928,14 @@ def _plan(data: bytes, root: tree_sitter.Node, imports: list[str]) -> tuple[list
         if shape != _BLANKED:
             previous = statement
     if last is None:
-        return edits, False
+        return edits, False, None
     # A script (the wasm-js guest evaluates the program as one) reads `<!--` and a
     # line's leading `-->` as comments to the end of the line, where the grammar reads
     # operators: with either in the code, nothing is written on a line before.
     inline = _html_comment_marks(data, root)
     returned, on_head = _returned(*last, before_last, inline=inline)
-    return edits + returned, on_head
+    expression = _expression(last[0]) if returned else None
+    return edits + returned, on_head, None if expression is None else expression.start_byte
 
 
 def _html_comment_marks(data: bytes, root: tree_sitter.Node) -> bool:

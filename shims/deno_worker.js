@@ -167,12 +167,27 @@ let frameOffset = 0;
 // line of the program's own (executors/js_syntax.py `column_shift`), or null: columns
 // from there on are moved back by its width, to the program's own text.
 let frameShift = null;
+// [line, column] of the `return` written on a line before the final expression (0 for
+// the header's line), then [line, column] of the expression (executors/js_syntax.py
+// `return_site`), or null: V8 places an error the expression throws at the `return`.
+let frameReturn = null;
 const PROGRAM_FILE = "data:application/";
 
 function programColumn(line, column) {
   const shift = frameShift;
   if (shift === null || line !== shift[0] || column < shift[1] + shift[2]) return column;
   return column - shift[2];
+}
+
+// `<program>:line:column` for a place in the module, `line` counted in the program's
+// lines (0 and less: the module's header).
+function programPlace(line, column) {
+  const site = frameReturn;
+  if (site !== null && line === site[0] && column === site[1]) {
+    return `<program>:${site[2]}:${site[3]}`;
+  }
+  const own = Math.max(1, line);
+  return `<program>:${own}:${programColumn(own, column)}`;
 }
 const startsWith = Function.prototype.call.bind(String.prototype.startsWith);
 
@@ -188,8 +203,7 @@ function programStack(error, sites) {
   for (const site of sites) {
     const file = site.getFileName();
     if (typeof file !== "string" || !startsWith(file, PROGRAM_FILE)) continue;
-    const line = Math.max(1, site.getLineNumber() - frameOffset);
-    const place = `<program>:${line}:${programColumn(line, site.getColumnNumber())}`;
+    const place = programPlace(site.getLineNumber() - frameOffset, site.getColumnNumber());
     const name = site.getFunctionName();
     // The program's own body is the module's default export: unnamed, as on wasm-js.
     text += name && name !== "default" ? `\n    at ${name} (${place})` : `\n    at ${place}`;
@@ -199,10 +213,9 @@ function programStack(error, sites) {
 Error.prepareStackTrace = programStack;
 
 function toUserLocations(text, lineOffset) {
-  return text.replace(PROGRAM_URL, (_, line, column) => {
-    const userLine = Math.max(1, Number(line) - lineOffset);
-    return `<program>:${userLine}:${programColumn(userLine, Number(column))}`;
-  });
+  return text.replace(PROGRAM_URL, (_, line, column) =>
+    programPlace(Number(line) - lineOffset, Number(column)),
+  );
 }
 
 function describeError(error, lineOffset) {
@@ -316,6 +329,7 @@ function runStep(job) {
     step = { job, finished: false, done };
     frameOffset = job.line_offset ?? 0;
     frameShift = job.column_shift ?? null;
+    frameReturn = job.return_site ?? null;
     // A plain global, so a program may also declare its own `inputs`.
     globalThis.inputs = job.inputs ?? null;
     runProgram(step);

@@ -203,6 +203,27 @@ async def test_columns_after_non_ascii_types_and_comment_marks_are_the_same(
     assert "<program>:1:22" in results[0] and results[0] == results[1], results
 
 
+@pytest.mark.parametrize(
+    ("code", "place"),
+    [
+        ("undefinedFunction();", "1:1"),
+        ("const a: number = 1;\nmissing.b", "2:1"),
+        ("import type { T } from './t.ts';\nnotThere", "2:1"),
+    ],
+)
+async def test_an_error_the_final_expression_throws_points_at_it_on_both(
+    shared: RawClient,  # noqa: F811
+    code: str,
+    place: str,
+) -> None:
+    """V8 places such an error at the `return` written on the line before the final
+    expression (or on the module's header): Deno's worker moves it to the expression."""
+    tracebacks = [
+        (await run(shared, code, executor))["error"]["traceback"] for executor in (None, "deno")
+    ]
+    assert tracebacks == [f"    at <program>:{place}"] * 2, tracebacks
+
+
 @pytest.mark.parametrize("name", ON_DENO)
 async def test_typescript_that_needs_more_runs_on_deno(shared: RawClient, name: str) -> None:  # noqa: F811
     code = ON_DENO[name]

@@ -984,3 +984,21 @@ def test_where_return_goes_in_front_of_the_final_expression_is_told(
 ) -> None:
     """The runtimes move that line's columns back by it (deno_worker.js, console.js)."""
     assert prepare_module(code, "typescript").column_shift == shift
+
+
+@pytest.mark.parametrize(
+    ("code", "site"),
+    [
+        ("x", (0, 35, 1, 1)),  # `return (` on the header's line, after its head
+        ('import { a } from "m";\nx', (0, 58, 2, 1)),  # after the hoisted import too
+        ("let q = 1\n  new Error()", (1, 11, 2, 3)),  # `;return (` after the statement
+        ('let s = "😀"\ns', (1, 14, 2, 1)),  # columns are UTF-16 units
+        ("let q = 1; x", None),  # on the expression's own line: `column_shift`
+        ("let q = 1;", None),  # nothing returned
+    ],
+)
+def test_where_return_goes_on_a_line_before_the_final_expression_is_told(
+    code: str, site: tuple[int, int, int, int] | None
+) -> None:
+    """Deno's worker moves a frame V8 places at that `return` to the expression."""
+    assert prepare_module(code, "typescript").return_site == site
