@@ -821,7 +821,9 @@ export function installConsole(target, out, err) {
   const now = uncurry(clock.now);
   const write = (stream, text) => {
     const lines = indent === "" ? text : `${indent}${stringReplace(text, /\n/g, `\n${indent}`)}`;
-    stream(lines);
+    // The engine writes a line as a C string: a NUL would end it, and the rest of the
+    // line would be lost. It goes out as U+FFFD (Deno writes the NUL itself).
+    stream(stringIncludes(lines, "\0") ? stringReplace(lines, /\0/g, "\uFFFD") : lines);
   };
   const label = (value) => (value === undefined ? "default" : `${value}`);
   const methods = {

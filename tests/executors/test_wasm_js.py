@@ -61,6 +61,13 @@ async def test_console_goes_to_stdout_and_stderr_and_inputs_are_a_global(
     assert outcome.result == 42
 
 
+async def test_a_nul_in_a_line_loses_nothing_after_it(wasm_js: WasmJsExecutor) -> None:
+    code = 'const t = "Hi\\0!";\nconsole.log(t, "<- decoded");\nconsole.error(`${t}`, 2)'
+    outcome = await run(wasm_js, code)
+    assert outcome.stdout == "Hi\ufffd! <- decoded\n"
+    assert outcome.stderr == "Hi\ufffd! 2\n"
+
+
 async def test_a_program_may_declare_its_own_inputs(wasm_js: WasmJsExecutor) -> None:
     assert (await run(wasm_js, "const inputs = 3;\ninputs + 1", inputs={"n": 1})).result == 4
 
