@@ -645,6 +645,77 @@ for (const name of [
 }
 Reflect.deleteProperty(performance, Symbol.toStringTag); // its own, which hides the above
 globalThis.fetch = noFetch;
+
+// What the web's functions refuse, refused as Deno does, with a DOMException of the
+// same name and message where the engine throws its own error (a RangeError from
+// `btoa`, a TypeError from `structuredClone`) or accepts more (MD5 digests): a program
+// that checks `error.name` or `instanceof DOMException` reads the same on both.
+const TypeErrorCtor = TypeError;
+const RangeErrorCtor = RangeError;
+const stringOf = String;
+
+function refusing(owner, name, refusal) {
+  const native = owner[name];
+  const held = Object.getOwnPropertyDescriptor(owner, name);
+  const wrapped = {
+    [name](...args) {
+      let answer;
+      try {
+        answer = apply(native, this, args);
+      } catch (error) {
+        throw refusal(error, args) ?? error;
+      }
+      return answer;
+    },
+  }[name];
+  defineProperty(wrapped, "length", { value: native.length });
+  defineProperty(owner, name, {
+    value: wrapped,
+    writable: held.writable,
+    enumerable: held.enumerable,
+    configurable: held.configurable,
+  });
+}
+
+refusing(globalThis, "btoa", (error) =>
+  error instanceof RangeErrorCtor
+    ? new domException(
+        "Cannot encode string: string contains characters outside of the Latin1 range",
+        "InvalidCharacterError",
+      )
+    : null,
+);
+refusing(globalThis, "atob", (error) =>
+  error instanceof RangeErrorCtor
+    ? new domException("Failed to decode base64", "InvalidCharacterError")
+    : null,
+);
+refusing(globalThis, "structuredClone", (error, [value]) => {
+  const cloning = error instanceof TypeErrorCtor ||
+    (error instanceof domException && error.name === "DataCloneError");
+  if (!cloning) return null;
+  let text;
+  try {
+    text = stringOf(value);
+  } catch {
+    text = "The object";
+  }
+  return new domException(`${text} could not be cloned.`, "DataCloneError");
+});
+const subtleDigest = SubtleCrypto.prototype.digest;
+const upperCase = uncurry(String.prototype.toUpperCase);
+const PromiseCtor = Promise;
+const promiseReject = Promise.reject;
+replaceMethod(SubtleCrypto.prototype, "digest", {
+  digest(algorithm, data) {
+    const name = typeof algorithm === "string" ? algorithm : algorithm?.name;
+    if (typeof name === "string" && upperCase(name) === "MD5") {
+      const refused = new domException(`Algorithm '${name}' is not supported`, "NotSupportedError");
+      return apply(promiseReject, PromiseCtor, [refused]);
+    }
+    return apply(subtleDigest, this, [algorithm, data]);
+  },
+}.digest);
 defineProperty(globalThis, "tools", { value: tools, enumerable: true });
 defineProperty(globalThis, "ToolError", { value: ToolError, enumerable: true });
 defineProperty(globalThis, "fs", { value: fs, enumerable: true });

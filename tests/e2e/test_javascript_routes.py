@@ -137,6 +137,37 @@ async def test_dates_as_text_read_the_same_on_both(client: Any) -> None:
     )
 
 
+REFUSALS = """
+const out = [];
+const tries = [
+  () => btoa("€"), () => atob("***"), () => structuredClone(Symbol("s")),
+  () => structuredClone(() => 1), () => crypto.subtle.digest("MD5", new Uint8Array(1)),
+  () => crypto.subtle.digest({ name: "md5" }, new Uint8Array(1)),
+  () => atob(btoa("ok")), () => structuredClone({ a: [1] }).a[0],
+  async () => (await crypto.subtle.digest("SHA-256", new Uint8Array(1))).byteLength,
+];
+for (const attempt of tries) {
+  try {
+    out.push(["ok", await attempt()]);
+  } catch (e) {
+    out.push([e.constructor.name, e.name, e.message, e instanceof DOMException, e.code]);
+  }
+}
+out.push([btoa.name, btoa.length, atob.name, crypto.subtle.digest.length]);
+out
+"""
+
+
+async def test_what_the_web_functions_refuse_is_refused_alike(client: Any) -> None:
+    """btoa, atob, structuredClone and digest throw Deno's DOMExceptions on wasm-js too
+    (its engine throws a RangeError or a TypeError, and digests MD5)."""
+    on_wasm = await execute(client, REFUSALS, language="javascript", executor="wasm-js")
+    on_deno = await execute(client, REFUSALS, language="javascript", executor="deno")
+    assert on_wasm["status"] == "ok", on_wasm
+    assert on_wasm["result"] == on_deno["result"], (on_wasm, on_deno)
+    assert on_wasm["result"][0][:2] == ["DOMException", "InvalidCharacterError"]
+
+
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
