@@ -646,11 +646,81 @@ for (const name of [
 Reflect.deleteProperty(performance, Symbol.toStringTag); // its own, which hides the above
 globalThis.fetch = noFetch;
 
+const TypeErrorCtor = TypeError;
+
+// Deno's streams are async iterables (`for await (const chunk of stream)`, `values()`)
+// and may be made from one (`ReadableStream.from`); StarlingMonkey's are neither.
+const ReadableStreamCtor = ReadableStream;
+const readableProto = ReadableStream.prototype;
+const getReader = uncurry(readableProto.getReader);
+const readerProto = Object.getPrototypeOf(new ReadableStreamCtor().getReader());
+const readerRead = uncurry(readerProto.read);
+const readerCancel = uncurry(readerProto.cancel);
+const readerRelease = uncurry(readerProto.releaseLock);
+const asyncIteratorSymbol = Symbol.asyncIterator;
+const iteratorSymbol = Symbol.iterator;
+
+async function* streamValues(stream, preventCancel) {
+  const reader = getReader(stream);
+  let leftEarly = true; // by `break`, `return` or a throw in the loop: cancel the stream
+  try {
+    for (;;) {
+      let step;
+      try {
+        step = await readerRead(reader);
+      } catch (error) {
+        leftEarly = false; // the stream failed: nothing to cancel
+        throw error;
+      }
+      if (step.done) {
+        leftEarly = false;
+        return;
+      }
+      yield step.value;
+    }
+  } finally {
+    if (leftEarly && !preventCancel) await readerCancel(reader);
+    readerRelease(reader);
+  }
+}
+
+const streamIteration = {
+  values(options = undefined) {
+    return streamValues(this, Boolean(options?.preventCancel));
+  },
+}.values;
+for (const key of ["values", asyncIteratorSymbol]) {
+  defineProperty(readableProto, key, { value: streamIteration, writable: true, configurable: true });
+}
+defineProperty(ReadableStreamCtor, "from", {
+  value: {
+    from(source) {
+      const asyncMethod = source?.[asyncIteratorSymbol];
+      const method = asyncMethod ?? source?.[iteratorSymbol];
+      if (typeof method !== "function") {
+        throw new TypeErrorCtor("ReadableStream.from: the argument is not iterable");
+      }
+      const iterator = apply(method, source, []);
+      return new ReadableStreamCtor({
+        async pull(controller) {
+          const step = await iterator.next();
+          if (step.done) controller.close();
+          else controller.enqueue(asyncMethod ? step.value : await step.value);
+        },
+        async cancel(reason) {
+          await iterator.return?.(reason);
+        },
+      });
+    },
+  }.from,
+  writable: true,
+  configurable: true,
+});
+
 // What the web's functions refuse, refused as Deno does, with a DOMException of the
 // same name and message where the engine throws its own error (a RangeError from
 // `btoa`, a TypeError from `structuredClone`) or accepts more (MD5 digests): a program
 // that checks `error.name` or `instanceof DOMException` reads the same on both.
-const TypeErrorCtor = TypeError;
 const RangeErrorCtor = RangeError;
 const stringOf = String;
 

@@ -168,6 +168,44 @@ async def test_what_the_web_functions_refuse_is_refused_alike(client: Any) -> No
     assert on_wasm["result"][0][:2] == ["DOMException", "InvalidCharacterError"]
 
 
+STREAMS = """
+const out = [];
+let text = "";
+for await (const chunk of new Response("hello stream").body) {
+  text += new TextDecoder().decode(chunk);
+}
+out.push(text);
+const got = [];
+for await (const v of ReadableStream.from([1, Promise.resolve(2), 3])) got.push(v);
+out.push(got);
+async function* letters() { yield "a"; yield "b"; }
+const fromAsync = [];
+for await (const v of ReadableStream.from(letters())) fromAsync.push(v);
+out.push(fromAsync);
+const left = ReadableStream.from([1, 2, 3]);
+for await (const v of left) { out.push(v); break; }
+out.push(left.locked);
+const kept = ReadableStream.from([1, 2, 3]);
+for await (const v of kept.values({ preventCancel: true })) break;
+const rest = [];
+for await (const v of kept) rest.push(v);
+out.push(rest);
+out.push(ReadableStream.prototype[Symbol.asyncIterator] === ReadableStream.prototype.values);
+const failing = new ReadableStream({ pull(c) { c.error(new Error("broke")); } });
+try { for await (const v of failing) {} } catch (e) { out.push(e.message, failing.locked); }
+try { ReadableStream.from(5); } catch (e) { out.push(e.constructor.name); }
+out
+"""
+
+
+async def test_streams_are_async_iterables_on_both(client: Any) -> None:
+    on_wasm = await execute(client, STREAMS, language="javascript", executor="wasm-js")
+    on_deno = await execute(client, STREAMS, language="javascript", executor="deno")
+    assert on_wasm["status"] == "ok", on_wasm
+    assert on_wasm["result"] == on_deno["result"], (on_wasm, on_deno)
+    assert on_wasm["result"][:3] == ["hello stream", [1, 2, 3], ["a", "b"]]
+
+
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 

@@ -267,8 +267,8 @@ async def test_deno_only_globals_are_those_the_guest_lacks(shared: RawClient) ->
 BUILT_INS = """
 AbortController AbortSignal Array ArrayBuffer BigInt Boolean CryptoKey DataView Date
 Error EventTarget FinalizationRegistry Function JSON Map Math Number Object Promise Proxy
-Reflect RegExp Set String SubtleCrypto Symbol TextDecoder TextEncoder Uint8Array URL
-URLSearchParams WeakMap WeakRef WeakSet console crypto performance
+ReadableStream Reflect RegExp Set String SubtleCrypto Symbol TextDecoder TextEncoder
+Uint8Array URL URLSearchParams WeakMap WeakRef WeakSet console crypto performance
 """.split()  # noqa: SIM905 (a list of words, kept as words)
 
 
