@@ -218,6 +218,16 @@ function toUserLocations(text, lineOffset) {
   );
 }
 
+// Deno's advice when it refuses a permission names a flag nobody running a program here
+// can pass: the report says what holds instead (as wasm-js's fetch does).
+const RERUN_ADVICE = /, run again with the --allow-([a-z]+) flag$/;
+
+function sandboxRefusal(_, permission) {
+  return permission === "net"
+    ? ": this sandbox has no network; tools are the way out"
+    : ": not allowed in this sandbox";
+}
+
 function describeError(error, lineOffset) {
   let type = "Error";
   let message = "";
@@ -245,6 +255,7 @@ function describeError(error, lineOffset) {
     if (stack === head) stack = "";
     else if (startsWith(stack, `${head}\n`)) stack = stack.slice(head.length + 1);
   }
+  if (type === "NotCapable") message = message.replace(RERUN_ADVICE, sandboxRefusal);
   // Our own frames and Deno's internals (ext:) say nothing about the program.
   const frames = stack
     .split("\n")

@@ -186,6 +186,21 @@ async def test_errors_outside_the_awaited_call_are_reported(deno: DenoExecutor) 
     assert rejected.error.message == "nobody awaits me"
 
 
+async def test_a_permission_refused_says_what_holds_not_a_flag_to_pass(
+    deno: DenoExecutor,
+) -> None:
+    fetched = await run(deno, 'await fetch("https://example.com/x")')
+    assert fetched.error is not None and fetched.error.type == "NotCapable"
+    assert fetched.error.message == (
+        'Requires net access to "example.com:443": this sandbox has no network; '
+        "tools are the way out"
+    )
+    read = await run(deno, 'await Deno.readTextFile("/etc/passwd")')
+    assert read.error is not None
+    refused = 'Requires read access to "/etc/passwd": not allowed in this sandbox'
+    assert read.error.message == refused
+
+
 async def test_throwing_a_non_error(deno: DenoExecutor) -> None:
     outcome = await run(deno, "throw 'plain'")
     assert outcome.status is Status.ERROR
