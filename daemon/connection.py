@@ -201,9 +201,9 @@ class Connection:
         self._slots = trio.Semaphore(limits.max_in_flight)
         # Requests read while every slot is taken, waiting for one (see `_start`).
         self._held = 0
-        # Set, and replaced, when a slot frees or a question goes to the peer: what a
-        # reader waiting for a slot looks at again.
-        self._room = trio.Event()
+        # What a reader waiting for a slot waits on (None while none does): set when a
+        # slot frees or a question goes to the peer, so it looks again.
+        self._room: trio.Event | None = None
         self._left = None if left_calls is None else LeftRequests(left_calls)
         self._outbox_send, self._outbox = trio.open_memory_channel[bytes](_OUTBOX_SIZE)
         # Held by whoever is writing to the stream: the writer task, a task writing its
@@ -413,8 +413,9 @@ class Connection:
             if len(self._asks):  # the peer's answer may come next: read on
                 await self._hold(message, requests, size)
                 return
+            self._room = room = trio.Event()
             try:
-                await self._room.wait()
+                await room.wait()
             except trio.Cancelled:  # reading stops (draining): what was read still runs
                 self._spawn_held(message, requests, size)
                 raise
@@ -488,8 +489,9 @@ class Connection:
         return replies[0] if replies else None
 
     def _changed(self) -> None:
-        self._room.set()
-        self._room = trio.Event()
+        room, self._room = self._room, None
+        if room is not None:
+            room.set()
 
     async def _serve_message(self, message: Any, size: int) -> None:
         try:

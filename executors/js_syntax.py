@@ -823,8 +823,7 @@ def _return_site(
     """`PreparedModule.return_site`: where the `return` written on a line before the
     final expression stands (the header's line is line 0), and where the expression
     starts, in the program's lines and the engines' UTF-16 columns."""
-    opening = b";" + _RETURN_OPEN.encode()
-    at = next((start for start, end, text in planned if start == end and text == opening), None)
+    at = _inserted_at(planned, b";" + _RETURN_OPEN.encode())
     if at is None:  # on the header's line, after the function's head
         keyword = (0, head_columns + 1)
     else:
@@ -848,11 +847,15 @@ def _column_shift(data: bytes, planned: list[_Edit]) -> tuple[int, int, int] | N
     """`PreparedModule.column_shift`: where `_returned` put `return (` right in front of
     the final expression (on its line, after the statement before it), in the lines and
     UTF-16 columns the engines count; None if it went on a line of its own."""
-    opening = _RETURN_OPEN.encode()
-    at = next((start for start, end, text in planned if start == end and text == opening), None)
+    at = _inserted_at(planned, _RETURN_OPEN.encode())
     if at is None:
         return None
     return (*_engine_position(data, at), len(_RETURN_OPEN))
+
+
+def _inserted_at(planned: list[_Edit], text: bytes) -> int | None:
+    """Where the edits insert `text`, if they do."""
+    return next((start for start, end, new in planned if start == end and new == text), None)
 
 
 # `inputs` is a global the worker sets, not a parameter: a program may then declare its

@@ -686,14 +686,15 @@ async function* streamValues(stream, preventCancel) {
 
 const streamIteration = {
   values(options = undefined) {
-    return streamValues(this, Boolean(options?.preventCancel));
+    return streamValues(this, !!options?.preventCancel);
   },
 }.values;
-for (const key of ["values", asyncIteratorSymbol]) {
-  defineProperty(readableProto, key, { value: streamIteration, writable: true, configurable: true });
-}
-defineProperty(ReadableStreamCtor, "from", {
-  value: {
+replaceMethod(readableProto, "values", streamIteration);
+replaceMethod(readableProto, asyncIteratorSymbol, streamIteration);
+replaceMethod(
+  ReadableStreamCtor,
+  "from",
+  {
     from(source) {
       const asyncMethod = source?.[asyncIteratorSymbol];
       const method = asyncMethod ?? source?.[iteratorSymbol];
@@ -713,9 +714,7 @@ defineProperty(ReadableStreamCtor, "from", {
       });
     },
   }.from,
-  writable: true,
-  configurable: true,
-});
+);
 
 // What the web's functions refuse, refused as Deno does, with a DOMException of the
 // same name and message where the engine throws its own error (a RangeError from
