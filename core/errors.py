@@ -49,6 +49,7 @@ __all__ = [
     "Overloaded",
     "ParseError",
     "RateLimited",
+    "RequestCancelled",
     "RpcError",
     "RuntimeMissing",
     "SandboxCrashed",
@@ -124,6 +125,14 @@ class ParseError(RpcError):
 
 class InvalidRequest(RpcError):
     code = -32600
+
+
+class RequestCancelled(InvalidRequest):
+    """The answer to a request its client cancelled before it ran, or while it ran on
+    a transport that must answer it (there is no better JSON-RPC code)."""
+
+    def __init__(self) -> None:
+        super().__init__("request cancelled: the client sent notifications/cancelled for it")
 
 
 class MethodNotFound(RpcError):

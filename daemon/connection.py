@@ -1,13 +1,16 @@
 """One client connection: its stream, its auth state and its in-flight requests.
 
 Requests on a connection run concurrently (one task each, at most
-`max_in_flight_per_connection` at a time; past that the connection stops reading until
-one finishes) and are answered by id, possibly out of order. While the daemon waits for
-the peer's answer to a question of its own (`ask`), it reads on instead: the answer may
-be behind requests that wait for a slot, and one of the slots may be the call waiting
-for that answer. It then holds up to `max_in_flight_per_connection` requests more, which
-start in order as slots free, and refuses any beyond those as overloaded (a refused
-notification, as ever, unanswered). An answer is taken as it is read, in a batch too.
+`max_in_flight_per_connection` at a time) and are answered by id, possibly out of order.
+Past that cap, requests read are held in tasks of their own, which start in order as
+slots free, and the reader reads on: a notification to the daemon (`notifications/...`,
+such as a cancellation) runs at once, without a slot, and a held request cancelled that
+way is answered so and never run. Once as many are held as may run, the connection stops
+reading until one starts; except while the daemon waits for the peer's answer to a
+question of its own (`ask`), which may be behind them, and one of the slots may be the
+call waiting for it: then it reads on and refuses requests beyond those as overloaded
+(a refused notification, as ever, unanswered). An answer is taken as it is read, in a
+batch too.
 
 A reply is written by the task that made it when nothing else is being written or
 waiting to be (the common, one-request-at-a-time case: no hand-off to another task);
@@ -58,6 +61,7 @@ from conduit.core.errors import (
     InvalidRequest,
     Overloaded,
     ParseError,
+    RequestCancelled,
     RpcError,
     Unauthenticated,
 )
@@ -104,7 +108,7 @@ class ConnectionLimits:
 
     # The longest line read; a longer one is refused and discarded.
     max_message_bytes: int
-    # Requests running at once; past this the connection stops reading.
+    # Requests running at once; past this as many again are held, then reading stops.
     max_in_flight: int
     # Invalid tokens in a row before the connection is closed.
     max_auth_failures: int
@@ -135,6 +139,26 @@ class RequestDispatch(Protocol):
 def _expires(limits: ConnectionLimits) -> bool:
     """Whether a connection under `limits` can be closed for doing nothing."""
     return limits.auth_s is not None or limits.idle_s is not None
+
+
+def _tells(message: Any) -> bool:
+    """Whether `message` is a notification to the daemon (`notifications/...`): told,
+    not asked, and served at once, even while every slot is taken."""
+    return (
+        isinstance(message, dict)
+        and "id" not in message
+        and isinstance(method := message.get("method"), str)
+        and method.startswith("notifications/")
+    )
+
+
+def _held_id(message: Any) -> Any:
+    """The id a held `message` can be cancelled by: a single request's, if it is one
+    a dict can key (a batch, or a notification, has none)."""
+    if not isinstance(message, dict):
+        return None
+    ident = message.get("id")
+    return ident if isinstance(ident, (str, int)) and not isinstance(ident, bool) else None
 
 
 class _Watched(trio.abc.ReceiveStream):
@@ -199,8 +223,10 @@ class Connection:
         self._watch_scope = trio.CancelScope()
         self._failures = 0
         self._slots = trio.Semaphore(limits.max_in_flight)
-        # Requests read while every slot is taken, waiting for one (see `_start`).
+        # Requests read while every slot is taken, waiting for one (see `_start`), and
+        # the scopes of their waits by request id (a batch's have none).
         self._held = 0
+        self._held_by_id: dict[Any, list[trio.CancelScope]] = {}
         # What a reader waiting for a slot waits on (None while none does): set when a
         # slot frees or a question goes to the peer, so it looks again.
         self._room: trio.Event | None = None
@@ -394,9 +420,11 @@ class Connection:
                 await self._start(message, requests, len(line))  # type: ignore[arg-type]
 
     async def _start(self, message: Any, requests: trio.Nursery, size: int) -> None:
-        """Start the task answering `message`, once one of the connection's slots is free
-        (while the peer is asked something, `_hold` it instead and read on).
+        """Start the task answering `message`, once one of the connection's slots is free.
 
+        While none is, a request is held in a task of its own (`_hold`) and the reader
+        reads on, up to as many held as may run; a notification to the daemon
+        (`notifications/...`, such as a cancellation) is served at once, without a slot.
         A response (the client's answer to an `ask`) is handed over instead, as are
         those in a batch; nothing answers a response, so one that answers nothing of
         ours is dropped."""
@@ -410,8 +438,15 @@ class Connection:
                     break
                 except trio.WouldBlock:
                     pass
-            if len(self._asks):  # the peer's answer may come next: read on
+            if _tells(message):
+                self._busy += 1
+                requests.start_soon(self._serve_message, message, size, False)
+                return
+            if self._held < self._limits.max_in_flight:
                 await self._hold(message, requests, size)
+                return
+            if len(self._asks):  # the peer's answer may come next: never stop reading
+                await self._refuse_held(message)
                 return
             self._room = room = trio.Event()
             try:
@@ -441,22 +476,23 @@ class Connection:
         return message
 
     async def _hold(self, message: Any, requests: trio.Nursery, size: int) -> None:
-        """Hold `message` until a slot frees, in a task of its own (the reader reads
-        on); refused as overloaded when as many wait as may run."""
-        if self._held >= self._limits.max_in_flight:
-            error = Overloaded(
-                f"overloaded: {self._held} requests already wait for a slot on this "
-                "connection while the daemon waits for its answer; send the answer, "
-                "or fewer requests at once"
-            )
-            refusal = self._refusals(message, error)
-            if refusal is not None:
-                await self._send(refusal)
-            return
+        """Hold `message` until a slot frees, in a task of its own (the reader reads on)."""
         self._spawn_held(message, requests, size)
         # Its task waits for a slot before the next one read is spawned: they take the
         # slots in the order they came (the lot is FIFO; a scheduler pass is not).
         await trio.lowlevel.checkpoint()
+
+    async def _refuse_held(self, message: Any) -> None:
+        """Refuse `message` as overloaded: as many requests wait as may run, and the
+        daemon waits for the peer's answer, which may be behind it."""
+        error = Overloaded(
+            f"overloaded: {self._held} requests already wait for a slot on this "
+            "connection while the daemon waits for its answer; send the answer, "
+            "or fewer requests at once"
+        )
+        refusal = self._refusals(message, error)
+        if refusal is not None:
+            await self._send(refusal)
 
     def _spawn_held(self, message: Any, requests: trio.Nursery, size: int) -> None:
         self._held += 1
@@ -464,15 +500,41 @@ class Connection:
         requests.start_soon(self._serve_held, message, size)
 
     async def _serve_held(self, message: Any, size: int) -> None:
+        ident = _held_id(message)
+        waiting = trio.CancelScope()
+        if ident is not None:
+            self._held_by_id.setdefault(ident, []).append(waiting)
         try:
-            await self._slots.acquire()
+            with waiting:
+                await self._slots.acquire()
         except BaseException:
             self._busy -= 1
             raise
         finally:
             self._held -= 1
+            if ident is not None:
+                self._unlist(ident, waiting)
             self._changed()
+        if waiting.cancelled_caught:  # `cancel_request`: answered, never run
+            self._busy -= 1
+            await self._send(self._refusal(ident, RequestCancelled()))
+            return
         await self._serve_message(message, size)
+
+    def _unlist(self, ident: Any, waiting: trio.CancelScope) -> None:
+        scopes = self._held_by_id[ident]
+        scopes.remove(waiting)
+        if not scopes:
+            del self._held_by_id[ident]
+
+    def cancel_request(self, request_id: Any) -> bool:
+        """Cancel the held request of this id, not yet started (`notifications/cancelled`):
+        it is answered as cancelled when its turn comes, and never run. False if no
+        request of this id waits."""
+        scopes = self._held_by_id.get(request_id) if isinstance(request_id, (str, int)) else None
+        for waiting in scopes or ():
+            waiting.cancel()
+        return bool(scopes)
 
     def _refusals(self, message: Any, error: RpcError) -> Any:
         """The reply refusing `message` unrun: an error for each request it holds, none
@@ -493,7 +555,8 @@ class Connection:
         if room is not None:
             room.set()
 
-    async def _serve_message(self, message: Any, size: int) -> None:
+    async def _serve_message(self, message: Any, size: int, slot: bool = True) -> None:
+        """Answer `message`, then free its slot (if it took one: `slot`)."""
         try:
             if isinstance(message, list):
                 reply = await self._answer_batch(message, size)
@@ -504,8 +567,9 @@ class Connection:
         finally:
             self._busy -= 1
             self._last_seen = trio.current_time()
-            self._slots.release()
-            self._changed()
+            if slot:
+                self._slots.release()
+                self._changed()
 
     async def _answer_batch(
         self, batch: list[Any], size: int

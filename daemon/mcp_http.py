@@ -60,7 +60,14 @@ from typing import Any
 import h11
 import trio
 
-from conduit.core.errors import InvalidRequest, Overloaded, ParseError, RpcError, Unauthenticated
+from conduit.core.errors import (
+    InvalidRequest,
+    Overloaded,
+    ParseError,
+    RequestCancelled,
+    RpcError,
+    Unauthenticated,
+)
 from conduit.core.protocol import (
     Request,
     decode,
@@ -937,13 +944,6 @@ class _HttpConnection:
                 scope.cancel()
                 return
             self._h11.receive_data(data)
-
-
-class RequestCancelled(InvalidRequest):
-    """The answer to a request its client cancelled (there is no better JSON-RPC code)."""
-
-    def __init__(self) -> None:
-        super().__init__("request cancelled: the client sent notifications/cancelled for it")
 
 
 def _reason(status: int) -> bytes:

@@ -270,6 +270,97 @@ async def test_the_in_flight_cap_applies_back_pressure_not_errors(nursery: trio.
     assert peak == 2
 
 
+async def _cancel_held(params: Any, peer: Any, principal: Any) -> None:
+    """`notifications/cancelled` as the daemon's: no program of that id runs, so the
+    connection is asked to cancel the request itself."""
+    peer.cancel_request(params["requestId"])
+
+
+async def test_a_cancellation_is_served_while_every_slot_is_taken(
+    nursery: trio.Nursery,
+) -> None:
+    """A client whose calls fill its slots can still cancel one: requests past the cap
+    are held (as many as may run) and read past, and a notification to the daemon
+    runs at once, without a slot."""
+    release = trio.Event()
+    told: list[Any] = []
+
+    async def cancelled(params: Any, peer: Any, principal: Any) -> None:
+        told.append(params["requestId"])
+
+    limits = ConnectionLimits(max_message_bytes=4096, max_in_flight=2, max_auth_failures=3)
+    dispatch = FakeDispatch(hold=answers_once_open(release), notifications__cancelled=cancelled)
+    peer, connection, _ = open_connection(nursery, dispatch, limits)
+    for ident in range(4):  # two run, two are held
+        await peer.send({"jsonrpc": "2.0", "id": ident, "method": "hold"})
+    await peer.send(
+        {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 0}}
+    )
+    await trio.testing.wait_all_tasks_blocked()
+    assert told == [0]
+    assert dispatch.calls == [("hold", 0), ("hold", 1), ("notifications/cancelled", None)]
+    # A request that is not a notification to the daemon still waits its turn.
+    await peer.send({"jsonrpc": "2.0", "id": 9, "method": "ping"})
+    await peer.send({"jsonrpc": "2.0", "method": "hold"})
+    await trio.testing.wait_all_tasks_blocked()
+    assert len(dispatch.calls) == 3
+    release.set()
+    answers = [await peer.recv() for _ in range(5)]
+    assert sorted(a["id"] for a in answers) == [0, 1, 2, 3, 9]
+    await trio.testing.wait_all_tasks_blocked()
+    assert (connection._busy, connection._held) == (0, 0)
+
+
+async def test_a_held_request_cancelled_is_answered_so_and_never_runs(
+    nursery: trio.Nursery,
+) -> None:
+    release = trio.Event()
+    limits = ConnectionLimits(max_message_bytes=4096, max_in_flight=1, max_auth_failures=3)
+    dispatch = FakeDispatch(hold=answers_once_open(release), notifications__cancelled=_cancel_held)
+    peer, connection, _ = open_connection(nursery, dispatch, limits)
+    await peer.send({"jsonrpc": "2.0", "id": "running", "method": "hold"})
+    await peer.send({"jsonrpc": "2.0", "id": "held", "method": "hold"})
+    for ident in ("held", "nobody", 5):
+        await peer.send(
+            {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": ident}}
+        )
+    await peer.send({"jsonrpc": "2.0", "id": "kept", "method": "ping"})
+    refused = await peer.recv()
+    assert refused["id"] == "held" and refused["error"]["code"] == InvalidRequest.code
+    assert "cancelled" in refused["error"]["message"]
+    release.set()
+    assert sorted([(await peer.recv())["id"] for _ in range(2)]) == ["kept", "running"]
+    await trio.testing.wait_all_tasks_blocked()
+    assert ("hold", "held") not in dispatch.calls
+    assert (connection._busy, connection._held, connection._held_by_id) == (0, 0, {})
+
+
+async def test_past_as_many_held_as_may_run_the_reader_waits_without_asks(
+    nursery: trio.Nursery,
+) -> None:
+    """Held requests are bounded: with no question pending, the reader stops reading
+    there (back-pressure), and a cancellation behind them waits too."""
+    release = trio.Event()
+    told: list[Any] = []
+
+    async def cancelled(params: Any, peer: Any, principal: Any) -> None:
+        told.append(params["requestId"])
+
+    limits = ConnectionLimits(max_message_bytes=4096, max_in_flight=1, max_auth_failures=3)
+    dispatch = FakeDispatch(hold=answers_once_open(release), notifications__cancelled=cancelled)
+    peer, connection, _ = open_connection(nursery, dispatch, limits)
+    for ident in range(3):  # one runs, one is held, the reader waits with the third
+        await peer.send({"jsonrpc": "2.0", "id": ident, "method": "hold"})
+    await peer.send(
+        {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 0}}
+    )
+    await trio.testing.wait_all_tasks_blocked()
+    assert (connection._held, told) == (1, [])
+    release.set()
+    assert sorted([(await peer.recv())["id"] for _ in range(3)]) == [0, 1, 2]
+    assert told == [0]
+
+
 def _asking(asked: list[Any] | None = None, gate: trio.Event | None = None) -> Any:
     """A handler that asks its peer a question (once `gate` is set) and answers with
     the peer's answer."""

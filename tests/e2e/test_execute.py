@@ -127,6 +127,34 @@ async def test_cancel_by_request_id_answers_cancelled(
     assert missing["error"]["code"] == NotFound.code
 
 
+async def test_a_client_whose_calls_fill_its_slots_can_still_cancel_them(
+    start_daemon: Any, connect: Any
+) -> None:
+    """MCP's `notifications/cancelled` is read past `max_in_flight_per_connection`
+    running calls, and stops a call still waiting for a slot before it runs."""
+    server, info = await start_daemon(server={"max_in_flight_per_connection": 2})
+    client = await connect(info)
+    for ident in ("a", "b", "waiting"):
+        await client.send(
+            {"jsonrpc": "2.0", "id": ident, "method": "execute",
+             "params": {"language": "javascript", "code": "while (true) {}"}}
+        )  # fmt: skip
+    await _wait_running(server, 2)
+    for ident in ("waiting", "a"):
+        await client.send(
+            {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": ident}}
+        )
+    replies = {reply["id"]: reply for reply in [await client.recv(), await client.recv()]}
+    assert "cancelled" in replies["waiting"]["error"]["message"]
+    assert replies["a"]["result"]["status"] == "cancelled"
+    assert len(server.executions.running()) == 1  # "b"
+    await client.send(
+        {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "b"}}
+    )
+    assert (await client.recv())["result"]["status"] == "cancelled"
+    assert (await client.call("ping")) == {}
+
+
 async def _wait_running(server: Any, count: int, min_ms: float = 0) -> None:
     """Until `count` executions have been running for at least `min_ms`."""
     with trio.fail_after(20):

@@ -1,12 +1,13 @@
 """Generated conversations against one `Connection`'s slots, held requests and questions.
 
 A peer sends requests, notifications and batches that answer at once, wait on a gate,
-or ask the peer a question; it opens gates and answers questions (alone or inside a
-batch) in a generated order, with one to three slots. The properties, once every gate
-is open and every question answered: each request with an id is answered exactly once
-(a result, or an overloaded refusal), nothing else is answered, with one slot single
-requests ran in the order they were read, and the connection holds nothing (no busy
-count, no held request, every slot free).
+or ask the peer a question; it opens gates, answers questions (alone or inside a
+batch) and cancels requests by id (`notifications/cancelled`) in a generated order, with
+one to three slots. The properties, once every gate is open and every question
+answered: each request with an id is answered exactly once (a result, an overloaded
+refusal, or a cancelled one that never ran), nothing else is answered, with one slot
+single requests ran in the order they were read, and the connection holds nothing (no
+busy count, no held request, every slot free).
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conduit.core.errors import Overloaded
+from conduit.core.errors import Overloaded, RequestCancelled
 from conduit.daemon.connection import Connection, ConnectionLimits
 from tests.daemon.fakes import FakeDispatch, Lines, open_connection
 from tests.fuzz.strategies import run_counts
 
 KINDS = ("quick", "gate0", "gate1", "ask")
+CANCELLED = RequestCancelled().message
 SAID = {"said": "ok"}
 
 kind = st.sampled_from(KINDS)
@@ -38,6 +40,7 @@ steps = st.lists(
         st.tuples(st.just("batch"), st.lists(item, min_size=1, max_size=3)),
         st.tuples(st.just("open"), st.sampled_from([0, 1])),
         st.tuples(st.just("answer"), st.booleans()),
+        st.tuples(st.just("cancel"), st.integers(0, 40)),
         st.tuples(st.just("settle"), st.none()),
     ),
     max_size=30,
@@ -90,7 +93,16 @@ def _dispatch(gates: list[trio.Event]) -> FakeDispatch:
     async def ask(params: Any, peer: Connection, principal: Any) -> Any:
         return await peer.ask("sampling/createMessage", {})
 
-    return FakeDispatch(quick=quick, gate0=gated(gates[0]), gate1=gated(gates[1]), ask=ask)
+    async def cancelled(params: Any, peer: Connection, principal: Any) -> None:
+        peer.cancel_request(params["requestId"])
+
+    return FakeDispatch(
+        quick=quick,
+        gate0=gated(gates[0]),
+        gate1=gated(gates[1]),
+        ask=ask,
+        notifications__cancelled=cancelled,
+    )
 
 
 async def _converse(plan: list[tuple[str, Any]], slots: int) -> None:
@@ -113,6 +125,11 @@ async def _converse(plan: list[tuple[str, Any]], slots: int) -> None:
                 gates[arg].set()
             elif step == "answer":
                 await peer.answer(arg)
+            elif step == "cancel":
+                params = {"requestId": arg}
+                await lines.send(
+                    {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
+                )
             else:
                 await trio.testing.wait_all_tasks_blocked()
         for gate in gates:
@@ -129,13 +146,17 @@ def _check(peer: Peer, connection: Connection, dispatch: FakeDispatch, slots: in
     ids = [reply["id"] for reply in peer.replies]
     assert sorted(ids) == sorted(peer.expected), "a request answered twice, or never"
     refused = {r["id"] for r in peer.replies if "error" in r}
-    assert all(r["error"]["code"] == Overloaded.code for r in peer.replies if "error" in r), (
-        peer.replies
-    )
+    cancelled = {r["id"] for r in peer.replies if r.get("error", {}).get("message") == CANCELLED}
+    assert all(
+        r["error"]["code"] == Overloaded.code or r["id"] in cancelled
+        for r in peer.replies
+        if "error" in r
+    ), peer.replies
+    assert not cancelled & {ident for _, ident in dispatch.calls}, "a cancelled request ran"
     if slots == 1:  # with more, requests given slots freed together start together
         ran = [ident for _, ident in dispatch.calls if ident in set(peer.singles)]
         assert ran == [i for i in peer.singles if i not in refused], "requests out of turn"
-    assert (connection._busy, connection._held) == (0, 0)
+    assert (connection._busy, connection._held, connection._held_by_id) == (0, 0, {})
     assert connection._slots.value == slots
 
 
