@@ -63,6 +63,8 @@ __all__ = [
 
 # SpiderMonkey's report when the guest's linear memory cannot grow (a catchable error).
 OUT_OF_MEMORY = "out of memory"
+# (SpiderMonkey's InternalError is named RangeError in the guest, as V8's is)
+OUT_OF_MEMORY_TYPES = ("Error", "InternalError", "RangeError")
 # componentize-js exits the instance when the event loop runs dry before `run`'s
 # promise settles: the program awaited something nothing could ever settle.
 EVENT_LOOP_EMPTY = "proc_exit"
@@ -397,7 +399,7 @@ class WasmJsExecutor(WasmExecutor):
         return rewrite_step(code, "javascript")
 
     def is_out_of_memory(self, error: ErrorInfo) -> bool:
-        return error.type in ("Error", "InternalError") and error.message == OUT_OF_MEMORY
+        return error.type in OUT_OF_MEMORY_TYPES and error.message == OUT_OF_MEMORY
 
     def out_of_memory_stderr(self, stderr: str) -> str | None:
         found = UNHANDLABLE_OOM.search(stderr)

@@ -30,6 +30,7 @@ const dateToISOString = uncurry(Date.prototype.toISOString);
 const dateGetTime = uncurry(Date.prototype.getTime);
 const regexpToString = uncurry(RegExp.prototype.toString);
 const symbolToString = uncurry(Symbol.prototype.toString);
+const symbolDescription = uncurry(getOwnPropertyDescriptor(Symbol.prototype, "description").get);
 const mapEntries = uncurry(Map.prototype.entries);
 const mapSize = uncurry(getOwnPropertyDescriptor(Map.prototype, "size").get);
 const regexpSource = uncurry(getOwnPropertyDescriptor(RegExp.prototype, "source").get);
@@ -100,7 +101,7 @@ const ITEMS = 100;
 const COMPACT = 3;
 const PLAIN_KEY = /^[a-zA-Z_][a-zA-Z_0-9]*$/;
 const INDEX = /^(0|[1-9][0-9]*)$/;
-const ESCAPED = /[\x00-\x1f\x7f\\]/g;
+const ESCAPED = /[\x00-\x1f\x7f-\x9f\\]/g;
 // How SpiderMonkey names code run by guest.js's indirect eval in a stack frame. A frame
 // reached through a promise is marked with why: `async*` where a function awaited
 // (V8 lists it too, unmarked), `Promise.then*` and the like where a reaction was set
@@ -156,6 +157,16 @@ function quote(text) {
   return `"${stringReplace(escaped, /"/g, '\\"')}"`;
 }
 
+// A symbol as a value: its description quoted unless it reads as a name, as Deno's
+// (`Symbol(a)`, `Symbol("a b")`); as a key it is never quoted.
+function formatSymbol(symbol) {
+  const description = symbolDescription(symbol);
+  if (description === undefined || regexpTest(PLAIN_KEY, description)) {
+    return symbolToString(symbol);
+  }
+  return `Symbol(${quote(description)})`;
+}
+
 function formatKey(key) {
   if (typeof key === "symbol") return symbolToString(key);
   return regexpTest(PLAIN_KEY, key) ? key : quote(key);
@@ -174,7 +185,7 @@ function formatPrimitive(value, nested) {
     case "bigint":
       return `${value}n`;
     case "symbol":
-      return symbolToString(value);
+      return formatSymbol(value);
     default:
       return toText(value);
   }
@@ -242,27 +253,40 @@ function formatFunction(value) {
 // One with no frames is bracketed, `[Error: message]`, when it is shown as a value.
 function formatError(error, context, asValue = false) {
   const name = toText(error.name ?? "Error");
-  const message = toText(error.message ?? "");
   const made = className(error);
+  let text = ownStack(error);
+  if (text === null) {
+    const message = toText(error.message ?? "");
+    text = message === "" ? name : `${name}: ${message}`;
+    eachErrorFrame(error, (frame) => {
+      text += `\n${frame}`;
+    });
+  }
   // Deno names the class in place of an "…Error" name the error inherits (not one set
   // on it), or beside it when the class's name does not hold it: `NotFound [Error]`
-  // but `NotFoundError` (not for a DOMException, which shows its name alone).
+  // but `NotFoundError` (not for a DOMException, which shows its name alone); only
+  // where the text begins with that name, as a stack a program wrote may not.
   const inherited = !hasOwn(error, "name") && made !== "DOMException";
-  let head = name;
   if (inherited && made && made !== name && stringEndsWith(name, "Error")) {
-    head = stringIncludes(made, name) ? made : `${made} [${name}]`;
+    const rest = stringSlice(text, name.length);
+    if (stringStartsWith(text, name) && (rest === "" || rest[0] === ":" || rest[0] === "\n")) {
+      text = `${stringIncludes(made, name) ? made : `${made} [${name}]`}${rest}`;
+    }
   }
-  let text = message === "" ? head : `${head}: ${message}`;
-  let framed = false;
-  eachErrorFrame(error, (frame) => {
-    text += `\n${frame}`;
-    framed = true;
-  });
-  if (asValue && !framed && made !== "DOMException") text = `[${text}]`;
+  if (asValue && !stringIncludes(text, "\n    at ") && made !== "DOMException") {
+    text = `[${text}]`;
+  }
   if (context.indentation > 0) {
     text = stringReplace(text, /\n/g, `\n${stringRepeat(" ", context.indentation)}`);
   }
   return text;
+}
+
+// The stack a program gave an error (`error.stack = ...`), which Deno shows in place of
+// the one captured; null if it gave none, or not text.
+function ownStack(error) {
+  const descriptor = getOwnPropertyDescriptor(error, "stack");
+  return descriptor !== undefined && typeof descriptor.value === "string" ? descriptor.value : null;
 }
 
 /** Calls `visit(frame)` for each of the program's own frames where `error` was made, as

@@ -66,6 +66,7 @@ const writeLine = (text) => consoleLog(consoleObject, text);
 // The program's console writes Deno's text through the engine's own (console.js).
 installConsole(consoleObject, writeLine, (text) => consoleError(consoleObject, text));
 const clock = performance;
+const dateNow = Date.now;
 const clockNow = uncurry(clock.now);
 const now = () => clockNow(clock);
 const JSON_RPC_INTERNAL = -32603;
@@ -519,6 +520,17 @@ const capture = {
 };
 replaceMethod(ErrorCtor, "captureStackTrace", capture.captureStackTrace);
 
+// SpiderMonkey's `too much recursion` is an InternalError, where V8 throws a RangeError
+// ("Maximum call stack size exceeded"): made one, so a program catches it as Deno's
+// does (`e instanceof RangeError`, `e.name`, `e.constructor`) and it is reported so.
+const internalProto = globalThis.InternalError?.prototype;
+if (internalProto !== undefined) {
+  Object.setPrototypeOf(internalProto, RangeError.prototype);
+  for (const [key, value] of [["name", "RangeError"], ["constructor", RangeError]]) {
+    defineProperty(internalProto, key, { value, writable: true, configurable: true });
+  }
+}
+
 // The component is built without outgoing HTTP; StarlingMonkey's fetch would trap.
 async function noFetch() {
   throw new TypeError("fetch is not available in this sandbox; tools are the way out");
@@ -644,6 +656,19 @@ for (const name of [
   }
 }
 Reflect.deleteProperty(performance, Symbol.toStringTag); // its own, which hides the above
+// `performance.timeOrigin` is the epoch time `performance.now()` counts from, as on
+// Deno (`timeOrigin + now()` is the time of day); StarlingMonkey's counts from a clock
+// of its own. Set for each run (`run`), when the instance's clock starts to matter.
+let timeOrigin = 0;
+const originGetter = {
+  get timeOrigin() {
+    return timeOrigin;
+  },
+};
+// (performance holds its own, shadowing its prototype's)
+for (const holder of [performance, Object.getPrototypeOf(performance)]) {
+  if (Object.hasOwn(holder, "timeOrigin")) replaceAccessor(holder, "timeOrigin", originGetter);
+}
 globalThis.fetch = noFetch;
 
 const TypeErrorCtor = TypeError;
@@ -792,6 +817,7 @@ defineProperty(globalThis, "fs", { value: fs, enumerable: true });
 export function run(requestText) {
   const job = parse(requestText);
   executionEnd = now() + (job.timeout_ms ?? 0);
+  timeOrigin = dateNow() - now();
   const lineOffset = job.line_offset ?? 0;
   setLineOffset(lineOffset, job.column_shift ?? null);
   // A plain global, so a program may also declare its own `inputs`.

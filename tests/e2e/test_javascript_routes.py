@@ -137,6 +137,21 @@ async def test_dates_as_text_read_the_same_on_both(client: Any) -> None:
     )
 
 
+CLOCKS = """
+const origin = performance.timeOrigin;
+await new Promise((resolve) => setTimeout(resolve, 5));
+const drift = Math.abs(performance.timeOrigin + performance.now() - Date.now());
+[origin === performance.timeOrigin, drift < 50, origin > 1.6e12, typeof origin]
+"""
+
+
+async def test_the_time_origin_is_the_epoch_time_now_counts_from_on_both(client: Any) -> None:
+    """`performance.timeOrigin + performance.now()` is the time of day, on wasm-js too."""
+    for executor in ("wasm-js", "deno"):
+        answer = await execute(client, CLOCKS, language="javascript", executor=executor)
+        assert answer["result"] == [True, True, True, "number"], answer
+
+
 REFUSALS = """
 const out = [];
 const tries = [

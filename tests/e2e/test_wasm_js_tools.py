@@ -367,7 +367,7 @@ for (const a of [JSON.rawJSON("9".repeat(5000)), deep]) {
 }
 caught
 """
-    for executor, deep in [("deno", ["ToolError", -32700]), ("wasm-js", ["InternalError", None])]:
+    for executor, deep in [("deno", ["ToolError", -32700]), ("wasm-js", ["RangeError", None])]:
         outcome = await run(shared, code, executor, limits={"timeout_ms": 20_000})
         assert outcome["status"] == "ok", outcome
         assert outcome["result"] == [["ToolError", -32700], deep], outcome
