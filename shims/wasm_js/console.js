@@ -409,6 +409,47 @@ function formatProperty(value, key, context, depth, asItem) {
   return asItem ? shown : `${formatKey(key)}: ${shown}`;
 }
 
+// The columns a terminal gives a character, as Deno counts them for a table's cells and
+// an array's columns: two for the wide ones (East Asian scripts, most emoji), none for
+// controls, combining marks and variation selectors, one for the rest.
+const WIDE = [
+  [0x1100, 0x115f], [0x2329, 0x232a], [0x2e80, 0x303e], [0x3040, 0x3247], [0x3250, 0x4dbf],
+  [0x4e00, 0xa4c6], [0xa960, 0xa97c], [0xac00, 0xd7a3], [0xf900, 0xfaff], [0xfe10, 0xfe19],
+  [0xfe30, 0xfe6b], [0xff01, 0xff60], [0xffe0, 0xffe6], [0x1b000, 0x1b001],
+  [0x1f200, 0x1f251], [0x1f300, 0x1f64f], [0x20000, 0x3fffd],
+];
+const ZERO_WIDTH = [
+  [0x00, 0x1f], [0x7f, 0x9f], [0x300, 0x36f], [0x200b, 0x200f], [0x20d0, 0x20ff],
+  [0xfe00, 0xfe0f], [0xfe20, 0xfe2f], [0xe0100, 0xe01ef],
+];
+const stringCodePointAt = uncurry(String.prototype.codePointAt);
+
+function within(ranges, code) {
+  for (const [first, last] of ranges) {
+    if (code < first) return false;
+    if (code <= last) return true;
+  }
+  return false;
+}
+
+function displayWidth(text) {
+  let width = 0;
+  for (let i = 0; i < text.length; i++) {
+    const code = stringCodePointAt(text, i);
+    if (code > 0xffff) i++;
+    if (code < 0x300 && code >= 0x20 && (code < 0x7f || code > 0x9f)) width++;
+    else if (within(WIDE, code)) width += 2;
+    else if (!within(ZERO_WIDTH, code)) width++;
+  }
+  return width;
+}
+
+// Pads `text` to `width` columns, as `displayWidth` counts them.
+function padTo(text, width, atStart) {
+  const room = width + text.length - displayWidth(text);
+  return atStart ? stringPadStart(text, room, " ") : stringPadEnd(text, room, " ");
+}
+
 // Arrays of more than six items, each short, laid out in columns as Deno does.
 function inColumns(output, value, context) {
   let total = 0;
@@ -416,7 +457,7 @@ function inColumns(output, value, context) {
   const count = output.length - (output.length > ITEMS ? 1 : 0);
   const lengths = [];
   for (let i = 0; i < count; i++) {
-    const length = output[i].length;
+    const length = displayWidth(output[i]);
     arrayPush(lengths, length);
     total += length + 2;
     longest = mathMax(longest, length);
@@ -450,13 +491,10 @@ function inColumns(output, value, context) {
     const end = mathMin(start + columns, count);
     let row = "";
     for (let i = start; i < end - 1; i++) {
-      const cell = `${output[i]}, `;
-      row += numeric
-        ? stringPadStart(cell, widths[i - start], " ")
-        : stringPadEnd(cell, widths[i - start], " ");
+      row += padTo(`${output[i]}, `, widths[i - start], numeric);
     }
     const last = end - 1;
-    row += numeric ? stringPadStart(output[last], widths[last - start] - 2, " ") : output[last];
+    row += numeric ? padTo(output[last], widths[last - start] - 2, true) : output[last];
     arrayPush(rows, row);
   }
   if (count < output.length) arrayPush(rows, output[count]);
@@ -984,13 +1022,13 @@ function formatTable(data, properties) {
   }
   const widths = [];
   for (let column = 0; column < header.length; column++) {
-    let width = header[column].length;
+    let width = displayWidth(header[column]);
     let right = false;
     let anyNumber = false;
     let allNumbers = true;
     for (const line of cells) {
       const [text, isNumber] = line[column];
-      width = mathMax(width, text.length);
+      width = mathMax(width, displayWidth(text));
       if (isNumber === null) continue;
       if (isNumber) anyNumber = true;
       else allNumbers = false;
@@ -1010,10 +1048,7 @@ function formatTable(data, properties) {
     let text = "│";
     for (let i = 0; i < texts.length; i++) {
       const cell = texts[i];
-      const padded = aligned[i]
-        ? stringPadStart(cell, widths[i], " ")
-        : stringPadEnd(cell, widths[i], " ");
-      text += ` ${padded} │`;
+      text += ` ${padTo(cell, widths[i], aligned[i])} │`;
     }
     return text;
   };
