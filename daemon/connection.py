@@ -4,8 +4,8 @@ Requests on a connection run concurrently (one task each, at most
 `max_in_flight_per_connection` at a time) and are answered by id, possibly out of order.
 Past that cap, requests read are held in tasks of their own, which start in order as
 slots free, and the reader reads on: a notification to the daemon (`notifications/...`,
-such as a cancellation) runs at once, without a slot, and a held request cancelled that
-way is answered so and never run. Once as many are held as may run, the connection stops
+such as a cancellation) on a line of its own is served by the reader at once, without a
+slot, and a held request cancelled that way is answered so and never run. Once as many are held as may run, the connection stops
 reading until one starts; except while the daemon waits for the peer's answer to a
 question of its own (`ask`), which may be behind them, and one of the slots may be the
 call waiting for it: then it reads on and refuses requests beyond those as overloaded
@@ -153,12 +153,14 @@ def _tells(message: Any) -> bool:
 
 
 def _held_id(message: Any) -> Any:
-    """The id a held `message` can be cancelled by: a single request's, if it is one
-    a dict can key (a batch, or a notification, has none)."""
-    if not isinstance(message, dict):
-        return None
-    ident = message.get("id")
-    return ident if isinstance(ident, (str, int)) and not isinstance(ident, bool) else None
+    """The id a held `message` can be cancelled by: a single request's, a string or an
+    integer, as MCP's ids are (a batch, or a notification, has none)."""
+    ident = message.get("id") if isinstance(message, dict) else None
+    return ident if _cancellable(ident) else None
+
+
+def _cancellable(ident: Any) -> bool:
+    return isinstance(ident, (str, int)) and not isinstance(ident, bool)
 
 
 class _Watched(trio.abc.ReceiveStream):
@@ -439,8 +441,7 @@ class Connection:
                 except trio.WouldBlock:
                     pass
             if _tells(message):  # served here, one at a time: a flood is read no faster
-                self._busy += 1
-                await self._serve_message(message, size, slot=False)
+                await self._tell(message, size)
                 return
             if self._held < self._limits.max_in_flight:
                 await self._hold(message, requests, size)
@@ -497,28 +498,39 @@ class Connection:
     def _spawn_held(self, message: Any, requests: trio.Nursery, size: int) -> None:
         self._held += 1
         self._busy += 1
-        requests.start_soon(self._serve_held, message, size)
-
-    async def _serve_held(self, message: Any, size: int) -> None:
-        ident = _held_id(message)
+        # Cancellable from now, not from when its task first runs: a cancel read next
+        # may be served before that.
         waiting = trio.CancelScope()
+        ident = _held_id(message)
         if ident is not None:
             self._held_by_id.setdefault(ident, []).append(waiting)
+        requests.start_soon(self._serve_held, message, size, ident, waiting)
+
+    async def _serve_held(
+        self, message: Any, size: int, ident: Any, waiting: trio.CancelScope
+    ) -> None:
+        started = False
         try:
-            with waiting:
-                await self._slots.acquire()
-        except BaseException:
-            self._busy -= 1
-            raise
+            try:
+                with waiting:
+                    await self._slots.acquire()
+            finally:
+                if ident is not None:
+                    self._unlist(ident, waiting)
+            if waiting.cancel_called:  # `cancel_request`: answered, never run
+                if not waiting.cancelled_caught:  # the slot came as it was cancelled
+                    self._slots.release()
+                del message
+                # Still counted as held while the answer waits for room: a peer that
+                # reads nothing is not read any further for cancelling.
+                await self._send(self._refusal(ident, RequestCancelled()))
+                return
+            started = True
         finally:
             self._held -= 1
-            if ident is not None:
-                self._unlist(ident, waiting)
+            if not started:
+                self._busy -= 1
             self._changed()
-        if waiting.cancelled_caught:  # `cancel_request`: answered, never run
-            self._busy -= 1
-            await self._send(self._refusal(ident, RequestCancelled()))
-            return
         await self._serve_message(message, size)
 
     def _unlist(self, ident: Any, waiting: trio.CancelScope) -> None:
@@ -529,9 +541,8 @@ class Connection:
 
     def cancel_request(self, request_id: Any) -> bool:
         """Cancel the held request of this id, not yet started (`notifications/cancelled`):
-        it is answered as cancelled when its turn comes, and never run. False if no
-        request of this id waits."""
-        scopes = self._held_by_id.get(request_id) if isinstance(request_id, (str, int)) else None
+        it is answered as cancelled, and never run. False if no request of this id waits."""
+        scopes = self._held_by_id.get(request_id) if _cancellable(request_id) else None
         for waiting in scopes or ():
             waiting.cancel()
         return bool(scopes)
@@ -555,8 +566,20 @@ class Connection:
         if room is not None:
             room.set()
 
-    async def _serve_message(self, message: Any, size: int, slot: bool = True) -> None:
-        """Answer `message`, then free its slot (if it took one: `slot`)."""
+    async def _tell(self, message: Any, size: int) -> None:
+        """Serve a notification to the daemon read while every slot is taken, in the
+        reader; a refusal goes through the writer (the reader may be cancelled, and a
+        line once begun must be written whole)."""
+        self._busy += 1
+        try:
+            reply = await self._answer(message, size)
+            if reply is not None:
+                await self._send(reply)
+        finally:
+            self._busy -= 1
+            self._last_seen = trio.current_time()
+
+    async def _serve_message(self, message: Any, size: int) -> None:
         try:
             if isinstance(message, list):
                 reply = await self._answer_batch(message, size)
@@ -567,9 +590,8 @@ class Connection:
         finally:
             self._busy -= 1
             self._last_seen = trio.current_time()
-            if slot:
-                self._slots.release()
-                self._changed()
+            self._slots.release()
+            self._changed()
 
     async def _answer_batch(
         self, batch: list[Any], size: int

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, StrictInt, StrictStr
 
 from conduit.core.errors import NotFound
 from conduit.core.version import VERSION
@@ -67,7 +67,8 @@ async def initialized(params: AnyParams, ctx: CallContext) -> None:
 
 class CancelledParams(Params):
     model_config = ConfigDict(extra="allow", frozen=True)
-    requestId: str | int = Field(description="the id of the request to stop")
+    # Strict: `true` or `1.0` names no request (lax, they would name request 1).
+    requestId: StrictStr | StrictInt = Field(description="the id of the request to stop")
     reason: str | None = None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 from typing import Any
 
 import pytest
@@ -333,6 +334,105 @@ async def test_a_held_request_cancelled_is_answered_so_and_never_runs(
     await trio.testing.wait_all_tasks_blocked()
     assert ("hold", "held") not in dispatch.calls
     assert (connection._busy, connection._held, connection._held_by_id) == (0, 0, {})
+
+
+async def test_a_held_request_cancelled_as_its_slot_comes_still_never_runs(
+    nursery: trio.Nursery,
+) -> None:
+    """The cancel lands after the slot is handed to the held request and before its
+    task resumes: it is still answered as cancelled, and the slot goes back."""
+    release = trio.Event()
+    ran: list[str] = []
+
+    async def work(params: Any, peer: Any, principal: Any) -> Any:
+        ran.append("victim")
+        return {}
+
+    limits = ConnectionLimits(max_message_bytes=4096, max_in_flight=1, max_auth_failures=3)
+    dispatch = FakeDispatch(hold=answers_once_open(release), work=work)
+    peer, connection, _ = open_connection(nursery, dispatch, limits)
+    await peer.send({"jsonrpc": "2.0", "id": "running", "method": "hold"})
+    await peer.send({"jsonrpc": "2.0", "id": "victim", "method": "work"})
+    await trio.testing.wait_all_tasks_blocked()
+    said: list[bool] = []
+    handing = connection._slots.release
+
+    def release_then_cancel() -> None:
+        handing()  # the held task is given the slot, and has not run yet
+        said.append(connection.cancel_request("victim"))
+
+    connection._slots.release = release_then_cancel  # type: ignore[method-assign]
+    release.set()
+    replies = {reply["id"]: reply for reply in [await peer.recv(), await peer.recv()]}
+    assert said[0] is True and ran == []
+    assert replies["victim"]["error"]["code"] == InvalidRequest.code
+    connection._slots.release = handing  # type: ignore[method-assign]
+    await trio.testing.wait_all_tasks_blocked()
+    assert (connection._busy, connection._held, connection._slots.value) == (0, 0, 1)
+
+
+async def test_cancelling_held_requests_of_a_peer_that_reads_nothing_keeps_no_more(
+    nursery: trio.Nursery,
+) -> None:
+    """A cancelled request's answer may wait for room: it is counted as held meanwhile,
+    so a peer that sends request after request and cancels each, reading nothing, is
+    not read past the held cap (each held a whole message)."""
+    limits = ConnectionLimits(max_message_bytes=1 << 16, max_in_flight=2, max_auth_failures=3)
+    dispatch = FakeDispatch(
+        hold=answers_once_open(trio.Event()), notifications__cancelled=_cancel_held
+    )
+    peer, connection, _ = open_connection(nursery, dispatch, limits, lockstep=True)
+    for ident in range(2):
+        await peer.send({"jsonrpc": "2.0", "id": f"run{ident}", "method": "hold"})
+    with trio.move_on_after(1):
+        for ident in range(600):
+            await peer.send(
+                {"jsonrpc": "2.0", "id": ident, "method": "hold", "params": {"pad": "x" * 1000}}
+            )
+            cancel = {
+                "jsonrpc": "2.0",
+                "method": "notifications/cancelled",
+                "params": {"requestId": ident},
+            }
+            await peer.send(cancel)
+    await trio.testing.wait_all_tasks_blocked()
+    assert connection._held == 2
+    assert connection._busy <= 2 + 2 + 1  # running, held, one notification in the reader
+
+
+async def test_a_refused_notification_past_full_slots_is_written_whole_when_draining() -> None:
+    """The reader serves it; its refusal goes through the writer, so draining (which
+    cancels the reader) leaves no half line before the answers that follow."""
+    release = trio.Event()
+    ours, theirs = trio.socket.socketpair()
+    for sock, option in ((theirs, socket.SO_SNDBUF), (ours, socket.SO_RCVBUF)):
+        sock.setsockopt(socket.SOL_SOCKET, option, 4096)
+    limits = ConnectionLimits(max_message_bytes=4 << 20, max_in_flight=1, max_auth_failures=3)
+    connection = Connection(
+        trio.SocketStream(theirs),
+        FakeDispatch(hold=answers_once_open(release)),
+        limits,
+        transport="unix",
+        authenticate=known_token,
+        principal=OWNER,
+    )
+    client = trio.SocketStream(ours)
+    async with client, trio.open_nursery() as nursery:
+        nursery.start_soon(connection.run)
+        await client.send_all(b'{"jsonrpc":"2.0","id":"run","method":"hold"}\n')
+        await trio.testing.wait_all_tasks_blocked()
+        refused = {"jsonrpc": "x" * 500_000, "method": "notifications/whatever"}
+        await client.send_all(json.dumps(refused).encode() + b"\n")
+        await trio.sleep(0.2)  # the refusal is being written; the client reads nothing
+        connection.stop_reading()
+        release.set()
+        data = b""
+        with trio.move_on_after(WAIT_S):
+            while chunk := await client.receive_some(1 << 20):
+                data += chunk
+        lines = [json.loads(line) for line in data.split(b"\n") if line]
+        assert [line.get("id") for line in lines] == [None, "run"]
+        nursery.cancel_scope.cancel()
 
 
 async def test_past_as_many_held_as_may_run_the_reader_waits_without_asks(
