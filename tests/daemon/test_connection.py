@@ -277,6 +277,15 @@ async def _cancel_held(params: Any, peer: Any, principal: Any) -> None:
     peer.cancel_request(params["requestId"])
 
 
+def _noting(told: list[Any]) -> Any:
+    """A `notifications/cancelled` handler that notes which request it names."""
+
+    async def cancelled(params: Any, peer: Any, principal: Any) -> None:
+        told.append(params["requestId"])
+
+    return cancelled
+
+
 async def test_a_cancellation_is_served_while_every_slot_is_taken(
     nursery: trio.Nursery,
 ) -> None:
@@ -285,12 +294,8 @@ async def test_a_cancellation_is_served_while_every_slot_is_taken(
     runs at once, without a slot."""
     release = trio.Event()
     told: list[Any] = []
-
-    async def cancelled(params: Any, peer: Any, principal: Any) -> None:
-        told.append(params["requestId"])
-
     limits = ConnectionLimits(max_message_bytes=4096, max_in_flight=2, max_auth_failures=3)
-    dispatch = FakeDispatch(hold=answers_once_open(release), notifications__cancelled=cancelled)
+    dispatch = FakeDispatch(hold=answers_once_open(release), notifications__cancelled=_noting(told))
     peer, connection, _ = open_connection(nursery, dispatch, limits)
     for ident in range(4):  # two run, two are held
         await peer.send({"jsonrpc": "2.0", "id": ident, "method": "hold"})
@@ -442,12 +447,8 @@ async def test_past_as_many_held_as_may_run_the_reader_waits_without_asks(
     there (back-pressure), and a cancellation behind them waits too."""
     release = trio.Event()
     told: list[Any] = []
-
-    async def cancelled(params: Any, peer: Any, principal: Any) -> None:
-        told.append(params["requestId"])
-
     limits = ConnectionLimits(max_message_bytes=4096, max_in_flight=1, max_auth_failures=3)
-    dispatch = FakeDispatch(hold=answers_once_open(release), notifications__cancelled=cancelled)
+    dispatch = FakeDispatch(hold=answers_once_open(release), notifications__cancelled=_noting(told))
     peer, connection, _ = open_connection(nursery, dispatch, limits)
     for ident in range(3):  # one runs, one is held, the reader waits with the third
         await peer.send({"jsonrpc": "2.0", "id": ident, "method": "hold"})
