@@ -3,7 +3,7 @@
 ```
 ConduitError
 ├── RpcError(code, message, data)      the only errors that reach the wire
-│   ├── ParseError -32700 · InvalidRequest -32600 · MethodNotFound -32601
+│   ├── ParseError -32700 · InvalidRequest -32600 (RequestCancelled) · MethodNotFound -32601
 │   ├── InvalidParams -32602 · InternalError -32603 · Overloaded -32000 · NotFound -32001
 │   ├── Unauthenticated -32002 · Forbidden -32003 (ToolLimitReached)
 │   ├── StoreUnavailable -32004 · RateLimited -32005 · ExecutorUnavailable -32006

@@ -2,15 +2,15 @@
 
 Requests on a connection run concurrently (one task each, at most
 `max_in_flight_per_connection` at a time) and are answered by id, possibly out of order.
-Past that cap, requests read are held in tasks of their own, which start in order as
-slots free, and the reader reads on: a notification to the daemon (`notifications/...`,
-such as a cancellation) on a line of its own is served by the reader at once, without a
-slot, and a held request cancelled that way is answered so and never run. Once as many are held as may run, the connection stops
-reading until one starts; except while the daemon waits for the peer's answer to a
-question of its own (`ask`), which may be behind them, and one of the slots may be the
-call waiting for it: then it reads on and refuses requests beyond those as overloaded
-(a refused notification, as ever, unanswered). An answer is taken as it is read, in a
-batch too.
+Past that cap, an authenticated peer's requests are held in tasks of their own, which
+start in order as slots free, and the reader reads on: a notification to the daemon
+(`notifications/...`, such as a cancellation) on a line of its own is served by the
+reader at once, without a slot, and a held request cancelled that way is answered so
+and never run. Once as many are held as may run, the connection stops reading until
+one starts; except while the daemon waits for the peer's answer to a question of its
+own (`ask`), which may be behind them, and one of the slots may be the call waiting for
+it: then it reads on and refuses requests beyond those as overloaded (a refused
+notification, as ever, unanswered). An answer is taken as it is read, in a batch too.
 
 A reply is written by the task that made it when nothing else is being written or
 waiting to be (the common, one-request-at-a-time case: no hand-off to another task);
@@ -443,7 +443,9 @@ class Connection:
             if _tells(message):  # served here, one at a time: a flood is read no faster
                 await self._tell(message, size)
                 return
-            if self._held < self._limits.max_in_flight:
+            # Held only for a peer that has shown a token: one that has not may hold
+            # no more than its slots.
+            if self.authenticated and self._held < self._limits.max_in_flight:
                 await self._hold(message, requests, size)
                 return
             if len(self._asks):  # the peer's answer may come next: never stop reading
@@ -479,8 +481,8 @@ class Connection:
     async def _hold(self, message: Any, requests: trio.Nursery, size: int) -> None:
         """Hold `message` until a slot frees, in a task of its own (the reader reads on)."""
         self._spawn_held(message, requests, size)
-        # Its task waits for a slot before the next one read is spawned: they take the
-        # slots in the order they came (the lot is FIFO; a scheduler pass is not).
+        # Each held task first runs a scheduler pass after the one before it, so they
+        # queue for the slots in the order they came (the lot is FIFO; a pass is not).
         await trio.lowlevel.checkpoint()
 
     async def _refuse_held(self, message: Any) -> None:
@@ -509,29 +511,34 @@ class Connection:
     async def _serve_held(
         self, message: Any, size: int, ident: Any, waiting: trio.CancelScope
     ) -> None:
-        started = False
+        served = False
         try:
-            try:
-                with waiting:
-                    await self._slots.acquire()
-            finally:
-                if ident is not None:
-                    self._unlist(ident, waiting)
-            if waiting.cancel_called:  # `cancel_request`: answered, never run
-                if not waiting.cancelled_caught:  # the slot came as it was cancelled
-                    self._slots.release()
-                del message
-                # Still counted as held while the answer waits for room: a peer that
-                # reads nothing is not read any further for cancelling.
+            if await self._turn(ident, waiting):
+                served = True
+            else:  # `cancel_request`: answered, never run
+                message = None  # not kept while the answer waits for room
+                # Counted as held until it has that room: a peer that reads nothing is
+                # read no further by cancelling what it sends.
                 await self._send(self._refusal(ident, RequestCancelled()))
-                return
-            started = True
         finally:
             self._held -= 1
-            if not started:
+            if not served:
                 self._busy -= 1
             self._changed()
-        await self._serve_message(message, size)
+        if served:
+            await self._serve_message(message, size)
+
+    async def _turn(self, ident: Any, waiting: trio.CancelScope) -> bool:
+        """Wait in `waiting` for a slot; False, holding none, if it was cancelled."""
+        try:
+            with waiting:
+                await self._slots.acquire()
+        finally:
+            if ident is not None:
+                self._unlist(ident, waiting)
+        if waiting.cancel_called and not waiting.cancelled_caught:
+            self._slots.release()  # the slot came as it was cancelled
+        return not waiting.cancel_called
 
     def _unlist(self, ident: Any, waiting: trio.CancelScope) -> None:
         scopes = self._held_by_id[ident]
@@ -569,7 +576,8 @@ class Connection:
     async def _tell(self, message: Any, size: int) -> None:
         """Serve a notification to the daemon read while every slot is taken, in the
         reader; a refusal goes through the writer (the reader may be cancelled, and a
-        line once begun must be written whole)."""
+        line once begun must be written whole). So a `notifications/...` method must
+        never wait on this peer: only the reader could read its answer."""
         self._busy += 1
         try:
             reply = await self._answer(message, size)

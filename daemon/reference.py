@@ -46,15 +46,16 @@ TCP, systemd sockets). Blank lines are ignored and a trailing `\\r` is dropped.
 - `"jsonrpc": "2.0"` may be left out (for people typing); any other value is `-32600`.
 - Requests on one connection run concurrently and are answered by id, possibly out of
   order. Past `server.max_in_flight_per_connection` requests in flight, as many again
-  are read and held for their turn, in order; then the daemon stops reading that
-  connection until one starts. A notification to the daemon (`notifications/...`) on
-  a line of its own (not in a batch) runs as soon as it is read, slot or none, so
-  `notifications/cancelled` stops a running call, or one still held on its own line
-  (answered `-32600`, "request cancelled", and never run). While the daemon waits for the client's answer to a question of its own (MCP
-  sampling or elicitation), it never stops reading: requests past those held are
-  refused with `-32000`, so the answer is never stuck behind them. For a client that reads nothing,
-  the daemon holds at most 256 messages and 16 MiB of them (one larger message alone),
-  and stops answering until the client reads.
+  are read and held for their turn, in order (once the client has authenticated);
+  then the daemon stops reading that connection until one starts. A notification to
+  the daemon (`notifications/...`) on a line of its own (not in a batch) runs as soon
+  as it is read, slot or none, so `notifications/cancelled` stops a running program,
+  or a request still held on its own line (answered `-32600`, "request cancelled",
+  and never run). While the daemon waits for the client's answer to a question of
+  its own (MCP sampling or elicitation), it never stops reading: requests past those
+  held are refused with `-32000`, so the answer is never stuck behind them. For a
+  client that reads nothing, the daemon holds at most 256 messages and 16 MiB of them
+  (one larger message alone), and stops answering until the client reads.
 - Authentication: Unix peer credentials (the daemon's uid: every scope), an
   `auth/login` call for the connection, or `"auth": {"bearerToken": "..."}` on any one
   request. TCP callers always need a token.

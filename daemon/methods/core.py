@@ -60,6 +60,8 @@ class AnyParams(Params):
     model_config = ConfigDict(extra="allow", frozen=True)
 
 
+# A `notifications/...` method may be served by the connection's reader itself (while
+# every slot is taken, `Connection._tell`): it must never wait on its peer.
 @router.method("notifications/initialized", params=AnyParams, scope=None)
 async def initialized(params: AnyParams, ctx: CallContext) -> None:
     """The client's acknowledgement of `initialize`; nothing to answer."""
@@ -81,8 +83,9 @@ async def cancelled(params: CancelledParams, ctx: CallContext) -> None:
         # A program stops with its output so far, and its call answers `cancelled`.
         ctx.executions.cancel(ctx.principal, origin=origin_of(ctx, params.requestId))
     except NotFound:
-        # No program: a transport that tracks its requests (HTTP) stops the request
-        # itself; otherwise it finished already, or has nothing to stop.
+        # No program: the transport stops the request itself if it can (HTTP: any of
+        # them; a socket's or stdio's: one still waiting for a slot); otherwise it
+        # finished already, or has nothing to stop.
         cancel_request = getattr(ctx.peer, "cancel_request", None)
         if cancel_request is not None:
             cancel_request(params.requestId)

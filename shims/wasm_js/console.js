@@ -286,7 +286,8 @@ function formatError(error, context, asValue = false) {
 // the one captured; null if it gave none, or not text.
 function ownStack(error) {
   const descriptor = getOwnPropertyDescriptor(error, "stack");
-  return descriptor !== undefined && typeof descriptor.value === "string" ? descriptor.value : null;
+  if (descriptor === undefined || !hasOwn(descriptor, "value")) return null;
+  return typeof descriptor.value === "string" ? descriptor.value : null;
 }
 
 /** Calls `visit(frame)` for each of the program's own frames where `error` was made, as
@@ -412,22 +413,24 @@ function formatProperty(value, key, context, depth, asItem) {
 // The columns a terminal gives a character, as Deno counts them for a table's cells and
 // an array's columns: two for the wide ones (East Asian scripts, most emoji), none for
 // controls, combining marks and variation selectors, one for the rest.
+// Each a flat list of ranges, first and last code point in turn, ascending.
 const WIDE = [
-  [0x1100, 0x115f], [0x2329, 0x232a], [0x2e80, 0x303e], [0x3040, 0x3247], [0x3250, 0x4dbf],
-  [0x4e00, 0xa4c6], [0xa960, 0xa97c], [0xac00, 0xd7a3], [0xf900, 0xfaff], [0xfe10, 0xfe19],
-  [0xfe30, 0xfe6b], [0xff01, 0xff60], [0xffe0, 0xffe6], [0x1b000, 0x1b001],
-  [0x1f200, 0x1f251], [0x1f300, 0x1f64f], [0x20000, 0x3fffd],
+  0x1100, 0x115f, 0x2329, 0x232a, 0x2e80, 0x303e, 0x3040, 0x3247, 0x3250, 0x4dbf,
+  0x4e00, 0xa4c6, 0xa960, 0xa97c, 0xac00, 0xd7a3, 0xf900, 0xfaff, 0xfe10, 0xfe19,
+  0xfe30, 0xfe6b, 0xff01, 0xff60, 0xffe0, 0xffe6, 0x1b000, 0x1b001,
+  0x1f200, 0x1f251, 0x1f300, 0x1f64f, 0x20000, 0x3fffd,
 ];
 const ZERO_WIDTH = [
-  [0x00, 0x1f], [0x7f, 0x9f], [0x300, 0x36f], [0x200b, 0x200f], [0x20d0, 0x20ff],
-  [0xfe00, 0xfe0f], [0xfe20, 0xfe2f], [0xe0100, 0xe01ef],
+  0x00, 0x1f, 0x7f, 0x9f, 0x300, 0x36f, 0x200b, 0x200f, 0x20d0, 0x20ff,
+  0xfe00, 0xfe0f, 0xfe20, 0xfe2f, 0xe0100, 0xe01ef,
 ];
 const stringCodePointAt = uncurry(String.prototype.codePointAt);
 
+// (indexed, not iterated: a program may have replaced the arrays' iterator)
 function within(ranges, code) {
-  for (const [first, last] of ranges) {
-    if (code < first) return false;
-    if (code <= last) return true;
+  for (let i = 0; i < ranges.length; i += 2) {
+    if (code < ranges[i]) return false;
+    if (code <= ranges[i + 1]) return true;
   }
   return false;
 }

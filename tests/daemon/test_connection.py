@@ -387,20 +387,25 @@ async def test_cancelling_held_requests_of_a_peer_that_reads_nothing_keeps_no_mo
         hold=answers_once_open(trio.Event()), notifications__cancelled=_cancel_held
     )
     peer, connection, _ = open_connection(nursery, dispatch, limits, lockstep=True)
+    sent: list[int] = []
+
+    async def send_and_cancel() -> None:
+        for ident in range(600):
+            pad = {"pad": "x" * 1000}
+            await peer.send({"jsonrpc": "2.0", "id": ident, "method": "hold", "params": pad})
+            params = {"requestId": ident}
+            await peer.send(
+                {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
+            )
+            sent.append(ident)
+
     for ident in range(2):
         await peer.send({"jsonrpc": "2.0", "id": f"run{ident}", "method": "hold"})
-    with trio.move_on_after(1):
-        for ident in range(600):
-            await peer.send(
-                {"jsonrpc": "2.0", "id": ident, "method": "hold", "params": {"pad": "x" * 1000}}
-            )
-            cancel = {
-                "jsonrpc": "2.0",
-                "method": "notifications/cancelled",
-                "params": {"requestId": ident},
-            }
-            await peer.send(cancel)
-    await trio.testing.wait_all_tasks_blocked()
+    async with trio.open_nursery() as sending:
+        sending.start_soon(send_and_cancel)
+        await trio.testing.wait_all_tasks_blocked()
+        sending.cancel_scope.cancel()
+    assert len(sent) < 600  # the connection stopped reading
     assert connection._held == 2
     assert connection._busy <= 2 + 2 + 1  # running, held, one notification in the reader
 
@@ -413,9 +418,10 @@ async def test_a_refused_notification_past_full_slots_is_written_whole_when_drai
     for sock, option in ((theirs, socket.SO_SNDBUF), (ours, socket.SO_RCVBUF)):
         sock.setsockopt(socket.SOL_SOCKET, option, 4096)
     limits = ConnectionLimits(max_message_bytes=4 << 20, max_in_flight=1, max_auth_failures=3)
+    dispatch = FakeDispatch(hold=answers_once_open(release))
     connection = Connection(
         trio.SocketStream(theirs),
-        FakeDispatch(hold=answers_once_open(release)),
+        dispatch,
         limits,
         transport="unix",
         authenticate=known_token,
@@ -428,7 +434,9 @@ async def test_a_refused_notification_past_full_slots_is_written_whole_when_drai
         await trio.testing.wait_all_tasks_blocked()
         refused = {"jsonrpc": "x" * 500_000, "method": "notifications/whatever"}
         await client.send_all(json.dumps(refused).encode() + b"\n")
-        await trio.sleep(0.2)  # the refusal is being written; the client reads nothing
+        while not dispatch.refusals:  # read, and refused
+            await trio.testing.wait_all_tasks_blocked()
+        await trio.testing.wait_all_tasks_blocked()  # its refusal is being written
         connection.stop_reading()
         release.set()
         data = b""
@@ -438,6 +446,21 @@ async def test_a_refused_notification_past_full_slots_is_written_whole_when_drai
         lines = [json.loads(line) for line in data.split(b"\n") if line]
         assert [line.get("id") for line in lines] == [None, "run"]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_without_a_token_has_nothing_held(nursery: trio.Nursery) -> None:
+    """Held requests are for a peer that has shown who it is: one that has not holds no
+    more messages than its slots, and is not read past them."""
+    release = trio.Event()
+    limits = ConnectionLimits(max_message_bytes=4096, max_in_flight=1, max_auth_failures=3)
+    dispatch = FakeDispatch(hold=answers_once_open(release))
+    peer, connection, _ = open_connection(nursery, dispatch, limits, principal=None)
+    for ident in range(3):
+        await peer.send({"jsonrpc": "2.0", "id": ident, "method": "hold"})
+    await trio.testing.wait_all_tasks_blocked()
+    assert (connection._held, len(dispatch.calls)) == (0, 1)
+    release.set()
+    assert sorted([(await peer.recv())["id"] for _ in range(3)]) == [0, 1, 2]
 
 
 async def test_past_as_many_held_as_may_run_the_reader_waits_without_asks(
