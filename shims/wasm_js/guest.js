@@ -741,6 +741,22 @@ replaceMethod(
   }.from,
 );
 
+// A body read as bytes (`Response`, `Request`: the Fetch standard's `bytes()`, Deno's
+// too), where StarlingMonkey has only `arrayBuffer()`.
+const Uint8ArrayCtor = Uint8Array;
+for (const owner of [Response.prototype, Request.prototype]) {
+  const arrayBuffer = uncurry(owner.arrayBuffer);
+  const method = {
+    async bytes() {
+      return new Uint8ArrayCtor(await arrayBuffer(this));
+    },
+  }.bytes;
+  if (owner.bytes === undefined) {
+    // enumerable, as a web interface's operations are
+    defineProperty(owner, "bytes", { value: method, writable: true, enumerable: true, configurable: true });
+  }
+}
+
 // What the web's functions refuse, refused as Deno does, with a DOMException of the
 // same name and message where the engine throws its own error (a RangeError from
 // `btoa`, a TypeError from `structuredClone`) or accepts more (MD5 digests): a program

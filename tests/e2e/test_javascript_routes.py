@@ -152,6 +152,29 @@ async def test_the_time_origin_is_the_epoch_time_now_counts_from_on_both(client:
         assert answer["result"] == [True, True, True, "number"], answer
 
 
+BODIES = """
+const response = new Response("héllo");
+const request = new Request("https://example.com/", { method: "POST", body: "xy" });
+const read = await response.bytes();
+let again = "";
+try {
+  await response.bytes();
+} catch (e) {
+  again = e.name;
+}
+const method = Object.getOwnPropertyDescriptor(Response.prototype, "bytes");
+[read instanceof Uint8Array, Array.from(read), Array.from(await request.bytes()), again,
+ method.value.name, method.value.length, method.enumerable, method.writable]
+"""
+
+
+async def test_a_body_reads_as_bytes_on_both(client: Any) -> None:
+    on_wasm = await execute(client, BODIES, language="javascript", executor="wasm-js")
+    on_deno = await execute(client, BODIES, language="javascript", executor="deno")
+    assert on_wasm["result"] == on_deno["result"], (on_wasm, on_deno)
+    assert on_wasm["result"][:4] == [True, [104, 195, 169, 108, 108, 111], [120, 121], "TypeError"]
+
+
 REFUSALS = """
 const out = [];
 const tries = [
