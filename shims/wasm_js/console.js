@@ -447,9 +447,9 @@ function displayWidth(text) {
   return width;
 }
 
-// Pads `text` to `width` columns, as `displayWidth` counts them.
-function padTo(text, width, atStart) {
-  const room = width + text.length - displayWidth(text);
+// Pads `text`, `shown` columns wide, to `width` columns.
+function padTo(text, width, atStart, shown = displayWidth(text)) {
+  const room = width + text.length - shown;
   return atStart ? stringPadStart(text, room, " ") : stringPadEnd(text, room, " ");
 }
 
@@ -494,10 +494,11 @@ function inColumns(output, value, context) {
     const end = mathMin(start + columns, count);
     let row = "";
     for (let i = start; i < end - 1; i++) {
-      row += padTo(`${output[i]}, `, widths[i - start], numeric);
+      row += padTo(`${output[i]}, `, widths[i - start], numeric, lengths[i] + 2);
     }
     const last = end - 1;
-    row += numeric ? padTo(output[last], widths[last - start] - 2, true) : output[last];
+    const lastWidth = widths[last - start] - 2;
+    row += numeric ? padTo(output[last], lastWidth, true, lengths[last]) : output[last];
     arrayPush(rows, row);
   }
   if (count < output.length) arrayPush(rows, output[count]);

@@ -658,10 +658,12 @@ for (const name of [
 Reflect.deleteProperty(performance, Symbol.toStringTag); // its own, which hides the above
 // `performance.timeOrigin` is the epoch time `performance.now()` counts from, as on
 // Deno (`timeOrigin + now()` is the time of day); StarlingMonkey's counts from a clock
-// of its own. Set for each run (`run`), when the instance's clock starts to matter.
-let timeOrigin = 0;
+// of its own. Read once, if the program asks: every execution starts from the built
+// instance, where it is unread, and a session's steps share it, as Deno's process does.
+let timeOrigin = null;
 const originGetter = {
   get timeOrigin() {
+    timeOrigin ??= dateNow() - now();
     return timeOrigin;
   },
 };
@@ -745,16 +747,16 @@ replaceMethod(
 // too), where StarlingMonkey has only `arrayBuffer()`.
 const Uint8ArrayCtor = Uint8Array;
 for (const owner of [Response.prototype, Request.prototype]) {
+  if (owner.bytes !== undefined) continue;
   const arrayBuffer = uncurry(owner.arrayBuffer);
   const method = {
     async bytes() {
       return new Uint8ArrayCtor(await arrayBuffer(this));
     },
   }.bytes;
-  if (owner.bytes === undefined) {
-    // enumerable, as a web interface's operations are
-    defineProperty(owner, "bytes", { value: method, writable: true, enumerable: true, configurable: true });
-  }
+  // enumerable, as a web interface's operations are
+  const operation = { value: method, writable: true, enumerable: true, configurable: true };
+  defineProperty(owner, "bytes", operation);
 }
 
 // What the web's functions refuse, refused as Deno does, with a DOMException of the
@@ -833,7 +835,6 @@ defineProperty(globalThis, "fs", { value: fs, enumerable: true });
 export function run(requestText) {
   const job = parse(requestText);
   executionEnd = now() + (job.timeout_ms ?? 0);
-  timeOrigin = dateNow() - now();
   const lineOffset = job.line_offset ?? 0;
   setLineOffset(lineOffset, job.column_shift ?? null);
   // A plain global, so a program may also declare its own `inputs`.
