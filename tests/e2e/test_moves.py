@@ -7,11 +7,14 @@ wasm-js, whatever else the machine is doing: CPU time, not wall time, is what is
 counted. They would take over half a second there: the watch is looked at on a tick,
 which a full collection of the test process's heap delays (it holds every thread of the
 process, a tenth of a second or more), and a program that ended within such a stall
-would stay where it began.
+would stay where it began. So the test process's heap is frozen while they run, as
+`conduit serve` freezes its own at start-up (`_frozen_heap`).
 """
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,6 +28,18 @@ from tests.e2e.test_events import next_event
 from tests.e2e.test_streaming import collect, joined
 from tests.e2e.test_tools import shared, shared_daemon  # noqa: F401 (fixtures)
 from tests.served import Served
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _frozen_heap() -> Iterator[None]:
+    """What the test process gathered before these tests (an xdist worker's thousands)
+    is left out of its collections while they run, as the daemon's start-up heap is in
+    `conduit serve`: walking it all stalled the daemon's threads past a whole program."""
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
+
 
 FIB = "function fib(n: number): number { return n < 2 ? n : fib(n - 1) + fib(n - 2); }\n"
 
